@@ -1,0 +1,124 @@
+"""The schedule library: one module per schedule, one registry.
+
+Each module defines ``build(num_ranks, num_microbatches, num_stages_per_rank) -> Schedule`` and registers a
+:class:`ScheduleSpec`. :func:`get_schedule` is the single entry point (case-insensitive names and aliases).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Callable
+
+from ppsim.errors import ScheduleConfigError
+from ppsim.ir import Schedule
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """A named schedule and what it can do.
+
+    ``fixed_stages_per_rank`` is set for schedules whose placement fixes it (1 for GPipe/1F1B, 2 for V shapes and
+    DualPipe); otherwise ``default_stages_per_rank`` applies and ``-v`` may change it (``min_stages_per_rank``+).
+    """
+
+    name: str
+    build: Callable[[int, int, int], Schedule]
+    description: str
+    constraints: str
+    fixed_stages_per_rank: int | None = None
+    default_stages_per_rank: int = 1
+    min_stages_per_rank: int = 1
+    aliases: tuple[str, ...] = ()
+    torch_name: str | None = None
+    """Name of the torch.distributed.pipelining schedule whose compute-only order this equals, if any."""
+
+    @property
+    def stages_per_rank_text(self) -> str:
+        if self.fixed_stages_per_rank is not None:
+            return str(self.fixed_stages_per_rank)
+        return f">={self.min_stages_per_rank} (default {self.default_stages_per_rank})"
+
+
+_REGISTRY: dict[str, ScheduleSpec] = {}
+
+
+def register(spec: ScheduleSpec) -> ScheduleSpec:
+    for key in (spec.name, *spec.aliases):
+        assert key.lower() not in _REGISTRY, f"schedule name {key} registered twice"
+        _REGISTRY[key.lower()] = spec
+    return spec
+
+
+def all_specs() -> list[ScheduleSpec]:
+    """Every registered schedule once, in registration order."""
+    _load_modules()
+    seen: dict[str, ScheduleSpec] = {}
+    for spec in _REGISTRY.values():
+        seen.setdefault(spec.name, spec)
+    return list(seen.values())
+
+
+def get_spec(name: str) -> ScheduleSpec:
+    _load_modules()
+    spec = _REGISTRY.get(name.lower())
+    if spec is None:
+        names = [s.name for s in all_specs()]
+        close = difflib.get_close_matches(name, names + [a for s in all_specs() for a in s.aliases], n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ScheduleConfigError(
+            f"unknown schedule {name!r}: {hint}choose one of {', '.join(names)} (see `ppsim list`) or pass a .csv file"
+        )
+    return spec
+
+
+def resolve_stages_per_rank(spec: ScheduleSpec, num_stages_per_rank: int | None) -> int:
+    """The stages per rank to build with, refusing a value the schedule cannot use."""
+    if spec.fixed_stages_per_rank is not None:
+        if num_stages_per_rank is not None and num_stages_per_rank != spec.fixed_stages_per_rank:
+            raise ScheduleConfigError(
+                f"--stages-per-rank {num_stages_per_rank}: {spec.name} always places "
+                f"{spec.fixed_stages_per_rank} stage(s) per rank; drop -v or pass -v {spec.fixed_stages_per_rank}"
+            )
+        return spec.fixed_stages_per_rank
+    v = spec.default_stages_per_rank if num_stages_per_rank is None else num_stages_per_rank
+    if v < spec.min_stages_per_rank:
+        raise ScheduleConfigError(
+            f"--stages-per-rank {v}: {spec.name} needs at least {spec.min_stages_per_rank} stages per rank; "
+            f"pass -v {spec.min_stages_per_rank} or more"
+        )
+    return v
+
+
+def get_schedule(
+    name: str, num_ranks: int, num_microbatches: int, num_stages_per_rank: int | None = None
+) -> Schedule:
+    """Build a named schedule for ``num_ranks`` ranks and ``num_microbatches`` microbatches per step."""
+    spec = get_spec(name)
+    if num_ranks < 1:
+        raise ScheduleConfigError(f"--ranks {num_ranks}: need at least 1 rank; pass -r 1 or more")
+    if num_microbatches < 1:
+        raise ScheduleConfigError(f"--mb {num_microbatches}: need at least 1 microbatch; pass -m 1 or more")
+    v = resolve_stages_per_rank(spec, num_stages_per_rank)
+    return spec.build(num_ranks, num_microbatches, v)
+
+
+_LOADED = False
+
+
+def _load_modules() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    from ppsim.schedules import (  # noqa: F401  (import registers)
+        gpipe,
+        one_f_one_b,
+        interleaved_1f1b,
+        looped_bfs,
+        interleaved_zero_bubble,
+        zbv,
+        dualpipev,
+        zbh,
+        dualpipe,
+    )
