@@ -1,0 +1,1 @@
+"""Figures: matplotlib Gantt charts, plotly interactive HTML, the comparison report."""
