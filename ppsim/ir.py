@@ -103,7 +103,10 @@ def parse_action(text: str) -> Action | None:
             raise ScheduleFormatError(
                 f"overlapped pair {s!r} must hold exactly two actions, e.g. (0F7;7B3)OVERLAP_F_B"
             )
-        return overlap(halves[0], halves[1])  # type: ignore[arg-type]
+        try:
+            return overlap(halves[0], halves[1])  # type: ignore[arg-type]
+        except ScheduleFormatError as exc:
+            raise ScheduleFormatError(f"malformed overlapped pair {s!r}: {exc}") from None
     m = _ACTION_RE.fullmatch(s)
     if m is None:
         raise ScheduleFormatError(

@@ -1,0 +1,262 @@
+"""The model that `ppsim calibrate` measures and `ppsim run` executes: a decoder-only transformer of plain torch modules.
+
+Embedding; ``layers`` blocks of (RMSNorm, causal self-attention via ``scaled_dot_product_attention``, RMSNorm,
+SwiGLU MLP) with residuals; final RMSNorm and LM head. The loss (cross-entropy, mean) is applied outside the last
+stage, as torch's pipeline runtime does with its ``loss_fn``.
+
+Weights are seeded per component (embedding, each block, head), so a stage built alone and the unsplit model built
+with the same seed hold identical weights, whatever the split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ppsim.errors import PPSimError
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MODEL_FIELDS = ("hidden", "heads", "ffn", "layers", "vocab", "seq_len", "mb_size")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes of the model; ``preset`` names where they came from ("custom" when options changed a preset)."""
+
+    preset: str
+    hidden: int
+    heads: int
+    ffn: int
+    layers: int
+    vocab: int
+    seq_len: int
+    mb_size: int
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for name in MODEL_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                opt = name.replace("_", "-")
+                raise PPSimError(f"--{opt} {value!r}: must be a positive integer; e.g. --{opt} {TINY_VALUES[name]}")
+        if self.hidden % self.heads:
+            raise PPSimError(
+                f"--hidden {self.hidden} with --heads {self.heads}: hidden must be divisible by heads; "
+                f"e.g. --heads {_divisor_near(self.hidden, self.heads)}"
+            )
+        if self.dtype not in DTYPES:
+            raise PPSimError(f"--dtype {self.dtype!r}: unknown dtype; use one of {', '.join(DTYPES)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def boundary_shape(self) -> tuple[int, int, int]:
+        """Shape of the activation passed between stages for one microbatch."""
+        return (self.mb_size, self.seq_len, self.hidden)
+
+    @property
+    def boundary_bytes(self) -> int:
+        return self.mb_size * self.seq_len * self.hidden * self.torch_dtype.itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        """The profile's ``model`` object."""
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+TINY_VALUES = {"hidden": 64, "heads": 4, "ffn": 176, "layers": 8, "vocab": 512, "seq_len": 64, "mb_size": 2}
+
+PRESETS: dict[str, ModelConfig] = {
+    # Calibrates on a 2-core CPU in well under a minute.
+    "tiny": ModelConfig(preset="tiny", dtype="float32", **TINY_VALUES),
+    # Layer shapes of Llama-3.2-1B-class models (full multi-head attention; no grouped KV heads).
+    "1b": ModelConfig(
+        preset="1b", hidden=2048, heads=32, ffn=8192, layers=16, vocab=128256, seq_len=2048, mb_size=1,
+        dtype="bfloat16",
+    ),
+    # Layer shapes of Llama-3-8B-class models.
+    "8b": ModelConfig(
+        preset="8b", hidden=4096, heads=32, ffn=14336, layers=32, vocab=128256, seq_len=4096, mb_size=1,
+        dtype="bfloat16",
+    ),
+}
+
+
+def _divisor_near(n: int, target: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - target), d))
+
+
+def get_preset(name: str) -> ModelConfig:
+    try:
+        return PRESETS[name.lower()]
+    except KeyError:
+        raise PPSimError(f"--preset {name!r}: unknown preset; use one of {', '.join(PRESETS)}") from None
+
+
+def split_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
+    """Layer ranges ``[first, last_exclusive)`` per stage, as even as possible; earlier stages take the extra
+    layers (the last stage also carries the LM head)."""
+    if num_stages < 1:
+        raise PPSimError(f"--stages {num_stages}: must be at least 1")
+    if num_stages > num_layers:
+        raise PPSimError(
+            f"--stages {num_stages} with --layers {num_layers}: every stage needs at least one layer; "
+            f"use --layers {num_stages} or more, or fewer stages"
+        )
+    base, extra = divmod(num_layers, num_stages)
+    ranges: list[tuple[int, int]] = []
+    first = 0
+    for s in range(num_stages):
+        last = first + base + (1 if s < extra else 0)
+        ranges.append((first, last))
+        first = last
+    return ranges
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.heads = config.heads
+        self.qkv = nn.Linear(config.hidden, 3 * config.hidden, bias=False)
+        self.out = nn.Linear(config.hidden, config.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, hidden = x.shape
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, hidden // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(batch, seq, hidden))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate = nn.Linear(config.hidden, config.ffn, bias=False)
+        self.up = nn.Linear(config.hidden, config.ffn, bias=False)
+        self.down = nn.Linear(config.ffn, config.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(config.hidden)
+        self.attn = Attention(config)
+        self.mlp_norm = nn.RMSNorm(config.hidden)
+        self.mlp = SwiGLU(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class StageModule(nn.Module):
+    """Layers ``[first, last)`` of the model; with the embedding if ``has_embedding`` (input: token ids
+    ``(mb, seq)`` int64) and with final norm + LM head if ``has_head`` (output: logits ``(mb, seq, vocab)``)."""
+
+    def __init__(
+        self, config: ModelConfig, layers: tuple[int, int], *, has_embedding: bool, has_head: bool, seed: int = 0
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_range = layers
+        self.has_embedding = has_embedding
+        self.has_head = has_head
+        self.embedding = _seeded(seed, 0, lambda: nn.Embedding(config.vocab, config.hidden)) if has_embedding else None
+        self.layers = nn.ModuleList(_seeded(seed, 1 + i, lambda: Block(config)) for i in range(*layers))
+        if has_head:
+            self.norm = _seeded(seed, config.layers + 1, lambda: nn.RMSNorm(config.hidden))
+            self.head = _seeded(seed, config.layers + 2, lambda: nn.Linear(config.hidden, config.vocab, bias=False))
+        else:
+            self.norm = None
+            self.head = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embedding is not None:
+            x = self.embedding(x)
+        for layer in self.layers:
+            x = layer(x)
+        if self.head is not None:
+            x = self.head(self.norm(x))
+        return x
+
+
+def _seeded(seed: int, component: int, make: Any) -> Any:
+    """Build a module from its own RNG stream (seed, component) without disturbing the global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed * 1_000_003 + component)
+        module = make()
+    if isinstance(module, nn.Embedding):
+        with torch.no_grad():
+            module.weight.mul_(0.02)  # N(0, 0.02): keeps the first residual stream small, like common LMs
+    return module
+
+
+def _place(module: nn.Module, config: ModelConfig, device: str | torch.device) -> nn.Module:
+    return module.to(device=torch.device(device), dtype=config.torch_dtype)
+
+
+def build_stage(
+    config: ModelConfig, num_stages: int, stage: int, *, seed: int = 0, device: str | torch.device = "cpu"
+) -> StageModule:
+    """Stage ``stage`` of ``num_stages`` alone (what one rank holds)."""
+    ranges = split_layers(config.layers, num_stages)
+    if not 0 <= stage < num_stages:
+        raise PPSimError(f"stage {stage}: must be in 0..{num_stages - 1}")
+    module = StageModule(
+        config, ranges[stage], has_embedding=stage == 0, has_head=stage == num_stages - 1, seed=seed
+    )
+    return _place(module, config, device)  # type: ignore[return-value]
+
+
+def build_stage_modules(
+    config: ModelConfig, num_stages: int, *, seed: int = 0, device: str | torch.device = "cpu"
+) -> list[torch.nn.Module]:
+    """All stages of one model copy; stage 0 has the embedding, the last has final norm + LM head."""
+    split_layers(config.layers, num_stages)  # raises before building anything
+    return [build_stage(config, num_stages, s, seed=seed, device=device) for s in range(num_stages)]
+
+
+def build_full_model(config: ModelConfig, *, seed: int = 0, device: str | torch.device = "cpu") -> torch.nn.Module:
+    """The unsplit model with the same weights as :func:`build_stage_modules` (same seed)."""
+    return build_stage(config, 1, 0, seed=seed, device=device)
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over all tokens (mean), computed in float32."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+def make_batch(config: ModelConfig, num_microbatches: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and next-token targets, ``(num_microbatches * mb_size, seq_len)`` int64 each, on CPU.
+
+    torch's runtime splits dim 0 into ``num_microbatches`` chunks of ``mb_size``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    stream = torch.randint(0, config.vocab, (num_microbatches * config.mb_size, config.seq_len + 1), generator=gen)
+    return stream[:, :-1].contiguous(), stream[:, 1:].contiguous()
+
+
+def stage_input(
+    config: ModelConfig, stage: int, *, seed: int = 0, device: str | torch.device = "cpu"
+) -> torch.Tensor:
+    """A representative input for one microbatch of ``stage``: token ids for stage 0, else a hidden state."""
+    gen = torch.Generator().manual_seed(seed + 7919 * (stage + 1))
+    if stage == 0:
+        return torch.randint(0, config.vocab, (config.mb_size, config.seq_len), generator=gen).to(device)
+    x = torch.randn(config.boundary_shape, generator=gen)
+    return x.to(device=torch.device(device), dtype=config.torch_dtype)
