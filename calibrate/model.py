@@ -77,7 +77,7 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
-TINY_VALUES = {"hidden": 64, "heads": 4, "ffn": 176, "layers": 8, "vocab": 512, "seq_len": 64, "mb_size": 2}
+TINY_VALUES = {"hidden": 128, "heads": 4, "ffn": 352, "layers": 8, "vocab": 1024, "seq_len": 128, "mb_size": 4}
 
 PRESETS: dict[str, ModelConfig] = {
     # Calibrates on a 2-core CPU in well under a minute.
@@ -217,10 +217,15 @@ def build_stage(
     ranges = split_layers(config.layers, num_stages)
     if not 0 <= stage < num_stages:
         raise PPSimError(f"stage {stage}: must be in 0..{num_stages - 1}")
-    module = StageModule(
-        config, ranges[stage], has_embedding=stage == 0, has_head=stage == num_stages - 1, seed=seed
-    )
-    return _place(module, config, device)  # type: ignore[return-value]
+    def make() -> StageModule:
+        return StageModule(
+            config, ranges[stage], has_embedding=stage == 0, has_head=stage == num_stages - 1, seed=seed
+        )
+
+    if torch.device(device).type == "meta":  # shapes only: skip allocation and initialisation
+        with torch.device("meta"):
+            return _place(make(), config, device)  # type: ignore[return-value]
+    return _place(make(), config, device)  # type: ignore[return-value]
 
 
 def build_stage_modules(

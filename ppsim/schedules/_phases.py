@@ -1,8 +1,17 @@
-"""Placement and phase helpers shared by the schedule modules (no schedule logic is copied between modules)."""
+"""Placement and phase helpers shared by the schedule modules (no schedule logic is copied between modules).
+
+The 1F1B family (GPipe, 1F1B, ZB-H1, ZB-H2, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble) differs only in
+which forwards and backwards a rank runs, in what order, and how many forwards it runs before its first
+backward. Each module computes those and hands them to :func:`one_f_one_b`, the one place the phases are laid out.
+"""
 
 from __future__ import annotations
 
-from ppsim.ir import Action, ActionType, Schedule
+from collections.abc import Sequence
+from itertools import islice
+
+from ppsim.errors import ScheduleConfigError
+from ppsim.ir import Action, ActionType, Schedule, require
 
 F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 
@@ -33,3 +42,112 @@ def make_schedule(
         num_stages_per_rank=num_stages_per_rank,
         pipelines=pipelines,
     )
+
+
+def require_sizes(
+    name: str,
+    num_ranks: int,
+    num_microbatches: int,
+    num_stages_per_rank: int,
+    *,
+    fixed_stages_per_rank: int | None = None,
+) -> None:
+    """Refuse counts no schedule can use, and a stages-per-rank the schedule's placement does not allow."""
+    require(num_ranks >= 1, f"--ranks {num_ranks}: {name} needs at least 1 rank; pass -r 1 or more")
+    require(
+        num_microbatches >= 1, f"--mb {num_microbatches}: {name} needs at least 1 microbatch; pass -m 1 or more"
+    )
+    if fixed_stages_per_rank is not None:
+        require(
+            num_stages_per_rank == fixed_stages_per_rank,
+            f"--stages-per-rank {num_stages_per_rank}: {name} always places {fixed_stages_per_rank} stage(s) per "
+            f"rank; drop -v or pass -v {fixed_stages_per_rank}",
+        )
+    require(
+        num_stages_per_rank >= 1,
+        f"--stages-per-rank {num_stages_per_rank}: {name} needs at least 1 stage per rank; pass -v 1 or more",
+    )
+
+
+def rank_stages(rank: int, num_ranks: int, num_stages_per_rank: int) -> range:
+    """The stages ``rank`` holds under :func:`loop_placement`, first chunk first."""
+    return range(rank, num_ranks * num_stages_per_rank, num_ranks)
+
+
+def round_size(name: str, num_ranks: int, num_microbatches: int) -> int:
+    """Microbatches per round of an interleaved schedule, counted as torch 2.13 counts them.
+
+    torch runs ``max(1, m // R)`` rounds of equal size: any m < 2R is one round of m microbatches, and m >= 2R
+    must split evenly into ``m // R`` rounds (m = 10 on 4 ranks is 2 rounds of 5; m = 7 on 2 ranks is refused).
+    """
+
+    def splits(m: int) -> bool:
+        return m % max(1, m // num_ranks) == 0
+
+    if not splits(num_microbatches):
+        nearest = min(
+            (k for k in range(1, num_microbatches + num_ranks) if splits(k)),
+            key=lambda k: (abs(k - num_microbatches), k),
+        )
+        raise ScheduleConfigError(
+            f"--mb {num_microbatches}: {name} on {num_ranks} ranks runs microbatches // ranks = "
+            f"{num_microbatches // num_ranks} equal rounds and {num_microbatches} does not split into them; "
+            f"pass e.g. -m {nearest} (any multiple of {num_ranks} works)"
+        )
+    return num_microbatches // max(1, num_microbatches // num_ranks)
+
+
+def grouped(stages: Sequence[int], kind: ActionType, num_microbatches: int, group_size: int) -> list[Action]:
+    """``kind`` actions of every microbatch on each of ``stages``, in rounds of ``group_size`` microbatches.
+
+    Round g runs microbatches ``g*group_size ...`` on ``stages[0]``, then the same ones on ``stages[1]``, and so on:
+    ``grouped([1, 5], F, 4, 2)`` is ``1F0 1F1 5F0 5F1 1F2 1F3 5F2 5F3``. With one stage, or one round, it is simply
+    every microbatch on each stage in turn.
+    """
+    return [
+        Action(s, kind, mb)
+        for start in range(0, num_microbatches, group_size)
+        for s in stages
+        for mb in range(start, min(start + group_size, num_microbatches))
+    ]
+
+
+def one_f_one_b(
+    forwards: Sequence[Action],
+    backwards: Sequence[Action],
+    *,
+    num_warmup: int,
+    weights: Sequence[Action] = (),
+    weight_lag: int = 0,
+) -> list[Action]:
+    """One rank's order: warm-up forwards, then one forward and one backward at a time, then the backwards left.
+
+    ``forwards`` and ``backwards`` are the rank's forwards and its backwards (``B``, or ``I`` when ``weights`` is
+    given) each in the order they run; the steady phase pairs forward ``num_warmup + k`` with backward ``k``.
+    ``num_warmup = len(forwards)`` gives all forwards, then all backwards (GPipe, LoopedBFS).
+    ``weights`` are the rank's ``W`` in the order of its ``I``: the W of backward ``k`` runs right after backward
+    ``k + weight_lag``, and the last ``weight_lag`` W fill the tail (zero-bubble schedules).
+    """
+    num = len(forwards)
+    assert len(backwards) == num and (not weights or len(weights) == num), "one backward (and W) per forward"
+    num_warmup = min(num_warmup, num)
+    lag = weight_lag if weights else num
+    fwd, bwd, wgt = iter(forwards), iter(backwards), iter(weights)
+    order: list[Action] = []
+    append = order.append
+    # Step 1: warm-up, forwards only
+    order.extend(islice(fwd, num_warmup))
+    # Step 2: steady state, 1F1B (plus the W of the backward `weight_lag` before)
+    for k in range(num - num_warmup):
+        append(next(fwd))
+        append(next(bwd))
+        if k >= lag:
+            append(next(wgt))
+    # Step 3: cool-down, the backwards left (plus lagged W)
+    for k in range(num - num_warmup, num):
+        append(next(bwd))
+        if k >= lag:
+            append(next(wgt))
+    # Step 4: the W still pending
+    order.extend(wgt)
+    return order

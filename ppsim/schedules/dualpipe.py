@@ -11,24 +11,22 @@ from __future__ import annotations
 from ppsim.ir import Schedule, require
 from ppsim.schedules import ScheduleSpec, register
 from ppsim.schedules._dualpipe_phases import dualpipe_rank_actions
-from ppsim.schedules._phases import make_schedule, v_placement
+from ppsim.schedules._phases import make_schedule, require_sizes, v_placement
 
 NAME = "DualPipe"
 
 
 def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 2) -> Schedule:
+    require_sizes(NAME, num_ranks, num_microbatches, num_stages_per_rank, fixed_stages_per_rank=2)
     R, M = num_ranks, num_microbatches
-    require(
-        num_stages_per_rank == 2,
-        f"--stages-per-rank {num_stages_per_rank}: {NAME} always places 2 stages per rank; drop -v or pass -v 2",
-    )
     require(
         R % 2 == 0,
         f"--ranks {R}: {NAME} mirrors two halves of the ranks, so needs an even number; pass -r {R + 1}",
     )
     require(
         M % 2 == 0,
-        f"--mb {M}: {NAME} feeds half the microbatches from each end, so needs an even number; pass -m {max(M + 1, 2 * R)}",
+        f"--mb {M}: {NAME} feeds half the microbatches from each end, so needs an even number; "
+        f"pass -m {max(M + 1, 2 * R)}",
     )
     require(
         M >= 2 * R,
@@ -36,6 +34,7 @@ def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 2) -
     )
     actions = []
     for r in range(R):
+        # the V's first stage is the direction fed from this half's outer end: 0 on the first half, 1 on the second
         own, mirrored = (r, 2 * R - 1 - r) if r < R // 2 else (2 * R - 1 - r, r)
         actions.append(
             dualpipe_rank_actions(

@@ -9,17 +9,14 @@ from __future__ import annotations
 from ppsim.ir import Schedule, require
 from ppsim.schedules import ScheduleSpec, register
 from ppsim.schedules._dualpipe_phases import dualpipe_rank_actions
-from ppsim.schedules._phases import make_schedule, v_placement
+from ppsim.schedules._phases import make_schedule, require_sizes, v_placement
 
 NAME = "DualPipeV"
 
 
 def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 2) -> Schedule:
+    require_sizes(NAME, num_ranks, num_microbatches, num_stages_per_rank, fixed_stages_per_rank=2)
     R, m = num_ranks, num_microbatches
-    require(
-        num_stages_per_rank == 2,
-        f"--stages-per-rank {num_stages_per_rank}: {NAME} always places 2 stages per rank; drop -v or pass -v 2",
-    )
     require(
         m >= 2 * R,
         f"--mb {m}: {NAME} with {R} ranks needs at least as many microbatches as stages ({2 * R}); "

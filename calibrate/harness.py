@@ -1,0 +1,333 @@
+"""Per-stage measurements, done the way torch's pipeline runtime executes each action.
+
+- ``F``: the stage's forward on one microbatch; on the last stage also the loss (the runtime computes the loss
+  right after the last stage's forward, inside the F action).
+- ``B``: full backward, torch's ``stage_backward`` (last stage: from the loss; others: from a received output grad).
+- ``I`` / ``W``: torch's ``stage_backward_input`` then ``stage_backward_weight``. As in the runtime, the first stage
+  (whose input, token ids, needs no gradient) skips the input pass at I and runs the full backward at W.
+- ``FB``: one OVERLAP_F_B pair. torch's ``_PipelineScheduleRuntime`` runs the pair's F and then its B one after the
+  other, so FB is timed as the forward of a new microbatch followed by the full backward of an earlier one.
+- memory: saved-tensor hooks count the bytes autograd keeps for backward per microbatch (unique storages, weights
+  excluded) and which of them are gone once I has run; on CUDA also the caching allocator's view.
+
+Every timed sample is one action; ``warmup`` untimed actions come first. CPU times use ``time.perf_counter``; CUDA
+times use events recorded around the action on the current stream, read after a synchronisation.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight
+
+from ppsim.calibrate.model import ModelConfig, build_stage, loss_fn, split_layers, stage_input
+from ppsim.errors import PPSimError
+
+Tick = Callable[[], None]
+
+
+def _noop() -> None:
+    return None
+
+
+class Clock:
+    """Times the sections of one action: ``marks = clock.run(fn)`` with ``fn`` calling ``mark()`` between sections."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    @property
+    def name(self) -> str:
+        return "cuda_events" if self.cuda else "perf_counter"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def sections(self, fn: Callable[[Callable[[], None]], None]) -> list[float]:
+        """Run ``fn(mark)``; return the seconds between consecutive marks (start and end are marked here)."""
+        if self.cuda:
+            events: list[Any] = []
+
+            def mark_cuda() -> None:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                events.append(event)
+
+            self.sync()
+            mark_cuda()
+            fn(mark_cuda)
+            mark_cuda()
+            events[-1].synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+        stamps: list[float] = []
+
+        def mark_cpu() -> None:
+            stamps.append(time.perf_counter())
+
+        mark_cpu()
+        fn(mark_cpu)
+        mark_cpu()
+        return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+@dataclass
+class _Forward:
+    """What the runtime keeps between a microbatch's F and its backward (``fwd_cache`` plus the loss)."""
+
+    outputs: tuple[torch.Tensor, ...]
+    inputs: list[torch.Tensor]
+    loss: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class StageStatic:
+    layers: tuple[int, int]
+    has_embedding: bool
+    has_head: bool
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    output_bytes: int
+
+
+@dataclass(frozen=True)
+class MemoryResult:
+    activation_bytes: int
+    activation_bytes_freed_by_I: int
+    activation_bytes_allocator: int | None
+    peak_bytes_allocator: int | None
+
+
+def stage_static(config: ModelConfig, num_stages: int, stage: int) -> StageStatic:
+    """Sizes known without running anything (built on the meta device: no memory, no time)."""
+    module = build_stage(config, num_stages, stage, device="meta")
+    numel = sum(p.numel() for p in module.parameters())
+    param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    last = stage == num_stages - 1
+    return StageStatic(
+        layers=split_layers(config.layers, num_stages)[stage],
+        has_embedding=stage == 0,
+        has_head=last,
+        param_bytes=param_bytes,
+        grad_bytes=param_bytes,
+        # torch.optim.Adam keeps two state tensors (exp_avg, exp_avg_sq) shaped and typed like each parameter.
+        optimizer_bytes=2 * param_bytes if numel else 0,
+        output_bytes=0 if last else config.boundary_bytes,
+    )
+
+
+class StageBench:
+    """One stage module with a representative microbatch, ready to run the runtime's actions on it."""
+
+    def __init__(
+        self, config: ModelConfig, num_stages: int, stage: int, *, device: torch.device, seed: int = 0
+    ) -> None:
+        self.config = config
+        self.stage = stage
+        self.is_first = stage == 0
+        self.is_last = stage == num_stages - 1
+        self.device = device
+        self.clock = Clock(device)
+        self.module = build_stage(config, num_stages, stage, seed=seed, device=device)
+        self.input = stage_input(config, stage, seed=seed, device=device)
+        gen = torch.Generator().manual_seed(seed + 104729 * (stage + 1))
+        if self.is_last:
+            self.targets = torch.randint(0, config.vocab, (config.mb_size, config.seq_len), generator=gen).to(device)
+            self.output_grad = None
+        else:
+            self.targets = None
+            self.output_grad = (
+                torch.randn(config.boundary_shape, generator=gen).to(device=device, dtype=config.torch_dtype) * 1e-3
+            )
+
+    # --- the runtime's actions ----------------------------------------------------------------------------------
+    def forward(self) -> _Forward:
+        if self.is_first:
+            inp = self.input  # token ids: no gradient
+        else:
+            inp = self.input.detach().requires_grad_(True)  # like the runtime's receive buffer
+        out = self.module(inp)
+        loss = loss_fn(out, self.targets) if self.is_last else None
+        return _Forward(outputs=(out,), inputs=[inp], loss=loss)
+
+    def _backward_args(self, fwd: _Forward) -> tuple[Any, Any]:
+        if self.is_last:
+            return fwd.loss, None
+        return fwd.outputs, (self.output_grad,)
+
+    def _release_outputs(self, fwd: _Forward) -> None:
+        # The runtime detaches the last stage's outputs after its backward (they are only kept to be returned).
+        if self.is_last and not self.is_first:
+            for t in fwd.outputs:
+                if not t._is_view():
+                    t.detach_()
+
+    def backward(self, fwd: _Forward) -> None:
+        outputs, grads = self._backward_args(fwd)
+        stage_backward(outputs, grads, fwd.inputs)
+        self._release_outputs(fwd)
+
+    def backward_input(self, fwd: _Forward) -> list[dict[str, Any]] | None:
+        if self.is_first:
+            return None  # the runtime skips the input pass of the first stage and runs the full backward at W
+        outputs, grads = self._backward_args(fwd)
+        if isinstance(outputs, torch.Tensor):
+            outputs = (outputs,)
+        _, param_groups = stage_backward_input(list(outputs), grads, fwd.inputs, self.module.parameters())
+        self._release_outputs(fwd)
+        return param_groups
+
+    def backward_weight(self, fwd: _Forward, param_groups: list[dict[str, Any]] | None) -> None:
+        if self.is_first:
+            self.backward(fwd)
+        else:
+            stage_backward_weight(self.module.parameters(), param_groups or [])
+
+    # --- measurements -------------------------------------------------------------------------------------------
+    def _loop(self, rep: Callable[[], list[float]], *, warmup: int, reps: int, tick: Tick) -> list[list[float]]:
+        self.module.zero_grad(set_to_none=True)
+        gc.collect()
+        for _ in range(warmup):
+            rep()
+        results = []
+        for _ in range(reps):
+            results.append(rep())
+            tick()
+        self.clock.sync()
+        return results
+
+    def measure_F(self, *, warmup: int, reps: int, tick: Tick = _noop) -> list[float]:
+        def rep() -> list[float]:
+            return self.clock.sections(lambda mark: self.forward())
+
+        return [r[0] for r in self._loop(rep, warmup=warmup, reps=reps, tick=tick)]
+
+    def measure_B(self, *, warmup: int, reps: int, tick: Tick = _noop) -> list[float]:
+        def rep() -> list[float]:
+            fwd = self.forward()
+            return self.clock.sections(lambda mark: self.backward(fwd))
+
+        return [r[0] for r in self._loop(rep, warmup=warmup, reps=reps, tick=tick)]
+
+    def measure_IW(self, *, warmup: int, reps: int, tick: Tick = _noop) -> tuple[list[float], list[float]]:
+        def rep() -> list[float]:
+            fwd = self.forward()
+
+            def body(mark: Callable[[], None]) -> None:
+                groups = self.backward_input(fwd)
+                mark()
+                self.backward_weight(fwd, groups)
+
+            return self.clock.sections(body)
+
+        results = self._loop(rep, warmup=warmup, reps=reps, tick=tick)
+        return [r[0] for r in results], [r[1] for r in results]
+
+    def measure_FB(self, *, warmup: int, reps: int, tick: Tick = _noop) -> list[float]:
+        pending = [self.forward()]
+
+        def rep() -> list[float]:
+            def body(mark: Callable[[], None]) -> None:
+                new = self.forward()
+                self.backward(pending[0])
+                pending[0] = new
+
+            return self.clock.sections(body)
+
+        results = self._loop(rep, warmup=warmup, reps=reps, tick=tick)
+        pending.clear()
+        return [r[0] for r in results]
+
+    def measure_memory(self) -> MemoryResult:
+        """Activation bytes of one microbatch and the part I releases (see module docstring)."""
+        self.module.zero_grad(set_to_none=True)
+        gc.collect()
+        tracker = _SavedTracker(self.module)
+        with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
+            fwd = self.forward()
+        held = tracker.held_bytes()
+        groups = self.backward_input(fwd)
+        gc.collect()
+        freed = held - tracker.held_bytes()
+        self.backward_weight(fwd, groups)
+        del fwd, groups
+        alloc_held = alloc_peak = None
+        if self.device.type == "cuda":
+            self.clock.sync()
+            gc.collect()
+            base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            fwd = self.forward()
+            self.clock.sync()
+            alloc_held = max(0, torch.cuda.memory_allocated(self.device) - base)
+            self.backward(fwd)
+            del fwd
+            self.clock.sync()
+            alloc_peak = max(0, torch.cuda.max_memory_allocated(self.device) - base)
+        self.module.zero_grad(set_to_none=True)
+        return MemoryResult(
+            activation_bytes=held, activation_bytes_freed_by_I=max(0, freed),
+            activation_bytes_allocator=alloc_held, peak_bytes_allocator=alloc_peak,
+        )
+
+
+class _Held:
+    """What a saved-tensor hook hands to autograd; it dies when autograd releases the saved tensor."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+class _SavedTracker:
+    """Counts unique storages autograd saves for backward, excluding the module's parameters."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.param_storages = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        self.refs: dict[int, int] = {}
+        self.nbytes: dict[int, int] = {}
+
+    def pack(self, tensor: torch.Tensor) -> Any:
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in self.param_storages or storage.nbytes() == 0:
+            return tensor
+        held = _Held(tensor.detach())  # no grad_fn: a saved output must not keep its own node alive
+        self.refs[ptr] = self.refs.get(ptr, 0) + 1
+        self.nbytes[ptr] = storage.nbytes()
+        weakref.finalize(held, self._release, ptr)
+        return held
+
+    @staticmethod
+    def unpack(packed: Any) -> torch.Tensor:
+        return packed.tensor if isinstance(packed, _Held) else packed
+
+    def _release(self, ptr: int) -> None:
+        self.refs[ptr] -= 1
+
+    def held_bytes(self) -> int:
+        return sum(self.nbytes[p] for p, n in self.refs.items() if n > 0)
+
+
+def oom_error(exc: BaseException, config: ModelConfig, stage: int, what: str) -> PPSimError:
+    shape = f"microbatch {config.mb_size}x{config.seq_len}, hidden {config.hidden}, ffn {config.ffn}"
+    return PPSimError(
+        f"out of memory measuring {what} of stage {stage} ({shape}, {config.dtype}): "
+        "lower --mb-size or --seq-len, or raise --stages so each stage holds fewer layers"
+    )
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in str(exc).lower() or "can't allocate memory" in str(exc).lower()
+    )

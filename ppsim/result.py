@@ -1,0 +1,275 @@
+"""The simulation result: what viz, report, export and run read (and nothing else).
+
+The simulator hands over flat numpy arrays (:class:`Trace`); per-action tuples and pandas frames are built lazily on
+first use, so simulating a million actions does not pay for a million-row DataFrame nobody asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from ppsim.costs import CostModel
+from ppsim.ir import Schedule
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas
+
+#: Computation codes used in :class:`Trace` arrays (index = code).
+COMP_TYPES = ("F", "B", "I", "W")
+
+
+@dataclass(frozen=True)
+class RankStats:
+    rank: int
+    busy: float
+    idle: float
+    bubble_ratio: float
+    peak_activations: int
+    peak_memory_bytes: int | None
+    over_memory_cap: bool
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """Flat arrays of one simulation (internal; read through :class:`SimResult`).
+
+    Actions are numbered rank by rank, in order (action ``offsets[r] + pos`` is ``schedule.actions[r][pos]``).
+    Computations are single F/B/I/W; an overlapped pair contributes two, sharing the pair's start and end.
+    Dependencies are the rank-crossing hand-offs plus any dependency the simulator had to wait on.
+    """
+
+    offsets: np.ndarray  # (R+1,) action index of each rank's first action
+    start: np.ndarray  # (N,) float64
+    end: np.ndarray  # (N,) float64
+    duration: np.ndarray  # (N,) float64
+    act_delta: np.ndarray  # (N,) int64: change of held activations when the action ends
+    act_plus: np.ndarray  # (N,) int64: positive part of act_delta (a pair: what its forward half adds)
+    byte_delta: np.ndarray | None  # (N,) int64: change of activation bytes when the action ends
+    byte_plus: np.ndarray | None
+    static_bytes: tuple[int, ...]  # per rank
+    # computations, ordered by (action, half)
+    comp_owner: np.ndarray  # (C,) action index
+    comp_stage: np.ndarray
+    comp_type: np.ndarray  # code into COMP_TYPES
+    comp_mb: np.ndarray
+    comp_half_start: np.ndarray
+    comp_half_end: np.ndarray
+    # rank-crossing hand-offs (one row per consumer input)
+    xfer_producer: np.ndarray  # computation index
+    xfer_consumer: np.ndarray  # computation index
+    xfer_delay: np.ndarray
+    xfer_bytes: np.ndarray  # float64, NaN without a profile
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """A simulated step. Times are in the cost unit (seconds for profile costs)."""
+
+    schedule: Schedule
+    costs: CostModel
+    makespan: float
+    bubble_ratio: float
+    throughput: float
+    """Microbatches per cost unit: ``num_microbatches / makespan``."""
+    per_rank: tuple[RankStats, ...]
+    memory_cap_bytes: int | None
+    trace: Trace = field(repr=False, compare=False)
+
+    @property
+    def unit(self) -> str:
+        return self.costs.unit
+
+    @cached_property
+    def starts(self) -> tuple[tuple[float, ...], ...]:
+        """Start of each action, aligned with ``schedule.actions[rank][pos]``."""
+        return self._per_rank(self.trace.start)
+
+    @cached_property
+    def ends(self) -> tuple[tuple[float, ...], ...]:
+        """End of each action, aligned with ``schedule.actions[rank][pos]``."""
+        return self._per_rank(self.trace.end)
+
+    def _per_rank(self, values: np.ndarray) -> tuple[tuple[float, ...], ...]:
+        o = self.trace.offsets
+        return tuple(tuple(values[o[r] : o[r + 1]].tolist()) for r in range(len(o) - 1))
+
+    @cached_property
+    def over_memory_cap(self) -> tuple[int, ...]:
+        """Ranks whose peak memory exceeds ``memory_cap_bytes``."""
+        return tuple(s.rank for s in self.per_rank if s.over_memory_cap)
+
+    # -- frames -------------------------------------------------------------------------------------------------
+
+    def timeline(self) -> pandas.DataFrame:
+        """One row per single computation (a pair gives two rows), in rank / position order."""
+        import numpy as np
+        import pandas as pd
+
+        t = self.trace
+        owner = t.comp_owner
+        rank = np.searchsorted(t.offsets, owner, side="right") - 1
+        position = owner - t.offsets[rank]
+        stage = t.comp_stage
+        chunk_of, direction_of = self._stage_tables()
+        types = np.asarray(COMP_TYPES, dtype=object)[t.comp_type]
+        is_pair = np.zeros(len(owner), dtype=bool)
+        if len(owner) > 1:
+            same_as_next = owner[1:] == owner[:-1]
+            is_pair[1:] |= same_as_next
+            is_pair[:-1] |= same_as_next
+        single_names = _names(stage, t.comp_type, t.comp_mb)
+        action = single_names.astype(object)
+        if is_pair.any():
+            for i in np.flatnonzero(is_pair):
+                r = int(rank[i])
+                action[i] = str(self.schedule.actions[r][int(position[i])])
+        return pd.DataFrame(
+            {
+                "rank": rank,
+                "position": position,
+                "action": action,
+                "stage": stage,
+                "microbatch": t.comp_mb,
+                "type": types,
+                "start": t.start[owner],
+                "end": t.end[owner],
+                "chunk": chunk_of[stage],
+                "direction": direction_of[stage],
+                "pair": is_pair,
+                "half_start": t.comp_half_start,
+                "half_end": t.comp_half_end,
+            }
+        )
+
+    def transfers(self) -> pandas.DataFrame:
+        """Rank-crossing hand-offs: activations (kind "F") and gradients (kind "B"), one row per consumer input."""
+        import numpy as np
+        import pandas as pd
+
+        t = self.trace
+        prod, cons = t.xfer_producer, t.xfer_consumer
+        p_owner, c_owner = t.comp_owner[prod], t.comp_owner[cons]
+        src = np.searchsorted(t.offsets, p_owner, side="right") - 1
+        dst = np.searchsorted(t.offsets, c_owner, side="right") - 1
+        names = _names(t.comp_stage, t.comp_type, t.comp_mb)
+        send = t.end[p_owner]
+        return pd.DataFrame(
+            {
+                "src_rank": src,
+                "dst_rank": dst,
+                "producer": names[prod].astype(object),
+                "consumer": names[cons].astype(object),
+                "kind": np.where(t.comp_type[prod] == 0, "F", "B").astype(object),
+                "send": send,
+                "arrive": send + t.xfer_delay,
+                "bytes": t.xfer_bytes,
+                "src_position": p_owner - t.offsets[src],
+                "dst_position": c_owner - t.offsets[dst],
+            }
+        )
+
+    def memory(self) -> pandas.DataFrame:
+        """Held activations (count) and memory bytes per rank as a step function of time.
+
+        Each row holds from its ``time`` until the rank's next row. The first row per rank is time 0 with only the
+        static bytes; then a row wherever an action's end changes what is held. An overlapped pair adds a row at
+        its forward half's end (its new activation held, the backward half's not yet freed). ``bytes`` is NaN
+        without a profile.
+        """
+        import numpy as np
+        import pandas as pd
+
+        t = self.trace
+        num_ranks = len(t.offsets) - 1
+        lengths = np.diff(t.offsets)
+        action_rank = np.repeat(np.arange(num_ranks), lengths)
+        first_comp = np.searchsorted(t.comp_owner, np.arange(len(t.end)))
+        mid_time = t.comp_half_end[np.minimum(first_comp, max(len(t.comp_owner) - 1, 0))] if len(t.comp_owner) \
+            else np.zeros(len(t.end))
+
+        def held(delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            after = np.cumsum(delta)
+            base = np.concatenate(([0], after))[t.offsets[:-1]]
+            after = after - np.repeat(base, lengths)
+            return after - delta, after
+
+        series = [(t.act_delta, t.act_plus)]
+        if t.byte_delta is not None and t.byte_plus is not None:
+            series.append((t.byte_delta, t.byte_plus))
+        need_mid = np.zeros(len(t.end), dtype=bool)
+        changed = np.zeros(len(t.end), dtype=bool)
+        for delta, plus in series:
+            need_mid |= (plus > 0) & (plus != delta)
+            changed |= delta != 0
+        changed |= need_mid
+        mid = np.flatnonzero(need_mid)
+        fin = np.flatnonzero(changed)
+        columns: list[np.ndarray] = []
+        for delta, plus in series:
+            before, after = held(delta)
+            columns.append(np.concatenate((np.zeros(num_ranks, dtype=np.int64), (before + plus)[mid], after[fin])))
+        key = np.concatenate((3 * t.offsets[:-1], 3 * mid + 1, 3 * fin + 2))
+        rank = np.concatenate((np.arange(num_ranks), action_rank[mid], action_rank[fin]))
+        time = np.concatenate((np.zeros(num_ranks), mid_time[mid], t.end[fin]))
+        order = np.lexsort((rank, key))
+        rank = rank[order]
+        if len(series) > 1:
+            mem = (columns[1][order] + np.asarray(t.static_bytes, dtype=np.int64)[rank]).astype(float)
+        else:
+            mem = np.full(len(order), np.nan)
+        return pd.DataFrame({"rank": rank, "time": time[order], "activations": columns[0][order], "bytes": mem})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The contract's ``simulate --json`` object."""
+        s = self.schedule
+        return {
+            "schedule": s.name,
+            "ranks": s.num_ranks,
+            "microbatches": s.num_microbatches,
+            "stages": s.num_stages,
+            "stages_per_rank": s.num_stages_per_rank,
+            "makespan": self.makespan,
+            "bubble_ratio": self.bubble_ratio,
+            "per_rank": [
+                {
+                    "rank": st.rank,
+                    "busy": st.busy,
+                    "idle": st.idle,
+                    "bubble_ratio": st.bubble_ratio,
+                    "peak_activations": st.peak_activations,
+                    "peak_memory_bytes": st.peak_memory_bytes,
+                }
+                for st in self.per_rank
+            ],
+            "costs": self.costs.to_dict(),
+        }
+
+    def _stage_tables(self) -> tuple[np.ndarray, np.ndarray]:
+        import numpy as np
+
+        s = self.schedule
+        chunk = np.zeros(max(s.num_stages, 1), dtype=np.int64)
+        direction = np.zeros(max(s.num_stages, 1), dtype=np.int64)
+        for r in range(s.num_ranks):
+            for c, st in enumerate(s.stages_of(r)):
+                chunk[st] = c
+        for d, chain in enumerate(s.pipelines):
+            for st in chain:
+                direction[st] = d
+        return chunk, direction
+
+
+def _names(stage: np.ndarray, code: np.ndarray, mb: np.ndarray) -> np.ndarray:
+    """Action strings (``2F0``) of single computations, vectorised."""
+    import numpy as np
+
+    letters = np.asarray(COMP_TYPES)[code]
+    return np.char.add(np.char.add(stage.astype(str), letters), mb.astype(str))
+
+
+def safe_ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 else (0.0 if numerator == 0 else math.inf)

@@ -1,0 +1,56 @@
+"""Interleaved 1F1B (Megatron's virtual pipeline, depth first): torch 2.13's ``ScheduleInterleaved1F1B``.
+
+Rank r holds stages r, r+R, ... (loop placement). Microbatches go in rounds: a round's forwards run on the first
+chunk, then the second, ...; backwards visit the chunks in reverse.
+"""
+
+from __future__ import annotations
+
+from ppsim.ir import Schedule
+from ppsim.schedules import ScheduleSpec, register
+from ppsim.schedules._phases import (
+    B,
+    F,
+    grouped,
+    loop_placement,
+    make_schedule,
+    one_f_one_b,
+    rank_stages,
+    require_sizes,
+    round_size,
+)
+
+NAME = "Interleaved1F1B"
+
+
+def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 2) -> Schedule:
+    R, m, v = num_ranks, num_microbatches, num_stages_per_rank
+    require_sizes(NAME, R, m, v)
+    size = round_size(NAME, R, m)
+    actions = []
+    for r in range(R):
+        chunks = rank_stages(r, R, v)
+        # Warm-up: every chunk but the last gets one round of forwards, plus two forwards per hop to the last rank.
+        actions.append(
+            one_f_one_b(
+                grouped(chunks, F, m, size),
+                grouped(chunks[::-1], B, m, size),
+                num_warmup=(v - 1) * size + 2 * (R - 1 - r),
+            )
+        )
+    return make_schedule(NAME, actions, loop_placement(R, v), m, v)
+
+
+register(
+    ScheduleSpec(
+        name=NAME,
+        build=build,
+        description="Megatron's interleaved 1F1B: v stages per rank in loop placement, bubble / v "
+        "(torch ScheduleInterleaved1F1B)",
+        constraints="microbatches < 2 x ranks, or divisible into microbatches // ranks equal rounds "
+        "(any multiple of ranks works), as torch requires",
+        default_stages_per_rank=2,
+        min_stages_per_rank=1,
+        torch_name="Interleaved1F1B",
+    )
+)

@@ -1,0 +1,35 @@
+"""1F1B: warm-up forwards, steady one-forward-one-backward, cool-down backwards; torch 2.13's ``Schedule1F1B``.
+
+torch's ``pipeline_order`` for this schedule is wrong on the last rank (no forward of microbatch 0, a forward of
+microbatch m); its execution path runs the order built here, which every other rank shares with torch.
+"""
+
+from __future__ import annotations
+
+from ppsim.ir import Schedule
+from ppsim.schedules import ScheduleSpec, register
+from ppsim.schedules._phases import B, F, grouped, loop_placement, make_schedule, one_f_one_b, require_sizes
+
+NAME = "1F1B"
+
+
+def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 1) -> Schedule:
+    R, m = num_ranks, num_microbatches
+    require_sizes(NAME, R, m, num_stages_per_rank, fixed_stages_per_rank=1)
+    # Rank r runs R-1-r forwards before its first backward arrives (fewer when the batch is smaller).
+    actions = [
+        one_f_one_b(grouped([r], F, m, m), grouped([r], B, m, m), num_warmup=R - 1 - r) for r in range(R)
+    ]
+    return make_schedule(NAME, actions, loop_placement(R, 1), m, 1)
+
+
+register(
+    ScheduleSpec(
+        name=NAME,
+        build=build,
+        description="one forward, one backward: rank r holds at most R-r activations (torch Schedule1F1B)",
+        constraints="1 stage per rank; any microbatches (torch itself needs microbatches >= ranks)",
+        fixed_stages_per_rank=1,
+        torch_name="1F1B",
+    )
+)

@@ -1,0 +1,243 @@
+"""Interactive Gantt charts (plotly): hover, zoom, legend toggles, an optional memory panel, offline HTML.
+
+One bar trace per cell group (``F``, ``B``, ``I``, ``W`` and the two halves of overlapped pairs) plus one trace of
+pair borders, never one trace per rectangle, so a 20,000-action schedule stays a small, fast page. Trace ``meta``
+holds the group name (``"F"``, ``"pair-F"``, ``"pair-border"``, ``"memory"``, ``"comm"``) for tests and scripts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ppsim.formats import write_atomic
+from ppsim.viz import _data
+from ppsim.viz._data import COLORS, DIGIT_COLORS, GROUP_KIND, GROUPS, LEGEND_LABELS, PAIR_LABEL
+
+if TYPE_CHECKING:
+    from ppsim.result import SimResult
+
+#: Above this many cells a chart carries no digits (hover still names every cell); browsers stay responsive.
+MAX_LABELLED_CELLS = 6000
+HOVER_FIELDS = ("action", "stage", "microbatch", "start", "end", "duration")
+PLOTLY_CONFIG = {"displaylogo": False, "scrollZoom": True, "responsive": True,
+                 "toImageButtonOptions": {"format": "svg"}}
+_HOVER = (
+    "<b>%{customdata[0]}</b> (%{customdata[6]})<br>"
+    "stage %{customdata[1]}, microbatch %{customdata[2]}<br>"
+    "start %{customdata[3]:.6g}, end %{customdata[4]:.6g}<br>"
+    "duration %{customdata[5]:.6g}%{meta[1]}<extra>%{meta[2]} %{y}</extra>"
+)
+_KIND_WORDS = {"F": "forward", "B": "backward", "I": "backward for input", "W": "backward for weights"}
+
+
+def _row_px(num_ranks: int) -> int:
+    return int(max(12, min(28, 640 / max(num_ranks, 1))))
+
+
+def add_gantt_traces(
+    fig: go.Figure,
+    result: SimResult,
+    *,
+    row: int | None = None,
+    labels: bool | None = None,
+    row_label: str = "Device",
+    legend: bool = True,
+    legendgroup_prefix: str = "",
+    time_factor: float | None = None,
+) -> None:
+    """Add the Gantt's traces to ``fig`` (at subplot ``row`` if given) and set up its rank axis."""
+    ts = _data.time_scale(result)
+    factor = ts.factor if time_factor is None else time_factor
+    unit = f" {ts.suffix.strip()}" if ts.suffix.strip() else ""
+    cells = _data.cells(result)
+    with_text = labels is True or (labels is None and len(cells) <= MAX_LABELLED_CELLS)
+    loc = {"row": row, "col": 1} if row is not None else {}
+    for group in GROUPS:
+        sel = [c for c in cells if c.group == group]
+        if not sel:
+            continue
+        kind = GROUP_KIND[group]
+        pair = group.startswith("pair-")
+        start = np.fromiter((c.start for c in sel), float, len(sel)) * factor
+        end = np.fromiter((c.end for c in sel), float, len(sel)) * factor
+        a0 = np.fromiter((c.action_start for c in sel), float, len(sel)) * factor
+        a1 = np.fromiter((c.action_end for c in sel), float, len(sel)) * factor
+        custom = np.empty((len(sel), 7), dtype=object)
+        custom[:, 0] = [c.action for c in sel]
+        custom[:, 1] = [c.stage for c in sel]
+        custom[:, 2] = [c.microbatch for c in sel]
+        custom[:, 3] = a0
+        custom[:, 4] = a1
+        custom[:, 5] = a1 - a0
+        custom[:, 6] = [_KIND_WORDS[c.kind] + (" half of an overlapped pair" if pair else "") for c in sel]
+        name = PAIR_LABEL if pair else LEGEND_LABELS[kind]
+        bar: dict[str, Any] = dict(
+            orientation="h",
+            y=np.fromiter((c.rank for c in sel), np.int64, len(sel)),
+            base=start,
+            x=end - start,
+            width=1.0,
+            name=name,
+            legendgroup=legendgroup_prefix + ("pair" if pair else group),
+            showlegend=legend and group != "pair-B",
+            marker=dict(color=COLORS[kind], line=dict(color="black", width=0 if pair else 1)),
+            customdata=custom,
+            hovertemplate=_HOVER,
+            meta=[group, unit, row_label],
+        )
+        if with_text:
+            bar.update(
+                text=[str(c.microbatch) for c in sel],
+                textposition="inside",
+                insidetextanchor="middle",
+                textangle=0,
+                textfont=dict(color=[DIGIT_COLORS[c.shade] for c in sel]),
+                constraintext="inside",
+                cliponaxis=True,
+            )
+        else:
+            bar.update(textposition="none")
+        fig.add_trace(go.Bar(**bar), **loc)
+    borders = _data.pair_borders(result)
+    if borders:
+        b = np.array(borders, dtype=float)
+        fig.add_trace(
+            go.Bar(
+                orientation="h", y=b[:, 0].astype(np.int64), base=b[:, 1] * factor, x=(b[:, 2] - b[:, 1]) * factor,
+                width=1.0, name=PAIR_LABEL, legendgroup=legendgroup_prefix + "pair", showlegend=False,
+                marker=dict(color="rgba(0,0,0,0)", line=dict(color="black", width=1)), hoverinfo="skip",
+                textposition="none", meta=["pair-border"],
+            ),
+            **loc,
+        )
+    n = result.schedule.num_ranks
+    step = max(1, n // 32)
+    fig.update_yaxes(
+        tickvals=list(range(0, n, step)), ticktext=[f"{row_label} {r}" for r in range(0, n, step)],
+        range=[n - 0.5, -0.5], showgrid=False, zeroline=False, ticks="", tickfont=dict(size=12, color="black"),
+        fixedrange=True, **loc,
+    )
+
+
+def add_memory_traces(
+    fig: go.Figure, result: SimResult, *, row: int | None = None, row_label: str = "Device",
+    legend: bool = True, time_factor: float | None = None,
+) -> None:
+    """Memory over time per rank (bytes with a profile, else held activations) as step lines."""
+    mem = result.memory()
+    use_bytes = bool(mem["bytes"].notna().any())
+    column, scale, title = ("bytes", 2.0**-30, "Memory (GiB)") if use_bytes else ("activations", 1.0, "Activations held")
+    factor = _data.time_scale(result).factor if time_factor is None else time_factor
+    loc = {"row": row, "col": 1} if row is not None else {}
+    n = result.schedule.num_ranks
+    for rank, frame in mem.groupby("rank", sort=True):
+        t = np.append(frame["time"].to_numpy(float), result.makespan) * factor
+        v = frame[column].to_numpy(float) * scale
+        v = np.append(v, v[-1])
+        fig.add_trace(
+            go.Scatter(
+                x=t, y=v, mode="lines", line=dict(shape="hv", width=1.5), name=f"{row_label} {rank}",
+                legendgroup="memory", legendgrouptitle_text="Memory" if rank == 0 else None,
+                showlegend=legend and n <= 16, meta=["memory", rank],
+                hovertemplate=f"{row_label} {rank}<br>t %{{x:.6g}}<br>{title.lower()} %{{y:.6g}}<extra></extra>",
+            ),
+            **loc,
+        )
+    if use_bytes and result.memory_cap_bytes:
+        fig.add_hline(y=result.memory_cap_bytes * scale, line=dict(color="#d62728", dash="dash", width=1),
+                      annotation_text="memory cap", **loc)
+    fig.update_yaxes(title_text=title, rangemode="tozero", **loc)
+
+
+def add_comm_traces(fig: go.Figure, result: SimResult, *, row: int | None = None,
+                    time_factor: float | None = None) -> None:
+    """p2p hand-offs as arrows from the producer's end (its rank) to the arrival (consumer's rank)."""
+    tr = result.transfers()
+    if tr.empty:
+        return
+    factor = _data.time_scale(result).factor if time_factor is None else time_factor
+    n = len(tr)
+    x = np.full(3 * n, np.nan)
+    y = np.full(3 * n, np.nan)
+    x[0::3], x[1::3] = tr["send"].to_numpy(float) * factor, tr["arrive"].to_numpy(float) * factor
+    y[0::3], y[1::3] = tr["src_rank"].to_numpy(float), tr["dst_rank"].to_numpy(float)
+    size = np.zeros(3 * n)
+    size[1::3] = 7
+    loc = {"row": row, "col": 1} if row is not None else {}
+    fig.add_trace(
+        go.Scatter(x=x, y=y, mode="lines+markers", name="p2p hand-offs", line=dict(color="rgba(40,40,40,0.6)", width=1),
+                   marker=dict(symbol="arrow", angleref="previous", size=size, color="rgba(40,40,40,0.8)"),
+                   hoverinfo="skip", meta=["comm"], visible=True),
+        **loc,
+    )
+
+
+def gantt_figure(
+    result: SimResult,
+    *,
+    memory: bool = False,
+    comm: bool = False,
+    labels: bool | None = None,
+    row_label: str = "Device",
+    title: bool | str = True,
+    time_max: float | None = None,
+) -> go.Figure:
+    """The interactive Gantt (and, with ``memory``, a memory panel sharing the time axis)."""
+    from plotly.subplots import make_subplots
+
+    n = result.schedule.num_ranks
+    ts = _data.time_scale(result)
+    gantt_px = _row_px(n) * n
+    mem_px = 220 if memory else 0
+    if memory:
+        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                            row_heights=[gantt_px, mem_px])
+        row: int | None = 1
+    else:
+        fig = go.Figure()
+        row = None
+    add_gantt_traces(fig, result, row=row, labels=labels, row_label=row_label)
+    if comm:
+        add_comm_traces(fig, result, row=row)
+    if memory:
+        add_memory_traces(fig, result, row=2, row_label=row_label)
+    span = (time_max if time_max is not None else result.makespan) * ts.factor
+    fig.update_xaxes(range=[0, span], showgrid=False, zeroline=False, ticks="outside", showline=False)
+    fig.update_xaxes(title_text=ts.label, row=2 if memory else None, col=1 if memory else None)
+    key = _data.digit_key(result)
+    notes = []
+    if key.by is not None:
+        notes.append(f"digits: black = {key.black.split(', ', 1)[-1]}, white = {key.white.split(', ', 1)[-1]}")
+    notes.append("idle time blank; drag to zoom, double-click to reset, click legend entries to hide kinds")
+    fig.update_layout(
+        title=dict(text=title if isinstance(title, str) else (_data.title(result) if title else ""), x=0.01,
+                   font=dict(size=15)),
+        barmode="overlay",
+        bargap=0,
+        plot_bgcolor="white",
+        paper_bgcolor="white",
+        font=dict(family="Helvetica, Arial, sans-serif", size=12),
+        height=gantt_px + mem_px + 200 + (60 if memory else 0),
+        margin=dict(l=90, r=30, t=60, b=120),
+        legend=dict(orientation="h", yanchor="top", y=-60 / (gantt_px + mem_px + 60) - (0.12 if memory else 0),
+                    x=0, xanchor="left", font=dict(size=12)),
+        uniformtext=dict(minsize=8, mode="hide"),
+        hoverlabel=dict(bgcolor="white"),
+        annotations=[dict(text=" · ".join(notes), showarrow=False, xref="paper", yref="paper", x=0, y=1.0,
+                          xanchor="left", yanchor="bottom", font=dict(size=11, color="#555"))],
+    )
+    return fig
+
+
+def write_html(
+    result: SimResult, path: str | os.PathLike[str], *, memory: bool = False, comm: bool = False
+) -> Path:
+    """The interactive chart as one HTML file with plotly.js embedded (works offline)."""
+    fig = gantt_figure(result, memory=memory, comm=comm)
+    html = fig.to_html(include_plotlyjs=True, full_html=True, config=PLOTLY_CONFIG)
+    return write_atomic(path, html)
