@@ -14,7 +14,6 @@ exactly ``FB``; with uniform costs and a full B it is ``FB`` for every pair.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, Mapping
 
 from ppsim.errors import CostError
 from ppsim.ir import Action, ActionType, Schedule
+from ppsim.profile import load_profile
 
 COST_KEYS = ("F", "B", "I", "W", "FB", "comm")
 _OP_KEYS = ("F", "B", "I", "W", "FB")
@@ -296,13 +296,7 @@ def load_costs(costs: str | None = None, profile: str | Path | None = None) -> C
     if profile is None:
         return parse_costs(costs)
     path = Path(profile)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CostError(f"--profile {path}: file not found; write one with `ppsim calibrate -o {path}`") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CostError(f"--profile {path}: not readable JSON ({exc}); pass a file written by `ppsim calibrate`") \
-            from None
+    data = load_profile(path)
     return CostModel.from_profile(data, source=str(path))
 
 

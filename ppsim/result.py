@@ -58,11 +58,20 @@ class Trace:
     comp_mb: np.ndarray
     comp_half_start: np.ndarray
     comp_half_end: np.ndarray
-    # rank-crossing hand-offs (one row per consumer input)
-    xfer_producer: np.ndarray  # computation index
-    xfer_consumer: np.ndarray  # computation index
-    xfer_delay: np.ndarray
-    xfer_bytes: np.ndarray  # float64, NaN without a profile
+    # rank-crossing hand-offs, in parts of (producer computation, consumer computation, delay, upstream stage)
+    xfer_parts: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+    stage_out_bytes: np.ndarray  # per stage: bytes of the boundary tensor after it (NaN without a profile)
+
+    @cached_property
+    def transfers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(producer, consumer, delay, bytes)`` of every rank-crossing hand-off, one row per consumer input."""
+        import numpy as np
+
+        if not self.xfer_parts:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, np.zeros(0), np.zeros(0)
+        prod, cons, delay, upstream = (np.concatenate(col) for col in zip(*self.xfer_parts))
+        return prod, cons, delay, self.stage_out_bytes[upstream]
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,7 @@ class SimResult:
         rank = np.searchsorted(t.offsets, owner, side="right") - 1
         position = owner - t.offsets[rank]
         stage = t.comp_stage
-        chunk_of, direction_of = self._stage_tables()
+        chunk_of, direction_of = stage_tables(self.schedule)
         types = np.asarray(COMP_TYPES, dtype=object)[t.comp_type]
         is_pair = np.zeros(len(owner), dtype=bool)
         if len(owner) > 1:
@@ -151,7 +160,7 @@ class SimResult:
         import pandas as pd
 
         t = self.trace
-        prod, cons = t.xfer_producer, t.xfer_consumer
+        prod, cons, delay, nbytes = t.transfers
         p_owner, c_owner = t.comp_owner[prod], t.comp_owner[cons]
         src = np.searchsorted(t.offsets, p_owner, side="right") - 1
         dst = np.searchsorted(t.offsets, c_owner, side="right") - 1
@@ -165,8 +174,8 @@ class SimResult:
                 "consumer": names[cons].astype(object),
                 "kind": np.where(t.comp_type[prod] == 0, "F", "B").astype(object),
                 "send": send,
-                "arrive": send + t.xfer_delay,
-                "bytes": t.xfer_bytes,
+                "arrive": send + delay,
+                "bytes": nbytes,
                 "src_position": p_owner - t.offsets[src],
                 "dst_position": c_owner - t.offsets[dst],
             }
@@ -248,19 +257,20 @@ class SimResult:
             "costs": self.costs.to_dict(),
         }
 
-    def _stage_tables(self) -> tuple[np.ndarray, np.ndarray]:
-        import numpy as np
 
-        s = self.schedule
-        chunk = np.zeros(max(s.num_stages, 1), dtype=np.int64)
-        direction = np.zeros(max(s.num_stages, 1), dtype=np.int64)
-        for r in range(s.num_ranks):
-            for c, st in enumerate(s.stages_of(r)):
-                chunk[st] = c
-        for d, chain in enumerate(s.pipelines):
-            for st in chain:
-                direction[st] = d
-        return chunk, direction
+def stage_tables(schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
+    """Per stage: its chunk (index among its rank's stages) and its direction (chain index)."""
+    import numpy as np
+
+    chunk = np.zeros(max(schedule.num_stages, 1), dtype=np.int64)
+    direction = np.zeros(max(schedule.num_stages, 1), dtype=np.int64)
+    for r in range(schedule.num_ranks):
+        for c, st in enumerate(schedule.stages_of(r)):
+            chunk[st] = c
+    for d, chain in enumerate(schedule.pipelines):
+        for st in chain:
+            direction[st] = d
+    return chunk, direction
 
 
 def _names(stage: np.ndarray, code: np.ndarray, mb: np.ndarray) -> np.ndarray:

@@ -1,24 +1,28 @@
 """Discrete-event replay of a schedule.
 
-Model: each rank runs its actions in order on one compute lane. An action starts when the rank is free and every
+Model: each rank runs its actions in order on one compute lane. An action starts when its rank is free and every
 input it needs (rules from :mod:`ppsim.deps`) has arrived; an input from another rank arrives ``comm`` after its
-producer ends (``costs.comm_delay``), one from the same rank at once. Sends and receives never block compute. An
-overlapped pair waits for both halves' inputs, takes the pair's duration, and both halves end together.
+producer ends (``CostModel.comm_delay``), one from the same rank at once. Sends and receives never block compute.
+An overlapped pair waits for both halves' inputs, takes the pair's duration, and both halves end together.
 
 Engine: in-order list scheduling. ``start = max(rank free, inputs arrived)`` and ``end = start + duration`` define
 every time uniquely (ranks compete for nothing but their own lane), so any visiting order that respects the
-dependencies yields the same floats: the result is deterministic by construction, with no ties to break. The
-schedule is compiled once into flat arrays (one cross-rank producer per action in the common case), then a tight
-loop advances one rank until it blocks, parks it on the action it waits for and wakes it when that action's rank
-has passed it. A rank that can never advance ends the run with :class:`~ppsim.errors.DeadlockError`.
+dependencies yields the same floats: the result is deterministic by construction and no ties need breaking.
+The schedule is compiled once into flat arrays (per action: its duration and the one action on another rank it
+waits for, in the common case), then a tight loop advances a rank until it blocks, parks it on the action it waits
+for and wakes it when that action's rank has passed it. Ranks that can never advance end the run with
+:class:`~ppsim.errors.DeadlockError`. See docs/simulator.md.
 """
 
 from __future__ import annotations
 
 import gc
+from array import array
+from bisect import bisect_right
 from itertools import chain
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
 from ppsim import deps
 from ppsim.costs import CostModel, parse_costs
 from ppsim.errors import DeadlockError, ScheduleFormatError
@@ -30,13 +34,14 @@ if TYPE_CHECKING:
 
 _SINGLE_KINDS = (ActionType.F, ActionType.B, ActionType.I, ActionType.W)
 _PAIR = 4
-_OTHER = 5
-_TYPES_BY_ID = sorted(ActionType, key=id)
-_TYPE_IDS = [id(t) for t in _TYPES_BY_ID]
-_TYPE_CODES = [
-    _SINGLE_KINDS.index(t) if t in _SINGLE_KINDS else (_PAIR if t is ActionType.OVERLAP_F_B else _OTHER)
-    for t in _TYPES_BY_ID
-]
+_OTHER = 5  # SEND/RECV/UNSHARD/...: no compute, no inputs, zero time
+_CODE_BY_ID = {
+    id(t): _SINGLE_KINDS.index(t) if t in _SINGLE_KINDS else (_PAIR if t is ActionType.OVERLAP_F_B else _OTHER)
+    for t in ActionType
+}
+_TYPE_IDS: Any = sorted(_CODE_BY_ID)  # numpy arrays on first use (numpy is imported lazily)
+_TYPE_CODES: Any = [_CODE_BY_ID[i] for i in _TYPE_IDS]
+_COUNT_STEP = (1, -1, 0, -1)  # held activations: F adds one, B or W releases one, I releases none
 _get_stage = attrgetter("stage")
 _get_type = attrgetter("type")
 _get_mb = attrgetter("microbatch")
@@ -49,26 +54,29 @@ def simulate(
     costs = parse_costs(None) if costs is None else costs
     costs.check(schedule)
     was_enabled = gc.isenabled()
-    gc.disable()  # the run allocates no cycles; collections would only rescan big lists
+    gc.disable()  # the run creates no reference cycles; collections would only rescan large lists
     try:
-        return _simulate(schedule, costs, memory_cap_bytes)
+        prog = _Program(schedule, costs)
+        end = _run(prog)
+        return _finish(prog, end, memory_cap_bytes)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _simulate(schedule: Schedule, costs: CostModel, memory_cap_bytes: int | None) -> SimResult:
-    prog = _Program(schedule, costs)
-    end = _run(prog)
-    return _finish(prog, end, memory_cap_bytes)
-
-
 class _Program:
-    """The schedule compiled to flat arrays."""
+    """The schedule compiled to flat arrays.
+
+    Actions are numbered rank by rank; computations (single F/B/I/W; a pair gives two) are numbered in action
+    order. Without pairs the two numberings coincide and the computation arrays are the action arrays.
+    """
 
     def __init__(self, schedule: Schedule, costs: CostModel) -> None:
         import numpy as np
 
+        global _TYPE_IDS, _TYPE_CODES
+        if isinstance(_TYPE_IDS, list):
+            _TYPE_IDS, _TYPE_CODES = np.array(_TYPE_IDS, dtype=np.int64), np.array(_TYPE_CODES, dtype=np.int64)
         self.schedule = schedule
         self.costs = costs
         rows = schedule.actions
@@ -77,219 +85,270 @@ class _Program:
         offsets = np.zeros(num_ranks + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         n = int(offsets[-1])
-        self.offsets = offsets
         self.n = n
-        stage = np.fromiter(map(_get_stage, chain.from_iterable(rows)), dtype=np.int64, count=n)
-        type_ids = np.fromiter(map(id, map(_get_type, chain.from_iterable(rows))), dtype=np.int64, count=n)
-        code = np.array(_TYPE_CODES)[np.searchsorted(np.array(_TYPE_IDS), type_ids)]
-        mb_f = np.array(list(map(_get_mb, chain.from_iterable(rows))), dtype=np.float64)
-        rank = np.repeat(np.arange(num_ranks, dtype=np.int64), lengths)
-        self.rank = rank
-
-        # computations: single actions, then the halves of pairs
-        single = np.flatnonzero(code < _PAIR)
-        pair_idx = np.flatnonzero(code == _PAIR)
-        flat: list[Action] | None = None
-        pair_halves: list[tuple[Action, Action]] = []
-        if len(pair_idx):
-            flat = list(chain.from_iterable(rows))
-            pair_halves = [flat[i].sub_actions for i in pair_idx.tolist()]  # type: ignore[misc]
-        half_stage = np.array([h.stage for hs in pair_halves for h in hs], dtype=np.int64)
-        half_code = np.array([_SINGLE_KINDS.index(h.type) for hs in pair_halves for h in hs], dtype=np.int64)
-        half_mb = np.array(
-            [np.nan if h.microbatch is None else h.microbatch for hs in pair_halves for h in hs], dtype=np.float64
-        )
-        c_owner = np.concatenate((single, np.repeat(pair_idx, 2)))
-        c_stage = np.concatenate((stage[single], half_stage))
-        c_code = np.concatenate((code[single], half_code))
-        c_mbf = np.concatenate((mb_f[single], half_mb))
-        order = np.argsort(c_owner, kind="stable")  # computations in (action, half) order
-        c_owner, c_stage, c_code, c_mbf = c_owner[order], c_stage[order], c_code[order], c_mbf[order]
-        num_stages = schedule.num_stages
-        bad = (c_stage < 0) | (c_stage >= num_stages) | np.isnan(c_mbf)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            a = int(c_owner[i])
-            r = int(rank[a])
-            raise ScheduleFormatError(
-                f"rank {r} position {a - int(offsets[r])}: {schedule.actions[r][a - int(offsets[r])]} needs a stage "
-                f"in 0..{num_stages - 1} and a microbatch; fix the action"
-            )
-        c_mb = c_mbf.astype(np.int64)
+        self.offsets = offsets
+        flat = chain.from_iterable
+        stage = np.fromiter(map(_get_stage, flat(rows)), dtype=np.int64, count=n)
+        type_ids = np.fromiter(map(id, map(_get_type, flat(rows))), dtype=np.int64, count=n)
+        code = _TYPE_CODES[np.searchsorted(_TYPE_IDS, type_ids)]
+        del type_ids
+        mb: np.ndarray | None = None
+        if n == 0 or int(code.max()) < _PAIR:
+            try:
+                mb = np.fromiter(map(_get_mb, flat(rows)), dtype=np.int64, count=n)
+            except TypeError:  # a computation without a microbatch: reported below
+                mb = None
+        self.pair_idx = np.zeros(0, dtype=np.int64)
+        self.pair_shares = np.zeros(0, dtype=np.float64)
+        pair_halves: list[tuple[Action, ...]] = []
+        if mb is not None:
+            self.simple = True
+            c_owner, c_stage, c_code, c_mb = np.arange(n, dtype=np.int64), stage, code, mb
+        else:
+            self.simple = False
+            c_owner, c_stage, c_code, c_mb, pair_halves = self._computations(stage, code)
         self.c_owner, self.c_stage, self.c_code, self.c_mb = c_owner, c_stage, c_code, c_mb
-        num_mb = int(c_mb.max()) + 1 if len(c_mb) else 1
+        num_comps = len(c_owner)
+        num_stages = schedule.num_stages
+        if num_comps and (int(c_stage.min()) < 0 or int(c_stage.max()) >= num_stages or int(c_mb.min()) < 0):
+            bad = np.flatnonzero((c_stage < 0) | (c_stage >= num_stages) | (c_mb < 0))[0]
+            a = int(c_owner[bad])
+            raise ScheduleFormatError(
+                f"rank {self.rank_of(a)} position {self.position_of(a)}: {self.action_at(a)} needs a stage in "
+                f"0..{num_stages - 1} and a microbatch >= 0; fix the action"
+            )
+        num_mb = int(c_mb.max()) + 1 if num_comps else 1
         self.num_mb = num_mb
+        lo_of_action = np.repeat(offsets[:-1], lengths)  # first action index of each action's rank
+        c_lo = lo_of_action if self.simple else lo_of_action[c_owner]
 
-        # dependency rules, compiled from ppsim.deps per (stage, kind)
+        # dependency rules compiled from ppsim.deps; stage S stands for "no input"
         req_stage, req_phase, prov_phase, num_phases = _rule_tables(schedule)
         self.num_phases = num_phases
-        cell = c_stage * 4 + c_code
-        provider = np.full(max(num_stages, 1) * num_mb * num_phases, -1, dtype=np.int64)
-        base = (c_stage * num_mb + c_mb) * num_phases
-        comp_index = np.arange(len(c_owner), dtype=np.int64)
-        for slot in range(prov_phase.shape[1]):
-            phase = prov_phase[c_code, slot]
-            has = phase >= 0
-            keys = base[has] + phase[has]
-            provider[keys] = comp_index[has]
-            dup = provider[keys] != comp_index[has]
-            if dup.any():
-                c = int(comp_index[has][np.flatnonzero(dup)[0]])
-                raise ScheduleFormatError(
-                    f"{self.comp_str(c)} (rank {self.comp_rank(c)}) computes "
-                    f"{deps.describe(self._key_tuple(int(keys[np.flatnonzero(dup)[0]])))} a second time; "
-                    "each (stage, microbatch) needs exactly one F and one B (or one I and one W)"
-                )
+        provider = np.full((num_stages + 1) * num_mb * num_phases, num_comps, dtype=np.int64)  # num_comps: missing
+        provider[num_stages * num_mb * num_phases :] = -1
+        kbase = c_stage * num_mb
+        kbase += c_mb
+        kbase *= num_phases
+        comp_index = np.arange(num_comps, dtype=np.int64)
+        provided = []
+        for phases in prov_phase:
+            ph = phases[c_code]
+            sel = comp_index if int(ph.min(initial=0)) >= 0 else np.flatnonzero(ph >= 0)
+            keys = kbase[sel] + ph[sel]
+            provider[keys] = sel
+            provided.append((sel, keys))
+        for sel, keys in provided:
+            lost = provider[keys] != sel
+            if lost.any():
+                k = int(np.flatnonzero(lost)[0])
+                self._raise_duplicate(int(sel[k]), int(keys[k]))
         self.provider = provider
 
-        # per computation inputs -> (consumer comp, producer comp, producer stage)
-        cons_l, prod_l, pstage_l = [], [], []
-        for slot in range(req_stage.shape[1]):
-            rs = req_stage[cell, slot]
-            has = rs >= 0
-            idx = comp_index[has]
-            keys = (rs[has] * num_mb + c_mb[has]) * num_phases + req_phase[cell[has], slot]
-            cons_l.append(idx)
-            prod_l.append(provider[keys])
-            pstage_l.append(rs[has])
-        cons = np.concatenate(cons_l)
-        prod = np.concatenate(prod_l)
-        pstage = np.concatenate(pstage_l)
-        missing = prod < 0
-        c_rank = rank[c_owner]
-        cons_owner = c_owner[cons]
-        prod_owner = np.where(missing, n, c_owner[np.where(missing, 0, prod)])
-        prod_rank = np.where(missing, -1, rank[np.minimum(prod_owner, max(n - 1, 0))])
-        cross = (prod_rank != c_rank[cons]) & ~missing
-        # same-rank inputs produced earlier in the order are free; anything else must be waited for
-        wait = cross | missing | (prod_owner >= cons_owner)
-
-        pos = _chain_positions(schedule)
+        # inputs per computation -> the action each one waits for (same-rank inputs produced earlier are free)
+        cell = c_stage * 4
+        cell += c_code
+        owner_ext = np.append(c_owner, n)  # missing input -> action n, which never ends
+        lo_ext = np.append(lo_of_action, -1)
+        positions = _chain_positions(schedule)
+        uniform_comm = costs.p2p_alpha is None
         boundary = np.array([costs.boundary_delay(schedule, s) for s in range(num_stages)] or [0.0])
-        cstage = c_stage[cons]
-        upstream = np.where(pos[pstage] < pos[cstage], pstage, cstage)
-        delay = np.where(cross, boundary[upstream], 0.0)
-
-        x = np.flatnonzero(cross)
-        self.xfer_producer = prod[x]
-        self.xfer_consumer = cons[x]
-        self.xfer_delay = delay[x]
-        if costs.output_bytes is not None:
-            out_bytes = np.array([costs.output_bytes[costs.position(schedule, s)] for s in range(num_stages)])
-            self.xfer_bytes = out_bytes[upstream[x]].astype(np.float64)
-        else:
-            self.xfer_bytes = np.full(len(x), np.nan)
-
-        w = np.flatnonzero(wait)
-        w_owner = cons_owner[w]
-        counts = np.bincount(w_owner, minlength=n) if n else np.zeros(0, dtype=np.int64)
         dep = np.full(n, -1, dtype=np.int64)
         dep_delay = np.zeros(n, dtype=np.float64)
-        one = counts[w_owner] == 1
-        dep[w_owner[one]] = prod_owner[w[one]]
-        dep_delay[w_owner[one]] = delay[w[one]]
         multi: dict[int, list[tuple[int, float]]] = {}
-        for k in np.flatnonzero(~one).tolist():
-            multi.setdefault(int(w_owner[k]), []).append((int(prod_owner[w[k]]), float(delay[w[k]])))
+        xfer_parts = []
+        waits = []
+        for k in range(len(req_stage)):
+            rs = req_stage[k][cell]
+            keys = rs * num_mb
+            keys += c_mb
+            keys *= num_phases
+            keys += req_phase[k][cell]
+            prod = provider[keys]
+            del keys
+            po = prod if self.simple else np.where(prod >= 0, owner_ext[prod], -1)
+            wait = (po >= 0) & ((po < c_lo) | (po >= c_owner))
+            w = np.flatnonzero(wait)
+            del wait
+            pw = po[w]
+            cross = lo_ext[pw] != c_lo[w]
+            cross &= pw < n
+            cw = w[cross]
+            if uniform_comm:
+                delay = np.where(cross, costs.comm, 0.0)
+                upstream = rs[cw]
+            else:
+                cs = c_stage[cw]
+                ps = rs[cw]
+                upstream = np.where(positions[ps] < positions[cs], ps, cs)
+                delay = np.zeros(len(w), dtype=np.float64)
+                delay[cross] = boundary[upstream]
+            xfer_parts.append((prod[cw], cw, delay[cross], upstream))
+            waits.append((w if self.simple else c_owner[w], pw, delay))
+        # one input to wait for per action in the common case; more go to the slow path (``multi``)
+        if self.simple:
+            for wa, pw, delay in waits:
+                taken = dep[wa] != -1
+                if taken.any():
+                    for j in np.flatnonzero(taken).tolist():
+                        a = int(wa[j])
+                        multi.setdefault(a, [(int(dep[a]), float(dep_delay[a]))]).append((int(pw[j]), float(delay[j])))
+                dep[wa] = pw
+                dep_delay[wa] = delay
+        elif waits:
+            wa, pw, delay = (np.concatenate(col) for col in zip(*waits))
+            one = np.bincount(wa, minlength=n)[wa] == 1
+            dep[wa[one]] = pw[one]
+            dep_delay[wa[one]] = delay[one]
+            for j in np.flatnonzero(~one).tolist():
+                multi.setdefault(int(wa[j]), []).append((int(pw[j]), float(delay[j])))
         for a in multi:
             dep[a] = -2
-        self.dep = dep
-        self.dep_delay = dep_delay
-        self.multi = multi
+        self.dep, self.dep_delay, self.multi = dep, dep_delay, multi
+        self.xfer_parts = tuple(xfer_parts)
+        self.stage_out_bytes = np.full(num_stages + 1, np.nan)
+        if costs.output_bytes is not None:
+            for st in range(num_stages):
+                self.stage_out_bytes[st] = costs.output_bytes[costs.position(schedule, st)]
 
-        # durations and memory deltas
-        op = np.array(
-            [[costs.op_cost(schedule, s, k) for s in range(num_stages)] or [0.0] for k in _SINGLE_KINDS],
-            dtype=np.float64,
-        )
-        duration = np.zeros(n, dtype=np.float64)
-        duration[single] = op[code[single], stage[single]]
-        shares: list[float] = []
-        for a, (f, b) in zip(pair_idx.tolist(), pair_halves):
+        # durations: one cost table per (kind, stage); pairs through the cost model's pair rule
+        op = np.zeros((6, max(num_stages, 1)), dtype=np.float64)
+        for k, kind in enumerate(_SINGLE_KINDS):
+            op[k, :num_stages] = [costs.op_cost(schedule, s, kind) for s in range(num_stages)]
+        stage_or_0 = np.where(code < _PAIR, stage, 0) if not self.simple else stage
+        duration = op[code, stage_or_0] if costs.num_positions is not None else op[:, 0][code]
+        shares = []
+        for a, (f, b) in zip(self.pair_idx.tolist(), pair_halves):
             d, forward_share = costs.pair_split(schedule, f.stage, b.stage, b.type)
             duration[a] = d
             shares.append(forward_share)
         self.duration = duration
-        self.pair_idx = pair_idx
         self.pair_shares = np.array(shares, dtype=np.float64)
 
-        # memory: a computation changes held activations when it ends; an overlapped pair holds its forward
-        # half's activation before its backward half frees one, so its peak is "before + the positive part"
-        count_step = np.array([1, -1, 0, -1], dtype=np.int64)[c_code]
-        self.act_delta, self.act_plus = _per_action(c_owner, count_step, n)
+        # memory: changes when a computation ends; a pair holds its forward half's activation before its
+        # backward half releases one, so its high point is "held before + the positive part"
+        count_step = np.array(_COUNT_STEP, dtype=np.int64)[c_code]
+        self.act_delta, self.act_plus = self._per_action(count_step)
         self.byte_delta: np.ndarray | None = None
         self.byte_plus: np.ndarray | None = None
         if costs.has_memory:
-            held = np.array([costs.activation_of(schedule, s)[0] for s in range(num_stages)], dtype=np.int64)
-            freed_i = np.array([costs.activation_of(schedule, s)[1] for s in range(num_stages)], dtype=np.int64)
-            h, f = held[c_stage], freed_i[c_stage]
-            byte_step = np.select([c_code == 0, c_code == 1, c_code == 2], [h, -h, -f], default=-(h - f))
-            self.byte_delta, self.byte_plus = _per_action(c_owner, byte_step, n)
+            table = np.zeros((4, max(num_stages, 1)), dtype=np.int64)
+            for s in range(num_stages):
+                held, freed_by_i = costs.activation_of(schedule, s)
+                table[:, s] = (held, -held, -freed_by_i, -(held - freed_by_i))
+            self.byte_delta, self.byte_plus = self._per_action(table[c_code, c_stage])
+
+    def _computations(
+        self, stage: np.ndarray, code: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[tuple[Action, ...]]]:
+        """Computation arrays for orders with pairs (or non-compute actions): singles plus both halves of pairs."""
+        import numpy as np
+
+        rows = self.schedule.actions
+        mb_f = np.array([np.nan if m is None else m for m in map(_get_mb, chain.from_iterable(rows))], np.float64)
+        single = np.flatnonzero(code < _PAIR)
+        self.pair_idx = np.flatnonzero(code == _PAIR)
+        halves: list[tuple[Action, ...]] = []
+        if len(self.pair_idx):
+            flat = list(chain.from_iterable(rows))
+            halves = [flat[a].sub_actions for a in self.pair_idx.tolist()]
+        h_stage = np.array([h.stage for hs in halves for h in hs], dtype=np.int64)
+        h_code = np.array([_SINGLE_KINDS.index(h.type) for hs in halves for h in hs], dtype=np.int64)
+        h_mb = np.array([np.nan if h.microbatch is None else h.microbatch for hs in halves for h in hs], np.float64)
+        owner = np.concatenate((single, np.repeat(self.pair_idx, 2)))
+        order = np.argsort(owner, kind="stable")
+        c_owner = owner[order]
+        c_stage = np.concatenate((stage[single], h_stage))[order]
+        c_code = np.concatenate((code[single], h_code))[order]
+        c_mbf = np.concatenate((mb_f[single], h_mb))[order]
+        if np.isnan(c_mbf).any():
+            a = int(c_owner[np.flatnonzero(np.isnan(c_mbf))[0]])
+            raise ScheduleFormatError(
+                f"rank {self.rank_of(a)} position {self.position_of(a)}: {self.action_at(a)} has no microbatch; "
+                "write computations as [stage][type][microbatch], e.g. 2F0"
+            )
+        return c_owner, c_stage, c_code, c_mbf.astype(np.int64), halves
+
+    def _per_action(self, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Net change and positive part per action of a per-computation step."""
+        import numpy as np
+
+        if self.simple:
+            return step, np.maximum(step, 0)
+        delta = np.bincount(self.c_owner, weights=step, minlength=self.n).astype(np.int64)
+        plus = np.bincount(self.c_owner, weights=np.maximum(step, 0), minlength=self.n).astype(np.int64)
+        return delta, plus
 
     # -- names for messages -------------------------------------------------------------------------------------
 
-    def _key_tuple(self, key: int) -> deps.Key:
-        phase = key % self.num_phases
-        rest = key // self.num_phases
-        return (rest // self.num_mb, rest % self.num_mb, phase)
+    def rank_of(self, a: int) -> int:
+        return bisect_right(self.offsets.tolist(), a) - 1
 
-    def comp_rank(self, c: int) -> int:
-        return int(self.rank[int(self.c_owner[c])])
+    def position_of(self, a: int) -> int:
+        return a - int(self.offsets[self.rank_of(a)])
 
     def action_at(self, a: int) -> Action:
-        r = int(self.rank[a])
-        return self.schedule.actions[r][a - int(self.offsets[r])]
+        return self.schedule.actions[self.rank_of(a)][self.position_of(a)]
 
     def comp_str(self, c: int) -> str:
         return f"{int(self.c_stage[c])}{_SINGLE_KINDS[int(self.c_code[c])].value}{int(self.c_mb[c])}"
 
+    def producer_of(self, key: deps.Key) -> int:
+        """Computation index providing ``key``; -1 when none does."""
+        s, mb, phase = key
+        if not (0 <= s < self.schedule.num_stages and 0 <= mb < self.num_mb):
+            return -1
+        c = int(self.provider[(s * self.num_mb + mb) * self.num_phases + phase])
+        return c if c < len(self.c_owner) else -1
 
-def _per_action(owner: np.ndarray, step: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Net change and positive part per action of a per-computation step."""
-    import numpy as np
+    def _raise_duplicate(self, comp: int, key: int) -> None:
+        phase = key % self.num_phases
+        rest = key // self.num_phases
+        what = deps.describe((rest // self.num_mb, rest % self.num_mb, phase))
+        a = int(self.c_owner[comp])
+        raise ScheduleFormatError(
+            f"rank {self.rank_of(a)} position {self.position_of(a)}: {self.action_at(a)} computes {what} a second "
+            "time; each (stage, microbatch) needs exactly one F and one B (or one I and one W)"
+        )
 
-    delta = np.bincount(owner, weights=step, minlength=n).astype(np.int64)
-    plus = np.bincount(owner, weights=np.maximum(step, 0), minlength=n).astype(np.int64)
-    return delta, plus
 
-
-def _rule_tables(schedule: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Per (stage, kind): the stages/phases each computation requires and the phases it provides (from deps)."""
+def _rule_tables(schedule: Schedule) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], int]:
+    """From :mod:`ppsim.deps`: per input slot, tables over ``stage * 4 + kind`` of the required stage (S for no
+    input) and phase, and per provided slot a table over kind of the provided phase (-1 for none)."""
     import numpy as np
 
     num_stages = schedule.num_stages
     reqs: list[list[tuple[int, int]]] = []
-    provs: list[list[int]] = []
     for s in range(num_stages):
         for kind in _SINGLE_KINDS:
             probe = Action(s, kind, 1)
             got = deps.requires(schedule, probe)
-            assert all(k[1] == 1 for k in got), "deps rules are assumed to keep the microbatch"
+            assert all(k[1] == 1 for k in got), "the simulator assumes inputs of the same microbatch"
             reqs.append([(k[0], k[2]) for k in got])
-            made = deps.provides(probe)
-            assert all(k[0] == s and k[1] == 1 for k in made)
-            provs.append([k[2] for k in made])
-    for kind in _SINGLE_KINDS:  # provides() does not depend on the stage; keep the table even with no stages
-        provs.append([k[2] for k in deps.provides(Action(0, kind, 1))])
-    width = max((len(r) for r in reqs), default=0) or 1
-    req_stage = np.full((max(len(reqs), 1), width), -1, dtype=np.int64)
-    req_phase = np.zeros((max(len(reqs), 1), width), dtype=np.int64)
+    provs: list[list[int]] = []
+    for kind in _SINGLE_KINDS:
+        made = deps.provides(Action(0, kind, 1))
+        assert all(k[0] == 0 and k[1] == 1 for k in made), "the simulator assumes a computation provides its own keys"
+        provs.append([k[2] for k in made])
+    width = max((len(r) for r in reqs), default=0)
+    req_stage = [np.full(max(len(reqs), 1), num_stages, dtype=np.int64) for _ in range(width)]
+    req_phase = [np.zeros(max(len(reqs), 1), dtype=np.int64) for _ in range(width)]
     for i, r in enumerate(reqs):
         for j, (st, ph) in enumerate(r):
-            req_stage[i, j] = st
-            req_phase[i, j] = ph
-    prov_phase = np.full((4, max(len(p) for p in provs)), -1, dtype=np.int64)
-    for k in range(4):
-        for j, ph in enumerate(provs[-4 + k]):
-            prov_phase[k, j] = ph
-    num_phases = int(max(req_phase.max(initial=0), prov_phase.max(initial=0))) + 1
+            req_stage[j][i] = st
+            req_phase[j][i] = ph
+    prov_phase = [np.full(6, -1, dtype=np.int64) for _ in range(max(len(p) for p in provs))]
+    for k, phases in enumerate(provs):
+        for j, ph in enumerate(phases):
+            prov_phase[j][k] = ph
+    num_phases = 1 + max([ph for p in provs for ph in p] + [ph for r in reqs for _, ph in r])
     return req_stage, req_phase, prov_phase, num_phases
 
 
 def _chain_positions(schedule: Schedule) -> np.ndarray:
     import numpy as np
 
-    pos = np.zeros(max(schedule.num_stages, 1), dtype=np.int64)
+    pos = np.zeros(max(schedule.num_stages, 1) + 1, dtype=np.int64)
     for chain_ in schedule.pipelines:
         for i, s in enumerate(chain_):
             pos[s] = i
@@ -297,22 +356,21 @@ def _chain_positions(schedule: Schedule) -> np.ndarray:
 
 
 def _run(prog: _Program) -> np.ndarray:
-    """The event loop: end time of every action (raises DeadlockError when ranks are stuck)."""
+    """The event loop: the end time of every action (raises DeadlockError when ranks are stuck)."""
     import numpy as np
 
     n = prog.n
-    dep = prog.dep.tolist()
-    delay = prog.dep_delay.tolist()
-    dur = prog.duration.tolist()
+    dep = array("q", prog.dep.tobytes())
+    delay = array("d", prog.dep_delay.tobytes())
+    dur = array("d", prog.duration.tobytes())
     multi = prog.multi
-    rank_of = prog.rank.tolist()
     offsets = prog.offsets.tolist()
     num_ranks = len(offsets) - 1
-    end = [-1.0] * (n + 1)  # slot n stands for an input no rank computes
+    end = array("d", [-1.0]) * (n + 1)  # -1: not yet; slot n stands for an input no rank computes
     ptr = offsets[:-1]
     stops = offsets[1:]
     clock = [0.0] * num_ranks
-    parked: list[list[tuple[int, int]]] = [[] for _ in range(num_ranks)]  # per producer rank: (action, waiter)
+    parked: list[list[tuple[int, int]]] = [[] for _ in range(num_ranks)]  # per rank: (its action, waiting rank)
     ready = list(range(num_ranks - 1, -1, -1))
     pop = ready.pop
     push = ready.append
@@ -332,18 +390,16 @@ def _run(prog: _Program) -> np.ndarray:
                 if e > t:
                     t = e
             elif d == -2:
-                blocked = -1
                 u = t
                 for pd, dl in multi[i]:
                     e = end[pd]
                     if e < 0.0:
-                        blocked = pd
+                        d = pd
                         break
                     e += dl
                     if e > u:
                         u = e
-                if blocked >= 0:
-                    d = blocked
+                if d >= 0:
                     break
                 t = u
             t += dur[i]
@@ -361,42 +417,41 @@ def _run(prog: _Program) -> np.ndarray:
                     still.append((a, waiter))
             parked[r] = still
         if i < stop and d < n:
-            parked[rank_of[d]].append((d, r))
+            parked[bisect_right(offsets, d) - 1].append((d, r))
     stuck = [r for r in range(num_ranks) if ptr[r] < stops[r]]
     if stuck:
         _raise_deadlock(prog, end, stuck, ptr)
-    return np.array(end[:n], dtype=np.float64)
+    return np.frombuffer(end, dtype=np.float64, count=n).copy()
 
 
-def _raise_deadlock(prog: _Program, end: list[float], stuck: list[int], ptr: list[int]) -> None:
+def _raise_deadlock(prog: _Program, end: Any, stuck: list[int], ptr: list[int]) -> None:
     schedule = prog.schedule
     blocked: dict[int, tuple[str, str]] = {}
     parts = []
     for r in stuck:
         a = ptr[r]
         head = prog.action_at(a)
-        waits_for = "?"
+        waits_for = ""
         for comp in head.computations:
             for key in deps.requires(schedule, comp):
-                s, mb, phase = key
-                c = -1
-                if 0 <= s < schedule.num_stages and mb < prog.num_mb:
-                    c = int(prog.provider[(s * prog.num_mb + mb) * prog.num_phases + phase])
+                c = prog.producer_of(key)
                 if c < 0:
                     waits_for = f"{deps.describe(key)} (no rank computes it)"
                     break
                 owner = int(prog.c_owner[c])
-                if end[owner] < 0.0 and not (int(prog.rank[owner]) == r and owner < a):
-                    here = "later on the same rank" if int(prog.rank[owner]) == r else f"on rank {prog.comp_rank(c)}"
-                    waits_for = f"{prog.comp_str(c)} ({here})"
+                p_rank = prog.rank_of(owner)
+                if end[owner] < 0.0 and not (p_rank == r and owner < a):
+                    where = "later on the same rank" if p_rank == r else f"on rank {p_rank}"
+                    waits_for = f"{prog.comp_str(c)} ({where})"
                     break
-            if waits_for != "?":
+            if waits_for:
                 break
         blocked[r] = (str(head), waits_for)
-        parts.append(f"rank {r} at position {a - int(prog.offsets[r])} ({head}) waits for {waits_for}")
+        parts.append(f"rank {r} at position {a - prog.offsets[r]} ({head}) waits for {waits_for}")
     raise DeadlockError(
-        f"schedule {schedule.name} deadlocks under in-order execution: " + "; ".join(parts)
-        + "; reorder so every input is produced earlier (check with `ppsim validate`)",
+        f"schedule {schedule.name} deadlocks under in-order execution: "
+        + "; ".join(parts)
+        + "; reorder so that every input is produced earlier (check with `ppsim validate`)",
         blocked,
     )
 
@@ -426,38 +481,43 @@ def _finish(prog: _Program, end: np.ndarray, memory_cap_bytes: int | None) -> Si
     offsets = prog.offsets
     num_ranks = len(offsets) - 1
     duration = prog.duration
+    nonempty = offsets[:-1][offsets[:-1] < offsets[1:]]
 
-    # start = max(rank free, inputs arrived): the same float operations as the loop, vectorised
-    prev_end = np.zeros(n, dtype=np.float64)
+    # start = max(rank free, inputs arrived): the loop's float operations, vectorised
+    start = np.zeros(n, dtype=np.float64)
     if n > 1:
-        prev_end[1:] = end[:-1]
-    firsts = offsets[:-1][offsets[:-1] < offsets[1:]]
-    prev_end[firsts] = 0.0
-    start = prev_end.copy()
-    has = prog.dep >= 0
-    arrival = end[prog.dep[has]] + prog.dep_delay[has]
-    start[has] = np.maximum(prev_end[has], arrival)
+        start[1:] = end[:-1]
+    start[nonempty] = 0.0
+    end_ext = np.append(end, 0.0)  # index n: no input (times are >= 0, so it never wins the max)
+    dep = prog.dep
+    arrival = end_ext[np.where(dep >= 0, dep, n)]
+    arrival += prog.dep_delay
+    np.maximum(start, arrival, out=start)
+    del arrival
     for a, inputs in prog.multi.items():
-        t = float(prev_end[a])
+        t = float(start[a])  # the rank's free time: a multi-input action got no arrival above
         for pd, dl in inputs:
             t = max(t, float(end[pd]) + dl)
         start[a] = t
 
-    # half intervals: a pair's forward half first, in its cost share
+    # half intervals: a pair's forward half is drawn first, in its cost share
     c_owner = prog.c_owner
-    half_start = start[c_owner].copy()
-    half_end = end[c_owner].copy()
-    if len(prog.pair_idx):
-        first = np.flatnonzero(np.isin(c_owner, prog.pair_idx) & np.r_[True, c_owner[1:] != c_owner[:-1]])
-        shares = prog.pair_shares
-        owners = c_owner[first]
-        mid = start[owners] + duration[owners] * shares
-        half_end[first] = mid
-        half_start[first + 1] = mid
+    if prog.simple:
+        half_start, half_end = start, end
+    else:
+        half_start = start[c_owner]
+        half_end = end[c_owner].copy()
+        if len(prog.pair_idx):
+            first = np.searchsorted(c_owner, prog.pair_idx)
+            mid = start[prog.pair_idx] + duration[prog.pair_idx] * prog.pair_shares
+            half_end[first] = mid
+            half_start[first + 1] = mid
 
     makespan = float(end.max()) if n else 0.0
-    busy = np.add.reduceat(duration, offsets[:-1]) if n else np.zeros(num_ranks)
-    busy = np.where(offsets[:-1] < offsets[1:], busy, 0.0) if n else busy
+    busy = np.zeros(num_ranks, dtype=np.float64)
+    if n:
+        ranks_nonempty = np.flatnonzero(offsets[:-1] < offsets[1:])
+        busy[ranks_nonempty] = np.add.reduceat(duration, nonempty)
     peak_act = _peaks(prog.act_delta, prog.act_plus, offsets)
     peak_mem = None
     if prog.byte_delta is not None and prog.byte_plus is not None:
@@ -465,7 +525,6 @@ def _finish(prog: _Program, end: np.ndarray, memory_cap_bytes: int | None) -> Si
     static = [sum(costs.static_bytes_of(schedule, s) for s in schedule.stages_of(r)) for r in range(num_ranks)]
     stats = []
     for r in range(num_ranks):
-        peak = peak_act[r]
         peak_bytes = None if peak_mem is None else static[r] + peak_mem[r]
         b = float(busy[r])
         idle = makespan - b
@@ -474,10 +533,11 @@ def _finish(prog: _Program, end: np.ndarray, memory_cap_bytes: int | None) -> Si
                 rank=r,
                 busy=b,
                 idle=idle,
-                bubble_ratio=safe_ratio(idle, makespan) if makespan > 0 else 0.0,
-                peak_activations=peak,
+                bubble_ratio=idle / makespan if makespan > 0 else 0.0,
+                peak_activations=peak_act[r],
                 peak_memory_bytes=peak_bytes,
-                over_memory_cap=memory_cap_bytes is not None and peak_bytes is not None
+                over_memory_cap=memory_cap_bytes is not None
+                and peak_bytes is not None
                 and peak_bytes > memory_cap_bytes,
             )
         )
@@ -499,10 +559,8 @@ def _finish(prog: _Program, end: np.ndarray, memory_cap_bytes: int | None) -> Si
         comp_mb=prog.c_mb,
         comp_half_start=half_start,
         comp_half_end=half_end,
-        xfer_producer=prog.xfer_producer,
-        xfer_consumer=prog.xfer_consumer,
-        xfer_delay=prog.xfer_delay,
-        xfer_bytes=prog.xfer_bytes,
+        xfer_parts=prog.xfer_parts,
+        stage_out_bytes=prog.stage_out_bytes,
     )
     return SimResult(
         schedule=schedule,
@@ -514,4 +572,3 @@ def _finish(prog: _Program, end: np.ndarray, memory_cap_bytes: int | None) -> Si
         memory_cap_bytes=memory_cap_bytes,
         trace=trace,
     )
-

@@ -167,6 +167,13 @@ def time_scale(result: SimResult, *, span: float | None = None) -> TimeScale:
     return TimeScale(1.0, "Time (s)", " s")
 
 
+def suffix_for(result: SimResult, factor: float) -> str:
+    """The unit suffix (" units", " ms", ...) that goes with a tick factor."""
+    if result.unit != "s":
+        return " units"
+    return {1e6: " µs", 1e3: " ms"}.get(factor, " s")
+
+
 def fmt_time(result: SimResult, value: float) -> str:
     ts = time_scale(result)
     return f"{value * ts.factor:.4g}{ts.suffix}"

@@ -36,7 +36,16 @@ _KIND_WORDS = {"F": "forward", "B": "backward", "I": "backward for input", "W": 
 
 
 def _row_px(num_ranks: int) -> int:
-    return int(max(12, min(28, 640 / max(num_ranks, 1))))
+    return int(max(12, min(32, 640 / max(num_ranks, 1))))
+
+
+def _edge_px(result: SimResult, cells: list[_data.Cell]) -> float:
+    """Border width in px: 1, then thinner, then none as typical cells shrink on a ~1200 px wide chart."""
+    durations = sorted(c.end - c.start for c in cells if c.end > c.start)
+    if not durations or result.makespan <= 0:
+        return 1.0
+    px = durations[len(durations) // 2] / result.makespan * 1200
+    return 1.0 if px >= 6 else (0.5 if px >= 3 else 0.0)
 
 
 def add_gantt_traces(
@@ -51,11 +60,11 @@ def add_gantt_traces(
     time_factor: float | None = None,
 ) -> None:
     """Add the Gantt's traces to ``fig`` (at subplot ``row`` if given) and set up its rank axis."""
-    ts = _data.time_scale(result)
-    factor = ts.factor if time_factor is None else time_factor
-    unit = f" {ts.suffix.strip()}" if ts.suffix.strip() else ""
+    factor = _data.time_scale(result).factor if time_factor is None else time_factor
+    unit = _data.suffix_for(result, factor)
     cells = _data.cells(result)
     with_text = labels is True or (labels is None and len(cells) <= MAX_LABELLED_CELLS)
+    edge = _edge_px(result, cells)
     loc = {"row": row, "col": 1} if row is not None else {}
     for group in GROUPS:
         sel = [c for c in cells if c.group == group]
@@ -85,7 +94,7 @@ def add_gantt_traces(
             name=name,
             legendgroup=legendgroup_prefix + ("pair" if pair else group),
             showlegend=legend and group != "pair-B",
-            marker=dict(color=COLORS[kind], line=dict(color="black", width=0 if pair else 1)),
+            marker=dict(color=COLORS[kind], line=dict(color="black", width=0 if pair else edge)),
             customdata=custom,
             hovertemplate=_HOVER,
             meta=[group, unit, row_label],
@@ -104,7 +113,7 @@ def add_gantt_traces(
             bar.update(textposition="none")
         fig.add_trace(go.Bar(**bar), **loc)
     borders = _data.pair_borders(result)
-    if borders:
+    if borders and edge > 0:
         b = np.array(borders, dtype=float)
         fig.add_trace(
             go.Bar(
@@ -124,6 +133,15 @@ def add_gantt_traces(
     )
 
 
+def _rank_colors(n: int) -> list[str]:
+    """One line colour per rank: matplotlib's tab10 up to 10 ranks (as the static panel), else viridis."""
+    from plotly.colors import qualitative, sample_colorscale
+
+    if n <= 10:
+        return list(qualitative.D3[:n])
+    return sample_colorscale("Viridis", [r / (n - 1) for r in range(n)])
+
+
 def add_memory_traces(
     fig: go.Figure, result: SimResult, *, row: int | None = None, row_label: str = "Device",
     legend: bool = True, time_factor: float | None = None,
@@ -135,14 +153,15 @@ def add_memory_traces(
     factor = _data.time_scale(result).factor if time_factor is None else time_factor
     loc = {"row": row, "col": 1} if row is not None else {}
     n = result.schedule.num_ranks
+    palette = _rank_colors(n)
     for rank, frame in mem.groupby("rank", sort=True):
         t = np.append(frame["time"].to_numpy(float), result.makespan) * factor
         v = frame[column].to_numpy(float) * scale
         v = np.append(v, v[-1])
         fig.add_trace(
             go.Scatter(
-                x=t, y=v, mode="lines", line=dict(shape="hv", width=1.5), name=f"{row_label} {rank}",
-                legendgroup="memory", legendgrouptitle_text="Memory" if rank == 0 else None,
+                x=t, y=v, mode="lines", line=dict(shape="hv", width=1.5, color=palette[int(rank)]),
+                name=f"memory, {row_label} {rank}",
                 showlegend=legend and n <= 16, meta=["memory", rank],
                 hovertemplate=f"{row_label} {rank}<br>t %{{x:.6g}}<br>{title.lower()} %{{y:.6g}}<extra></extra>",
             ),
@@ -186,14 +205,19 @@ def gantt_figure(
     row_label: str = "Device",
     title: bool | str = True,
     time_max: float | None = None,
+    time_scale: _data.TimeScale | None = None,
+    memory_height: int = 160,
 ) -> go.Figure:
-    """The interactive Gantt (and, with ``memory``, a memory panel sharing the time axis)."""
+    """The interactive Gantt (and, with ``memory``, a memory panel sharing the time axis).
+
+    ``time_max`` and ``time_scale`` put several figures on one time axis (the report).
+    """
     from plotly.subplots import make_subplots
 
     n = result.schedule.num_ranks
-    ts = _data.time_scale(result)
+    ts = time_scale or _data.time_scale(result)
     gantt_px = _row_px(n) * n
-    mem_px = 220 if memory else 0
+    mem_px = memory_height if memory else 0
     if memory:
         fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
                             row_heights=[gantt_px, mem_px])
@@ -201,17 +225,19 @@ def gantt_figure(
     else:
         fig = go.Figure()
         row = None
-    add_gantt_traces(fig, result, row=row, labels=labels, row_label=row_label)
+    add_gantt_traces(fig, result, row=row, labels=labels, row_label=row_label, time_factor=ts.factor)
     if comm:
-        add_comm_traces(fig, result, row=row)
+        add_comm_traces(fig, result, row=row, time_factor=ts.factor)
     if memory:
-        add_memory_traces(fig, result, row=2, row_label=row_label)
+        add_memory_traces(fig, result, row=2, row_label=row_label, time_factor=ts.factor)
     span = (time_max if time_max is not None else result.makespan) * ts.factor
     fig.update_xaxes(range=[0, span], showgrid=False, zeroline=False, ticks="outside", showline=False)
     fig.update_xaxes(title_text=ts.label, row=2 if memory else None, col=1 if memory else None)
     key = _data.digit_key(result)
     notes = []
-    if key.by is not None:
+    if labels is False or (labels is None and result.schedule.num_actions > MAX_LABELLED_CELLS):
+        notes.append("microbatch ids hidden at this size: hover a cell")
+    elif key.by is not None:
         notes.append(f"digits: black = {key.black.split(', ', 1)[-1]}, white = {key.white.split(', ', 1)[-1]}")
     notes.append("idle time blank; drag to zoom, double-click to reset, click legend entries to hide kinds")
     fig.update_layout(

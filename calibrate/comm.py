@@ -1,0 +1,292 @@
+"""Point-to-point latency (alpha) and bandwidth (beta) between ranks.
+
+A ping-pong between two ranks: the sender sends ``n`` bytes, the receiver sends them back; one-way time is half the
+round trip, so no clock needs to agree across hosts. Sizes run from a few bytes to beyond the boundary tensor;
+``t(n) = alpha + n / beta`` is fitted by least squares on relative errors (small and large messages count alike),
+and ``fit_rel_error`` is the root-mean-square relative residual.
+
+Without ``torchrun``, :func:`measure_local_pair` starts two local processes that talk over gloo on 127.0.0.1 (or
+NCCL between two visible GPUs).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ppsim.errors import PPSimError
+from ppsim.profile import P2PPair, P2PProfile, P2PSample, Stat
+
+Tick = Callable[[], None]
+
+
+def _noop() -> None:
+    return None
+
+
+def p2p_sizes(boundary_bytes: int, *, factor: int = 4, smallest: int = 4) -> list[int]:
+    """Message sizes: ``smallest`` bytes, times ``factor`` each step, up to 4x the boundary tensor (at least 1 MiB)."""
+    largest = max(4 * boundary_bytes, 1 << 20)
+    sizes = [smallest]
+    while sizes[-1] * factor <= largest:
+        sizes.append(sizes[-1] * factor)
+    if sizes[-1] < largest:
+        sizes.append(largest)
+    if boundary_bytes > smallest and boundary_bytes not in sizes:
+        sizes.append(boundary_bytes)
+    return sorted(sizes)
+
+
+def fit_alpha_beta(sizes: Sequence[int], times: Sequence[float]) -> tuple[float, float, float]:
+    """Fit ``t = alpha + n / beta`` minimising relative residuals; returns ``(alpha_s, beta_bytes_per_s, rms_rel)``.
+
+    alpha is kept >= 0 (refit through the origin otherwise); a non-positive slope (bandwidth beyond what the sizes
+    can show) becomes the largest size moved in a thousandth of the smallest time.
+    """
+    if len(sizes) != len(times) or len(sizes) < 2:
+        raise ValueError("need at least two (size, time) points")
+    if any(t <= 0 for t in times):
+        raise ValueError("times must be positive")
+    # Weighted least squares with weights 1/t: rows [1/t, n/t] . [a, b] ~= 1
+    s11 = sum(1 / t**2 for t in times)
+    s12 = sum(n / t**2 for n, t in zip(sizes, times))
+    s22 = sum(n * n / t**2 for n, t in zip(sizes, times))
+    r1 = sum(1 / t for t in times)
+    r2 = sum(n / t for n, t in zip(sizes, times))
+    det = s11 * s22 - s12 * s12
+    a, b = ((s22 * r1 - s12 * r2) / det, (s11 * r2 - s12 * r1) / det) if det > 0 else (-1.0, 0.0)
+    if a < 0:
+        a, b = 0.0, r2 / s22
+    if b <= 0:
+        b = min(times) * 1e-3 / max(sizes)
+        a = r1 / s11
+    rel = [((a + b * n) - t) / t for n, t in zip(sizes, times)]
+    return a, 1.0 / b, math.sqrt(sum(r * r for r in rel) / len(rel))
+
+
+# --- process groups -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class World:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+
+
+def torchrun_world_size() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+def init_world(*, backend: str, timeout_s: float, init_method: str = "env://",
+               rank: int | None = None, world_size: int | None = None) -> World:
+    """Join the process group (``torchrun``'s environment by default); a peer that never comes is a one-line error."""
+    import torch.distributed as dist
+
+    kwargs: dict[str, Any] = {}
+    if rank is not None:
+        kwargs.update(rank=rank, world_size=world_size)
+    try:
+        dist.init_process_group(
+            backend=backend, init_method=init_method, timeout=datetime.timedelta(seconds=timeout_s), **kwargs
+        )
+        dist.barrier()
+    except Exception as exc:  # noqa: BLE001 - the store and backends raise several unrelated types
+        where = init_method
+        if init_method == "env://":
+            where = (f"MASTER_ADDR={os.environ.get('MASTER_ADDR', '?')} MASTER_PORT={os.environ.get('MASTER_PORT', '?')}"
+                     f" WORLD_SIZE={os.environ.get('WORLD_SIZE', '?')} RANK={os.environ.get('RANK', '?')}")
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PPSimError(
+            f"could not form the {backend} process group within {timeout_s:g} s ({where}: {first[:160]}); "
+            "check that every rank started with the same rendezvous address and that the port is reachable, "
+            "or raise --init-timeout"
+        ) from None
+    return World(
+        rank=dist.get_rank(), world_size=dist.get_world_size(),
+        local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())), backend=backend,
+    )
+
+
+def _pingpong(peer: int, *, initiator: bool, sizes: Sequence[int], warmup: int, reps: int, device: Any,
+              tick: Tick = _noop) -> dict[int, list[float]]:
+    """One-way seconds (half a round trip) per size, measured on the initiator (empty lists on the responder).
+
+    Sizes are interleaved within each repetition, so a burst of load on a shared machine spreads over all sizes
+    instead of bending the fit at one of them.
+    """
+    import torch
+    import torch.distributed as dist
+
+    bufs = {n: torch.zeros(max(n, 1), dtype=torch.uint8, device=device) for n in sizes}
+    cuda = torch.device(device).type == "cuda"
+    out: dict[int, list[float]] = {n: [] for n in sizes}
+    for i in range(warmup + reps):
+        for n in sizes:
+            buf = bufs[n]
+            if initiator:
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                dist.send(buf, peer)
+                dist.recv(buf, peer)
+                if cuda:
+                    torch.cuda.synchronize()
+                if i >= warmup:
+                    out[n].append((time.perf_counter() - t0) / 2)
+            else:
+                dist.recv(buf, peer)
+                dist.send(buf, peer)
+        if i >= warmup:
+            tick()
+    return out
+
+
+def _samples(times: dict[int, list[float]]) -> list[P2PSample]:
+    result = []
+    for n, values in sorted(times.items()):
+        st = Stat.from_samples(values)
+        result.append(P2PSample(bytes=n, median_s=st.median, p10_s=st.p10, p90_s=st.p90))
+    return result
+
+
+def measure_pairs(world: World, sizes: Sequence[int], *, warmup: int, reps: int, device: Any,
+                  tick: Tick = _noop) -> P2PProfile | None:
+    """Every neighbouring pair (r, r+1), one pair at a time; returns the profile on rank 0 (``None`` elsewhere)."""
+    import torch.distributed as dist
+
+    pairs: list[P2PPair] = []
+    for src in range(world.world_size - 1):
+        dst = src + 1
+        samples: list[P2PSample] = []
+        if world.rank in (src, dst):
+            times = _pingpong(dst if world.rank == src else src, initiator=world.rank == src, sizes=sizes,
+                              warmup=warmup, reps=reps, device=device, tick=tick if world.rank == 0 else _noop)
+            if world.rank == src:
+                samples = _samples(times)
+        gathered: list[Any] = [None] * world.world_size
+        dist.all_gather_object(gathered, samples if world.rank == src else None)
+        if world.rank == 0:
+            got = gathered[src]
+            alpha, beta, err = fit_alpha_beta([s.bytes for s in got], [s.median_s for s in got])
+            pairs.append(P2PPair(src=src, dst=dst, alpha_s=alpha, beta_bytes_per_s=beta, fit_rel_error=err,
+                                 samples=tuple(got)))
+        dist.barrier()
+    if world.rank != 0:
+        return None
+    return combine_pairs(pairs, max(sizes))
+
+
+def combine_pairs(pairs: Sequence[P2PPair], reference_bytes: int) -> P2PProfile:
+    """The slowest link (largest predicted time at ``reference_bytes``) stands for the whole pipeline."""
+    slowest = max(pairs, key=lambda p: p.alpha_s + reference_bytes / p.beta_bytes_per_s)
+    return P2PProfile(
+        alpha_s=slowest.alpha_s, beta_bytes_per_s=slowest.beta_bytes_per_s, fit_rel_error=slowest.fit_rel_error,
+        measured=True, samples=slowest.samples, pairs=tuple(pairs),
+    )
+
+
+# --- two local processes (no torchrun) -------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _local_worker(rank: int, port: int, backend: str, sizes: list[int], warmup: int, reps: int,
+                  timeout_s: float) -> int:
+    """One of the two local processes; rank 0 prints a JSON line per repetition, then all times by size."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        device: Any = "cpu"
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+            device = torch.device("cuda", rank)
+        init_world(backend=backend, timeout_s=timeout_s, init_method=f"tcp://127.0.0.1:{port}",
+                   rank=rank, world_size=2)
+        def report() -> None:
+            if rank == 0:
+                print(json.dumps({"rep": True}), flush=True)
+
+        times = _pingpong(1 - rank, initiator=rank == 0, sizes=sizes, warmup=warmup, reps=reps, device=device,
+                          tick=report)
+        if rank == 0:
+            print(json.dumps({"times": {str(n): t for n, t in times.items()}}), flush=True)
+        dist.barrier()
+        return 0
+    except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
+        text = str(exc).strip()
+        print(json.dumps({"error": text.splitlines()[0] if text else type(exc).__name__}), flush=True)
+        return 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def measure_local_pair(sizes: Sequence[int], *, backend: str = "gloo", warmup: int, reps: int,
+                       timeout_s: float = 60.0, tick: Tick = _noop) -> P2PProfile:
+    """Start two local processes (fresh interpreters), ping-pong every size between them, fit alpha and beta."""
+    port = free_port()
+    failure = "re-run with --no-p2p to skip it, or under torchrun"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "ppsim.calibrate.comm", str(r), str(port), backend, ",".join(map(str, sizes)),
+             str(warmup), str(reps), str(timeout_s)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for r in range(2)
+    ]
+    samples: list[P2PSample] = []
+    errors: list[str] = []
+    try:
+        assert procs[0].stdout is not None
+        for line in procs[0].stdout:
+            msg = json.loads(line) if line.startswith("{") else {}
+            if "error" in msg:
+                errors.append(msg["error"])
+            elif "rep" in msg:
+                tick()
+            elif "times" in msg:
+                samples = _samples({int(n): t for n, t in msg["times"].items()})
+        for p in procs:
+            p.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        errors.append(f"no answer within {timeout_s:g} s")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if errors or len(samples) != len(sizes) or any(p.returncode for p in procs):
+        why = errors[0] if errors else _last_line(procs[1].stderr) or _last_line(procs[0].stderr) or "no output"
+        raise PPSimError(f"p2p measurement between two local {backend} processes failed ({why[:200]}); {failure}")
+    alpha, beta, err = fit_alpha_beta([s.bytes for s in samples], [s.median_s for s in samples])
+    pair = P2PPair(src=0, dst=1, alpha_s=alpha, beta_bytes_per_s=beta, fit_rel_error=err, samples=tuple(samples))
+    return combine_pairs([pair], max(sizes))
+
+
+def _last_line(stream: Any) -> str:
+    if stream is None:
+        return ""
+    lines = [ln.strip() for ln in stream.read().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+if __name__ == "__main__":
+    _rank, _port, _backend, _sizes, _warmup, _reps, _timeout = sys.argv[1:8]
+    sys.exit(_local_worker(int(_rank), int(_port), _backend, [int(x) for x in _sizes.split(",")], int(_warmup),
+                           int(_reps), float(_timeout)))

@@ -1,0 +1,198 @@
+"""The cost model: parsing --costs, reading a profile, and the one duration/comm rule everything uses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ppsim import get_schedule
+from ppsim.costs import CostModel, load_costs, parse_costs
+from ppsim.errors import CostError
+from ppsim.ir import Action, ActionType, overlap, parse_action
+
+
+def make_profile(num_stages: int = 4, *, p2p: bool = True, scale: float = 1.0) -> dict[str, Any]:
+    """A synthetic profile in the interfaces.md schema: first/last stages differ (embedding, head)."""
+
+    def stat(x: float) -> dict[str, Any]:
+        return {"median": x * scale, "p10": x * scale, "p90": x * scale, "samples": [x * scale], "n": 1}
+
+    stages = []
+    for i in range(num_stages):
+        extra = 0.5 if i == 0 else (1.0 if i == num_stages - 1 else 0.0)
+        f, b = 1.0 + extra, 2.0 + 2 * extra
+        stages.append(
+            {
+                "stage": i, "layers": [i, i + 1], "has_embedding": i == 0, "has_head": i == num_stages - 1,
+                "F": stat(f), "B": stat(b), "I": stat(b / 2), "W": stat(b / 2), "FB": stat(0.9 * (f + b)),
+                "activation_bytes": 1000 * (i + 1), "activation_bytes_freed_by_I": 400 * (i + 1),
+                "param_bytes": 10_000, "grad_bytes": 10_000, "optimizer_bytes": 20_000 + i,
+                "output_bytes": 0 if i == num_stages - 1 else 4096,
+            }
+        )
+    return {
+        "schema": "ppsim.profile", "version": 1, "created": "2026-11-22T10:00:00Z", "device": "cpu",
+        "device_name": "test", "torch_version": "2.13.0", "host": "h", "world_size": 1, "backend": None,
+        "model": {"preset": "tiny", "hidden": 8, "heads": 2, "ffn": 16, "layers": num_stages, "vocab": 32,
+                  "seq_len": 4, "mb_size": 1, "dtype": "float32"},
+        "num_stages": num_stages,
+        "stages": stages,
+        "p2p": {"alpha_s": 0.25, "beta_bytes_per_s": 4096.0, "fit_rel_error": 0.0, "measured": True, "samples": []}
+        if p2p else None,
+        "complete": True,
+        "done": [],
+    }
+
+
+# -- --costs ----------------------------------------------------------------------------------------------------
+
+
+def test_default_costs_follow_the_contract() -> None:
+    c = parse_costs(None)
+    assert (c.F, c.B, c.I, c.W, c.FB, c.comm) == ((1.0,), (2.0,), (1.0,), (1.0,), (3.0,), 0.0)
+    assert c.unit == "unit"
+
+
+def test_b_given_alone_implies_i_and_w_halves_and_fb_follows() -> None:
+    c = parse_costs("F=2,B=5")
+    assert (c.I[0], c.W[0], c.FB[0]) == (2.5, 2.5, 7.0)
+
+
+def test_i_and_w_without_b_define_b() -> None:
+    c = parse_costs("I=1.5,W=0.5")
+    assert c.B[0] == 2.0
+
+
+def test_one_of_i_w_given_takes_the_rest_of_b() -> None:
+    assert parse_costs("B=3,I=1").W[0] == 2.0
+
+
+def test_full_cost_string_parses_every_key_case_insensitively() -> None:
+    c = parse_costs("f=1, b=2, i=1, w=1, fb=2.5, COMM=0.1")
+    assert (c.F[0], c.B[0], c.I[0], c.W[0], c.FB[0], c.comm) == (1, 2, 1, 1, 2.5, 0.1)
+    assert c.source == "f=1, b=2, i=1, w=1, fb=2.5, COMM=0.1"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("X=1", "'X'"),
+        ("F=abc", "not a number"),
+        ("F=-1", ">= 0"),
+        ("F=nan", ">= 0"),
+        ("F", "no '='"),
+        ("F=1,F=2", "twice"),
+        ("B=1,I=3", "negative"),
+    ],
+)
+def test_bad_cost_strings_are_one_line_errors(text: str, needle: str) -> None:
+    with pytest.raises(CostError) as info:
+        parse_costs(text)
+    message = str(info.value)
+    assert needle in message
+    assert "\n" not in message
+
+
+def test_costs_and_profile_together_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(make_profile()))
+    with pytest.raises(CostError, match="only one"):
+        load_costs("F=1", path)
+
+
+def test_to_dict_of_a_cost_string_has_scalars() -> None:
+    d = parse_costs("F=1,B=4,comm=0.5").to_dict()
+    assert d == {"unit": "unit", "source": "F=1,B=4,comm=0.5", "F": 1.0, "B": 4.0, "I": 2.0, "W": 2.0, "FB": 5.0,
+                 "comm": 0.5}
+
+
+# -- durations and comm -------------------------------------------------------------------------------------------
+
+
+def test_duration_of_single_computations_and_a_pair_with_uniform_costs() -> None:
+    s = get_schedule("DualPipeV", 2, 4)
+    c = parse_costs("F=1,B=2,FB=2.5")
+    assert c.duration(s, parse_action("0F0")) == 1.0
+    assert c.duration(s, parse_action("3B1")) == 2.0
+    assert c.duration(s, parse_action("3W1")) == 1.0
+    assert c.duration(s, overlap(parse_action("0F3"), parse_action("3B0"))) == 2.5  # type: ignore[arg-type]
+
+
+def test_comm_delay_is_zero_on_the_same_rank_and_comm_across() -> None:
+    s = get_schedule("DualPipeV", 2, 4)  # rank 0 holds 0 and 3, rank 1 holds 1 and 2
+    c = parse_costs("comm=0.3")
+    assert c.comm_delay(s, 0, 1) == 0.3
+    assert c.comm_delay(s, 3, 2) == 0.3
+    assert c.comm_delay(s, 1, 2) == 0.0
+    assert c.comm_delay(s, 2, 1) == 0.0
+
+
+def test_profile_costs_are_per_chain_position() -> None:
+    c = CostModel.from_profile(make_profile(4))
+    s = get_schedule("1F1B", 4, 4)
+    assert c.unit == "s"
+    assert c.op_cost(s, 0, ActionType.F) == 1.5  # embedding stage
+    assert c.op_cost(s, 3, ActionType.F) == 2.0  # head stage
+    assert c.op_cost(s, 1, ActionType.B) == 2.0
+    # one pair on the same stage takes exactly that stage's FB
+    assert c.pair_duration(s, 1, 1, ActionType.B) == pytest.approx(0.9 * 3.0)
+
+
+def test_profile_stage_of_the_second_dualpipe_copy_uses_its_chain_position() -> None:
+    c = CostModel.from_profile(make_profile(4))
+    s = get_schedule("DualPipe", 4, 8)  # stage 4 + j is position j of chain 1
+    for j in range(4):
+        assert c.op_cost(s, 4 + j, ActionType.F) == c.op_cost(s, j, ActionType.F)
+
+
+def test_profile_p2p_time_is_alpha_plus_bytes_over_beta_and_zero_on_the_same_rank() -> None:
+    c = CostModel.from_profile(make_profile(4))
+    s = get_schedule("1F1B", 4, 4)
+    assert c.comm_delay(s, 1, 2) == pytest.approx(0.25 + 4096 / 4096)
+    assert c.comm_delay(s, 2, 1) == pytest.approx(0.25 + 4096 / 4096)  # gradient: same boundary tensor size
+    v = get_schedule("DualPipeV", 2, 4)
+    cv = CostModel.from_profile(make_profile(4))
+    assert cv.comm_delay(v, 1, 2) == 0.0
+
+
+def test_profile_without_p2p_has_zero_comm_and_says_so() -> None:
+    c = CostModel.from_profile(make_profile(4, p2p=False))
+    s = get_schedule("1F1B", 4, 4)
+    assert c.comm_delay(s, 0, 1) == 0.0
+    assert any("p2p" in note for note in c.notes)
+    assert "notes" in c.to_dict()
+
+
+def test_profile_with_wrong_stage_count_names_the_fix() -> None:
+    c = CostModel.from_profile(make_profile(4))
+    with pytest.raises(CostError, match=r"profile has 4 stages but DualPipeV with 4 ranks has 8.*--stages 8"):
+        c.check(get_schedule("DualPipeV", 4, 8))
+
+
+def test_load_costs_reads_a_profile_file(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(make_profile(2)))
+    c = load_costs(None, path)
+    assert c.source == str(path)
+    assert c.static_bytes == (40_000, 40_001)
+    assert c.activation_bytes == (1000, 2000)
+
+
+def test_missing_profile_file_is_a_cost_error(tmp_path: Path) -> None:
+    with pytest.raises(CostError, match="not found"):
+        load_costs(None, tmp_path / "nope.json")
+
+
+def test_profile_freeing_more_at_i_than_held_is_refused() -> None:
+    bad = make_profile(2)
+    bad["stages"][1]["activation_bytes_freed_by_I"] = 10**9
+    with pytest.raises(CostError, match="freed_by_I"):
+        CostModel.from_profile(bad)
+
+
+def test_non_compute_actions_take_no_time() -> None:
+    s = get_schedule("1F1B", 2, 2)
+    assert parse_costs(None).duration(s, Action(0, ActionType.SEND_F, 0)) == 0.0

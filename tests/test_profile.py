@@ -1,0 +1,164 @@
+"""The profile file: what calibrate writes is what the simulator reads; bad files give one clear line."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ppsim.costs import CostModel, load_costs
+from ppsim.errors import CostError
+from ppsim.profile import (
+    VERSION, Method, ModelInfo, P2PPair, P2PProfile, P2PSample, Profile, StageProfile, Stat, load_profile,
+    percentile, save_profile,
+)
+
+
+def make_profile(num_stages: int = 3, *, complete: bool = True) -> Profile:
+    stages = []
+    for s in range(num_stages):
+        def stat(base: float) -> Stat:
+            return Stat.from_samples([base * (1 + 0.01 * k) for k in range(5)])
+
+        measured = complete or s == 0
+        stages.append(StageProfile(
+            stage=s, layers=(2 * s, 2 * s + 2), has_embedding=s == 0, has_head=s == num_stages - 1,
+            param_bytes=1000 + s, grad_bytes=1000 + s, optimizer_bytes=2000 + 2 * s,
+            output_bytes=0 if s == num_stages - 1 else 4096,
+            F=stat(1e-3) if measured else None, B=stat(2e-3) if measured else None,
+            I=stat(1.1e-3) if measured else None, W=stat(0.9e-3) if measured else None,
+            FB=stat(3e-3) if measured else None,
+            activation_bytes=50_000 if measured else None, activation_bytes_freed_by_I=0 if measured else None,
+        ))
+    samples = (P2PSample(bytes=4, median_s=1e-4, p10_s=9e-5, p90_s=2e-4),
+               P2PSample(bytes=1 << 20, median_s=1e-3, p10_s=9e-4, p90_s=2e-3))
+    return Profile(
+        created="2026-11-22T10:00:00Z", device="cpu", device_name="test cpu", torch_version="2.13.0", host="h",
+        world_size=1, backend=None,
+        model=ModelInfo(preset="tiny", hidden=8, heads=2, ffn=16, layers=2 * num_stages, vocab=32, seq_len=4,
+                        mb_size=1, dtype="float32"),
+        num_stages=num_stages, stages=tuple(stages),
+        p2p=P2PProfile(alpha_s=1e-4, beta_bytes_per_s=1e9, fit_rel_error=0.05, measured=True, samples=samples,
+                       pairs=(P2PPair(src=0, dst=1, alpha_s=1e-4, beta_bytes_per_s=1e9, fit_rel_error=0.05),)),
+        complete=complete,
+        done=tuple(f"stage{s}.{m}" for s in range(num_stages if complete else 1)
+                   for m in ("F", "B", "IW", "FB", "memory")),
+        method=Method(warmup=1, reps=5, timer="perf_counter", threads_per_rank=1, wall_s=1.5),
+        notes=("a note",),
+    )
+
+
+def write_json(tmp_path: Path, data: Any, name: str = "p.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def load_error(path: Path, **kw: Any) -> str:
+    with pytest.raises(CostError) as info:
+        load_profile(path, **kw)
+    message = str(info.value)
+    assert "\n" not in message
+    assert str(path) in message
+    return message
+
+
+def test_saved_profile_loads_back_equal(tmp_path: Path) -> None:
+    profile = make_profile()
+    path = save_profile(profile, tmp_path / "p.json")
+    assert load_profile(path) == profile
+    data = json.loads(path.read_text())
+    assert data["schema"] == "ppsim.profile" and data["version"] == VERSION
+
+
+def test_json_keys_follow_the_agreed_schema(tmp_path: Path) -> None:
+    data = make_profile().to_dict()
+    for key in ("created", "device", "device_name", "torch_version", "host", "world_size", "backend", "model",
+                "num_stages", "stages", "p2p", "complete", "done"):
+        assert key in data
+    stage = data["stages"][0]
+    for key in ("stage", "layers", "has_embedding", "has_head", "F", "B", "I", "W", "FB", "activation_bytes",
+                "activation_bytes_freed_by_I", "param_bytes", "grad_bytes", "optimizer_bytes", "output_bytes"):
+        assert key in stage
+    assert set(stage["F"]) == {"median", "p10", "p90", "samples", "n"}
+    assert {"alpha_s", "beta_bytes_per_s", "fit_rel_error", "measured", "samples"} <= set(data["p2p"])
+
+
+def test_stat_percentiles_match_numpy() -> None:
+    rng = np.random.default_rng(0)
+    samples = list(rng.exponential(size=37))
+    stat = Stat.from_samples(samples)
+    assert stat.n == 37 and stat.samples == tuple(samples)
+    for value, q in ((stat.p10, 10), (stat.median, 50), (stat.p90, 90)):
+        assert value == pytest.approx(float(np.percentile(samples, q)))
+    assert percentile([3.0], 90) == 3.0
+
+
+def test_profile_drives_the_cost_model(tmp_path: Path) -> None:
+    profile = make_profile()
+    path = save_profile(profile, tmp_path / "p.json")
+    costs = load_costs(None, path)
+    assert costs.F == tuple(st.F.median for st in profile.stages)
+    assert costs.W == tuple(st.W.median for st in profile.stages)
+    assert CostModel.from_profile(profile).B == costs.B
+
+
+def test_incomplete_profile_is_refused_unless_asked_for(tmp_path: Path) -> None:
+    path = save_profile(make_profile(complete=False), tmp_path / "p.json")
+    message = load_error(path)
+    assert "--resume" in message and "incomplete" in message
+    partial = load_profile(path, allow_incomplete=True)
+    assert not partial.complete and partial.stages[1].F is None and partial.stages[0].F is not None
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda d: d.update(schema="other"), "not a ppsim profile"),
+        (lambda d: d.pop("schema"), "not a ppsim profile"),
+        (lambda d: d.update(version=99), "version 99 is not supported"),
+        (lambda d: d["stages"][1].pop("F"), "stages[1].F is missing"),
+        (lambda d: d["stages"][0].pop("output_bytes"), "stages[0].output_bytes is missing"),
+        (lambda d: d["model"].pop("hidden"), "model.hidden is missing"),
+        (lambda d: d["stages"][2]["W"].update(median="fast"), "stages[2].W.median must be a finite number"),
+        (lambda d: d["stages"][0]["F"].update(p10=1.0), "p10 <= median <= p90"),
+        (lambda d: d["stages"][0].update(activation_bytes_freed_by_I=10**9), "more than activation_bytes"),
+        (lambda d: d.update(num_stages=5), "lists 3 stages but num_stages is 5"),
+        (lambda d: d["p2p"].update(beta_bytes_per_s=0), "p2p.beta_bytes_per_s must be a finite number > 0"),
+        (lambda d: d.update(device="tpu"), "device must be one of cpu, cuda"),
+        (lambda d: d["stages"][1].update(stage=7), "stages must be listed in order"),
+        (lambda d: d["stages"][0].update(F=None), "stages[0].F is not measured"),
+    ],
+)
+def test_malformed_profile_gives_one_line_naming_the_field(tmp_path: Path, edit: Any, expected: str) -> None:
+    data = copy.deepcopy(make_profile().to_dict())
+    edit(data)
+    assert expected in load_error(write_json(tmp_path, data))
+
+
+def test_unreadable_files_give_one_line(tmp_path: Path) -> None:
+    assert "file not found" in load_error(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "ppsim.profile",')
+    assert "not valid JSON" in load_error(bad)
+    assert "must be a JSON object" in load_error(write_json(tmp_path, [1, 2]))
+    assert "is a directory" in load_error(tmp_path)
+
+
+def test_failed_save_keeps_the_previous_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = save_profile(make_profile(complete=False), tmp_path / "p.json")
+    before = path.read_text()
+
+    def broken_replace(src: str, dst: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        save_profile(make_profile(), path)
+    assert path.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["p.json"]

@@ -1,0 +1,151 @@
+"""Every schedule that names a torch schedule has torch 2.13's compute-only order, cell for cell (idle slots aside).
+
+The grid is built from the registry at collection time: ranks 1-8, every microbatch count 1 .. 4 x stages, and every
+stages-per-rank from the schedule's minimum to 4 (or its fixed value). torch's order comes from its schedule classes
+built on stub stages, without a process group. Configurations torch refuses are counted; where ppsim builds them
+anyway the result must be a valid schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from unittest import mock
+
+import pytest
+
+from ppsim.errors import ScheduleConfigError
+from ppsim.ir import Action, ActionType, Schedule
+from ppsim.schedules import all_specs, get_schedule, get_spec
+from ppsim.validate import validate
+
+pytestmark = pytest.mark.torch
+torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+
+MAX_RANKS = 8
+MAX_STAGES_PER_RANK = 4
+MB_PER_STAGE = 4  # microbatches 1 .. MB_PER_STAGE x stages
+
+
+class _StubStage:
+    """What torch's schedule constructors read from a stage (the visualizer mocks the same fields)."""
+
+    def __init__(self, num_ranks: int, num_stages: int) -> None:
+        self.group_rank = 0
+        self.group_size = num_ranks
+        self.num_stages = num_stages
+        self.submod = None
+
+
+def _validate_only(self, actions, format="compute_only") -> None:  # noqa: A002 - torch's parameter name
+    # torch checks the compute order here, then lowers it to send/recv actions; the lowering does not change the
+    # compute order and costs 10x more than everything else, so only the check runs.
+    torch_schedules.PipelineScheduleMulti._validate_and_set_stage_mapping(self, actions)
+
+
+def torch_order(torch_name: str, num_ranks: int, num_microbatches: int, num_stages_per_rank: int) -> list[list[Key]] | None:
+    """torch's compute-only ``pipeline_order`` as comparison keys per rank, or ``None`` where torch refuses the configuration."""
+    cls = torch_schedules.get_schedule_class(torch_name)
+    num_stages = num_ranks * num_stages_per_rank
+    if issubclass(cls, torch_schedules.PipelineScheduleSingle):
+        stages = _StubStage(num_ranks, num_stages)
+    else:
+        stages = [_StubStage(num_ranks, num_stages) for _ in range(num_stages_per_rank)]
+    try:
+        with mock.patch.object(torch_schedules._PipelineScheduleRuntime, "_prepare_schedule_with_comms", _validate_only):
+            schedule = cls(stages, num_microbatches)
+    except (ValueError, AssertionError):
+        return None
+    order = schedule.pipeline_order
+    return [[_torch_key(a) for a in order[r] if a is not None and a.is_compute_op] for r in range(num_ranks)]
+
+
+Key = tuple  # (stage, type value, microbatch), or a tuple of those for an overlapped pair
+
+
+def _torch_key(action) -> Key:
+    if action.sub_actions is not None:
+        return tuple(_torch_key(a) for a in action.sub_actions)
+    return (action.stage_index, action.computation_type.value, action.microbatch_index)
+
+
+def _key(action: Action) -> Key:
+    if action.sub_actions:
+        return tuple(_key(a) for a in action.sub_actions)
+    return (action.stage, action.type.value, action.microbatch)
+
+
+def _cells(keys: list[Key]) -> str:
+    """Keys back as torch's cells, for messages."""
+    def cell(k: Key) -> str:
+        return f"({';'.join(cell(h) for h in k)})OVERLAP_F_B" if isinstance(k[0], tuple) else f"{k[0]}{k[1]}{k[2]}"
+    return " ".join(cell(k) for k in keys)
+
+
+def ppsim_order(name: str, num_ranks: int, num_microbatches: int, num_stages_per_rank: int) -> Schedule | None:
+    try:
+        return get_schedule(name, num_ranks, num_microbatches, num_stages_per_rank)
+    except ScheduleConfigError:
+        return None
+
+
+def _stages_per_rank_options(name: str) -> list[int]:
+    spec = get_spec(name)
+    if spec.fixed_stages_per_rank is not None:
+        return [spec.fixed_stages_per_rank]
+    return list(range(spec.min_stages_per_rank, MAX_STAGES_PER_RANK + 1))
+
+
+TORCH_SPECS = [spec.name for spec in all_specs() if spec.torch_name]
+GRID = [
+    (name, num_ranks, v)
+    for name in TORCH_SPECS
+    for num_ranks in range(1, MAX_RANKS + 1)
+    for v in _stages_per_rank_options(name)
+]
+
+
+def test_grid_covers_every_torch_schedule() -> None:
+    torch_names = {get_spec(name).torch_name for name in TORCH_SPECS}
+    assert {"GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble"} <= torch_names
+    for torch_name in torch_names:
+        torch_schedules.get_schedule_class(torch_name)  # raises if torch lacks it
+
+
+def _check_torch_1f1b_last_rank(ours: Schedule, theirs: list[Key]) -> None:
+    """torch 2.13's defect: its last rank is ours with every forward one microbatch later (no F0, an F for m)."""
+    last = ours.actions[-1]
+    shifted = [_key(replace(a, microbatch=a.microbatch + 1)) if a.type is ActionType.F else _key(a) for a in last]
+    stage, m = ours.num_stages - 1, ours.num_microbatches
+    assert theirs != [_key(a) for a in last], "torch fixed Schedule1F1B's last rank: compare every rank now"
+    assert theirs == shifted, f"torch's last rank {_cells(theirs)}"
+    assert (stage, "F", 0) not in theirs and (stage, "F", m) in theirs
+
+
+@pytest.mark.parametrize(("name", "num_ranks", "num_stages_per_rank"), GRID, ids=[f"{n}-r{r}-v{v}" for n, r, v in GRID])
+def test_order_equals_torch(name: str, num_ranks: int, num_stages_per_rank: int, record_property) -> None:
+    torch_name = get_spec(name).torch_name
+    assert torch_name is not None
+    compared = refused_by_torch = built_beyond_torch = 0
+    for m in range(1, MB_PER_STAGE * num_ranks * num_stages_per_rank + 1):
+        config = f"{name} ranks={num_ranks} mb={m} stages/rank={num_stages_per_rank}"
+        theirs = torch_order(torch_name, num_ranks, m, num_stages_per_rank)
+        ours = ppsim_order(name, num_ranks, m, num_stages_per_rank)
+        if theirs is None:
+            refused_by_torch += 1
+            if ours is not None:
+                built_beyond_torch += 1
+                assert validate(ours) == [], f"{config}: torch refuses it and ppsim's order is invalid"
+            continue
+        assert ours is not None, f"{config}: torch accepts it but ppsim refuses"
+        rows = [[_key(a) for a in row] for row in ours.actions]
+        if torch_name == "1F1B":
+            _check_torch_1f1b_last_rank(ours, theirs[-1])
+            assert validate(ours) == [], f"{config}: ppsim's order is invalid"
+            rows, theirs = rows[:-1], theirs[:-1]
+        for rank, (mine, torchs) in enumerate(zip(rows, theirs, strict=True)):
+            assert mine == torchs, f"{config}: rank {rank} is {_cells(mine)}, torch has {_cells(torchs)}"
+        compared += 1
+    record_property("compared", compared)
+    record_property("refused_by_torch", refused_by_torch)
+    record_property("built_beyond_torch", built_beyond_torch)
+    assert compared > 0, f"{name} ranks={num_ranks} stages/rank={num_stages_per_rank}: torch refused every mb count"

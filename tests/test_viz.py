@@ -1,0 +1,250 @@
+"""The static Gantt (matplotlib): structure checked through its artists, not its pixels."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.colors import to_hex, to_rgba
+from matplotlib.figure import Figure
+
+from ppsim.costs import CostModel, parse_costs
+from ppsim.formats import read_csv
+from ppsim.ir import ActionType
+from ppsim.schedules import get_schedule
+from ppsim.simulate import simulate
+from ppsim.viz import gantt, plot_to_file
+
+ORANGE, GREEN, BLUE = "#f1b238", "#7fd650", "#77befa"
+KIND_COLOR = {"F": ORANGE, "B": GREEN, "I": GREEN, "W": BLUE}
+
+
+@pytest.fixture(scope="module")
+def dualpipev(reference_dir: Path):
+    return simulate(read_csv(reference_dir / "dualpipev_4ranks_10mb.csv"))
+
+
+def collection(fig: Figure, gid: str):
+    found = [c for ax in fig.axes for c in ax.collections if c.get_gid() == gid]
+    return found[0] if found else None
+
+
+def rect_bounds(coll) -> np.ndarray:
+    """``(x0, x1, y_center)`` per rectangle of a PolyCollection."""
+    out = []
+    for path in coll.get_paths():
+        v = path.vertices
+        out.append((v[:, 0].min(), v[:, 0].max(), (v[:, 1].min() + v[:, 1].max()) / 2))
+    return np.array(out).reshape(-1, 3)
+
+
+def labels_of(fig: Figure) -> list:
+    return [t for t in fig.axes[0].texts if t.get_gid() == "label"]
+
+
+def expected_computations(schedule) -> Counter:
+    """(group, rank) counts straight from the schedule's actions."""
+    counts: Counter = Counter()
+    for rank, row in enumerate(schedule.actions):
+        for action in row:
+            if action.type is ActionType.OVERLAP_F_B:
+                counts["pair-F", rank] += 1
+                counts["pair-B", rank] += 1
+            else:
+                counts[action.type.value, rank] += 1
+    return counts
+
+
+def test_one_row_per_rank_labelled_device(dualpipev):
+    fig = gantt.plot_gantt(dualpipev)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"Device {r}" for r in range(4)]
+    assert ax.get_ylim() == (3.5, -0.5)  # rank 0 on top, rows touching
+    assert gantt.plot_gantt(dualpipev, row_label="Rank").axes[0].get_yticklabels()[3].get_text() == "Rank 3"
+
+
+def test_cells_per_colour_match_the_schedule(dualpipev):
+    fig = gantt.plot_gantt(dualpipev)
+    want = expected_computations(dualpipev.schedule)
+    groups = {g for g, _ in want}
+    assert groups == {"F", "B", "I", "W", "pair-F", "pair-B"}
+    for group in groups:
+        coll = collection(fig, f"cells:{group}")
+        kind = "F" if group in ("F", "pair-F") else ("B" if group == "pair-B" else group)
+        assert {to_hex(c) for c in coll.get_facecolors()} == {KIND_COLOR[kind]}
+        rows = Counter(int(round(y)) for y in rect_bounds(coll)[:, 2])
+        assert rows == {r: n for (g, r), n in want.items() if g == group}
+
+
+def test_cell_widths_are_simulated_durations_and_idle_is_blank(dualpipev):
+    fig = gantt.plot_gantt(dualpipev)
+    covered = Counter()
+    for gid in ("cells:F", "cells:B", "cells:I", "cells:W", "cells:pair-F", "cells:pair-B"):
+        for x0, x1, y in rect_bounds(collection(fig, gid)):
+            covered[int(round(y))] += x1 - x0
+    for stats in dualpipev.per_rank:
+        assert covered[stats.rank] == pytest.approx(stats.busy)
+    idle = collection(fig, "idle")
+    assert {to_hex(c) for c in idle.get_facecolors()} == {"#ffffff"}
+    idle_time = Counter()
+    for x0, x1, y in rect_bounds(idle):
+        idle_time[int(round(y))] += x1 - x0
+    for stats in dualpipev.per_rank:
+        assert idle_time[stats.rank] == pytest.approx(stats.idle)
+
+
+def test_overlapped_pairs_share_one_black_border(dualpipev):
+    fig = gantt.plot_gantt(dualpipev)
+    s = dualpipev.schedule
+    pairs = [(r, p) for r, row in enumerate(s.actions) for p, a in enumerate(row) if a.type is ActionType.OVERLAP_F_B]
+    borders = collection(fig, "pair-borders")
+    assert len(borders.get_paths()) == len(pairs) > 0
+    assert to_hex(borders.get_edgecolors()[0]) == "#000000"
+    assert borders.get_facecolors().size == 0 or all(c[3] == 0 for c in borders.get_facecolors())
+    assert all(w == 0 for w in collection(fig, "cells:pair-F").get_linewidths())
+    assert all(w == 0 for w in collection(fig, "cells:pair-B").get_linewidths())
+    assert all(w > 0 for w in collection(fig, "cells:F").get_linewidths())
+    f_half, b_half = rect_bounds(collection(fig, "cells:pair-F")), rect_bounds(collection(fig, "cells:pair-B"))
+    for (r, p), (bx0, bx1, by), (fx0, fx1, _), (gx0, gx1, _) in zip(pairs, rect_bounds(borders), f_half, b_half):
+        assert (bx0, bx1, by) == pytest.approx((dualpipev.starts[r][p], dualpipev.ends[r][p], r))
+        assert fx0 == pytest.approx(bx0) and fx1 == pytest.approx(gx0) and gx1 == pytest.approx(bx1)
+        assert fx1 - fx0 == pytest.approx((bx1 - bx0) / 3)  # F : B = 1 : 2 under the default costs
+
+
+def test_every_cell_shows_its_microbatch_second_chunk_in_white(dualpipev):
+    fig = gantt.plot_gantt(dualpipev)
+    texts = labels_of(fig)
+    s = dualpipev.schedule
+    num_cells = sum(len(a.computations) for row in s.actions for a in row)
+    assert len(texts) == num_cells
+    got = Counter((int(round(t.get_position()[1])), t.get_text(), to_hex(t.get_color())) for t in texts)
+    want = Counter()
+    for rank, row in enumerate(s.actions):
+        for action in row:
+            for comp in action.computations:
+                white = comp.stage >= s.num_ranks  # DualPipeV: rank r holds stage r and the V's return 2R-1-r
+                want[rank, str(comp.microbatch), "#ffffff" if white else "#000000"] += 1
+    assert got == want
+
+
+def test_legend_below_names_kinds_and_digit_colours(dualpipev):
+    fig = gantt.plot_gantt(dualpipev)
+    leg = fig.axes[0].get_legend()
+    labels = [t.get_text() for t in leg.get_texts()]
+    assert labels == [
+        "Forward", "Backward", "Backward for input", "Backward for weights", "Overlapped forward & backward",
+        "Microbatch, 1st chunk", "Microbatch, 2nd chunk",
+    ]
+    fig.canvas.draw()
+    legend_box = leg.get_window_extent()
+    axes_box = fig.axes[0].get_window_extent()
+    assert legend_box.y1 < axes_box.y0  # below the chart
+
+
+def test_legend_lists_only_what_the_schedule_holds():
+    fig = gantt.plot_gantt(simulate(get_schedule("GPipe", 2, 2)))
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["Forward", "Backward"]
+
+
+def test_dualpipe_reverse_direction_in_white_digits():
+    result = simulate(get_schedule("DualPipe", 4, 8))
+    fig = gantt.plot_gantt(result)
+    s = result.schedule
+    texts = labels_of(fig)
+    white = sum(to_hex(t.get_color()) == "#ffffff" for t in texts)
+    want = sum(1 for row in s.actions for a in row for c in a.computations if s.direction(c.stage) == 1)
+    assert white == want > 0
+    assert "Microbatch, reverse direction" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+
+
+def test_title_names_schedule_size_makespan_and_bubble(dualpipev):
+    fig = gantt.plot_gantt(dualpipev)
+    text = " ".join(t.get_text() for t in fig.texts)
+    for part in ("dualpipev_4ranks_10mb", "4 ranks", "10 microbatches", "makespan 66 units", "bubble 9.1%"):
+        assert part in text
+
+
+def test_draws_into_a_given_axes_and_returns_its_figure(dualpipev):
+    fig = Figure(figsize=(12, 3))
+    ax = fig.add_subplot()
+    assert gantt.plot_gantt(dualpipev, ax=ax) is fig
+    assert collection(fig, "cells:F") is not None
+    assert ax.get_title(loc="left").startswith("dualpipev_4ranks_10mb")
+
+
+def test_time_axis_in_cost_units_or_scaled_seconds(dualpipev):
+    fig = gantt.plot_gantt(dualpipev)
+    ax = fig.axes[0]
+    assert ax.get_xlim() == pytest.approx((0, 66))
+    assert any(t.get_text() == "cost units" for t in ax.texts)
+    secs = CostModel(F=(0.001,), B=(0.002,), I=(0.001,), W=(0.001,), FB=(0.003,), unit="s", source="test")
+    result = simulate(dualpipev.schedule, secs)
+    ax = gantt.plot_gantt(result).axes[0]
+    assert any(t.get_text() == "ms" for t in ax.texts)
+    assert ax.xaxis.get_major_formatter()(0.02, 0) == "20"
+
+
+def test_eight_by_sixty_four_keeps_readable_labels():
+    result = simulate(get_schedule("DualPipeV", 8, 64))
+    fig = gantt.plot_gantt(result)
+    texts = labels_of(fig)
+    assert texts and min(t.get_fontsize() for t in texts) >= gantt.MIN_LABEL_FONT
+    assert fig.get_figwidth() <= gantt.MAX_WIDTH + 2
+
+
+@pytest.mark.slow
+def test_thousands_of_cells_per_row_drop_labels_and_borders():
+    result = simulate(get_schedule("DualPipeV", 32, 256))
+    fig = gantt.plot_gantt(result)
+    assert labels_of(fig) == []
+    assert all(w == 0 for w in collection(fig, "cells:F").get_linewidths())
+    assert collection(fig, "pair-borders") is None
+
+
+def test_memory_panel_has_a_line_per_rank_peaking_at_peak_activations(dualpipev):
+    fig = gantt.plot_gantt(dualpipev, memory=True)
+    assert len(fig.axes) == 2
+    lines = [ln for ln in fig.axes[1].lines if ln.get_gid() == "memory"]
+    assert len(lines) == 4
+    assert [int(max(ln.get_ydata())) for ln in lines] == [p.peak_activations for p in dualpipev.per_rank]
+    assert fig.axes[1].get_xlim() == fig.axes[0].get_xlim()
+
+
+def test_comm_arrows_one_per_rank_crossing_hand_off():
+    result = simulate(get_schedule("1F1B", 4, 4), parse_costs("comm=0.5"))
+    fig = gantt.plot_gantt(result, comm=True)
+    quiver = collection(fig, "comm")
+    tr = result.transfers()
+    assert quiver.N == len(tr) > 0
+    assert np.allclose(quiver.U, tr["arrive"] - tr["send"])
+
+
+@pytest.mark.parametrize(("suffix", "magic"), [(".png", b"\x89PNG"), (".svg", b"<?xml"), (".pdf", b"%PDF")])
+def test_plot_to_file_picks_the_format_by_extension(dualpipev, tmp_path, suffix, magic):
+    path = plot_to_file(dualpipev, tmp_path / f"g{suffix}", dpi=50, memory=False, comm=False)
+    assert path == tmp_path / f"g{suffix}"
+    assert path.read_bytes().startswith(magic)
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+
+
+def test_svg_keeps_text_as_text(dualpipev, tmp_path):
+    svg = plot_to_file(dualpipev, tmp_path / "g.svg").read_text()
+    assert "Device 3" in svg and "Backward for weights" in svg
+
+
+def test_headline_plot_path_imports_neither_torch_nor_pandas_nor_pyplot(tmp_path):
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from ppsim.cli import app\n"
+        f"r = CliRunner().invoke(app, ['plot', '-s', 'DualPipeV', '-r', '4', '-m', '10', '-o', r'{tmp_path / 'x.png'}'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "print(sorted(m for m in ('torch', 'pandas', 'matplotlib.pyplot') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert (tmp_path / "x.png").is_file()
