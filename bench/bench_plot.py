@@ -31,7 +31,7 @@ def ppsim_command() -> list[str]:
 
 
 def wall(cmd: list[str], cwd: str) -> tuple[float, float]:
-    """Wall seconds and CPU seconds (user + sys) of one fresh process; CPU time is what a busy machine inflates least."""
+    """Wall and CPU seconds (user + sys) of one fresh process; a busy machine inflates CPU time least."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run(cmd, cwd=cwd, check=True, capture_output=True)

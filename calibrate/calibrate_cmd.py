@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from ppsim.calibrate.comm import World
     from ppsim.calibrate.model import ModelConfig
 
-MEASUREMENTS = ("F", "B", "IW", "FB", "memory")
-"""Per stage, in order; done keys read ``stage{s}.{measurement}`` (``IW`` yields both I and W), plus ``p2p``."""
+MEASUREMENTS = ("timings", "memory")
+"""Per stage, in order; done keys read ``stage{s}.timings`` (F, B, I, W, FB taken in turn) and ``stage{s}.memory``,
+plus ``p2p``."""
 
 
 class Device(str, Enum):
@@ -146,9 +147,11 @@ def calibrate(opts: Options, *, log: Callable[[str], None] | None = None) -> Pro
     world: World | None = None
     if distributed:
         world = comm.init_world(backend="nccl" if opts.device == "cuda" else "gloo", timeout_s=opts.init_timeout_s)
+    threads = torch.get_num_threads()
     try:
         return _calibrate(opts, world, started=started, writer=writer, log=log)
     finally:
+        torch.set_num_threads(threads)  # measured with one thread per rank; leave the caller's setting as it was
         if world is not None:
             import torch.distributed as dist
 
@@ -246,30 +249,23 @@ def _build_bench(opts: Options, stage: int, device: Any) -> Any:
         return harness.StageBench(opts.config, opts.num_stages, stage, device=device, seed=opts.seed)
     except Exception as exc:
         if harness.is_oom(exc):
-            raise harness.oom_error(exc, opts.config, stage, "the weights") from None
+            raise harness.oom_error(opts.config, stage, "the weights") from None
         raise
 
 
 def _measure(bench: Any, measurement: str, opts: Options, stage: int, *, tick: Callable[[], None]) -> dict[str, Any]:
     from ppsim.calibrate import harness
 
-    kw = {"warmup": opts.warmup, "reps": opts.reps, "tick": tick}
     try:
-        if measurement == "F":
-            return {"F": Stat.from_samples(bench.measure_F(**kw))}
-        if measurement == "B":
-            return {"B": Stat.from_samples(bench.measure_B(**kw))}
-        if measurement == "IW":
-            i, w = bench.measure_IW(**kw)
-            return {"I": Stat.from_samples(i), "W": Stat.from_samples(w)}
-        if measurement == "FB":
-            return {"FB": Stat.from_samples(bench.measure_FB(**kw))}
+        if measurement == "timings":
+            samples = bench.measure_timings(warmup=opts.warmup, reps=opts.reps, tick=tick)
+            return {op: Stat.from_samples(values) for op, values in samples.items()}
         mem = bench.measure_memory()
         tick()
         return dataclasses.asdict(mem)
     except Exception as exc:
         if harness.is_oom(exc):
-            raise harness.oom_error(exc, opts.config, stage, measurement) from None
+            raise harness.oom_error(opts.config, stage, measurement) from None
         raise
 
 
@@ -284,7 +280,8 @@ def _measure_p2p(opts: Options, world: World | None, sizes: list[int], device: A
                                     tick=tick)
         if result is not None:
             worst = max(result.pairs, key=lambda p: p.alpha_s + max(sizes) / p.beta_bytes_per_s)
-            notes.append(f"p2p measured between the {len(result.pairs)} neighbouring rank pairs ({world.backend}); "
+            count = f"{len(result.pairs)} neighbouring rank pair" + ("s" if len(result.pairs) > 1 else "")
+            notes.append(f"p2p measured under torchrun over {count} ({world.backend}); "
                          f"alpha and beta are the slowest pair's ({worst.src}->{worst.dst})")
         return result
     if opts.device == "cuda":
@@ -463,7 +460,7 @@ def _describe(fields: dict[str, Any]) -> str:
     parts = []
     for key, value in fields.items():
         if isinstance(value, Stat):
-            parts.append(f"{key} {_ms(value.median)} (p10 {_ms(value.p10)}, p90 {_ms(value.p90)})")
+            parts.append(f"{key} {_ms(value.median)} (p10-p90 {value.p10 * 1e3:.3g}-{value.p90 * 1e3:.3g})")
         elif key == "activation_bytes" or (key == "activation_bytes_freed_by_I" and value is not None):
             parts.append(f"{key} {value}")
     return ", ".join(parts)
@@ -488,7 +485,8 @@ def print_summary(profile: Profile) -> None:
         cells = []
         for op in ("F", "B", "I", "W", "FB"):
             stat = getattr(st, op)
-            cells.append("-" if stat is None else f"{stat.median * 1e3:.3g} [{stat.p10 * 1e3:.3g}-{stat.p90 * 1e3:.3g}]")
+            cells.append("-" if stat is None else f"{stat.median * 1e3:.3g} [{stat.p10 * 1e3:.3g}-{stat.p90 * 1e3:.3g}]"
+                         .replace("[", "\\["))
         act, freed = st.activation_bytes, st.activation_bytes_freed_by_I
         table.add_row(str(st.stage), *cells, "-" if act is None else fmt_bytes(act),
                       "-" if freed is None else fmt_bytes(freed))

@@ -105,8 +105,8 @@ def init_world(*, backend: str, timeout_s: float, init_method: str = "env://",
     except Exception as exc:  # noqa: BLE001 - the store and backends raise several unrelated types
         where = init_method
         if init_method == "env://":
-            where = (f"MASTER_ADDR={os.environ.get('MASTER_ADDR', '?')} MASTER_PORT={os.environ.get('MASTER_PORT', '?')}"
-                     f" WORLD_SIZE={os.environ.get('WORLD_SIZE', '?')} RANK={os.environ.get('RANK', '?')}")
+            keys = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+            where = " ".join(f"{k}={os.environ.get(k, '?')}" for k in keys)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PPSimError(
             f"could not form the {backend} process group within {timeout_s:g} s ({where}: {first[:160]}); "

@@ -10,7 +10,8 @@
 - memory: saved-tensor hooks count the bytes autograd keeps for backward per microbatch (unique storages, weights
   excluded) and which of them are gone once I has run; on CUDA also the caching allocator's view.
 
-Every timed sample is one action; ``warmup`` untimed actions come first. CPU times use ``time.perf_counter``; CUDA
+Every timed sample is one action; ``warmup`` untimed repetitions come first. :meth:`StageBench.measure_timings`
+(what `ppsim calibrate` uses) takes F, B, I, W and FB in turn within each repetition. CPU times use ``time.perf_counter``; CUDA
 times use events recorded around the action on the current stream, read after a synchronisation.
 """
 
@@ -108,7 +109,6 @@ class MemoryResult:
 def stage_static(config: ModelConfig, num_stages: int, stage: int) -> StageStatic:
     """Sizes known without running anything (built on the meta device: no memory, no time)."""
     module = build_stage(config, num_stages, stage, device="meta")
-    numel = sum(p.numel() for p in module.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     last = stage == num_stages - 1
     return StageStatic(
@@ -118,7 +118,7 @@ def stage_static(config: ModelConfig, num_stages: int, stage: int) -> StageStati
         param_bytes=param_bytes,
         grad_bytes=param_bytes,
         # torch.optim.Adam keeps two state tensors (exp_avg, exp_avg_sq) shaped and typed like each parameter.
-        optimizer_bytes=2 * param_bytes if numel else 0,
+        optimizer_bytes=2 * param_bytes,
         output_bytes=0 if last else config.boundary_bytes,
     )
 
@@ -203,47 +203,44 @@ class StageBench:
         self.clock.sync()
         return results
 
-    def measure_F(self, *, warmup: int, reps: int, tick: Tick = _noop) -> list[float]:
-        def rep() -> list[float]:
-            return self.clock.sections(lambda mark: self.forward())
+    def measure_timings(self, *, warmup: int, reps: int, tick: Tick = _noop) -> dict[str, list[float]]:
+        """F, B, I, W and FB samples taken in turn within every repetition, so that a burst of load elsewhere on the
+        machine lands on all of them alike and their ratios (I + W against B, FB against F + B) stay meaningful.
 
-        return [r[0] for r in self._loop(rep, warmup=warmup, reps=reps, tick=tick)]
-
-    def measure_B(self, *, warmup: int, reps: int, tick: Tick = _noop) -> list[float]:
-        def rep() -> list[float]:
-            fwd = self.forward()
-            return self.clock.sections(lambda mark: self.backward(fwd))
-
-        return [r[0] for r in self._loop(rep, warmup=warmup, reps=reps, tick=tick)]
-
-    def measure_IW(self, *, warmup: int, reps: int, tick: Tick = _noop) -> tuple[list[float], list[float]]:
-        def rep() -> list[float]:
-            fwd = self.forward()
-
-            def body(mark: Callable[[], None]) -> None:
-                groups = self.backward_input(fwd)
-                mark()
-                self.backward_weight(fwd, groups)
-
-            return self.clock.sections(body)
-
-        results = self._loop(rep, warmup=warmup, reps=reps, tick=tick)
-        return [r[0] for r in results], [r[1] for r in results]
-
-    def measure_FB(self, *, warmup: int, reps: int, tick: Tick = _noop) -> list[float]:
+        One repetition: F(a), B(a); an untimed F(b), then I(b), W(b); then the pair F(c) + B(pending), after which c
+        is pending (one microbatch's activations stay alive across repetitions, as in a pipeline's steady state).
+        """
         pending = [self.forward()]
 
         def rep() -> list[float]:
-            def body(mark: Callable[[], None]) -> None:
+            fwd: list[_Forward] = []
+
+            def forward_backward(mark: Callable[[], None]) -> None:
+                fwd.append(self.forward())
+                mark()
+                self.backward(fwd[0])
+
+            f, b = self.clock.sections(forward_backward)
+            split = self.forward()
+
+            def input_weight(mark: Callable[[], None]) -> None:
+                groups = self.backward_input(split)
+                mark()
+                self.backward_weight(split, groups)
+
+            i, w = self.clock.sections(input_weight)
+
+            def pair(mark: Callable[[], None]) -> None:
                 new = self.forward()
                 self.backward(pending[0])
                 pending[0] = new
 
-            return self.clock.sections(body)
+            (fb,) = self.clock.sections(pair)
+            return [f, b, i, w, fb]
 
         results = self._loop(rep, warmup=warmup, reps=reps, tick=tick)
         pending.clear()
-        return [r[0] for r in results]
+        return {op: [r[k] for r in results] for k, op in enumerate(("F", "B", "I", "W", "FB"))}
 
     def measure_memory(self) -> MemoryResult:
         """Activation bytes of one microbatch and the part I releases (see module docstring)."""
@@ -317,7 +314,7 @@ class _SavedTracker:
         return sum(self.nbytes[p] for p, n in self.refs.items() if n > 0)
 
 
-def oom_error(exc: BaseException, config: ModelConfig, stage: int, what: str) -> PPSimError:
+def oom_error(config: ModelConfig, stage: int, what: str) -> PPSimError:
     shape = f"microbatch {config.mb_size}x{config.seq_len}, hidden {config.hidden}, ffn {config.ffn}"
     return PPSimError(
         f"out of memory measuring {what} of stage {stage} ({shape}, {config.dtype}): "

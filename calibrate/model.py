@@ -1,4 +1,4 @@
-"""The model that `ppsim calibrate` measures and `ppsim run` executes: a decoder-only transformer of plain torch modules.
+"""The model `ppsim calibrate` measures and `ppsim run` executes: a decoder-only transformer of plain torch modules.
 
 Embedding; ``layers`` blocks of (RMSNorm, causal self-attention via ``scaled_dot_product_attention``, RMSNorm,
 SwiGLU MLP) with residuals; final RMSNorm and LM head. The loss (cross-entropy, mean) is applied outside the last

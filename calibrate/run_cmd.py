@@ -35,7 +35,7 @@ DEFAULT_STEPS = 5
 DEFAULT_WARMUP = 3
 DEFAULT_TIME_UNIT_S = 0.01
 #: A computation counts as having waited for its input when its receive wait exceeds this (seconds).
-WAITED_S = 20e-6
+WAITED_S = 100e-6
 PLOT_SUFFIXES = (".png", ".svg", ".pdf", ".html")
 
 
@@ -63,6 +63,8 @@ class RunOptions:
     seed: int = 0
     timeout_s: float = 600.0
     runtime_model: bool = True
+    save_calibration: Path | None = None
+    """Where to keep the profile when the run calibrates first (no ``profile``)."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,7 @@ def run_command(
         schedule=schedule, num_ranks=ranks, num_microbatches=mb, num_stages_per_rank=stages_per_rank,
         backend=backend.value, profile=profile, costs=costs, synthetic=synthetic, time_unit_s=time_unit,
         preset=preset, num_steps=steps, num_warmup=warmup, seed=seed, timeout_s=timeout,
+        save_calibration=None if output is None else output.with_name(output.stem + ".profile.json"),
     )
     report = execute(options)
     if report is None:  # a torchrun rank other than 0
@@ -295,15 +298,36 @@ def _costs_and_model(
     if options.synthetic:
         return parse_costs(options.costs), options.time_unit_s, get_preset(options.preset), "cost string"
     model = get_preset(options.preset)
-    prof = calibrate_here(model, chain, device)
-    return CostModel.from_profile(prof.to_dict(), source="calibrated by ppsim run"), 1.0, model, "calibrated"
+    from ppsim.calibrate.model import split_layers
+
+    split_layers(model.layers, chain)  # a model too short for the chain fails here, before calibrating
+    prof, where = calibrate_here(model, chain, device, save_to=options.save_calibration)
+    if prof is None:  # a torchrun rank other than 0: it only executes, rank 0 predicts
+        return parse_costs(None), 1.0, model, where
+    return CostModel.from_profile(prof.to_dict(), source=where), 1.0, model, where
 
 
-def calibrate_here(model: Any, num_stages: int, device: str) -> Any:
-    """Calibrate ``model`` split into ``num_stages`` stages on this machine (the calibration harness's API)."""
-    from ppsim.calibrate import harness
+def calibrate_here(
+    model: Any, num_stages: int, device: str, *, save_to: Path | None = None, reps: int = 20
+) -> tuple[Any, str]:
+    """Calibrate ``model`` split into ``num_stages`` stages on this machine, as `ppsim calibrate` does (under torchrun
+    every rank takes part and rank 0 gets the profile; others get ``None``). Returns the profile and where it is
+    saved (``save_to``, or nowhere: a temporary file)."""
+    from ppsim.calibrate.calibrate_cmd import Options, calibrate
 
-    return harness.calibrate(model, num_stages=num_stages, device=device)
+    def run(path: Path) -> Any:
+        opts = Options(
+            output=path, config=model, num_stages=num_stages, device=device, warmup=3, reps=reps, resume=False,
+            p2p=True, init_timeout_s=120.0,
+        )
+        typer.echo(f"no --profile: calibrating {num_stages} stage(s) of the {model.preset} model on {device} first",
+                   err=True)
+        return calibrate(opts)
+
+    if save_to is not None:
+        return run(save_to), str(save_to)
+    with tempfile.TemporaryDirectory(prefix="ppsim-run-") as tmp:
+        return run(Path(tmp) / "profile.json"), "calibrated by ppsim run (not saved)"
 
 
 def cost_plan(schedule: Schedule, costs: CostModel, time_scale: float) -> tuple[tuple[float, ...], ...]:

@@ -457,10 +457,12 @@ class _Reader:
         stages = self.list_(self.get(d, "stages", ""), "stages")
         if len(stages) != num_stages:
             raise self.fail("stages", f"lists {len(stages)} stages but num_stages is {num_stages}")
-        parsed = tuple(self.stage(s, i, allow_incomplete=allow_incomplete or not complete) for i, s in enumerate(stages))
+        partial_ok = allow_incomplete or not complete
+        parsed = tuple(self.stage(s, i, allow_incomplete=partial_ok) for i, s in enumerate(stages))
         for i, st in enumerate(parsed):
             if st.stage != i:
-                raise self.fail(f"stages[{i}].stage", f"is {st.stage}; stages must be listed in order 0..{num_stages - 1}")
+                raise self.fail(f"stages[{i}].stage",
+                                f"is {st.stage}; stages must be listed in order 0..{num_stages - 1}")
         if complete and not all(st.is_measured for st in parsed):
             raise self.fail("complete", "is true but some stage measurements are null")
         world = self.int_(self.get(d, "world_size", ""), "world_size", minimum=1)

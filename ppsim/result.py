@@ -45,9 +45,8 @@ class Trace:
     offsets: np.ndarray  # (R+1,) action index of each rank's first action
     start: np.ndarray  # (N,) float64
     end: np.ndarray  # (N,) float64
-    duration: np.ndarray  # (N,) float64
-    act_delta: np.ndarray  # (N,) int64: change of held activations when the action ends
-    act_plus: np.ndarray  # (N,) int64: positive part of act_delta (a pair: what its forward half adds)
+    act_delta: np.ndarray  # (N,) change of held activations when the action ends
+    act_plus: np.ndarray  # (N,) positive part of act_delta (a pair: what its forward half adds)
     byte_delta: np.ndarray | None  # (N,) int64: change of activation bytes when the action ends
     byte_plus: np.ndarray | None
     static_bytes: tuple[int, ...]  # per rank

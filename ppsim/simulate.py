@@ -20,7 +20,7 @@ import gc
 from array import array
 from bisect import bisect_right
 from itertools import chain
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from ppsim import deps
@@ -76,7 +76,7 @@ class _Program:
 
         global _TYPE_IDS, _TYPE_CODES
         if isinstance(_TYPE_IDS, list):
-            _TYPE_IDS, _TYPE_CODES = np.array(_TYPE_IDS, dtype=np.int64), np.array(_TYPE_CODES, dtype=np.int64)
+            _TYPE_IDS, _TYPE_CODES = np.array(_TYPE_IDS, dtype=np.int64), np.array(_TYPE_CODES, dtype=np.int8)
         self.schedule = schedule
         self.costs = costs
         rows = schedule.actions
@@ -98,15 +98,15 @@ class _Program:
                 mb = np.fromiter(map(_get_mb, flat(rows)), dtype=np.int64, count=n)
             except TypeError:  # a computation without a microbatch: reported below
                 mb = None
-        self.pair_idx = np.zeros(0, dtype=np.int64)
+        self.pair_idx = np.zeros(0, dtype=np.int64)  # actions that are overlapped pairs
+        self.pair_first = np.zeros(0, dtype=np.int64)  # their forward halves' computation index
         self.pair_shares = np.zeros(0, dtype=np.float64)
-        pair_halves: list[tuple[Action, ...]] = []
         if mb is not None:
             self.simple = True
             c_owner, c_stage, c_code, c_mb = np.arange(n, dtype=np.int64), stage, code, mb
         else:
             self.simple = False
-            c_owner, c_stage, c_code, c_mb, pair_halves = self._computations(stage, code)
+            c_owner, c_stage, c_code, c_mb = self._computations(stage, code)
         self.c_owner, self.c_stage, self.c_code, self.c_mb = c_owner, c_stage, c_code, c_mb
         num_comps = len(c_owner)
         num_stages = schedule.num_stages
@@ -138,11 +138,13 @@ class _Program:
             keys = kbase[sel] + ph[sel]
             provider[keys] = sel
             provided.append((sel, keys))
+        del kbase
         for sel, keys in provided:
             lost = provider[keys] != sel
             if lost.any():
                 k = int(np.flatnonzero(lost)[0])
                 self._raise_duplicate(int(sel[k]), int(keys[k]))
+        del provided
         self.provider = provider
 
         # inputs per computation -> the action each one waits for (same-rank inputs produced earlier are free)
@@ -156,6 +158,9 @@ class _Program:
         dep = np.full(n, -1, dtype=np.int64)
         dep_delay = np.zeros(n, dtype=np.float64)
         multi: dict[int, list[tuple[int, float]]] = {}
+        empty = np.zeros(0, dtype=np.int64)
+        self.group_a, self.group_b = empty, empty
+        self.group_delay_a, self.group_delay_b = np.zeros(0), np.zeros(0)
         xfer_parts = []
         waits = []
         for k in range(len(req_stage)):
@@ -183,25 +188,47 @@ class _Program:
                 upstream = np.where(positions[ps] < positions[cs], ps, cs)
                 delay = np.zeros(len(w), dtype=np.float64)
                 delay[cross] = boundary[upstream]
-            xfer_parts.append((prod[cw], cw, delay[cross], upstream))
+            x_delay = np.broadcast_to(np.float64(costs.comm), (len(cw),)) if uniform_comm else delay[cross]
+            xfer_parts.append((prod[cw].astype(np.int32), cw.astype(np.int32), x_delay, upstream.astype(np.int32)))
             waits.append((w if self.simple else c_owner[w], pw, delay))
-        # one input to wait for per action in the common case; more go to the slow path (``multi``)
-        if self.simple:
-            for wa, pw, delay in waits:
-                taken = dep[wa] != -1
-                if taken.any():
-                    for j in np.flatnonzero(taken).tolist():
-                        a = int(wa[j])
-                        multi.setdefault(a, [(int(dep[a]), float(dep_delay[a]))]).append((int(pw[j]), float(delay[j])))
+            del w, pw, cross
+        # per action: one input to wait for (dep >= 0), two (dep = -3 - j: group j), or more (dep = -2: multi)
+        if self.simple and len(waits) <= 2:
+            # each action has one computation, so only the two input slots can collide: scatter, then group
+            # the (rare) collisions
+            for slot, (wa, pw, delay) in enumerate(waits):
+                if slot:
+                    taken = np.flatnonzero(dep[wa] != -1)
+                    if len(taken):
+                        both = wa[taken]
+                        self.group_a, self.group_delay_a = dep[both], dep_delay[both]
+                        self.group_b, self.group_delay_b = pw[taken], delay[taken]
+                        keep = np.ones(len(wa), dtype=bool)
+                        keep[taken] = False
+                        wa, pw, delay = wa[keep], pw[keep], delay[keep]
+                        dep[both] = -3 - np.arange(len(both), dtype=np.int64)
                 dep[wa] = pw
                 dep_delay[wa] = delay
         elif waits:
-            wa, pw, delay = (np.concatenate(col) for col in zip(*waits))
-            one = np.bincount(wa, minlength=n)[wa] == 1
+            wa, pw, delay = (np.concatenate(col) for col in zip(*waits)) if len(waits) > 1 else waits[0]
+            order = np.argsort(wa, kind="stable")
+            wa, pw, delay = wa[order], pw[order], delay[order]
+            first = np.ones(len(wa), dtype=bool)
+            first[1:] = wa[1:] != wa[:-1]
+            starts = np.flatnonzero(first)
+            sizes = np.diff(np.append(starts, len(wa)))
+            one = starts[sizes == 1]
             dep[wa[one]] = pw[one]
             dep_delay[wa[one]] = delay[one]
-            for j in np.flatnonzero(~one).tolist():
-                multi.setdefault(int(wa[j]), []).append((int(pw[j]), float(delay[j])))
+            two = starts[sizes == 2]
+            self.group_a, self.group_b = pw[two], pw[two + 1]
+            self.group_delay_a, self.group_delay_b = delay[two], delay[two + 1]
+            dep[wa[two]] = -3 - np.arange(len(two), dtype=np.int64)
+            for j in starts[sizes > 2].tolist():
+                k = j
+                while k < len(wa) and wa[k] == wa[j]:
+                    multi.setdefault(int(wa[j]), []).append((int(pw[k]), float(delay[k])))
+                    k += 1
         for a in multi:
             dep[a] = -2
         self.dep, self.dep_delay, self.multi = dep, dep_delay, multi
@@ -217,17 +244,26 @@ class _Program:
             op[k, :num_stages] = [costs.op_cost(schedule, s, kind) for s in range(num_stages)]
         stage_or_0 = np.where(code < _PAIR, stage, 0) if not self.simple else stage
         duration = op[code, stage_or_0] if costs.num_positions is not None else op[:, 0][code]
-        shares = []
-        for a, (f, b) in zip(self.pair_idx.tolist(), pair_halves):
-            d, forward_share = costs.pair_split(schedule, f.stage, b.stage, b.type)
-            duration[a] = d
-            shares.append(forward_share)
+        if len(self.pair_idx):
+            # the cost model's pair rule, evaluated once per distinct (forward stage, backward stage, kind)
+            f_stage, b_stage, b_code = c_stage[self.pair_first], c_stage[self.pair_first + 1], c_code[self.pair_first + 1]
+            combo = (f_stage * max(num_stages, 1) + b_stage) * 4 + b_code
+            uniq, inverse = np.unique(combo, return_inverse=True)
+            split = np.array(
+                [
+                    costs.pair_split(schedule, int(u) // 4 // max(num_stages, 1), int(u) // 4 % max(num_stages, 1),
+                                     _SINGLE_KINDS[int(u) % 4])
+                    for u in uniq
+                ],
+                dtype=np.float64,
+            ).reshape(-1, 2)
+            duration[self.pair_idx] = split[inverse, 0]
+            self.pair_shares = split[inverse, 1]
         self.duration = duration
-        self.pair_shares = np.array(shares, dtype=np.float64)
 
         # memory: changes when a computation ends; a pair holds its forward half's activation before its
         # backward half releases one, so its high point is "held before + the positive part"
-        count_step = np.array(_COUNT_STEP, dtype=np.int64)[c_code]
+        count_step = np.array(_COUNT_STEP, dtype=np.int8)[c_code]
         self.act_delta, self.act_plus = self._per_action(count_step)
         self.byte_delta: np.ndarray | None = None
         self.byte_plus: np.ndarray | None = None
@@ -238,36 +274,38 @@ class _Program:
                 table[:, s] = (held, -held, -freed_by_i, -(held - freed_by_i))
             self.byte_delta, self.byte_plus = self._per_action(table[c_code, c_stage])
 
-    def _computations(
-        self, stage: np.ndarray, code: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[tuple[Action, ...]]]:
+    def _computations(self, stage: np.ndarray, code: np.ndarray) -> tuple[np.ndarray, ...]:
         """Computation arrays for orders with pairs (or non-compute actions): singles plus both halves of pairs."""
         import numpy as np
 
         rows = self.schedule.actions
-        mb_f = np.array([np.nan if m is None else m for m in map(_get_mb, chain.from_iterable(rows))], np.float64)
+        flat = chain.from_iterable
+        mb_f = np.array(list(map(_get_mb, flat(rows))), dtype=np.float64)  # None -> NaN
         single = np.flatnonzero(code < _PAIR)
         self.pair_idx = np.flatnonzero(code == _PAIR)
-        halves: list[tuple[Action, ...]] = []
+        pairs: Any = ()
         if len(self.pair_idx):
-            flat = list(chain.from_iterable(rows))
-            halves = [flat[a].sub_actions for a in self.pair_idx.tolist()]
-        h_stage = np.array([h.stage for hs in halves for h in hs], dtype=np.int64)
-        h_code = np.array([_SINGLE_KINDS.index(h.type) for hs in halves for h in hs], dtype=np.int64)
-        h_mb = np.array([np.nan if h.microbatch is None else h.microbatch for hs in halves for h in hs], np.float64)
+            pairs = itemgetter(*self.pair_idx.tolist())(list(flat(rows)))
+            pairs = pairs if len(self.pair_idx) > 1 else (pairs,)
+        halves = list(flat(map(attrgetter("sub_actions"), pairs)))
+        h_stage = np.fromiter(map(_get_stage, halves), dtype=np.int64, count=len(halves))
+        h_ids = np.fromiter(map(id, map(_get_type, halves)), dtype=np.int64, count=len(halves))
+        h_code = _TYPE_CODES[np.searchsorted(_TYPE_IDS, h_ids)]
+        h_mb = np.array(list(map(_get_mb, halves)), dtype=np.float64)
         owner = np.concatenate((single, np.repeat(self.pair_idx, 2)))
         order = np.argsort(owner, kind="stable")
         c_owner = owner[order]
         c_stage = np.concatenate((stage[single], h_stage))[order]
         c_code = np.concatenate((code[single], h_code))[order]
         c_mbf = np.concatenate((mb_f[single], h_mb))[order]
+        self.pair_first = np.searchsorted(c_owner, self.pair_idx)
         if np.isnan(c_mbf).any():
             a = int(c_owner[np.flatnonzero(np.isnan(c_mbf))[0]])
             raise ScheduleFormatError(
                 f"rank {self.rank_of(a)} position {self.position_of(a)}: {self.action_at(a)} has no microbatch; "
                 "write computations as [stage][type][microbatch], e.g. 2F0"
             )
-        return c_owner, c_stage, c_code, c_mbf.astype(np.int64), halves
+        return c_owner, c_stage, c_code, c_mbf.astype(np.int64)
 
     def _per_action(self, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Net change and positive part per action of a per-computation step."""
@@ -364,8 +402,13 @@ def _run(prog: _Program) -> np.ndarray:
     delay = array("d", prog.dep_delay.tobytes())
     dur = array("d", prog.duration.tobytes())
     multi = prog.multi
+    ga = array("q", prog.group_a.tobytes())
+    gb = array("q", prog.group_b.tobytes())
+    gda = array("d", prog.group_delay_a.tobytes())
+    gdb = array("d", prog.group_delay_b.tobytes())
     offsets = prog.offsets.tolist()
     num_ranks = len(offsets) - 1
+    rank_of = array("q", np.repeat(np.arange(num_ranks, dtype=np.int64), np.diff(prog.offsets)).tobytes())
     end = array("d", [-1.0]) * (n + 1)  # -1: not yet; slot n stands for an input no rank computes
     ptr = offsets[:-1]
     stops = offsets[1:]
@@ -389,19 +432,36 @@ def _run(prog: _Program) -> np.ndarray:
                 e += delay[i]
                 if e > t:
                     t = e
+            elif d < -2:
+                # two inputs (an overlapped pair); raising t before a later input blocks is harmless: both
+                # are lower bounds of this action's start
+                j = -3 - d
+                d = ga[j]
+                e = end[d]
+                if e < 0.0:
+                    break
+                e += gda[j]
+                if e > t:
+                    t = e
+                d = gb[j]
+                e = end[d]
+                if e < 0.0:
+                    break
+                e += gdb[j]
+                if e > t:
+                    t = e
             elif d == -2:
-                u = t
-                for pd, dl in multi[i]:
-                    e = end[pd]
+                blocked = False
+                for d, dl in multi[i]:
+                    e = end[d]
                     if e < 0.0:
-                        d = pd
+                        blocked = True
                         break
                     e += dl
-                    if e > u:
-                        u = e
-                if d >= 0:
+                    if e > t:
+                        t = e
+                if blocked:
                     break
-                t = u
             t += dur[i]
             end[i] = t
             i += 1
@@ -417,7 +477,7 @@ def _run(prog: _Program) -> np.ndarray:
                     still.append((a, waiter))
             parked[r] = still
         if i < stop and d < n:
-            parked[bisect_right(offsets, d) - 1].append((d, r))
+            parked[rank_of[d]].append((d, r))
     stuck = [r for r in range(num_ranks) if ptr[r] < stops[r]]
     if stuck:
         _raise_deadlock(prog, end, stuck, ptr)
@@ -494,8 +554,14 @@ def _finish(prog: _Program, end: np.ndarray, memory_cap_bytes: int | None) -> Si
     arrival += prog.dep_delay
     np.maximum(start, arrival, out=start)
     del arrival
+    grouped = np.flatnonzero(dep < -2)
+    if len(grouped):
+        j = -3 - dep[grouped]
+        arrive_a = end[prog.group_a[j]] + prog.group_delay_a[j]
+        arrive_b = end[prog.group_b[j]] + prog.group_delay_b[j]
+        start[grouped] = np.maximum(start[grouped], np.maximum(arrive_a, arrive_b))
     for a, inputs in prog.multi.items():
-        t = float(start[a])  # the rank's free time: a multi-input action got no arrival above
+        t = float(start[a])  # the rank's free time: a many-input action got no arrival above
         for pd, dl in inputs:
             t = max(t, float(end[pd]) + dl)
         start[a] = t
@@ -508,7 +574,7 @@ def _finish(prog: _Program, end: np.ndarray, memory_cap_bytes: int | None) -> Si
         half_start = start[c_owner]
         half_end = end[c_owner].copy()
         if len(prog.pair_idx):
-            first = np.searchsorted(c_owner, prog.pair_idx)
+            first = prog.pair_first
             mid = start[prog.pair_idx] + duration[prog.pair_idx] * prog.pair_shares
             half_end[first] = mid
             half_start[first + 1] = mid
@@ -547,7 +613,6 @@ def _finish(prog: _Program, end: np.ndarray, memory_cap_bytes: int | None) -> Si
         offsets=offsets,
         start=start,
         end=end,
-        duration=duration,
         act_delta=prog.act_delta,
         act_plus=prog.act_plus,
         byte_delta=prog.byte_delta,

@@ -15,9 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from schedule_checks import peak_activations, replay
 
+from ppsim.costs import parse_costs
 from ppsim.errors import ScheduleConfigError
 from ppsim.ir import ActionType, Schedule
 from ppsim.schedules import get_schedule, get_spec
+from ppsim.simulate import simulate
 from ppsim.validate import validate
 
 F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
@@ -76,6 +78,16 @@ def test_orders_are_valid_and_run_in_order_without_deadlock(config) -> None:
 
 
 @FAST
+@given(configs())
+def test_the_simulator_agrees_with_the_reference_replay(config) -> None:
+    name, R, m, v = config
+    schedule = get_schedule(name, R, m, v)
+    result = simulate(schedule, parse_costs("F=1,I=1,W=1"))
+    assert result.makespan == replay(schedule).makespan
+    assert tuple(r.peak_activations for r in result.per_rank) == peak_activations(schedule)
+
+
+@FAST
 @given(st.integers(1, 8), st.integers(1, 24), st.sampled_from([(1, 2), (1, 1), (2, 3)]))
 def test_1f1b_makespan_and_memory_match_the_closed_forms(R: int, m: int, fb: tuple[int, int]) -> None:
     f, b = fb
@@ -101,7 +113,7 @@ def test_gpipe_runs_all_forwards_first_and_holds_every_microbatch(R: int, m: int
     i=st.integers(1, 4),
     w_frac=st.floats(0.1, 1.0),
 )
-def test_zbh1_bubble_is_a_third_of_1f1b_style_closed_form(R: int, extra: int, f: int, i: int, w_frac: float) -> None:
+def test_zbh1_bubble_matches_the_zb1p_closed_form(R: int, extra: int, f: int, i: int, w_frac: float) -> None:
     # DualPipe README: ZB1P bubble (p-1)(F+B-2W) with B = I+W; it holds while W <= F and W <= I.
     w = max(1, round(min(f, i) * w_frac))
     m = R + extra

@@ -355,3 +355,14 @@ def test_library_api_exports_simulate_and_cost_parsers() -> None:
 def test_times_are_finite() -> None:
     r = simulate(get_schedule("ZBVZeroBubble", 4, 8), parse_costs("comm=0.2"))
     assert all(math.isfinite(t) for row in r.ends for t in row)
+
+
+def test_communication_actions_in_an_order_take_no_time_and_change_nothing() -> None:
+    plain = schedule_of([["0F0", "0B0"], ["1F0", "1B0"]], (0, 1), 1)
+    with_comms = schedule_of([["0F0", "0SEND_F0", "0RECV_B0", "0B0"], ["1RECV_F0", "1F0", "1B0", "1SEND_B0"]],
+                             (0, 1), 1)
+    a, b = simulate(plain, parse_costs("comm=0.5")), simulate(with_comms, parse_costs("comm=0.5"))
+    assert b.makespan == a.makespan
+    assert [s.busy for s in b.per_rank] == [s.busy for s in a.per_rank]
+    assert b.starts[0][3] == a.starts[0][1] and b.starts[1][1] == a.starts[1][0]
+    assert len(b.timeline()) == 4

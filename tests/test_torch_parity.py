@@ -26,39 +26,6 @@ MAX_STAGES_PER_RANK = 4
 MB_PER_STAGE = 4  # microbatches 1 .. MB_PER_STAGE x stages
 
 
-class _StubStage:
-    """What torch's schedule constructors read from a stage (the visualizer mocks the same fields)."""
-
-    def __init__(self, num_ranks: int, num_stages: int) -> None:
-        self.group_rank = 0
-        self.group_size = num_ranks
-        self.num_stages = num_stages
-        self.submod = None
-
-
-def _validate_only(self, actions, format="compute_only") -> None:  # noqa: A002 - torch's parameter name
-    # torch checks the compute order here, then lowers it to send/recv actions; the lowering does not change the
-    # compute order and costs 10x more than everything else, so only the check runs.
-    torch_schedules.PipelineScheduleMulti._validate_and_set_stage_mapping(self, actions)
-
-
-def torch_order(torch_name: str, num_ranks: int, num_microbatches: int, num_stages_per_rank: int) -> list[list[Key]] | None:
-    """torch's compute-only ``pipeline_order`` as comparison keys per rank, or ``None`` where torch refuses the configuration."""
-    cls = torch_schedules.get_schedule_class(torch_name)
-    num_stages = num_ranks * num_stages_per_rank
-    if issubclass(cls, torch_schedules.PipelineScheduleSingle):
-        stages = _StubStage(num_ranks, num_stages)
-    else:
-        stages = [_StubStage(num_ranks, num_stages) for _ in range(num_stages_per_rank)]
-    try:
-        with mock.patch.object(torch_schedules._PipelineScheduleRuntime, "_prepare_schedule_with_comms", _validate_only):
-            schedule = cls(stages, num_microbatches)
-    except (ValueError, AssertionError):
-        return None
-    order = schedule.pipeline_order
-    return [[_torch_key(a) for a in order[r] if a is not None and a.is_compute_op] for r in range(num_ranks)]
-
-
 Key = tuple  # (stage, type value, microbatch), or a tuple of those for an overlapped pair
 
 
@@ -76,9 +43,47 @@ def _key(action: Action) -> Key:
 
 def _cells(keys: list[Key]) -> str:
     """Keys back as torch's cells, for messages."""
+
     def cell(k: Key) -> str:
         return f"({';'.join(cell(h) for h in k)})OVERLAP_F_B" if isinstance(k[0], tuple) else f"{k[0]}{k[1]}{k[2]}"
+
     return " ".join(cell(k) for k in keys)
+
+
+class _StubStage:
+    """What torch's schedule constructors read from a stage (the visualizer mocks the same fields)."""
+
+    def __init__(self, num_ranks: int, num_stages: int) -> None:
+        self.group_rank = 0
+        self.group_size = num_ranks
+        self.num_stages = num_stages
+        self.submod = None
+
+
+def _validate_only(self, actions, format="compute_only") -> None:  # noqa: A002 - torch's parameter name
+    # torch checks the compute order here, then lowers it to send/recv actions; the lowering does not change the
+    # compute order and costs 10x more than everything else, so only the check runs.
+    torch_schedules.PipelineScheduleMulti._validate_and_set_stage_mapping(self, actions)
+
+
+def torch_order(
+    torch_name: str, num_ranks: int, num_microbatches: int, num_stages_per_rank: int
+) -> list[list[Key]] | None:
+    """torch's compute-only ``pipeline_order`` as keys per rank; ``None`` where torch refuses the configuration."""
+    cls = torch_schedules.get_schedule_class(torch_name)
+    num_stages = num_ranks * num_stages_per_rank
+    if issubclass(cls, torch_schedules.PipelineScheduleSingle):
+        stages = _StubStage(num_ranks, num_stages)
+    else:
+        stages = [_StubStage(num_ranks, num_stages) for _ in range(num_stages_per_rank)]
+    try:
+        runtime = torch_schedules._PipelineScheduleRuntime
+        with mock.patch.object(runtime, "_prepare_schedule_with_comms", _validate_only):
+            schedule = cls(stages, num_microbatches)
+    except (ValueError, AssertionError):
+        return None
+    order = schedule.pipeline_order
+    return [[_torch_key(a) for a in order[r] if a is not None and a.is_compute_op] for r in range(num_ranks)]
 
 
 def ppsim_order(name: str, num_ranks: int, num_microbatches: int, num_stages_per_rank: int) -> Schedule | None:
@@ -121,7 +126,9 @@ def _check_torch_1f1b_last_rank(ours: Schedule, theirs: list[Key]) -> None:
     assert (stage, "F", 0) not in theirs and (stage, "F", m) in theirs
 
 
-@pytest.mark.parametrize(("name", "num_ranks", "num_stages_per_rank"), GRID, ids=[f"{n}-r{r}-v{v}" for n, r, v in GRID])
+@pytest.mark.parametrize(
+    ("name", "num_ranks", "num_stages_per_rank"), GRID, ids=[f"{n}-r{r}-v{v}" for n, r, v in GRID]
+)
 def test_order_equals_torch(name: str, num_ranks: int, num_stages_per_rank: int, record_property) -> None:
     torch_name = get_spec(name).torch_name
     assert torch_name is not None
@@ -149,3 +156,52 @@ def test_order_equals_torch(name: str, num_ranks: int, num_stages_per_rank: int,
     record_property("refused_by_torch", refused_by_torch)
     record_property("built_beyond_torch", built_beyond_torch)
     assert compared > 0, f"{name} ranks={num_ranks} stages/rank={num_stages_per_rank}: torch refused every mb count"
+
+
+class _RecordingStage(_StubStage):
+    """A stage whose compute calls are recorded and whose communication is empty."""
+
+    def __init__(self, num_ranks: int, rank: int) -> None:
+        super().__init__(num_ranks, num_ranks)
+        self.stage_index = rank
+        self.is_first, self.is_last = rank == 0, rank == num_ranks - 1
+        self.calls: list[Key] = []
+
+    def forward_one_chunk(self, mb: int, *args, **kwargs) -> None:
+        self.calls.append((self.stage_index, "F", mb))
+
+    def backward_one_chunk(self, mb: int, *args, **kwargs) -> None:
+        self.calls.append((self.stage_index, "B", mb))
+
+    def get_fwd_recv_ops(self, mb: int) -> list:
+        return []
+
+    get_fwd_send_ops = get_bwd_recv_ops = get_bwd_send_ops = get_fwd_recv_ops
+
+    def perform_reduce_grad(self, *args) -> None:
+        pass
+
+
+def torch_executed_order(torch_name: str, num_ranks: int, num_microbatches: int) -> list[list[Key]]:
+    """The computations torch's single-stage schedule actually runs on each rank (its ``step`` path)."""
+    cls = torch_schedules.get_schedule_class(torch_name)
+    rows = []
+    for rank in range(num_ranks):
+        stage = _RecordingStage(num_ranks, rank)
+        schedule = cls(stage, num_microbatches)
+        with mock.patch.object(schedule, "_initialize_stage"):
+            schedule._step_microbatches()
+        rows.append(stage.calls)
+    return rows
+
+
+SINGLE_STAGE = [(name, r) for name in TORCH_SPECS if get_spec(name).fixed_stages_per_rank == 1 for r in (1, 2, 4, 7)]
+
+
+@pytest.mark.parametrize(("name", "num_ranks"), SINGLE_STAGE, ids=[f"{n}-r{r}" for n, r in SINGLE_STAGE])
+def test_single_stage_order_is_what_torch_executes(name: str, num_ranks: int) -> None:
+    # torch's 1F1B pipeline_order is wrong on the last rank, but its step() runs ppsim's order on every rank.
+    torch_name = get_spec(name).torch_name
+    for m in range(num_ranks, 3 * num_ranks + 2):
+        ours = [[_key(a) for a in row] for row in get_schedule(name, num_ranks, m).actions]
+        assert ours == torch_executed_order(torch_name, num_ranks, m), f"{name} ranks={num_ranks} mb={m}"

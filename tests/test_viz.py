@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from matplotlib.colors import to_hex, to_rgba
+from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 
 from ppsim.costs import CostModel, parse_costs
@@ -18,6 +18,7 @@ from ppsim.ir import ActionType
 from ppsim.schedules import get_schedule
 from ppsim.simulate import simulate
 from ppsim.viz import gantt, plot_to_file
+from viz_helpers import profile_like_costs
 
 ORANGE, GREEN, BLUE = "#f1b238", "#7fd650", "#77befa"
 KIND_COLOR = {"F": ORANGE, "B": GREEN, "I": GREEN, "W": BLUE}
@@ -42,8 +43,15 @@ def rect_bounds(coll) -> np.ndarray:
     return np.array(out).reshape(-1, 3)
 
 
-def labels_of(fig: Figure) -> list:
-    return [t for t in fig.axes[0].texts if t.get_gid() == "label"]
+def labels_of(fig: Figure) -> list[tuple[int, str, str]]:
+    """``(row, text, digit colour)`` of every microbatch id drawn."""
+    coll = collection(fig, "labels")
+    if coll is None:
+        return []
+    rows = [int(round(y)) for y in coll.get_offsets()[:, 1]]
+    colors = [to_hex(c) for c in coll.get_facecolors()]
+    assert len(rows) == len(coll.texts) == len(colors)
+    return list(zip(rows, coll.texts, colors))
 
 
 def expected_computations(schedule) -> Counter:
@@ -121,7 +129,13 @@ def test_every_cell_shows_its_microbatch_second_chunk_in_white(dualpipev):
     s = dualpipev.schedule
     num_cells = sum(len(a.computations) for row in s.actions for a in row)
     assert len(texts) == num_cells
-    got = Counter((int(round(t.get_position()[1])), t.get_text(), to_hex(t.get_color())) for t in texts)
+    got = Counter(texts)
+    centres = sorted(map(tuple, collection(fig, "labels").get_offsets().round(9).tolist()))
+    want_centres = sorted(
+        (round((dualpipev.starts[r][p] + dualpipev.ends[r][p]) / 2, 9), float(r))
+        for r, row in enumerate(s.actions) for p, a in enumerate(row) if a.type is not ActionType.OVERLAP_F_B
+    )
+    assert [c for c in centres if c in set(want_centres)] == want_centres  # single cells: digit at the centre
     want = Counter()
     for rank, row in enumerate(s.actions):
         for action in row:
@@ -155,7 +169,7 @@ def test_dualpipe_reverse_direction_in_white_digits():
     fig = gantt.plot_gantt(result)
     s = result.schedule
     texts = labels_of(fig)
-    white = sum(to_hex(t.get_color()) == "#ffffff" for t in texts)
+    white = sum(color == "#ffffff" for _, _, color in texts)
     want = sum(1 for row in s.actions for a in row for c in a.computations if s.direction(c.stage) == 1)
     assert white == want > 0
     assert "Microbatch, reverse direction" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
@@ -191,8 +205,7 @@ def test_time_axis_in_cost_units_or_scaled_seconds(dualpipev):
 def test_eight_by_sixty_four_keeps_readable_labels():
     result = simulate(get_schedule("DualPipeV", 8, 64))
     fig = gantt.plot_gantt(result)
-    texts = labels_of(fig)
-    assert texts and min(t.get_fontsize() for t in texts) >= gantt.MIN_LABEL_FONT
+    assert labels_of(fig) and collection(fig, "labels").fontsize >= gantt.MIN_LABEL_FONT
     assert fig.get_figwidth() <= gantt.MAX_WIDTH + 2
 
 
@@ -212,6 +225,21 @@ def test_memory_panel_has_a_line_per_rank_peaking_at_peak_activations(dualpipev)
     assert len(lines) == 4
     assert [int(max(ln.get_ydata())) for ln in lines] == [p.peak_activations for p in dualpipev.per_rank]
     assert fig.axes[1].get_xlim() == fig.axes[0].get_xlim()
+
+
+def test_plot_memory_alone_or_into_a_given_axes(dualpipev):
+    fig = gantt.plot_memory(dualpipev)
+    assert len([ln for ln in fig.axes[0].lines if ln.get_gid() == "memory"]) == 4
+    assert fig.axes[0].get_ylabel() == "Activations held"
+    own = Figure()
+    ax = own.add_subplot()
+    assert gantt.plot_memory(dualpipev, ax=ax) is own
+
+
+def test_memory_panel_refuses_a_single_given_axes(dualpipev):
+    ax = Figure().add_subplot()
+    with pytest.raises(ValueError, match="plot_memory"):
+        gantt.plot_gantt(dualpipev, ax=ax, memory=True)
 
 
 def test_comm_arrows_one_per_rank_crossing_hand_off():
@@ -241,10 +269,38 @@ def test_headline_plot_path_imports_neither_torch_nor_pandas_nor_pyplot(tmp_path
         "import sys\n"
         "from typer.testing import CliRunner\n"
         "from ppsim.cli import app\n"
-        f"r = CliRunner().invoke(app, ['plot', '-s', 'DualPipeV', '-r', '4', '-m', '10', '-o', r'{tmp_path / 'x.png'}'])\n"
+        f"args = ['plot', '-s', 'DualPipeV', '-r', '4', '-m', '10', '-o', r'{tmp_path / 'x.png'}']\n"
+        "r = CliRunner().invoke(app, args)\n"
         "assert r.exit_code == 0, r.output\n"
         "print(sorted(m for m in ('torch', 'pandas', 'matplotlib.pyplot') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert (tmp_path / "x.png").is_file()
+
+
+def test_profile_costs_give_a_bytes_panel_with_the_cap():
+    schedule = get_schedule("DualPipeV", 4, 10)
+    result = simulate(schedule, profile_like_costs(8), memory_cap_bytes=9 * 2**30)
+    fig = gantt.plot_gantt(result, memory=True)
+    mem_ax = fig.axes[1]
+    assert mem_ax.get_ylabel() == "Memory (GiB)"
+    peaks = [max(ln.get_ydata()) for ln in mem_ax.lines if ln.get_gid() == "memory"]
+    assert peaks == pytest.approx([p.peak_memory_bytes / 2**30 for p in result.per_rank])
+    assert any(ln.get_label() == "cap" and ln.get_ydata()[0] == pytest.approx(9) for ln in mem_ax.lines)
+    widths = Counter()
+    for x0, x1, y in rect_bounds(collection(fig, "cells:F")):
+        widths[round(x1 - x0, 6)] += 1
+    assert len(widths) > 1  # forward cells as wide as their stage's cost, not one size
+
+
+@pytest.mark.parametrize("costs", ["F=1,B=2,FB=2.5", "F=1.5,I=1,W=0.5,FB=2"])
+def test_drawn_cells_are_the_simulators_timeline(reference_dir, costs):
+    from ppsim.viz._data import cells
+
+    result = simulate(read_csv(reference_dir / "dualpipev_4ranks_10mb.csv"), parse_costs(costs))
+    tl = result.timeline()
+    want = sorted(zip(tl["rank"], tl["stage"], tl["microbatch"], tl["type"], tl["half_start"], tl["half_end"]))
+    got = sorted((c.rank, c.stage, c.microbatch, c.kind, c.start, c.end) for c in cells(result))
+    assert [w[:4] for w in want] == [g[:4] for g in got]
+    assert np.allclose([w[4:] for w in want], [g[4:] for g in got])

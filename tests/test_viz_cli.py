@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -83,7 +82,8 @@ def test_plot_into_a_folder_named_like_a_file_is_one_line_exit_2(runner, tmp_pat
 
 def test_report_writes_one_page_with_a_row_for_the_schedule_that_cannot_run(runner, tmp_path):
     out = tmp_path / "report.html"
-    result = runner.invoke(app, ["report", "-s", "DualPipeV,1F1B,NoSuchSchedule", "-r", "4", "-m", "10", "-o", str(out)])
+    args = ["report", "-s", "DualPipeV,1F1B,NoSuchSchedule", "-r", "4", "-m", "10", "-o", str(out)]
+    result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == str(out)
     text = out.read_text()

@@ -18,6 +18,7 @@ from ppsim.ir import ActionType
 from ppsim.schedules import get_schedule
 from ppsim.simulate import simulate
 from ppsim.viz import interactive, plot_to_file, report
+from viz_helpers import profile_like_costs
 
 ORANGE, GREEN, BLUE = "#F1B238", "#7FD650", "#77BEFA"
 
@@ -58,7 +59,8 @@ def test_bars_sit_at_simulated_times_on_their_rank(dualpipev):
         for r, row in enumerate(s.actions) for p, a in enumerate(row) if a.type is ActionType.F
     )
     t = traces["F"]
-    got = sorted(zip(np.asarray(t.y).tolist(), np.asarray(t.base).tolist(), (np.asarray(t.base) + np.asarray(t.x)).tolist()))
+    base, y = np.asarray(t.base), np.asarray(t.y)
+    got = sorted(zip(y.tolist(), base.tolist(), (base + np.asarray(t.x)).tolist()))
     assert np.allclose(np.array(got), np.array(want))
 
 
@@ -88,7 +90,9 @@ def test_legend_toggles_group_pair_halves_and_border(dualpipev):
     traces = bars(interactive.gantt_figure(dualpipev))
     assert {traces[k].legendgroup for k in ("pair-F", "pair-B", "pair-border")} == {"pair"}
     shown = [t.name for t in traces.values() if t.showlegend is not False]
-    assert shown == ["Forward", "Backward", "Backward for input", "Backward for weights", "Overlapped forward & backward"]
+    assert shown == [
+        "Forward", "Backward", "Backward for input", "Backward for weights", "Overlapped forward & backward",
+    ]
 
 
 def test_memory_panel_one_line_per_rank_sharing_the_time_axis(dualpipev):
@@ -196,3 +200,13 @@ def test_report_names_costs_and_versions_without_importing_torch(tmp_path):
         torch_version = "not installed"
     assert f"<td class=\"key\">torch</td><td class=\"key\">{torch_version}</td>" in text
     assert "F=1,B=2,comm=0.25" in text and "<td class=\"key\">comm</td><td class=\"key\">0.25</td>" in text
+
+
+def test_report_flags_ranks_over_the_memory_cap_with_profile_costs():
+    cap = 9 * 2**30
+    result = simulate(get_schedule("DualPipeV", 4, 10), profile_like_costs(8), memory_cap_bytes=cap)
+    over = [p.rank for p in result.per_rank if p.peak_memory_bytes > cap]
+    assert over  # the fixture is built to overflow
+    row = report.summary_rows([("DualPipeV", result)], cap)[0]
+    assert f"{len(over)} rank(s): {' '.join(map(str, over))}" in row["over memory cap"]
+    assert "GiB" in row["peak memory"] and "ms" in row["makespan"]

@@ -182,6 +182,6 @@ def fmt_time(result: SimResult, value: float) -> str:
 def title(result: SimResult) -> str:
     s = result.schedule
     return (
-        f"{s.name}: {s.num_ranks} ranks, {s.num_microbatches} microbatches, makespan {fmt_time(result, result.makespan)}, "
-        f"bubble {result.bubble_ratio:.1%}"
+        f"{s.name}: {s.num_ranks} ranks, {s.num_microbatches} microbatches, "
+        f"makespan {fmt_time(result, result.makespan)}, bubble {result.bubble_ratio:.1%}"
     )

@@ -4,8 +4,8 @@ Every function takes a simulation result and an optional ``ax`` and returns the 
 Rows are ranks ("Device r"), time runs right, each cell is as wide as its simulated duration, idle time is blank.
 Cells are drawn as one :class:`~matplotlib.collections.PolyCollection` per group (gid ``cells:F``, ``cells:B``,
 ``cells:I``, ``cells:W``, ``cells:pair-F``, ``cells:pair-B``), pair borders as ``pair-borders``, idle stretches as
-``idle``, microbatch ids as texts with gid ``label``, p2p hand-offs as ``comm`` and the memory panel's lines
-with gid ``memory``: tests and users can find each part by gid.
+``idle``, microbatch ids as one :class:`LabelCollection` (gid ``labels``), p2p hand-offs as ``comm`` and the
+memory panel's lines with gid ``memory``: tests and users can find each part by gid.
 """
 
 from __future__ import annotations
@@ -15,15 +15,20 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import matplotlib as mpl
 import numpy as np
-from matplotlib.collections import PolyCollection
+from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties, fontManager
 from matplotlib.legend_handler import HandlerBase
 from matplotlib.patches import Rectangle
+from matplotlib.path import Path as Path_
+from matplotlib.text import Text
+from matplotlib.textpath import TextPath
 from matplotlib.ticker import FuncFormatter, MaxNLocator
+from matplotlib.transforms import Affine2D, ScaledTranslation
 
 from ppsim.viz import _data
 from ppsim.viz._data import COLORS, DIGIT_COLORS, GROUP_KIND, GROUPS, IDLE_EDGE, LEGEND_LABELS
@@ -47,7 +52,7 @@ DIGIT_WIDTH_EM = 0.62  # width of one digit in ems (Helvetica/Arial/DejaVu: 0.55
 
 
 def _rc() -> dict[str, Any]:
-    available = {f.name for f in mpl.font_manager.fontManager.ttflist}
+    available = {f.name for f in fontManager.ttflist}
     family = [f for f in FONT_FAMILY if f in available] or ["sans-serif"]
     return {
         "font.family": family,
@@ -57,15 +62,14 @@ def _rc() -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
 class _Swatch:
-    """A legend key drawn like a cell: one or two fills, a black border, optionally a digit."""
+    """A legend key drawn like a cell: one fill (or a pair's two), a black border, optionally a digit."""
 
-    def __init__(self, fills: Sequence[str], *, width: float = 1.0, digit: str | None = None,
-                 digit_color: str = "#000000") -> None:
-        self.fills = tuple(fills)
-        self.width = width  # fraction of the legend handle's width
-        self.digit = digit
-        self.digit_color = digit_color
+    fills: tuple[str, ...]
+    width: float = 1.0  # share of the legend handle's width (never narrower than square)
+    digit: str | None = None
+    digit_color: str = "#000000"
 
 
 class _SwatchHandler(HandlerBase):
@@ -84,7 +88,7 @@ class _SwatchHandler(HandlerBase):
                            transform=handlebox.get_transform())
         handlebox.add_artist(border)
         if orig_handle.digit is not None:
-            handlebox.add_artist(mpl.text.Text(x0 + w / 2, y0 + h / 2, orig_handle.digit, ha="center",
+            handlebox.add_artist(Text(x0 + w / 2, y0 + h / 2, orig_handle.digit, ha="center",
                                                va="center_baseline", color=orig_handle.digit_color,
                                                fontsize=fontsize, transform=handlebox.get_transform()))
         return border
@@ -96,25 +100,61 @@ class _Legend:
     labels: list[str]
 
 
-def legend_entries(result: SimResult) -> _Legend:
+def legend_entries(result: SimResult, cells: list[_data.Cell] | None = None) -> _Legend:
     """Legend keys for what this schedule contains (in the figures' order), then the digit colours."""
-    present = {c.group for c in _data.cells(result)}
+    present = {c.group for c in (_data.cells(result) if cells is None else cells)}
     handles: list[_Swatch] = []
     labels: list[str] = []
     for kind, width in (("F", 0.5), ("B", 1.0), ("I", 0.5), ("W", 0.5)):
         if kind in present:
-            handles.append(_Swatch([COLORS[kind]], width=width))
+            handles.append(_Swatch((COLORS[kind],), width=width))
             labels.append(LEGEND_LABELS[kind])
     if "pair-F" in present:
-        handles.append(_Swatch([COLORS["F"], COLORS["B"]], width=1.0))
+        handles.append(_Swatch((COLORS["F"], COLORS["B"]), width=1.0))
         labels.append(LEGEND_LABELS["pair"])
     key = _data.digit_key(result)
     if key.by is not None:
-        handles.append(_Swatch([COLORS["F"]], width=0.5, digit="0", digit_color=DIGIT_COLORS[0]))
+        handles.append(_Swatch((COLORS["F"],), width=0.5, digit="0", digit_color=DIGIT_COLORS[0]))
         labels.append(key.black)
-        handles.append(_Swatch([COLORS["F"]], width=0.5, digit="0", digit_color=DIGIT_COLORS[1]))
+        handles.append(_Swatch((COLORS["F"],), width=0.5, digit="0", digit_color=DIGIT_COLORS[1]))
         labels.append(key.white)
     return _Legend(handles, labels)
+
+
+class LabelCollection(PathCollection):
+    """Microbatch ids drawn as glyph outlines, one artist for all of them (thousands of Text artists are slow).
+
+    ``texts`` holds the strings in drawing order, aligned with ``get_offsets()`` (cell centres in data coordinates)
+    and ``get_facecolors()`` (black or white digits); ``fontsize`` is in points.
+    """
+
+    def __init__(self, paths: list[Path_], texts: list[str], *, fontsize: float, **kwargs: Any) -> None:
+        super().__init__(paths, **kwargs)
+        self.texts = tuple(texts)
+        self.fontsize = fontsize
+
+    @classmethod
+    def for_cells(cls, ax: Axes, cells: list[_data.Cell], *, fontsize: float) -> LabelCollection:
+        prop = FontProperties(size=fontsize)
+        zero = TextPath((0, 0), "0", size=fontsize, prop=prop).get_extents()
+        glyphs: dict[str, Path_] = {}
+        texts = [str(c.microbatch) for c in cells]
+        for text in set(texts):  # centred on the ink horizontally, on a digit's height vertically
+            path = TextPath((0, 0), text, size=fontsize, prop=prop)
+            ext = path.get_extents()
+            glyphs[text] = path.transformed(Affine2D().translate(-(ext.x0 + ext.x1) / 2, -(zero.y0 + zero.y1) / 2))
+        return cls(
+            [glyphs[t] for t in texts],
+            texts,
+            fontsize=fontsize,
+            offsets=np.array([((c.start + c.end) / 2, c.rank) for c in cells], dtype=float),
+            offset_transform=ax.transData,
+            transform=Affine2D().scale(1 / 72) + ax.figure.dpi_scale_trans,  # glyphs in points
+            facecolors=[DIGIT_COLORS[c.shade] for c in cells],
+            edgecolors="none",
+            zorder=4,
+            gid="labels",
+        )
 
 
 def _axes_width_pt(ax: Axes) -> float:
@@ -128,10 +168,12 @@ def _base_duration(cells: list[_data.Cell]) -> float:
     return median(durations) if durations else 1.0
 
 
-def natural_width(result: SimResult, *, time_max: float | None = None) -> float:
+def natural_width(
+    result: SimResult, *, time_max: float | None = None, cells: list[_data.Cell] | None = None
+) -> float:
     """Axes width in inches that gives a one-forward cell :data:`UNIT_WIDTH`, clamped to a printable range."""
     span = time_max or result.makespan or 1.0
-    units = span / _base_duration(_data.cells(result))
+    units = span / _base_duration(_data.cells(result) if cells is None else cells)
     return float(min(MAX_WIDTH, max(MIN_WIDTH, units * UNIT_WIDTH)))
 
 
@@ -151,10 +193,11 @@ def draw_gantt(
     row_label: str = "Device",
     time_max: float | None = None,
     label_fontsize: float | None = None,
+    cells: list[_data.Cell] | None = None,
 ) -> None:
     """Draw the Gantt rows into ``ax`` (no legend, no title). ``labels=None`` labels every cell a digit fits in."""
     s = result.schedule
-    cells = _data.cells(result)
+    cells = _data.cells(result) if cells is None else cells
     span = time_max if time_max is not None else (result.makespan or 1.0)
     ts = _data.time_scale(result, span=span)
     pt_per_time = _axes_width_pt(ax) / span
@@ -197,12 +240,13 @@ def draw_gantt(
         if label_fontsize is None:  # shrink to fit the typical cell, down to a legible floor
             fs = min(fs, (unit_pt - 2.0) / (ndig * DIGIT_WIDTH_EM))
         if fs >= MIN_LABEL_FONT or labels is True:
-            for c in cells:
-                text = str(c.microbatch)
-                if labels is None and (c.end - c.start) * pt_per_time < len(text) * DIGIT_WIDTH_EM * fs + 1.5:
-                    continue
-                ax.text((c.start + c.end) / 2, c.rank, text, ha="center", va="center_baseline", fontsize=fs,
-                        color=DIGIT_COLORS[c.shade], zorder=4, clip_on=True, gid="label")
+            fs = max(fs, 1.0)
+            def fits(c: _data.Cell) -> bool:
+                return (c.end - c.start) * pt_per_time >= len(str(c.microbatch)) * DIGIT_WIDTH_EM * fs + 1.5
+
+            shown = [c for c in cells if labels is True or fits(c)]
+            if shown:
+                ax.add_collection(LabelCollection.for_cells(ax, shown, fontsize=fs), autolim=False)
 
     if comm:
         _draw_comm(result, ax)
@@ -279,7 +323,7 @@ def draw_memory(result: SimResult, ax: Axes, *, row_label: str = "Device", time_
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
 
 
-def _legend_rows(entries: _Legend, width_in: float, fontsize: float) -> int:
+def _legend_columns(entries: _Legend, width_in: float, fontsize: float) -> int:
     """Columns that fit in ``width_in`` (greedy estimate from text lengths)."""
     widths = [(len(t) * 0.62 + 6.0) * fontsize / 72.0 for t in entries.labels]
     avail = width_in
@@ -293,19 +337,21 @@ def _legend_rows(entries: _Legend, width_in: float, fontsize: float) -> int:
     return best
 
 
-def add_legend(result: SimResult, ax: Axes, *, fontsize: float = 10.0, ncol: int | None = None) -> Any:
-    """The DualPipe-figure legend below ``ax``."""
-    entries = legend_entries(result)
+def add_legend(
+    result: SimResult, ax: Axes, *, fontsize: float = 10.0, ncol: int | None = None,
+    cells: list[_data.Cell] | None = None,
+) -> Any:
+    """The DualPipe-figure legend, centred below ``ax`` and its time axis."""
+    entries = legend_entries(result, cells)
     width_in = ax.get_position().width * ax.figure.get_figwidth()
-    ncol = ncol or _legend_rows(entries, width_in + 1.0, fontsize)
+    ncol = ncol or _legend_columns(entries, width_in + 1.0, fontsize)
     order = _row_major(len(entries.labels), ncol)  # matplotlib fills columns first; read rows left to right
-    leg = ax.legend(
-        [entries.handles[i] for i in order], [entries.labels[i] for i in order], handler_map={_Swatch: _SwatchHandler()}, loc="upper center",
-        bbox_to_anchor=(0.5, -0.03), bbox_transform=_below(ax, 30), ncol=ncol, frameon=False, fontsize=fontsize,
-        handlelength=3.0, handleheight=1.6, handletextpad=0.8, columnspacing=2.0,
-        prop={"weight": "bold", "size": fontsize},
+    return ax.legend(
+        [entries.handles[i] for i in order], [entries.labels[i] for i in order],
+        handler_map={_Swatch: _SwatchHandler()}, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+        bbox_transform=_below(ax, 30), ncol=ncol, frameon=False, handlelength=3.0, handleheight=1.6,
+        handletextpad=0.8, columnspacing=2.0, prop={"weight": "bold", "size": fontsize},
     )
-    return leg
 
 
 def _row_major(n: int, ncol: int) -> list[int]:
@@ -317,8 +363,6 @@ def _row_major(n: int, ncol: int) -> list[int]:
 
 def _below(ax: Axes, points: float) -> Any:
     """Axes coordinates shifted down by ``points`` (below the tick labels)."""
-    from matplotlib.transforms import ScaledTranslation
-
     return ax.transAxes + ScaledTranslation(0, -points / 72.0, ax.figure.dpi_scale_trans)
 
 
@@ -337,15 +381,20 @@ def plot_gantt(
 ) -> Figure:
     """The Gantt chart of ``result`` (with ``memory=True`` a memory-over-time panel below it); returns the figure.
 
-    With ``ax`` the chart is drawn into it (``memory`` then needs a figure of its own: use :func:`plot_memory`).
-    ``width`` is the chart width in inches (default: a one-forward cell is square, within 5-40 in);
+    With ``ax`` the chart is drawn into it (``memory`` then needs a figure of its own: use :func:`plot_memory`);
+    ``labels=None`` writes a microbatch id in every cell it fits in, ``True`` in every cell, ``False`` in none.
+    ``width`` is the chart width in inches (default: a one-forward cell is square, within 5-60 in);
     ``time_max`` fixes the time axis (to compare schedules on one scale).
     """
+    if ax is not None and memory:
+        raise ValueError("memory=True draws a second panel and needs a figure of its own: drop ax, or call "
+                         "plot_memory(result, ax=another_ax)")
     with mpl.rc_context(_rc()):
         if ax is not None:
-            draw_gantt(result, ax, labels=labels, comm=comm, row_label=row_label, time_max=time_max)
+            cells = _data.cells(result)
+            draw_gantt(result, ax, labels=labels, comm=comm, row_label=row_label, time_max=time_max, cells=cells)
             if legend:
-                add_legend(result, ax)
+                add_legend(result, ax, cells=cells)
             if title:
                 ax.set_title(title if isinstance(title, str) else _data.title(result), loc="left", fontsize=11)
             return ax.figure  # type: ignore[return-value]
@@ -358,12 +407,13 @@ def _own_figure(
     row_label: str, width: float | None, time_max: float | None,
 ) -> Figure:
     n = result.schedule.num_ranks
-    axes_w = width or natural_width(result, time_max=time_max)
+    cells = _data.cells(result)
+    axes_w = width or natural_width(result, time_max=time_max, cells=cells)
     left = 0.95 if n <= 10 else 1.05
     right = 1.2 if memory else 0.2
     fig_w = left + axes_w + right
-    entries = legend_entries(result)
-    ncol = _legend_rows(entries, axes_w + left, 10.0)
+    entries = legend_entries(result, cells)
+    ncol = _legend_columns(entries, axes_w + left, 10.0)
     legend_rows = -(-len(entries.labels) // ncol) if legend else 0
     title_h = 0.42 if title else 0.1
     gantt_h = n * ROW_HEIGHT
@@ -375,17 +425,15 @@ def _own_figure(
     fig = Figure(figsize=(fig_w, fig_h))
     y_top = fig_h - title_h
     ax = fig.add_axes((left / fig_w, (y_top - gantt_h) / fig_h, axes_w / fig_w, gantt_h / fig_h))
-    draw_gantt(result, ax, labels=labels, comm=comm, row_label=row_label, time_max=time_max)
+    draw_gantt(result, ax, labels=labels, comm=comm, row_label=row_label, time_max=time_max, cells=cells)
     if legend:
-        leg = add_legend(result, ax, ncol=ncol)
-        leg.set_bbox_to_anchor((0.5, -0.0), transform=_below(ax, 30))
+        add_legend(result, ax, ncol=ncol, cells=cells)
     if title:
         fig.text(left / fig_w, 1 - 0.14 / fig_h, title if isinstance(title, str) else _data.title(result),
                  ha="left", va="top", fontsize=11)
     if memory:
-        mem_bottom = mem_ticks
-        max_ax = fig.add_axes((left / fig_w, mem_bottom / fig_h, axes_w / fig_w, mem_h / fig_h), sharex=None)
-        draw_memory(result, max_ax, row_label=row_label, time_max=time_max)
+        mem_ax = fig.add_axes((left / fig_w, mem_ticks / fig_h, axes_w / fig_w, mem_h / fig_h))
+        draw_memory(result, mem_ax, row_label=row_label, time_max=time_max)
     return fig
 
 
@@ -398,9 +446,6 @@ def plot_memory(result: SimResult, *, ax: Axes | None = None, row_label: str = "
         draw_memory(result, ax, row_label=row_label)
         ax.set_xlabel(_data.time_scale(result).label, fontsize=9)
         return ax.figure  # type: ignore[return-value]
-
-
-STATIC_FORMATS = (".png", ".svg", ".pdf")
 
 
 def _umask() -> int:

@@ -128,7 +128,8 @@ def add_gantt_traces(
     step = max(1, n // 32)
     fig.update_yaxes(
         tickvals=list(range(0, n, step)), ticktext=[f"{row_label} {r}" for r in range(0, n, step)],
-        range=[n - 0.5, -0.5], showgrid=False, zeroline=False, ticks="", tickfont=dict(size=12, color="black"),
+        range=[n - 0.5 + 0.04, -0.5 - 0.04],  # a hair of room so the outer borders are not clipped
+        showgrid=False, zeroline=False, ticks="", tickfont=dict(size=12, color="black"),
         fixedrange=True, **loc,
     )
 
@@ -149,7 +150,10 @@ def add_memory_traces(
     """Memory over time per rank (bytes with a profile, else held activations) as step lines."""
     mem = result.memory()
     use_bytes = bool(mem["bytes"].notna().any())
-    column, scale, title = ("bytes", 2.0**-30, "Memory (GiB)") if use_bytes else ("activations", 1.0, "Activations held")
+    if use_bytes:
+        column, scale, title = "bytes", 2.0**-30, "Memory (GiB)"
+    else:
+        column, scale, title = "activations", 1.0, "Activations held"
     factor = _data.time_scale(result).factor if time_factor is None else time_factor
     loc = {"row": row, "col": 1} if row is not None else {}
     n = result.schedule.num_ranks

@@ -35,6 +35,7 @@ th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: right; vertical-a
 th { background: #f3f3f3; }
 td.name, th.name, td.why, td.key { text-align: left; }
 td.why { color: #8a1f11; }
+td.why div { max-width: 75ch; }
 tr.best td { background: #f1fbe9; }
 span.bad { color: #c62828; font-weight: bold; }
 span.small { color: #666; font-size: 11px; display: block; }
@@ -119,8 +120,10 @@ def _table(rows: list[dict[str, str]]) -> str:
     body = []
     for i, row in enumerate(rows):
         if "why" in row:
-            body.append(f'<tr class="failed"><td>{row["#"]}</td><td class="name">{row["schedule"]}</td>'
-                        f'<td class="why" colspan="{len(cols) - 2}">cannot run this configuration: {row["why"]}</td></tr>')
+            body.append(
+                f'<tr class="failed"><td>{row["#"]}</td><td class="name">{row["schedule"]}</td>'
+                f'<td class="why" colspan="{len(cols) - 2}"><div>cannot run this configuration: {row["why"]}</div></td></tr>'
+            )
             continue
         cls = ' class="best"' if i == 0 else ""
         cells = "".join(f'<td class="{"name" if c == "schedule" else ""}">{row[c]}</td>' for c in cols)

@@ -15,6 +15,7 @@ from ppsim.schedules._phases import (
     loop_placement,
     make_schedule,
     one_f_one_b,
+    paused_gc,
     rank_stages,
     require_sizes,
     round_size,
@@ -23,6 +24,7 @@ from ppsim.schedules._phases import (
 NAME = "Interleaved1F1B"
 
 
+@paused_gc
 def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 2) -> Schedule:
     R, m, v = num_ranks, num_microbatches, num_stages_per_rank
     require_sizes(NAME, R, m, v)
@@ -47,8 +49,8 @@ register(
         build=build,
         description="Megatron's interleaved 1F1B: v stages per rank in loop placement, bubble / v "
         "(torch ScheduleInterleaved1F1B)",
-        constraints="microbatches < 2 x ranks, or divisible into microbatches // ranks equal rounds "
-        "(any multiple of ranks works), as torch requires",
+        constraints="microbatches < 2 x ranks, or divisible by microbatches // ranks (any multiple of ranks "
+        "is), as torch requires",
         default_stages_per_rank=2,
         min_stages_per_rank=1,
         torch_name="Interleaved1F1B",

@@ -17,6 +17,7 @@ from ppsim.schedules._phases import (
     loop_placement,
     make_schedule,
     one_f_one_b,
+    paused_gc,
     rank_stages,
     require_sizes,
     round_size,
@@ -25,6 +26,7 @@ from ppsim.schedules._phases import (
 NAME = "InterleavedZeroBubble"
 
 
+@paused_gc
 def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 2) -> Schedule:
     R, m, v = num_ranks, num_microbatches, num_stages_per_rank
     require_sizes(NAME, R, m, v)
@@ -51,8 +53,8 @@ register(
         build=build,
         description="interleaved 1F1B with backward split into I and W, W deferred into the bubbles "
         "(torch ScheduleInterleavedZeroBubble)",
-        constraints="microbatches < 2 x ranks, or divisible into microbatches // ranks equal rounds "
-        "(any multiple of ranks works), as torch requires",
+        constraints="microbatches < 2 x ranks, or divisible by microbatches // ranks (any multiple of ranks "
+        "is), as torch requires",
         default_stages_per_rank=2,
         min_stages_per_rank=1,
         torch_name="InterleavedZeroBubble",

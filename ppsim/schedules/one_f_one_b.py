@@ -8,11 +8,21 @@ from __future__ import annotations
 
 from ppsim.ir import Schedule
 from ppsim.schedules import ScheduleSpec, register
-from ppsim.schedules._phases import B, F, grouped, loop_placement, make_schedule, one_f_one_b, require_sizes
+from ppsim.schedules._phases import (
+    B,
+    F,
+    grouped,
+    loop_placement,
+    make_schedule,
+    one_f_one_b,
+    paused_gc,
+    require_sizes,
+)
 
 NAME = "1F1B"
 
 
+@paused_gc
 def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 1) -> Schedule:
     R, m = num_ranks, num_microbatches
     require_sizes(NAME, R, m, num_stages_per_rank, fixed_stages_per_rank=1)
@@ -28,7 +38,7 @@ register(
         name=NAME,
         build=build,
         description="one forward, one backward: rank r holds at most R-r activations (torch Schedule1F1B)",
-        constraints="1 stage per rank; any microbatches (torch itself needs microbatches >= ranks)",
+        constraints="1 stage per rank; any microbatches (torch: microbatches >= ranks)",
         fixed_stages_per_rank=1,
         torch_name="1F1B",
     )
