@@ -437,8 +437,22 @@ _register_torch_commands()
 
 
 def main() -> None:
-    app()
+    """Console entry point: typer's own parse errors become one line too (exit 2)."""
+    if len(sys.argv) == 1:
+        sys.argv.append("--help")
+    try:
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # bad option values, unknown commands
+        ctx = getattr(exc, "ctx", None)
+        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        typer.echo(f"Error: {message}{where}", err=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except typer.Abort:
+        typer.echo("Aborted.", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
