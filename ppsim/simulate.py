@@ -163,12 +163,11 @@ class _Program:
         self.group_delay_a, self.group_delay_b = np.zeros(0), np.zeros(0)
         xfer_parts = []
         waits = []
+        mb_part = c_mb * num_phases
         for k in range(len(req_stage)):
-            rs = req_stage[k][cell]
-            keys = rs * num_mb
-            keys += c_mb
-            keys *= num_phases
-            keys += req_phase[k][cell]
+            # provider key of the input: (stage * M + mb) * P + phase = table[cell] + mb * P
+            keys = (req_stage[k] * (num_mb * num_phases) + req_phase[k])[cell]
+            keys += mb_part
             prod = provider[keys]
             del keys
             po = prod if self.simple else np.where(prod >= 0, owner_ext[prod], -1)
@@ -179,12 +178,12 @@ class _Program:
             cross = lo_ext[pw] != c_lo[w]
             cross &= pw < n
             cw = w[cross]
+            ps = req_stage[k][cell[cw]]
             if uniform_comm:
                 delay = np.where(cross, costs.comm, 0.0)
-                upstream = rs[cw]
+                upstream = ps
             else:
                 cs = c_stage[cw]
-                ps = rs[cw]
                 upstream = np.where(positions[ps] < positions[cs], ps, cs)
                 delay = np.zeros(len(w), dtype=np.float64)
                 delay[cross] = boundary[upstream]
