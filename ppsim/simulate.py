@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 from array import array
 from bisect import bisect_right
+from functools import lru_cache
 from itertools import chain
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
@@ -39,8 +40,6 @@ _CODE_BY_ID = {
     id(t): _SINGLE_KINDS.index(t) if t in _SINGLE_KINDS else (_PAIR if t is ActionType.OVERLAP_F_B else _OTHER)
     for t in ActionType
 }
-_TYPE_IDS: Any = sorted(_CODE_BY_ID)  # numpy arrays on first use (numpy is imported lazily)
-_TYPE_CODES: Any = [_CODE_BY_ID[i] for i in _TYPE_IDS]
 _COUNT_STEP = (1, -1, 0, -1)  # held activations: F adds one, B or W releases one, I releases none
 _get_stage = attrgetter("stage")
 _get_type = attrgetter("type")
@@ -72,68 +71,71 @@ class _Program:
     """
 
     def __init__(self, schedule: Schedule, costs: CostModel) -> None:
-        import numpy as np
-
-        global _TYPE_IDS, _TYPE_CODES
-        if isinstance(_TYPE_IDS, list):
-            _TYPE_IDS, _TYPE_CODES = np.array(_TYPE_IDS, dtype=np.int64), np.array(_TYPE_CODES, dtype=np.int8)
         self.schedule = schedule
         self.costs = costs
-        rows = schedule.actions
+        self._read_actions()
+        self._index_providers()
+        self._wire_inputs()
+        self._durations()
+        self._memory()
+
+    def _read_actions(self) -> None:
+        """Stage, kind and microbatch of every action and computation, pulled out at C speed."""
+        import numpy as np
+
+        rows = self.schedule.actions
         num_ranks = len(rows)
-        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=num_ranks)
-        offsets = np.zeros(num_ranks + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        n = int(offsets[-1])
-        self.n = n
-        self.offsets = offsets
+        self.lengths = np.fromiter(map(len, rows), dtype=np.int64, count=num_ranks)
+        self.offsets = np.zeros(num_ranks + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=self.offsets[1:])
+        n = self.n = int(self.offsets[-1])
         flat = chain.from_iterable
-        stage = np.fromiter(map(_get_stage, flat(rows)), dtype=np.int64, count=n)
+        self.stage = np.fromiter(map(_get_stage, flat(rows)), dtype=np.int64, count=n)
         type_ids = np.fromiter(map(id, map(_get_type, flat(rows))), dtype=np.int64, count=n)
-        code = _TYPE_CODES[np.searchsorted(_TYPE_IDS, type_ids)]
+        self.code = _codes(type_ids)
         del type_ids
         mb: np.ndarray | None = None
-        if n == 0 or int(code.max()) < _PAIR:
+        if n == 0 or int(self.code.max()) < _PAIR:
             try:
                 mb = np.fromiter(map(_get_mb, flat(rows)), dtype=np.int64, count=n)
-            except TypeError:  # a computation without a microbatch: reported below
+            except TypeError:  # a computation without a microbatch: reported by _computations
                 mb = None
         self.pair_idx = np.zeros(0, dtype=np.int64)  # actions that are overlapped pairs
         self.pair_first = np.zeros(0, dtype=np.int64)  # their forward halves' computation index
         self.pair_shares = np.zeros(0, dtype=np.float64)
+        self.simple = mb is not None
         if mb is not None:
-            self.simple = True
-            c_owner, c_stage, c_code, c_mb = np.arange(n, dtype=np.int64), stage, code, mb
+            self.c_owner, self.c_stage, self.c_code, self.c_mb = np.arange(n, dtype=np.int64), self.stage, self.code, mb
         else:
-            self.simple = False
-            c_owner, c_stage, c_code, c_mb = self._computations(stage, code)
-        self.c_owner, self.c_stage, self.c_code, self.c_mb = c_owner, c_stage, c_code, c_mb
-        num_comps = len(c_owner)
-        num_stages = schedule.num_stages
-        if num_comps and (int(c_stage.min()) < 0 or int(c_stage.max()) >= num_stages or int(c_mb.min()) < 0):
+            self.c_owner, self.c_stage, self.c_code, self.c_mb = self._computations()
+        c_stage, c_mb = self.c_stage, self.c_mb
+        num_stages = self.schedule.num_stages
+        if len(c_stage) and (int(c_stage.min()) < 0 or int(c_stage.max()) >= num_stages or int(c_mb.min()) < 0):
             bad = np.flatnonzero((c_stage < 0) | (c_stage >= num_stages) | (c_mb < 0))[0]
-            a = int(c_owner[bad])
+            a = int(self.c_owner[bad])
             raise ScheduleFormatError(
                 f"rank {self.rank_of(a)} position {self.position_of(a)}: {self.action_at(a)} needs a stage in "
                 f"0..{num_stages - 1} and a microbatch >= 0; fix the action"
             )
-        num_mb = int(c_mb.max()) + 1 if num_comps else 1
-        self.num_mb = num_mb
-        lo_of_action = np.repeat(offsets[:-1], lengths)  # first action index of each action's rank
-        c_lo = lo_of_action if self.simple else lo_of_action[c_owner]
+        self.num_mb = int(c_mb.max()) + 1 if len(c_mb) else 1
 
-        # dependency rules compiled from ppsim.deps; stage S stands for "no input"
-        req_stage, req_phase, prov_phase, num_phases = _rule_tables(schedule)
-        self.num_phases = num_phases
-        provider = np.full((num_stages + 1) * num_mb * num_phases, num_comps, dtype=np.int64)  # num_comps: missing
+    def _index_providers(self) -> None:
+        """``provider[(stage * M + mb) * P + phase]``: the computation that makes each key (deps.provides)."""
+        import numpy as np
+
+        req_stage, req_phase, prov_phase, num_phases = _rule_tables(self.schedule)
+        self.req_stage, self.req_phase, self.num_phases = req_stage, req_phase, num_phases
+        num_stages, num_mb, num_comps = self.schedule.num_stages, self.num_mb, len(self.c_owner)
+        # num_comps marks a key nobody provides; the extra stage S (no input) maps to -1
+        provider = np.full((num_stages + 1) * num_mb * num_phases, num_comps, dtype=np.int64)
         provider[num_stages * num_mb * num_phases :] = -1
-        kbase = c_stage * num_mb
-        kbase += c_mb
+        kbase = self.c_stage * num_mb
+        kbase += self.c_mb
         kbase *= num_phases
-        comp_index = np.arange(num_comps, dtype=np.int64)
+        comp_index = self.c_owner if self.simple else np.arange(num_comps, dtype=np.int64)
         provided = []
         for phases in prov_phase:
-            ph = phases[c_code]
+            ph = phases[self.c_code]
             sel = comp_index if int(ph.min(initial=0)) >= 0 else np.flatnonzero(ph >= 0)
             keys = kbase[sel] + ph[sel]
             provider[keys] = sel
@@ -144,57 +146,75 @@ class _Program:
             if lost.any():
                 k = int(np.flatnonzero(lost)[0])
                 self._raise_duplicate(int(sel[k]), int(keys[k]))
-        del provided
         self.provider = provider
 
-        # inputs per computation -> the action each one waits for (same-rank inputs produced earlier are free)
-        cell = c_stage * 4
-        cell += c_code
-        owner_ext = np.append(c_owner, n)  # missing input -> action n, which never ends
-        lo_ext = np.append(lo_of_action, -1)
+    def _wire_inputs(self) -> None:
+        """Per computation input (deps.requires): the action it waits for, the delay, and the rank crossings."""
+        import numpy as np
+
+        schedule, costs, n = self.schedule, self.costs, self.n
+        num_stages, num_mb, num_phases = schedule.num_stages, self.num_mb, self.num_phases
+        c_owner, c_stage = self.c_owner, self.c_stage
+        # first action index of each action's rank; entry n (an input nobody provides) is on no rank
+        lo_ext = np.repeat(np.append(self.offsets[:-1], -1), np.append(self.lengths, 1))
+        c_lo = lo_ext[:n] if self.simple else lo_ext[c_owner]
+        owner_ext = None if self.simple else np.append(c_owner, n)  # nobody provides it: wait for action n
         positions = _chain_positions(schedule)
         uniform_comm = costs.p2p_alpha is None
         boundary = np.array([costs.boundary_delay(schedule, s) for s in range(num_stages)] or [0.0])
+        cell = c_stage * 4
+        cell += self.c_code
+        mb_part = self.c_mb * num_phases
+        xfer_parts = []
+        waits = []
+        for req_stage, req_phase in zip(self.req_stage, self.req_phase):
+            # provider key of the input: (stage * M + mb) * P + phase = table[cell] + mb * P
+            keys = (req_stage * (num_mb * num_phases) + req_phase)[cell]
+            keys += mb_part
+            prod = self.provider[keys]
+            del keys
+            po = prod if owner_ext is None else np.where(prod >= 0, owner_ext[prod], -1)
+            # same-rank inputs produced earlier in the order are free; anything else must be waited for
+            w = np.flatnonzero((po >= 0) & ((po < c_lo) | (po >= c_owner)))
+            pw = po[w]
+            cross = lo_ext[pw] != c_lo[w]
+            cross &= pw < n
+            cw = w[cross]
+            ps = req_stage[cell[cw]]
+            if uniform_comm:
+                delay = np.where(cross, costs.comm, 0.0)
+                upstream = ps
+                x_delay = np.broadcast_to(np.float64(costs.comm), (len(cw),))
+            else:
+                cs = c_stage[cw]
+                upstream = np.where(positions[ps] < positions[cs], ps, cs)
+                delay = np.zeros(len(w), dtype=np.float64)
+                delay[cross] = boundary[upstream]
+                x_delay = delay[cross]
+            xfer_parts.append((prod[cw].astype(np.int32), cw.astype(np.int32), x_delay, upstream.astype(np.int32)))
+            waits.append((w if self.simple else c_owner[w], pw, delay))
+        self.xfer_parts = tuple(xfer_parts)
+        self.stage_out_bytes = np.full(num_stages + 1, np.nan)
+        if costs.output_bytes is not None:
+            for st in range(num_stages):
+                self.stage_out_bytes[st] = costs.output_bytes[costs.position(schedule, st)]
+        self._assign_waits(waits)
+
+    def _assign_waits(self, waits: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        """Per action: one input to wait for (``dep >= 0``), two (``dep = -3 - j``: group j), or more (``dep = -2``,
+        listed in ``multi``); ``dep = -1``: nothing to wait for."""
+        import numpy as np
+
+        n = self.n
         dep = np.full(n, -1, dtype=np.int64)
         dep_delay = np.zeros(n, dtype=np.float64)
         multi: dict[int, list[tuple[int, float]]] = {}
         empty = np.zeros(0, dtype=np.int64)
         self.group_a, self.group_b = empty, empty
         self.group_delay_a, self.group_delay_b = np.zeros(0), np.zeros(0)
-        xfer_parts = []
-        waits = []
-        mb_part = c_mb * num_phases
-        for k in range(len(req_stage)):
-            # provider key of the input: (stage * M + mb) * P + phase = table[cell] + mb * P
-            keys = (req_stage[k] * (num_mb * num_phases) + req_phase[k])[cell]
-            keys += mb_part
-            prod = provider[keys]
-            del keys
-            po = prod if self.simple else np.where(prod >= 0, owner_ext[prod], -1)
-            wait = (po >= 0) & ((po < c_lo) | (po >= c_owner))
-            w = np.flatnonzero(wait)
-            del wait
-            pw = po[w]
-            cross = lo_ext[pw] != c_lo[w]
-            cross &= pw < n
-            cw = w[cross]
-            ps = req_stage[k][cell[cw]]
-            if uniform_comm:
-                delay = np.where(cross, costs.comm, 0.0)
-                upstream = ps
-            else:
-                cs = c_stage[cw]
-                upstream = np.where(positions[ps] < positions[cs], ps, cs)
-                delay = np.zeros(len(w), dtype=np.float64)
-                delay[cross] = boundary[upstream]
-            x_delay = np.broadcast_to(np.float64(costs.comm), (len(cw),)) if uniform_comm else delay[cross]
-            xfer_parts.append((prod[cw].astype(np.int32), cw.astype(np.int32), x_delay, upstream.astype(np.int32)))
-            waits.append((w if self.simple else c_owner[w], pw, delay))
-            del w, pw, cross
-        # per action: one input to wait for (dep >= 0), two (dep = -3 - j: group j), or more (dep = -2: multi)
         if self.simple and len(waits) <= 2:
-            # each action has one computation, so only the two input slots can collide: scatter, then group
-            # the (rare) collisions
+            # one computation per action: only the input slots can collide; scatter, then group the (rare)
+            # collisions
             for slot, (wa, pw, delay) in enumerate(waits):
                 if slot:
                     taken = np.flatnonzero(dep[wa] != -1)
@@ -209,7 +229,7 @@ class _Program:
                 dep[wa] = pw
                 dep_delay[wa] = delay
         elif waits:
-            wa, pw, delay = (np.concatenate(col) for col in zip(*waits)) if len(waits) > 1 else waits[0]
+            wa, pw, delay = (np.concatenate(col) for col in zip(*waits))
             order = np.argsort(wa, kind="stable")
             wa, pw, delay = wa[order], pw[order], delay[order]
             first = np.ones(len(wa), dtype=bool)
@@ -223,60 +243,63 @@ class _Program:
             self.group_a, self.group_b = pw[two], pw[two + 1]
             self.group_delay_a, self.group_delay_b = delay[two], delay[two + 1]
             dep[wa[two]] = -3 - np.arange(len(two), dtype=np.int64)
-            for j in starts[sizes > 2].tolist():
-                k = j
-                while k < len(wa) and wa[k] == wa[j]:
-                    multi.setdefault(int(wa[j]), []).append((int(pw[k]), float(delay[k])))
-                    k += 1
+            for j, size in zip(starts[sizes > 2].tolist(), sizes[sizes > 2].tolist()):
+                multi[int(wa[j])] = [(int(pw[k]), float(delay[k])) for k in range(j, j + size)]
         for a in multi:
             dep[a] = -2
         self.dep, self.dep_delay, self.multi = dep, dep_delay, multi
-        self.xfer_parts = tuple(xfer_parts)
-        self.stage_out_bytes = np.full(num_stages + 1, np.nan)
-        if costs.output_bytes is not None:
-            for st in range(num_stages):
-                self.stage_out_bytes[st] = costs.output_bytes[costs.position(schedule, st)]
 
-        # durations: one cost table per (kind, stage); pairs through the cost model's pair rule
-        op = np.zeros((6, max(num_stages, 1)), dtype=np.float64)
+    def _durations(self) -> None:
+        """One cost per (kind, stage) from the cost model; pairs through its pair rule."""
+        import numpy as np
+
+        schedule, costs = self.schedule, self.costs
+        width = max(schedule.num_stages, 1)
+        op = np.zeros((6, width), dtype=np.float64)
         for k, kind in enumerate(_SINGLE_KINDS):
-            op[k, :num_stages] = [costs.op_cost(schedule, s, kind) for s in range(num_stages)]
-        stage_or_0 = np.where(code < _PAIR, stage, 0) if not self.simple else stage
-        duration = op[code, stage_or_0] if costs.num_positions is not None else op[:, 0][code]
+            op[k, : schedule.num_stages] = [costs.op_cost(schedule, s, kind) for s in range(schedule.num_stages)]
+        if costs.num_positions is None:
+            duration = op[:, 0][self.code]
+        else:
+            duration = op[self.code, self.stage if self.simple else np.where(self.code < _PAIR, self.stage, 0)]
         if len(self.pair_idx):
-            # the cost model's pair rule, evaluated once per distinct (forward stage, backward stage, kind)
-            f_stage, b_stage, b_code = c_stage[self.pair_first], c_stage[self.pair_first + 1], c_code[self.pair_first + 1]
-            combo = (f_stage * max(num_stages, 1) + b_stage) * 4 + b_code
+            # evaluated once per distinct (forward stage, backward stage, backward kind)
+            f = self.pair_first
+            combo = (self.c_stage[f] * width + self.c_stage[f + 1]) * 4 + self.c_code[f + 1]
             uniq, inverse = np.unique(combo, return_inverse=True)
+            rule = costs.pair_split
             split = np.array(
-                [
-                    costs.pair_split(schedule, int(u) // 4 // max(num_stages, 1), int(u) // 4 % max(num_stages, 1),
-                                     _SINGLE_KINDS[int(u) % 4])
-                    for u in uniq
-                ],
+                [rule(schedule, u // 4 // width, u // 4 % width, _SINGLE_KINDS[u % 4]) for u in uniq.tolist()],
                 dtype=np.float64,
             ).reshape(-1, 2)
             duration[self.pair_idx] = split[inverse, 0]
             self.pair_shares = split[inverse, 1]
         self.duration = duration
 
-        # memory: changes when a computation ends; a pair holds its forward half's activation before its
-        # backward half releases one, so its high point is "held before + the positive part"
-        count_step = np.array(_COUNT_STEP, dtype=np.int8)[c_code]
+    def _memory(self) -> None:
+        """Changes of held activations (count, and bytes with a profile) when each action ends.
+
+        An overlapped pair holds its forward half's new activation before its backward half releases one, so its
+        high point is "held before + the positive part" (``*_plus``)."""
+        import numpy as np
+
+        schedule, costs = self.schedule, self.costs
+        count_step = np.array(_COUNT_STEP, dtype=np.int8)[self.c_code]
         self.act_delta, self.act_plus = self._per_action(count_step)
         self.byte_delta: np.ndarray | None = None
         self.byte_plus: np.ndarray | None = None
         if costs.has_memory:
-            table = np.zeros((4, max(num_stages, 1)), dtype=np.int64)
-            for s in range(num_stages):
+            table = np.zeros((4, max(schedule.num_stages, 1)), dtype=np.int64)
+            for s in range(schedule.num_stages):
                 held, freed_by_i = costs.activation_of(schedule, s)
                 table[:, s] = (held, -held, -freed_by_i, -(held - freed_by_i))
-            self.byte_delta, self.byte_plus = self._per_action(table[c_code, c_stage])
+            self.byte_delta, self.byte_plus = self._per_action(table[self.c_code, self.c_stage])
 
-    def _computations(self, stage: np.ndarray, code: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _computations(self) -> tuple[np.ndarray, ...]:
         """Computation arrays for orders with pairs (or non-compute actions): singles plus both halves of pairs."""
         import numpy as np
 
+        stage, code = self.stage, self.code
         rows = self.schedule.actions
         flat = chain.from_iterable
         mb_f = np.array(list(map(_get_mb, flat(rows))), dtype=np.float64)  # None -> NaN
@@ -289,7 +312,7 @@ class _Program:
         halves = list(flat(map(attrgetter("sub_actions"), pairs)))
         h_stage = np.fromiter(map(_get_stage, halves), dtype=np.int64, count=len(halves))
         h_ids = np.fromiter(map(id, map(_get_type, halves)), dtype=np.int64, count=len(halves))
-        h_code = _TYPE_CODES[np.searchsorted(_TYPE_IDS, h_ids)]
+        h_code = _codes(h_ids)
         h_mb = np.array(list(map(_get_mb, halves)), dtype=np.float64)
         owner = np.concatenate((single, np.repeat(self.pair_idx, 2)))
         order = np.argsort(owner, kind="stable")
@@ -347,6 +370,23 @@ class _Program:
             f"rank {self.rank_of(a)} position {self.position_of(a)}: {self.action_at(a)} computes {what} a second "
             "time; each (stage, microbatch) needs exactly one F and one B (or one I and one W)"
         )
+
+
+@lru_cache(maxsize=1)
+def _type_tables() -> tuple[np.ndarray, np.ndarray]:
+    """Sorted ``id()`` of every ActionType and the matching kind codes (numpy is imported on first use)."""
+    import numpy as np
+
+    ids = sorted(_CODE_BY_ID)
+    return np.array(ids, dtype=np.int64), np.array([_CODE_BY_ID[i] for i in ids], dtype=np.int8)
+
+
+def _codes(type_ids: np.ndarray) -> np.ndarray:
+    """Kind codes from the ``id()`` of action types (identity is what C-level ``map`` can read fast)."""
+    import numpy as np
+
+    ids, codes = _type_tables()
+    return codes[np.searchsorted(ids, type_ids)]
 
 
 def _rule_tables(schedule: Schedule) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], int]:

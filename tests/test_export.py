@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ppsim import get_schedule, parse_costs, simulate
 from ppsim.costs import CostModel
 from ppsim.export import chrome_trace, write_chrome_trace, write_json_timeline
 from tests.test_costs import make_profile
+from tests.test_simulate_properties import library_schedules, pair_schedules, uniform_costs
 
 
 def _ns(x: float) -> int:
@@ -106,3 +109,13 @@ def test_flow_arrows_join_each_producer_to_its_consumer_on_another_rank() -> Non
         assert s_event["pid"] != f_event["pid"]
         assert _ns(f_event["ts"]) >= _ns(s_event["ts"]) + _ns(0.5 * 1000) - 1
         assert inside(s_event) and inside(f_event)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schedule=st.one_of(library_schedules(), pair_schedules()), costs=uniform_costs())
+def test_random_schedules_give_traces_without_overlap_on_any_lane(schedule: Any, costs: Any) -> None:
+    trace = json.loads(json.dumps(chrome_trace(simulate(schedule, costs))))
+    for spans in _lanes(trace).values():
+        spans.sort()
+        for (_, end), (start, _) in zip(spans, spans[1:]):
+            assert end <= start
