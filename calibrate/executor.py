@@ -84,6 +84,9 @@ class ExecSpec:
     num_warmup: int = 2
     seed: int = 0
     timeout_s: float = DEFAULT_TIMEOUT_S
+    recv_posting: str = "torch"
+    """``torch``: receives where torch's lowering puts them; ``early``: every receive posted when the step starts
+    (same per-peer order), so no computation's input waits for its receive to be posted."""
     parent_pid: int | None = None
 
 
@@ -101,6 +104,8 @@ class CompTiming:
     end: float
     wait: float
     """Time spent waiting for this computation's input just before it started (receives)."""
+    posted: float | None = None
+    """When the receive of this computation's cross-rank input was posted (``None``: no such input)."""
 
 
 @dataclass(frozen=True)
@@ -320,6 +325,7 @@ class _Clock:
         self.sleep_s = sleep_s
         self.cuda = cuda
         self.records: list[tuple[Any, Any, float, str]] = []
+        self.posted: dict[tuple[int, int, str], float] = {}
         self.pending_wait = 0.0
         self._begin: Any = None
         self._begin_host = 0.0
@@ -332,6 +338,7 @@ class _Clock:
 
     def reset(self) -> None:
         self.records = []
+        self.posted = {}
         self.pending_wait = 0.0
         self._index = 0
 
@@ -396,9 +403,21 @@ def _instrument_stage(stage: Any, clock: _Clock) -> None:
         clock.finish()
         return out
 
+    fwd_recv, bwd_recv = stage.get_fwd_recv_ops, stage.get_bwd_recv_ops
+
+    def get_fwd_recv_ops(fwd_chunk_id: int) -> Any:
+        clock.posted[(index, fwd_chunk_id, "F")] = time.perf_counter()
+        return fwd_recv(fwd_chunk_id)
+
+    def get_bwd_recv_ops(bwd_chunk_id: int) -> Any:
+        clock.posted[(index, bwd_chunk_id, "B")] = time.perf_counter()
+        return bwd_recv(bwd_chunk_id)
+
     stage.forward_one_chunk = forward_one_chunk
     stage.backward_one_chunk = backward_one_chunk
     stage.backward_weight_one_chunk = backward_weight_one_chunk
+    stage.get_fwd_recv_ops = get_fwd_recv_ops
+    stage.get_bwd_recv_ops = get_bwd_recv_ops
 
 
 def _runtime_class() -> type:
@@ -538,6 +557,10 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     order = {r: [_Action.from_str(str(a)) for a in row] for r, row in enumerate(schedule.actions)}
     runtime.pipeline_order = order
     runtime._prepare_schedule_with_comms(order)
+    if spec.recv_posting == "early":
+        runtime.pipeline_order_with_comms = {
+            r: hoist_receives(row) for r, row in runtime.pipeline_order_with_comms.items()
+        }
 
     tokens, targets = make_batch(spec.model, schedule.num_microbatches, seed=spec.seed)
     tokens, targets = tokens.to(device), targets.to(device)
@@ -575,7 +598,7 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
                 raise RuntimeError(
                     f"rank {rank} ran {names} but the schedule orders {[e[2] for e in expected]} (ppsim bug)"
                 )
-            per_step.append(_host_times(clock.records, t0, base_event))
+            per_step.append(_host_times(clock.records, t0, base_event, _posted_times(clock.posted, names)))
             step_walls.append(t1 - t0)
     finally:
         torch_schedules._wait_batch_p2p = original_wait
@@ -592,7 +615,10 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     offset = _clock_offset(rank, world, device)
     payload = {
         "rank": rank,
-        "times": [[(a - offset, b - offset, w) for a, b, w in step] for step in per_step],
+        "times": [
+            [(a - offset, b - offset, w, None if p is None else p - offset) for a, b, w, p in step]
+            for step in per_step
+        ],
         "walls": step_walls,
         "grads": grads,
         "num_params": sum(num_params.values()),
@@ -607,11 +633,38 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     return _assemble(spec, gathered, device)
 
 
-def _host_times(records: list[tuple[Any, Any, float, str]], t0: float, base_event: Any) -> list[tuple[float, float, float]]:
+def _posted_times(posted: dict[tuple[int, int, str], float], names: list[str]) -> list[float | None]:
+    """Per recorded computation, when its cross-rank input's receive was posted (F: activation, B/I: gradient)."""
+    from ppsim.ir import parse_action
+
+    out: list[float | None] = []
+    for name in names:
+        comp = parse_action(name)
+        assert comp is not None and comp.microbatch is not None
+        kind = "F" if comp.type.value == "F" else "B"
+        out.append(posted.get((comp.stage, comp.microbatch, kind)) if comp.type.value != "W" else None)
+    return out
+
+
+def _host_times(
+    records: list[tuple[Any, Any, float, str]], t0: float, base_event: Any, posted: list[float | None]
+) -> list[tuple[float, float, float, float | None]]:
     if base_event is None:
-        return [(a, b, w) for a, b, w, _ in records]
+        return [(a, b, w, p) for (a, b, w, _), p in zip(records, posted)]
     # CUDA events: milliseconds since the step's base event, recorded at host time t0
-    return [(t0 + base_event.elapsed_time(a) / 1e3, t0 + base_event.elapsed_time(b) / 1e3, w) for a, b, w, _ in records]
+    return [
+        (t0 + base_event.elapsed_time(a) / 1e3, t0 + base_event.elapsed_time(b) / 1e3, w, p)
+        for (a, b, w, _), p in zip(records, posted)
+    ]
+
+
+def hoist_receives(row: list[Any]) -> list[Any]:
+    """The rank's lowered order with every receive moved to the front, in their original relative order (which is
+    the order the peers send in: gloo and NCCL match same-peer messages in posting order)."""
+    from torch.distributed.pipelining.schedules import _ComputationType
+
+    recv = (_ComputationType.RECV_F, _ComputationType.RECV_B)
+    return [a for a in row if a.computation_type in recv] + [a for a in row if a.computation_type not in recv]
 
 
 def _clock_offset(rank: int, world: int, device: Any) -> float:
@@ -657,8 +710,8 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any) -> Me
         row: list[CompTiming] = []
         for g in gathered:
             r = g["rank"]
-            for (pos, half, name), (a, b, w) in zip(expected_computations(schedule, r), g["times"][i]):
-                row.append(CompTiming(r, pos, half, name, a - t_min, b - t_min, w))
+            for (pos, half, name), (a, b, w, p) in zip(expected_computations(schedule, r), g["times"][i]):
+                row.append(CompTiming(r, pos, half, name, a - t_min, b - t_min, w, None if p is None else p - t_min))
         steps.append(tuple(row))
     walls = tuple(max(g["walls"][i] for g in gathered) for i in range(spec.num_warmup + spec.num_steps))
     grads: dict[str, Any] = {}

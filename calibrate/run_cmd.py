@@ -63,6 +63,7 @@ class RunOptions:
     seed: int = 0
     timeout_s: float = 600.0
     runtime_model: bool = True
+    recv_posting: str = "torch"
     save_calibration: Path | None = None
     """Where to keep the profile when the run calibrates first (no ``profile``)."""
 
@@ -357,7 +358,7 @@ def _exec_spec(
     return executor.ExecSpec(
         schedule=schedule, model=model, synthetic=options.synthetic, sleep_s=sleep_s, backend=options.backend,
         device=device, num_steps=options.num_steps, num_warmup=options.num_warmup, seed=options.seed,
-        timeout_s=options.timeout_s,
+        timeout_s=options.timeout_s, recv_posting=options.recv_posting,
     )
 
 

@@ -21,7 +21,6 @@ from typing import Any, Mapping
 
 from ppsim.errors import CostError
 from ppsim.ir import Action, ActionType, Schedule
-from ppsim.profile import load_profile
 
 COST_KEYS = ("F", "B", "I", "W", "FB", "comm")
 _OP_KEYS = ("F", "B", "I", "W", "FB")
@@ -295,6 +294,8 @@ def load_costs(costs: str | None = None, profile: str | Path | None = None) -> C
         raise CostError("--costs and --profile both given: a profile replaces the cost string; pass only one")
     if profile is None:
         return parse_costs(costs)
+    from ppsim.profile import load_profile  # only profile users pay for the schema module
+
     path = Path(profile)
     data = load_profile(path)
     return CostModel.from_profile(data, source=str(path))

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from ppsim import get_schedule, parse_costs, simulate
 from ppsim.costs import CostModel
 from ppsim.export import chrome_trace, write_chrome_trace, write_json_timeline
-from tests.test_costs import make_profile
-from tests.test_simulate_properties import library_schedules, pair_schedules, uniform_costs
+from test_costs import make_profile
+from test_simulate_properties import library_schedules, pair_schedules, uniform_costs
 
 
 def _ns(x: float) -> int:

@@ -14,7 +14,7 @@ from ppsim.costs import CostModel
 from ppsim.errors import CostError, ScheduleFormatError
 from ppsim.formats import read_csv
 from ppsim.ir import Schedule, parse_action
-from tests.test_costs import make_profile
+from test_costs import make_profile
 
 DEFAULT = dict(F=1.0, B=2.0, I=1.0, W=1.0, FB=3.0)
 

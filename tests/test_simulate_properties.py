@@ -19,7 +19,7 @@ from ppsim import deps
 from ppsim.costs import CostModel
 from ppsim.errors import ScheduleConfigError
 from ppsim.ir import Action, ActionType, Schedule
-from tests.test_costs import make_profile
+from test_costs import make_profile
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
