@@ -406,9 +406,10 @@ def fit_runtime_model(
 
 
 def _cross_rank_handoffs(schedule: Schedule, step: tuple[Any, ...]) -> list[tuple[float, Any]]:
-    """(time the producer's output leaves, consumer computation timing) for every input that crosses ranks.
+    """(time the hand-off could start, consumer computation timing) for every input that crosses ranks.
 
-    The output leaves when the producer's whole action ends: the runtime posts a pair's sends after both halves.
+    The output leaves when the producer's whole action ends (the runtime posts a pair's sends after both halves),
+    and moves only once the consumer has posted its receive (gloo and NCCL both rendezvous), whichever is later.
     """
     from ppsim import deps
     from ppsim.ir import parse_action
@@ -429,7 +430,8 @@ def _cross_rank_handoffs(schedule: Schedule, step: tuple[Any, ...]) -> list[tupl
         for key in deps.requires(schedule, comp):
             prod = producers.get(key)
             if prod is not None and prod.rank != c.rank:
-                pairs.append((action_end[(prod.rank, prod.position)], c))
+                sent = action_end[(prod.rank, prod.position)]
+                pairs.append((sent if c.posted is None else max(sent, c.posted), c))
     return pairs
 
 

@@ -63,6 +63,20 @@ ProfileOpt = Annotated[
 MemCapOpt = Annotated[
     Optional[str], typer.Option("--memory-cap", help="Flag ranks whose peak memory exceeds BYTES (e.g. 80e9, 80GiB).")
 ]
+class CostScope(str, Enum):
+    stage = "stage"
+    rank = "rank"
+
+
+CostScopeOpt = Annotated[
+    CostScope,
+    typer.Option(
+        "--cost-scope",
+        case_sensitive=False,
+        help="What --costs times describe: one stage chunk (default) or one rank's share of the model "
+        "(compares schedules with different stage counts on the same model).",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -123,6 +137,33 @@ def build_costs(costs: str | None, profile: Path | None) -> CostModel:
     from ppsim.costs import load_costs
 
     return load_costs(costs, profile)
+
+
+def run_simulation(
+    sched: Schedule, cost_model: CostModel, scope: CostScope, cap: int | None = None
+) -> SimResult:
+    from ppsim.costs import costs_for
+    from ppsim.simulate import simulate
+
+    return simulate(sched, costs_for(cost_model, sched, scope=scope.value), memory_cap_bytes=cap)
+
+
+def warn_if_not_comparable(results: list[tuple[str, int]], cost_model: CostModel, scope: CostScope) -> None:
+    """A ranking of schedules that cut the model into different stage counts is only fair per rank share."""
+    lengths = {n for _, n in results}
+    if len(lengths) > 1 and scope is CostScope.stage and cost_model.num_positions is None:
+        detail = ", ".join(f"{name}: {n}" for name, n in results)
+        typer.echo(
+            f"note: these schedules cut the model into different numbers of stages ({detail}); --costs are per "
+            "stage, so they describe different models; pass --cost-scope rank to compare the same model",
+            err=True,
+        )
+
+
+def warn_cap_without_bytes(cap: int | None, cost_model: CostModel) -> None:
+    if cap is not None and not cost_model.has_memory:
+        typer.echo("warning: --memory-cap needs byte sizes from --profile; without one no rank can be flagged",
+                   err=True)
 
 
 def split_names(text: str) -> list[str]:
@@ -244,6 +285,7 @@ def export_cmd(
     costs: CostsOpt = None,
     profile: ProfileOpt = None,
     directions: DirectionsOpt = 1,
+    cost_scope: CostScopeOpt = CostScope.stage,
 ) -> None:
     """Write the schedule as torch's compute-only CSV, timed JSON, or a Chrome/Perfetto trace."""
     sched = build_schedule(schedule, ranks, mb, stages_per_rank, directions)
@@ -254,9 +296,8 @@ def export_cmd(
         path = write_csv(sched, output)
     else:
         from ppsim import export
-        from ppsim.simulate import simulate
 
-        result = simulate(sched, build_costs(costs, profile))
+        result = run_simulation(sched, build_costs(costs, profile), cost_scope)
         writer = export.write_json_timeline if fmt is ExportFormat.json else export.write_chrome_trace
         path = writer(result, output)
     typer.echo(str(path))
@@ -287,13 +328,13 @@ def simulate_cmd(
     memory_cap: MemCapOpt = None,
     json_out: JsonOpt = False,
     directions: DirectionsOpt = 1,
+    cost_scope: CostScopeOpt = CostScope.stage,
 ) -> None:
     """Discrete-event replay; with -s A,B,C simulates several and ranks them by makespan."""
-    from ppsim.simulate import simulate
-
     names = split_names(schedule)
     cost_model = build_costs(costs, profile)
     cap = parse_bytes(memory_cap)
+    warn_cap_without_bytes(cap, cost_model)
     results: list[SimResult] = []
     for name in names:
         try:
@@ -303,10 +344,11 @@ def simulate_cmd(
                 raise
             typer.echo(f"skipped {name}: {exc}", err=True)
             continue
-        results.append(simulate(sched, cost_model, memory_cap_bytes=cap))
+        results.append(run_simulation(sched, cost_model, cost_scope, cap))
     if not results:
         raise PPSimError(f"--schedule {schedule!r}: none of these schedules can run this configuration (see above)")
     results.sort(key=lambda r: r.makespan)
+    warn_if_not_comparable([(r.schedule.name, len(r.schedule.pipelines[0])) for r in results], cost_model, cost_scope)
     if json_out:
         echo_json(results[0].to_dict() if len(names) == 1 else [r.to_dict() for r in results])
         return
@@ -374,6 +416,7 @@ def plot_cmd(
     comm: Annotated[bool, typer.Option("--comm", help="Draw p2p hand-offs between ranks as arrows.")] = False,
     memory_cap: MemCapOpt = None,
     directions: DirectionsOpt = 1,
+    cost_scope: CostScopeOpt = CostScope.stage,
 ) -> None:
     """Gantt chart like the DualPipe figure (default file <schedule>_r<R>_m<M>.png); prints its path."""
     sched = build_schedule(schedule, ranks, mb, stages_per_rank, directions)
@@ -384,10 +427,12 @@ def plot_cmd(
             f"-o {output}: unknown extension {output.suffix or '(none)'!r}; use one of {', '.join(PLOT_FORMATS)}"
         )
     check_writable(output)
-    from ppsim.simulate import simulate
     from ppsim.viz import plot_to_file
 
-    result = simulate(sched, build_costs(costs, profile), memory_cap_bytes=parse_bytes(memory_cap))
+    cost_model = build_costs(costs, profile)
+    cap = parse_bytes(memory_cap)
+    warn_cap_without_bytes(cap, cost_model)
+    result = run_simulation(sched, cost_model, cost_scope, cap)
     path = plot_to_file(result, output, dpi=dpi, memory=memory, comm=comm)
     typer.echo(str(path))
 
@@ -404,23 +449,28 @@ def report_cmd(
     profile: ProfileOpt = None,
     memory_cap: MemCapOpt = None,
     directions: DirectionsOpt = 1,
+    cost_scope: CostScopeOpt = CostScope.stage,
 ) -> None:
     """One self-contained HTML page comparing schedules: ranking, Gantts, memory, bubbles."""
     if output.suffix.lower() not in (".html", ".htm"):
         raise PPSimError(f"-o {output}: a report is an HTML page; use a name ending in .html")
     check_writable(output)
-    from ppsim.simulate import simulate
     from ppsim.viz.report import write_report
 
     cost_model = build_costs(costs, profile)
     cap = parse_bytes(memory_cap)
+    warn_cap_without_bytes(cap, cost_model)
     entries: list[tuple[str, SimResult | str]] = []
     for name in split_names(schedule):
         try:
             sched = build_schedule(name, ranks, mb, stages_per_rank, directions)
-            entries.append((sched.name, simulate(sched, cost_model, memory_cap_bytes=cap)))
+            entries.append((sched.name, run_simulation(sched, cost_model, cost_scope, cap)))
         except PPSimError as exc:
             entries.append((name, str(exc)))
+    warn_if_not_comparable(
+        [(r.schedule.name, len(r.schedule.pipelines[0])) for _, r in entries if not isinstance(r, str)],
+        cost_model, cost_scope,
+    )
     path = write_report(entries, output, costs=cost_model, memory_cap_bytes=cap)
     typer.echo(str(path))
 

@@ -15,7 +15,7 @@ exactly ``FB``; with uniform costs and a full B it is ``FB`` for every pair.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -220,6 +220,32 @@ class CostModel:
         if self.notes:
             out["notes"] = list(self.notes)
         return out
+
+
+COST_SCOPES = ("stage", "rank")
+
+
+def costs_for(costs: CostModel, schedule: Schedule, *, scope: str = "stage") -> CostModel:
+    """The cost model to simulate ``schedule`` with, reading a cost string at ``scope``.
+
+    ``"stage"`` (the default, as in the DualPipe figures): each op on one stage chunk costs the given time.
+    ``"rank"``: the times are one rank's share of one model copy (Megatron's "per full stage"), so a chunk of a
+    chain of ``S`` stages on ``R`` ranks costs ``R / S`` of them; schedules that cut the model into different
+    numbers of stages (1F1B vs Interleaved1F1B vs DualPipeV) then run the same model and compare fairly.
+    """
+    if scope not in COST_SCOPES:
+        raise CostError(f"--cost-scope {scope!r} is unknown; use one of {', '.join(COST_SCOPES)}")
+    if scope == "stage":
+        return costs
+    if costs.num_positions is not None:
+        raise CostError("--cost-scope rank applies to --costs; a profile is measured per stage already, "
+                        "drop --cost-scope or calibrate with the schedule's stage count")
+    factor = schedule.num_ranks / len(schedule.pipelines[0])
+    return replace(
+        costs,
+        **{key: tuple(v * factor for v in getattr(costs, key)) for key in _OP_KEYS},
+        source=f"{costs.source} (per rank share x {factor:g} per chunk)",
+    )
 
 
 def _op(costs: CostModel, kind: ActionType, pos: int) -> float:

@@ -1,0 +1,73 @@
+"""`--cost-scope rank` reads --costs as one rank's share of the model, so schedules compare on the same model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ppsim.cli import app
+from ppsim.costs import costs_for, parse_costs
+from ppsim.errors import CostError
+from ppsim.schedules import get_schedule
+from ppsim.simulate import simulate
+
+runner = CliRunner()
+
+
+def simulate_json(*args: str) -> object:
+    result = runner.invoke(app, ["simulate", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("ranks, mb, expected", [(4, 8, 28.5), (8, 16, 58.5)])
+def test_rank_scope_reproduces_megatron_interleaved_values(ranks: int, mb: int, expected: float) -> None:
+    out = simulate_json("-s", "Interleaved1F1B", "-r", str(ranks), "-m", str(mb), "-v", "2",
+                        "--costs", "F=1,B=2", "--cost-scope", "rank")
+    assert out["makespan"] == pytest.approx(expected)
+
+
+def test_rank_scope_leaves_one_stage_per_rank_schedules_unchanged() -> None:
+    base = parse_costs("F=1,B=2,FB=2.5")
+    for name in ("1F1B", "ZBH1", "DualPipe"):
+        sched = get_schedule(name, 4, 16)
+        assert simulate(sched, costs_for(base, sched, scope="rank")).makespan == simulate(sched, base).makespan
+
+
+def test_rank_scope_halves_each_chunk_of_a_v_schedule() -> None:
+    sched = get_schedule("DualPipeV", 4, 10)
+    per_rank = simulate(sched, costs_for(parse_costs("F=2,B=4,FB=6"), sched, scope="rank"))
+    assert per_rank.makespan == pytest.approx(66.0)  # the worked case, per chunk F=1, B=2, FB=3
+
+
+def test_ranking_different_stage_counts_at_stage_scope_warns() -> None:
+    result = runner.invoke(app, ["simulate", "-s", "1F1B,DualPipeV", "-r", "4", "-m", "8", "--json"])
+    assert result.exit_code == 0
+    assert "--cost-scope rank" in result.stderr and "1F1B: 4" in result.stderr and "DualPipeV: 8" in result.stderr
+    quiet = runner.invoke(app, ["simulate", "-s", "1F1B,DualPipeV", "-r", "4", "-m", "8", "--json",
+                                "--cost-scope", "rank"])
+    assert quiet.exit_code == 0 and "note:" not in quiet.stderr
+
+
+def test_rank_scope_with_a_profile_is_refused(tmp_path: Path) -> None:
+    from test_costs import make_profile
+
+    sched = get_schedule("1F1B", 4, 8)
+    from ppsim.costs import CostModel
+
+    costs = CostModel.from_profile(make_profile(4))
+    with pytest.raises(CostError, match="--cost-scope rank applies to --costs"):
+        costs_for(costs, sched, scope="rank")
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(make_profile(4)))
+    result = runner.invoke(app, ["simulate", "-s", "1F1B", "-r", "4", "-m", "8", "--profile", str(path),
+                                 "--cost-scope", "rank"])
+    assert result.exit_code == 2 and "--cost-scope rank applies to --costs" in result.stderr
+
+
+def test_memory_cap_without_profile_warns() -> None:
+    result = runner.invoke(app, ["simulate", "-s", "1F1B", "-r", "2", "-m", "4", "--memory-cap", "1GiB"])
+    assert result.exit_code == 0 and "--memory-cap needs byte sizes from --profile" in result.stderr
