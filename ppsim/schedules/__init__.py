@@ -7,8 +7,10 @@ Each module defines ``build(num_ranks, num_microbatches, num_stages_per_rank) ->
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
-from typing import Callable
+import functools
+import gc
+from dataclasses import dataclass, replace
+from typing import Callable, TypeVar
 
 from ppsim.errors import ScheduleConfigError
 from ppsim.ir import Schedule
@@ -41,9 +43,33 @@ class ScheduleSpec:
 
 
 _REGISTRY: dict[str, ScheduleSpec] = {}
+_Build = TypeVar("_Build", bound=Callable[..., Schedule])
+
+
+def paused_gc(build: _Build) -> _Build:
+    """Run a schedule builder with the cyclic garbage collector paused.
+
+    A build allocates up to millions of Actions, none of them part of a reference cycle; the collector's repeated
+    passes over them cost about a third of the build time.
+    """
+
+    @functools.wraps(build)
+    def run(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if not gc.isenabled():
+            return build(*args, **kwargs)
+        gc.disable()
+        try:
+            return build(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return run  # type: ignore[return-value]
+
 
 
 def register(spec: ScheduleSpec) -> ScheduleSpec:
+    """Add a schedule to the registry; its builder runs with the cyclic garbage collector paused."""
+    spec = replace(spec, build=paused_gc(spec.build))
     for key in (spec.name, *spec.aliases):
         assert key.lower() not in _REGISTRY, f"schedule name {key} registered twice"
         _REGISTRY[key.lower()] = spec

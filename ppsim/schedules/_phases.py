@@ -7,39 +7,13 @@ backward. Each module computes those and hands them to :func:`one_f_one_b`, the 
 
 from __future__ import annotations
 
-import functools
-import gc
 from collections.abc import Callable, Sequence
 from itertools import islice
-from typing import TypeVar
 
 from ppsim.errors import ScheduleConfigError
 from ppsim.ir import Action, ActionType, Schedule, require
 
 F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
-
-_Build = TypeVar("_Build", bound=Callable[..., Schedule])
-
-
-def paused_gc(build: _Build) -> _Build:
-    """Run a schedule builder with the cyclic garbage collector paused.
-
-    A build allocates up to millions of Actions, none of them part of a reference cycle; the collector's repeated
-    passes over them cost about a third of the build time.
-    """
-
-    @functools.wraps(build)
-    def run(*args, **kwargs):  # type: ignore[no-untyped-def]
-        if not gc.isenabled():
-            return build(*args, **kwargs)
-        gc.disable()
-        try:
-            return build(*args, **kwargs)
-        finally:
-            gc.enable()
-
-    return run  # type: ignore[return-value]
-
 
 def loop_placement(num_ranks: int, num_stages_per_rank: int) -> tuple[int, ...]:
     """Stage s on rank s % R (Megatron interleaving, LoopedBFS, torch's default)."""

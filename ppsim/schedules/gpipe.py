@@ -11,14 +11,12 @@ from ppsim.schedules._phases import (
     loop_placement,
     make_schedule,
     one_f_one_b,
-    paused_gc,
     require_sizes,
 )
 
 NAME = "GPipe"
 
 
-@paused_gc
 def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 1) -> Schedule:
     R, m = num_ranks, num_microbatches
     require_sizes(NAME, R, m, num_stages_per_rank, fixed_stages_per_rank=1)

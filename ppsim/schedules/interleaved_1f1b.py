@@ -15,7 +15,6 @@ from ppsim.schedules._phases import (
     loop_placement,
     make_schedule,
     one_f_one_b,
-    paused_gc,
     rank_stages,
     require_sizes,
     round_size,
@@ -24,7 +23,6 @@ from ppsim.schedules._phases import (
 NAME = "Interleaved1F1B"
 
 
-@paused_gc
 def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 2) -> Schedule:
     R, m, v = num_ranks, num_microbatches, num_stages_per_rank
     require_sizes(NAME, R, m, v)

@@ -21,12 +21,10 @@ from ppsim.schedules._phases import (
     loop_placement,
     make_schedule,
     one_f_one_b,
-    paused_gc,
     require_sizes,
 )
 
 
-@paused_gc
 def _build(name: str, num_ranks: int, num_microbatches: int, num_stages_per_rank: int, *, factor: int) -> Schedule:
     R, m = num_ranks, num_microbatches
     require_sizes(name, R, m, num_stages_per_rank, fixed_stages_per_rank=1)
