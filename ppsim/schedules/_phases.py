@@ -7,7 +7,7 @@ backward. Each module computes those and hands them to :func:`one_f_one_b`, the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import islice
 
 from ppsim.errors import ScheduleConfigError
