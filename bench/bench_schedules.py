@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from ppsim.ir import Action, ActionType
 from ppsim.schedules import get_schedule
-from ppsim.schedules._phases import paused_gc
+from ppsim.schedules import paused_gc
 
 CASES = [
     ("Interleaved1F1B", 64, 256, 2),
