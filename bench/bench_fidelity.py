@@ -114,7 +114,8 @@ def summarize(rows: list[tuple[Config, dict[str, Any]]]) -> bool:
     print("-" * len(header))
     for cfg, d in rows:
         print(
-            f"{cfg.group:<10} {cfg.label:<42} {d['measured_step_s'] * 1e3:>8.1f}ms {d['predicted_step_s'] * 1e3:>8.1f}ms "
+            f"{cfg.group:<10} {cfg.label:<42} {d['measured_step_s'] * 1e3:>8.1f}ms "
+            f"{d['predicted_step_s'] * 1e3:>8.1f}ms "
             f"{d['step_error_pct']:>+7.1f}% {d['step_error_costs_only_pct']:>+10.1f}% "
             f"{d['bubble_ratio_measured']:>6.1%}/{d['bubble_ratio_predicted']:<6.1%} "
             f"{'ok' if d['grad_ok'] and d['loss_match'] else 'BAD':>6}"

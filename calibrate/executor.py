@@ -11,7 +11,9 @@ Timing hooks, all per process and cheap (two clock reads and a list append per c
 - the stage's ``forward_one_chunk`` / ``backward_one_chunk`` / ``backward_weight_one_chunk`` are wrapped to stamp the
   start and end of each computation (a forward ends after the runtime applied the loss on the last stage);
 - the runtime's module-level ``_wait_batch_p2p`` is wrapped to measure how long the next computation waited for
-  its input (the wait for a receive happens just before the computation that consumes it).
+  its input (the wait for a receive happens just before the computation that consumes it);
+- the stage's ``get_fwd_recv_ops`` / ``get_bwd_recv_ops`` are wrapped to stamp when each receive is posted (torch's
+  lowering posts some receives only just before their consumer, and a transfer starts only once both sides posted).
 
 Clock: ``time.perf_counter`` (CLOCK_MONOTONIC, shared by every process on a host; ranks on other hosts get their
 offset measured by ping-pong with rank 0); on CUDA the computation bounds are CUDA events, converted to that clock.
@@ -29,6 +31,7 @@ torch is imported inside functions only (``ppsim`` itself must import without it
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import socket
@@ -82,11 +85,11 @@ class ExecSpec:
     device: str = "cpu"
     num_steps: int = 5
     num_warmup: int = 2
+    num_probes: int = 0
+    """Extra steps interleaved with the timed ones (timed, probe, timed, probe, ...): measured like them but kept
+    apart, so a model fitted on the probes describes the machine at the same moments as the timed steps."""
     seed: int = 0
     timeout_s: float = DEFAULT_TIMEOUT_S
-    recv_posting: str = "torch"
-    """``torch``: receives where torch's lowering puts them; ``early``: every receive posted when the step starts
-    (same per-peer order), so no computation's input waits for its receive to be posted."""
     parent_pid: int | None = None
 
 
@@ -114,11 +117,14 @@ class Measurement:
     earliest computation start."""
 
     steps: tuple[tuple[CompTiming, ...], ...]
-    """Timed steps (warm-up excluded); each holds every computation of every rank, rank by rank, in order."""
+    """Timed steps (warm-up and probes excluded); each holds every computation of every rank, rank by rank, in
+    order."""
     step_walls: tuple[float, ...]
     """Per timed step: the longest time from a rank's entry into the runtime's step to its return."""
     warmup_steps: tuple[tuple[CompTiming, ...], ...]
     """The warm-up steps, timed like the others but excluded from the measurement."""
+    probe_steps: tuple[tuple[CompTiming, ...], ...]
+    """Steps interleaved with the timed ones, excluded from the measurement (see ``ExecSpec.num_probes``)."""
     loss: float
     ref_loss: float
     grad_max_abs_diff: float
@@ -153,6 +159,17 @@ class Measurement:
         return tuple(max(c.end for c in step) - min(c.start for c in step) for step in self.steps)
 
 
+def step_kinds(spec: ExecSpec) -> list[str]:
+    """What each executed step is for: ``warmup`` first, then ``timed`` and ``probe`` steps alternating."""
+    kinds = ["warmup"] * spec.num_warmup
+    for i in range(max(spec.num_steps, spec.num_probes)):
+        if i < spec.num_steps:
+            kinds.append("timed")
+        if i < spec.num_probes:
+            kinds.append("probe")
+    return kinds
+
+
 def expected_computations(schedule: Schedule, rank: int) -> list[tuple[int, int, str]]:
     """``(position, half, name)`` of every computation ``rank`` runs, in execution order."""
     out: list[tuple[int, int, str]] = []
@@ -180,10 +197,12 @@ def launch(spec: ExecSpec) -> Measurement:
 
     world = spec.schedule.num_ranks
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed.pipelining", "ppsim.calibrate.model", "ppsim.calibrate.executor"])
+    ctx.set_forkserver_preload(
+        ["torch", "torch.distributed.pipelining", "ppsim.calibrate.model", "ppsim.calibrate.executor"]
+    )
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
     queue = ctx.SimpleQueue()
-    spec = _replace(spec, parent_pid=os.getpid())
+    spec = dataclasses.replace(spec, parent_pid=os.getpid())
     procs = [
         ctx.Process(target=_spawned_rank, args=(rank, world, store.port, spec, queue), daemon=True)
         for rank in range(world)
@@ -234,12 +253,6 @@ def _stop(procs: list[Any]) -> None:
         if p.is_alive():
             p.kill()
             p.join(timeout=5)
-
-
-def _replace(spec: ExecSpec, **changes: Any) -> ExecSpec:
-    import dataclasses
-
-    return dataclasses.replace(spec, **changes)
 
 
 def _spawned_rank(rank: int, world: int, port: int, spec: ExecSpec, queue: Any) -> None:
@@ -557,10 +570,6 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     order = {r: [_Action.from_str(str(a)) for a in row] for r, row in enumerate(schedule.actions)}
     runtime.pipeline_order = order
     runtime._prepare_schedule_with_comms(order)
-    if spec.recv_posting == "early":
-        runtime.pipeline_order_with_comms = {
-            r: hoist_receives(row) for r, row in runtime.pipeline_order_with_comms.items()
-        }
 
     tokens, targets = make_batch(spec.model, schedule.num_microbatches, seed=spec.seed)
     tokens, targets = tokens.to(device), targets.to(device)
@@ -576,7 +585,7 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     step_walls: list[float] = []
     losses: list[Any] = []
     try:
-        for step in range(spec.num_warmup + spec.num_steps):
+        for step in range(len(step_kinds(spec))):
             for m in modules.values():
                 m.zero_grad(set_to_none=True)
             losses = []
@@ -658,15 +667,6 @@ def _host_times(
     ]
 
 
-def hoist_receives(row: list[Any]) -> list[Any]:
-    """The rank's lowered order with every receive moved to the front, in their original relative order (which is
-    the order the peers send in: gloo and NCCL match same-peer messages in posting order)."""
-    from torch.distributed.pipelining.schedules import _ComputationType
-
-    recv = (_ComputationType.RECV_F, _ComputationType.RECV_B)
-    return [a for a in row if a.computation_type in recv] + [a for a in row if a.computation_type not in recv]
-
-
 def _clock_offset(rank: int, world: int, device: Any) -> float:
     """This rank's clock minus rank 0's: 0 on one host; across hosts, from the ping-pong with the shortest round trip
     (rank 0 stamps send and receive, the peer stamps in between)."""
@@ -705,7 +705,8 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any) -> Me
     schedule = spec.schedule
     gathered = sorted(gathered, key=lambda g: g["rank"])
     steps: list[tuple[CompTiming, ...]] = []
-    for i in range(spec.num_warmup + spec.num_steps):
+    kinds = step_kinds(spec)
+    for i in range(len(kinds)):
         t_min = min(t[0] for g in gathered for t in g["times"][i])
         row: list[CompTiming] = []
         for g in gathered:
@@ -713,7 +714,7 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any) -> Me
             for (pos, half, name), (a, b, w, p) in zip(expected_computations(schedule, r), g["times"][i]):
                 row.append(CompTiming(r, pos, half, name, a - t_min, b - t_min, w, None if p is None else p - t_min))
         steps.append(tuple(row))
-    walls = tuple(max(g["walls"][i] for g in gathered) for i in range(spec.num_warmup + spec.num_steps))
+    walls = [max(g["walls"][i] for g in gathered) for i in range(len(kinds))]
     grads: dict[str, Any] = {}
     for g in gathered:
         grads.update(g["grads"])
@@ -745,9 +746,10 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any) -> Me
     if len(set(hosts)) > 1:
         notes.append("ranks on several hosts: clocks aligned by ping-pong with rank 0")
     return Measurement(
-        steps=tuple(steps[spec.num_warmup:]),
-        step_walls=walls[spec.num_warmup:],
-        warmup_steps=tuple(steps[: spec.num_warmup]),
+        steps=tuple(st for st, k in zip(steps, kinds) if k == "timed"),
+        step_walls=tuple(w for w, k in zip(walls, kinds) if k == "timed"),
+        warmup_steps=tuple(st for st, k in zip(steps, kinds) if k == "warmup"),
+        probe_steps=tuple(st for st, k in zip(steps, kinds) if k == "probe"),
         loss=loss,
         ref_loss=ref_loss,
         grad_max_abs_diff=diff,

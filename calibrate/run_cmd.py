@@ -1,9 +1,10 @@
 """`ppsim run`: execute a schedule with torch's pipeline runtime and compare the measured step with ppsim's prediction.
 
 Flow: build the schedule -> costs (the profile, calibrated first on this machine if none is given; or a cost string
-for synthetic stages) -> execute on R processes (:mod:`ppsim.calibrate.executor`) -> fit the runtime's own overheads
-on the warm-up steps -> simulate the same order with the costs plus those overheads -> compare step time, every
-action's start and end, and the bubble ratio -> run JSON, summary table, optional figure.
+for synthetic stages) -> execute on R processes (:mod:`ppsim.calibrate.executor`): warm-up steps, then timed steps
+alternating with probe steps -> fit the runtime model (:class:`RuntimeModel`) on the probe steps -> simulate the same
+order with the costs and that model -> compare step time, every action's start and end, and the bubble ratio with
+the timed steps -> run JSON, summary table, optional figure.
 
 torch, matplotlib and plotly are imported inside functions only: the CLI imports this module at start-up.
 """
@@ -60,33 +61,39 @@ class RunOptions:
     preset: str = "tiny"
     num_steps: int = DEFAULT_STEPS
     num_warmup: int = DEFAULT_WARMUP
+    num_probes: int | None = None
+    """Probe steps interleaved with the timed ones, to fit the runtime model on (``None``: as many as timed)."""
     seed: int = 0
     timeout_s: float = 600.0
     runtime_model: bool = True
-    recv_posting: str = "torch"
     save_calibration: Path | None = None
     """Where to keep the profile when the run calibrates first (no ``profile``)."""
 
 
 @dataclass(frozen=True)
 class RuntimeModel:
-    """What executing under torch's runtime changes about the per-op costs, fitted on the warm-up steps (never on
-    the timed ones); the prediction simulates ``cost * compute_scale + dispatch_s`` per computation with
-    ``latency_s`` per cross-rank hand-off.
+    """What executing under torch's runtime changes about the per-op costs, fitted on the probe steps (interleaved
+    with the timed steps, never the timed steps themselves); the prediction simulates
+    ``cost * compute_scale + dispatch_s`` per computation with ``latency_s`` per cross-rank hand-off.
 
-    ``compute_scale`` (real stages): total measured computation time over total profile cost. Calibration times one
-    stage at a time on a quiet process; in the run all ranks compute at once and share cores, caches and memory
-    bandwidth (and, on a shared host, other jobs' load), so every computation runs slower by about this factor.
+    ``compute_scale`` (real stages), per chain position: measured computation time of the stage over its profile
+    cost. Calibration times one stage at a time in one process, at another moment; in the run all ranks compute at
+    once and share cores, caches and memory bandwidth, and a shared or virtual machine changes speed with its
+    neighbours' load, so a stage's computations run slower (or faster) by about this factor. The profile's ratios
+    between F, B, I and W of a stage are kept.
     ``dispatch_s``: mean time from one computation's end to the next one's start on a rank, input waits excluded
     (posting sends and receives, the runtime's bookkeeping, waking up); for synthetic stages plus the mean amount by
     which a sleep overran its cost.
-    ``latency_s``: mean travel time of a hand-off between ranks, from the producer's end plus ``dispatch_s`` to the
-    start of a consumer that was waiting for it (wire time, the receiver's wake-up, the runtime's receive path); the
-    prediction uses it as the flat ``comm`` in place of the profile's p2p fit or the cost string's comm.
-    Means, not medians: a step accumulates these delays, so their average is what lengthens it.
+    ``latency_s``: mean travel time of a hand-off between ranks, from when it could start (the producer's action
+    end, or the consumer's receive post when torch's lowering posts it later: gloo and NCCL transfer only once both
+    sides are posted) plus ``dispatch_s`` to the start of a consumer that was waiting for it (wire time, the
+    receiver's wake-up, the runtime's receive path); the prediction uses it as the flat ``comm`` in place of the
+    profile's p2p fit or the cost string's comm.
+    Each quantity is a mean within a step (a step accumulates these delays, so their average is what lengthens it)
+    and the median over the probe steps (one disturbed step does not skew it).
     """
 
-    compute_scale: float
+    compute_scale: tuple[float, ...]
     dispatch_s: float
     latency_s: float
     gap_s: float
@@ -94,6 +101,7 @@ class RuntimeModel:
     num_gap_samples: int
     num_latency_samples: int
     comm_source: str
+    fitted_on: str
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -132,10 +140,15 @@ def run_command(
         Optional[Path],
         typer.Option("--profile", help="Profile JSON from `ppsim calibrate` (default: calibrate here first)."),
     ] = None,
-    steps: Annotated[int, typer.Option("--steps", help="Timed steps (after the warm-up steps).", min=1)] = DEFAULT_STEPS,
-    warmup: Annotated[
-        int, typer.Option("--warmup", help="Untimed warm-up steps (they also fit the runtime's overheads).", min=0)
-    ] = DEFAULT_WARMUP,
+    steps: Annotated[
+        int, typer.Option("--steps", help="Timed steps (after the warm-up steps).", min=1)
+    ] = DEFAULT_STEPS,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed warm-up steps.", min=0)] = DEFAULT_WARMUP,
+    probes: Annotated[
+        Optional[int],
+        typer.Option("--probes", help="Steps interleaved with the timed ones to fit the runtime model on "
+                     "(default: as many as --steps; 0: fit on the warm-up steps).", min=0),
+    ] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the run JSON here.")] = None,
     plot: Annotated[
         Optional[Path], typer.Option("--plot", help="Measured timeline above the predicted one: .png/.svg/.pdf/.html.")
@@ -170,7 +183,7 @@ def run_command(
     options = RunOptions(
         schedule=schedule, num_ranks=ranks, num_microbatches=mb, num_stages_per_rank=stages_per_rank,
         backend=backend.value, profile=profile, costs=costs, synthetic=synthetic, time_unit_s=time_unit,
-        preset=preset, num_steps=steps, num_warmup=warmup, seed=seed, timeout_s=timeout,
+        preset=preset, num_steps=steps, num_warmup=warmup, num_probes=probes, seed=seed, timeout_s=timeout,
         save_calibration=None if output is None else output.with_name(output.stem + ".profile.json"),
     )
     report = execute(options)
@@ -240,7 +253,7 @@ def execute(options: RunOptions) -> RunReport | None:
             return None
         measurement = result
     return build_report(
-        options, schedule, measurement, costs, time_scale=time_scale, profile_note=profile_note,
+        schedule, measurement, costs, time_scale=time_scale, profile_note=profile_note,
         use_runtime_model=options.runtime_model,
     )
 
@@ -357,52 +370,85 @@ def _exec_spec(
         sleep_s = cost_plan(schedule, costs, time_scale)
     return executor.ExecSpec(
         schedule=schedule, model=model, synthetic=options.synthetic, sleep_s=sleep_s, backend=options.backend,
-        device=device, num_steps=options.num_steps, num_warmup=options.num_warmup, seed=options.seed,
-        timeout_s=options.timeout_s, recv_posting=options.recv_posting,
+        device=device, num_steps=options.num_steps, num_warmup=options.num_warmup,
+        num_probes=options.num_steps if options.num_probes is None else options.num_probes, seed=options.seed,
+        timeout_s=options.timeout_s,
     )
 
 
 # --- the runtime model ----------------------------------------------------------------------------------------------
 def fit_runtime_model(
-    measurement: Measurement, schedule: Schedule, costs: CostModel, *, time_scale: float = 1.0
+    measurement: Measurement, schedule: Schedule, costs: CostModel, *, time_scale: float = 1.0,
+    per_stage: bool = True,
 ) -> RuntimeModel | None:
-    """Fit :class:`RuntimeModel` on the warm-up steps (the first is skipped when there are more: it sets up the
-    communicators and infers shapes). ``None`` without warm-up steps."""
-    warm = measurement.warmup_steps[1:] if len(measurement.warmup_steps) > 1 else measurement.warmup_steps
-    if not warm:
+    """Fit :class:`RuntimeModel` on the probe steps, or without probes on the warm-up steps (the first skipped
+    when there are more: it sets up the communicators and infers shapes). Never on the timed steps. ``None`` when
+    there is nothing to fit on.
+
+    Each quantity is fitted per step (a mean over the step's samples: a step adds up its delays) and the median
+    over the steps is kept, as the measured step time is the median over the timed steps."""
+    steps = measurement.probe_steps or (
+        measurement.warmup_steps[1:] if len(measurement.warmup_steps) > 1 else measurement.warmup_steps
+    )
+    if not steps:
         return None
     plan = cost_plan(schedule, costs, time_scale)
-    gaps: list[float] = []
-    measured_total = planned_total = 0.0
-    for step in warm:
-        by_rank: dict[int, list[Any]] = {}
-        for c in step:
-            by_rank.setdefault(c.rank, []).append(c)
-        for rank, comps in by_rank.items():
-            for prev, cur in zip(comps, comps[1:]):
-                gaps.append(max(0.0, cur.start - prev.end - cur.wait))
-            measured_total += sum(c.end - c.start for c in comps)
-            planned_total += sum(plan[rank])
-    gap = statistics.fmean(gaps) if gaps else 0.0
-    num_comps = sum(len(row) for row in plan) * len(warm)
-    if measurement.synthetic:
-        scale, overrun = 1.0, max(0.0, (measured_total - planned_total) / num_comps)
-    else:
-        scale, overrun = (measured_total / planned_total if planned_total > 0 else 1.0), 0.0
+    num_positions = costs.num_positions or 1
+    fits = [_fit_step(step, schedule, costs, plan, num_positions, per_stage, measurement.synthetic) for step in steps]
+    scale = tuple(statistics.median(f[0][k] for f in fits) for k in range(num_positions))
+    gap = statistics.median(f[1] for f in fits)
+    overrun = statistics.median(f[2] for f in fits)
     dispatch = gap + overrun
-    latencies: list[float] = []
-    for step in warm:
-        for sent, cons in _cross_rank_handoffs(schedule, step):
-            if cons.wait > WAITED_S:
-                latencies.append(cons.start - sent - dispatch)
-    latency = max(0.0, statistics.fmean(latencies)) if latencies else 0.0
+    latencies = [lat for step in steps for lat in _latencies(step, schedule, dispatch)]
+    per_step_latency = [statistics.fmean(x) for x in (_latencies(st, schedule, dispatch) for st in steps) if x]
+    latency = max(0.0, statistics.median(per_step_latency)) if per_step_latency else 0.0
     if latencies:
-        source = "warm-up hand-offs"
+        source = "measured hand-offs"
     elif costs.p2p_alpha is not None:
         source = "profile p2p (alpha + bytes/beta)"
     else:
         source = "cost string comm"
-    return RuntimeModel(scale, dispatch, latency, gap, overrun, len(gaps), len(latencies), source)
+    fitted_on = f"{len(steps)} probe step(s)" if measurement.probe_steps else f"{len(steps)} warm-up step(s)"
+    num_gaps = sum(len(st) for st in steps) - len(steps) * schedule.num_ranks
+    return RuntimeModel(scale, dispatch, latency, gap, overrun, num_gaps, len(latencies), source, fitted_on)
+
+
+def _fit_step(
+    step: tuple[Any, ...], schedule: Schedule, costs: CostModel, plan: tuple[tuple[float, ...], ...],
+    num_positions: int, per_stage: bool, synthetic: bool,
+) -> tuple[tuple[float, ...], float, float]:
+    """One step's (compute scale per chain position, mean dispatch gap, mean sleep overrun)."""
+    from ppsim.ir import parse_action
+
+    gaps: list[float] = []
+    measured = [0.0] * num_positions
+    planned = [0.0] * num_positions
+    by_rank: dict[int, list[Any]] = {}
+    for c in step:
+        by_rank.setdefault(c.rank, []).append(c)
+    for rank, comps in by_rank.items():
+        for prev, cur in zip(comps, comps[1:]):
+            gaps.append(max(0.0, cur.start - prev.end - cur.wait))
+        for c, cost in zip(comps, plan[rank]):
+            comp = parse_action(c.name)
+            assert comp is not None
+            pos = costs.position(schedule, comp.stage) if per_stage else 0
+            measured[pos] += c.end - c.start
+            planned[pos] += cost
+    gap = statistics.fmean(gaps) if gaps else 0.0
+    if synthetic:
+        return (1.0,) * num_positions, gap, max(0.0, (sum(measured) - sum(planned)) / len(step))
+    total = sum(measured) / sum(planned) if sum(planned) > 0 else 1.0
+    if not per_stage:
+        return (total,) * num_positions, gap, 0.0
+    return tuple(m / p if p > 0 else total for m, p in zip(measured, planned)), gap, 0.0
+
+
+def _latencies(step: tuple[Any, ...], schedule: Schedule, dispatch: float) -> list[float]:
+    """Hand-off latencies of one step: for consumers that waited, start minus when the hand-off could start, minus
+    the dispatch the simulation adds to the producer."""
+    handoffs = _cross_rank_handoffs(schedule, step)
+    return [cons.start - sent - dispatch for sent, cons in handoffs if cons.wait > WAITED_S]
 
 
 def _cross_rank_handoffs(schedule: Schedule, step: tuple[Any, ...]) -> list[tuple[float, Any]]:
@@ -437,12 +483,13 @@ def _cross_rank_handoffs(schedule: Schedule, step: tuple[Any, ...]) -> list[tupl
 
 def with_runtime(costs: CostModel, runtime: RuntimeModel | None, time_scale: float) -> CostModel:
     """``costs`` in seconds; with a runtime model, every computation scaled by ``compute_scale`` plus ``dispatch_s``
-    (a pair holds two computations) and the fitted hand-off latency as the flat comm (when the warm-up had hand-offs
-    to fit it on)."""
-    scale = time_scale * (runtime.compute_scale if runtime is not None else 1.0)
+    (a pair holds two computations) and the fitted hand-off latency as the flat comm (when the fitted steps had
+    hand-offs to fit it on)."""
+    n = len(costs.F)
+    scale = [time_scale * (runtime.compute_scale[k] if runtime is not None else 1.0) for k in range(n)]
     o = runtime.dispatch_s if runtime is not None else 0.0
-    f, b, i, w = (tuple(x * scale + o for x in t) for t in (costs.F, costs.B, costs.I, costs.W))
-    fb = tuple(x * scale + 2 * o for x in costs.FB)
+    f, b, i, w = (tuple(x * scale[k] + o for k, x in enumerate(t)) for t in (costs.F, costs.B, costs.I, costs.W))
+    fb = tuple(x * scale[k] + 2 * o for k, x in enumerate(costs.FB))
     if runtime is not None and runtime.num_latency_samples:
         return dataclasses.replace(
             costs, F=f, B=b, I=i, W=w, FB=fb, comm=runtime.latency_s, p2p_alpha=None, p2p_beta=None, unit="s"
@@ -452,7 +499,6 @@ def with_runtime(costs: CostModel, runtime: RuntimeModel | None, time_scale: flo
 
 # --- comparison -------------------------------------------------------------------------------------------------
 def build_report(
-    options: RunOptions,
     schedule: Schedule,
     measurement: Measurement,
     costs: CostModel,
@@ -504,6 +550,7 @@ def build_report(
         "loss_match": measurement.loss_match,
         "steps": len(spans),
         "warmup_steps": measurement.num_warmup,
+        "probe_steps": len(measurement.probe_steps),
         "measured_step_s": measured,
         "measured_steps_s": list(spans),
         "wall_step_s": statistics.median(measurement.step_walls),
@@ -520,6 +567,8 @@ def build_report(
             "end_median_abs_s": statistics.median(end_err),
             "end_max_abs_s": max(end_err),
             "start_median_abs_pct_of_step": _pct(statistics.median(start_err), span_rep),
+            "start_max_abs_pct_of_step": _pct(max(start_err), span_rep),
+            "end_median_abs_pct_of_step": _pct(statistics.median(end_err), span_rep),
             "end_max_abs_pct_of_step": _pct(max(end_err), span_rep),
         },
         "per_rank": [
@@ -532,6 +581,9 @@ def build_report(
             for r in range(schedule.num_ranks)
         ],
         "runtime_model": None if runtime is None else runtime.to_dict(),
+        "profile_p2p_s": (
+            None if costs.p2p_alpha is None else costs.boundary_delay(schedule, schedule.pipelines[0][0])
+        ),
         "costs_source": profile_note,
         "time_unit_s": time_scale,
         "clock": measurement.clock,
@@ -607,8 +659,9 @@ def print_summary(report: RunReport) -> None:
     Console().print(table)
     rt = d["runtime_model"]
     if rt is not None:
+        scales = "/".join(f"{k:.2f}" for k in rt["compute_scale"])
         typer.echo(
-            f"runtime model (fitted on warm-up steps): compute x{rt['compute_scale']:.3f}, "
+            f"runtime model (fitted on {rt['fitted_on']}): compute x{scales}, "
             f"dispatch {_fmt_s(rt['dispatch_s'])} per computation, "
             f"hand-off latency {_fmt_s(rt['latency_s'])}; comm from {rt['comm_source']}"
         )
@@ -630,7 +683,11 @@ def _fmt_s(seconds: float) -> str:
 _COLORS = {"F": "#F1B238", "B": "#7FD650", "I": "#7FD650", "W": "#77BEFA"}
 
 
-def _timeline_rows(report: RunReport) -> tuple[list[tuple[int, float, float, str]], list[tuple[int, float, float, str]]]:
+Bars = list[tuple[int, float, float, str]]
+"""(rank, start, end, computation) per drawn bar."""
+
+
+def _timeline_rows(report: RunReport) -> tuple[Bars, Bars]:
     """(rank, start, end, computation) for the measured step and for the prediction (pair halves separately)."""
     step = report.measurement.steps[report.data["action_error"]["step_index"]]
     measured = [(c.rank, c.start, c.end, c.name) for c in step]
@@ -663,12 +720,7 @@ def plot_run(report: RunReport, path: Path) -> Path:
     return _write_bytes(path, buf.getvalue())
 
 
-def gantt_pair_figure(
-    measured: list[tuple[int, float, float, str]],
-    predicted: list[tuple[int, float, float, str]],
-    num_ranks: int,
-    title: str,
-) -> Any:
+def gantt_pair_figure(measured: Bars, predicted: Bars, num_ranks: int, title: str) -> Any:
     """Two Gantt panels sharing the time axis: measured (top) and predicted (bottom). Returns the figure."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
@@ -698,10 +750,7 @@ def gantt_pair_figure(
     return fig
 
 
-def _plotly_html(
-    measured: list[tuple[int, float, float, str]], predicted: list[tuple[int, float, float, str]], num_ranks: int,
-    title: str,
-) -> str:
+def _plotly_html(measured: Bars, predicted: Bars, num_ranks: int, title: str) -> str:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -716,8 +765,9 @@ def _plotly_html(
                 go.Bar(
                     x=[(e - s) * 1e3 for _, s, e, _ in sel], base=[s * 1e3 for _, s, _, _ in sel],
                     y=[f"rank {r}" for r, _, _, _ in sel], orientation="h", marker_color=_COLORS[kind],
-                    marker_line_color="black", marker_line_width=0.5, name=f"{kind} ({'measured' if row == 1 else 'predicted'})",
-                    text=[n for _, _, _, n in sel], hovertemplate="%{text}: %{base:.3f} ms + %{x:.3f} ms<extra></extra>",
+                    marker_line_color="black", marker_line_width=0.5,
+                    name=f"{kind} ({'measured' if row == 1 else 'predicted'})", text=[n for _, _, _, n in sel],
+                    hovertemplate="%{text}: %{base:.3f} ms + %{x:.3f} ms<extra></extra>",
                 ),
                 row=row, col=1,
             )

@@ -210,14 +210,14 @@ def _timing(rank: int, position: int, name: str, start: float, end: float, wait:
     return CompTiming(rank, position, half, name, start, end, wait)
 
 
-def _measurement(warmup: tuple, steps: tuple, *, synthetic: bool = False):
+def _measurement(warmup: tuple, steps: tuple, *, synthetic: bool = False, probes: tuple = ()):
     from ppsim.calibrate.executor import Measurement
 
     return Measurement(
-        steps=steps, step_walls=(1.0,) * len(steps), warmup_steps=warmup, loss=1.0, ref_loss=1.0,
+        steps=steps, step_walls=(1.0,) * len(steps), warmup_steps=warmup, probe_steps=probes, loss=1.0, ref_loss=1.0,
         grad_max_abs_diff=0.0, grad_ref_max_abs=1.0, num_params_checked=1, dtype="float32", device="cpu",
-        device_name="cpu", backend="gloo", torch_version="x", hosts=("h",), clock="perf_counter", num_warmup=len(warmup),
-        synthetic=synthetic,
+        device_name="cpu", backend="gloo", torch_version="x", hosts=("h",), clock="perf_counter",
+        num_warmup=len(warmup), synthetic=synthetic,
     )
 
 
@@ -239,10 +239,14 @@ def test_runtime_model_fits_dispatch_latency_and_compute_scale_on_warmup_only() 
     junk = tuple(_timing(c.rank, c.position, c.name, c.start * 3, c.end * 3 + 1, c.wait) for c in step)
     model = fit_runtime_model(_measurement((junk, step), (junk,)), schedule, costs)
     assert model is not None
-    assert model.compute_scale == pytest.approx(2.0)
+    assert model.compute_scale == pytest.approx((2.0,))
     assert model.dispatch_s == pytest.approx(0.1) and model.overrun_s == 0
     assert model.latency_s == pytest.approx(0.2) and model.num_latency_samples == 2
     assert fit_runtime_model(_measurement((), (step,)), schedule, costs) is None  # no warm-up, no fit
+    # probe steps, when there are any, are what the model is fitted on
+    probed = fit_runtime_model(_measurement((junk, junk), (junk,), probes=(step, step, junk)), schedule, costs)
+    assert probed is not None and probed.fitted_on == "3 probe step(s)"
+    assert probed.compute_scale == pytest.approx((2.0,)) and probed.dispatch_s == pytest.approx(0.1)  # medians
 
 
 def test_synthetic_runtime_model_adds_the_sleep_overrun_to_dispatch() -> None:
@@ -258,7 +262,7 @@ def test_synthetic_runtime_model_adds_the_sleep_overrun_to_dispatch() -> None:
         _timing(0, 3, "0B1", 4.6, 6.7),
     )
     model = fit_runtime_model(_measurement((step,), (step,), synthetic=True), schedule, costs)
-    assert model is not None and model.compute_scale == 1.0
+    assert model is not None and model.compute_scale == (1.0,)
     assert model.gap_s == pytest.approx(0.1) and model.overrun_s == pytest.approx(0.1)
     assert model.dispatch_s == pytest.approx(0.2) and model.num_latency_samples == 0
 
@@ -268,8 +272,9 @@ def test_with_runtime_adds_dispatch_to_every_computation_and_two_to_a_pair() -> 
     from ppsim.costs import parse_costs
 
     costs = parse_costs("F=1,B=2,FB=2.5,comm=0.5")
-    rt = RuntimeModel(compute_scale=2.0, dispatch_s=0.1, latency_s=0.3, gap_s=0.1, overrun_s=0.0,
-                      num_gap_samples=4, num_latency_samples=2, comm_source="warm-up hand-offs")
+    rt = RuntimeModel(compute_scale=(2.0,), dispatch_s=0.1, latency_s=0.3, gap_s=0.1, overrun_s=0.0,
+                      num_gap_samples=4, num_latency_samples=2, comm_source="measured hand-offs",
+                      fitted_on="2 probe step(s)")
     out = with_runtime(costs, rt, 0.01)
     assert out.unit == "s"
     assert out.F[0] == pytest.approx(0.02 + 0.1) and out.B[0] == pytest.approx(0.04 + 0.1)
