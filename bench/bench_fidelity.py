@@ -6,10 +6,12 @@ median and worst error per group.
     python bench/bench_fidelity.py --only synthetic   # or: --only real
     python bench/bench_fidelity.py -o fidelity.json   # also keep every run JSON
 
-Groups and targets (|error| of the step time, prediction with the runtime model fitted on the warm-up steps):
+Groups and targets (|error| of the step time; the prediction adds the runtime model fitted on probe steps that
+alternate with the timed ones):
 real, 2 ranks, the calibration model's tiny preset on CPU: median <= 5 %, worst <= 10 %; synthetic stages (sleep
 their cost): median <= 3 %. The "costs only" column is the simulator on the profile alone, before the runtime
-model (dispatch per computation, hand-off latency, compute slowdown while all ranks run) is added.
+model (dispatch per computation, hand-off latency, per-stage compute scale) is added. "spread" is how much the
+timed steps of a run differ from each other, (slowest - fastest) / median: the noise floor of that run.
 """
 
 from __future__ import annotations
@@ -106,15 +108,21 @@ def run_one(cfg: Config, profiles: dict[int, Path], *, steps: int, warmup: int, 
     return report.data
 
 
+def spread(data: dict[str, Any]) -> float:
+    """How much the timed steps of one run differ: (slowest - fastest) / median. Large on a busy or shared host."""
+    steps = data["measured_steps_s"]
+    return (max(steps) - min(steps)) / statistics.median(steps)
+
+
 def summarize(rows: list[tuple[Config, dict[str, Any]]]) -> bool:
     ok = True
-    header = (f"{'group':<10} {'configuration':<42} {'measured':>10} {'predicted':>10} {'error':>8} "
+    header = (f"{'group':<10} {'configuration':<42} {'measured':>10} {'spread':>7} {'predicted':>10} {'error':>8} "
               f"{'costs only':>11} {'bubble m/p':>13} {'grads':>6}")
     print(header)
     print("-" * len(header))
     for cfg, d in rows:
         print(
-            f"{cfg.group:<10} {cfg.label:<42} {d['measured_step_s'] * 1e3:>8.1f}ms "
+            f"{cfg.group:<10} {cfg.label:<42} {d['measured_step_s'] * 1e3:>8.1f}ms {spread(d):>6.0%} "
             f"{d['predicted_step_s'] * 1e3:>8.1f}ms "
             f"{d['step_error_pct']:>+7.1f}% {d['step_error_costs_only_pct']:>+10.1f}% "
             f"{d['bubble_ratio_measured']:>6.1%}/{d['bubble_ratio_predicted']:<6.1%} "

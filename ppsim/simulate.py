@@ -21,8 +21,8 @@ from array import array
 from bisect import bisect_right
 from functools import lru_cache
 from itertools import chain
-from operator import attrgetter, itemgetter
-from typing import TYPE_CHECKING, Any
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ppsim import deps
 from ppsim.costs import CostModel, parse_costs
@@ -44,6 +44,7 @@ _COUNT_STEP = (1, -1, 0, -1)  # held activations: F adds one, B or W releases on
 _get_stage = attrgetter("stage")
 _get_type = attrgetter("type")
 _get_mb = attrgetter("microbatch")
+_get_sub = attrgetter("sub_actions")
 
 
 def simulate(
@@ -90,21 +91,20 @@ class _Program:
         np.cumsum(self.lengths, out=self.offsets[1:])
         n = self.n = int(self.offsets[-1])
         flat = chain.from_iterable
-        self.stage = np.fromiter(map(_get_stage, flat(rows)), dtype=np.int64, count=n)
         type_ids = np.fromiter(map(id, map(_get_type, flat(rows))), dtype=np.int64, count=n)
         self.code = _codes(type_ids)
         del type_ids
-        mb: np.ndarray | None = None
-        if n == 0 or int(self.code.max()) < _PAIR:
-            try:
-                mb = np.fromiter(map(_get_mb, flat(rows)), dtype=np.int64, count=n)
-            except TypeError:  # a computation without a microbatch: reported by _computations
-                mb = None
         self.pair_idx = np.zeros(0, dtype=np.int64)  # actions that are overlapped pairs
         self.pair_first = np.zeros(0, dtype=np.int64)  # their forward halves' computation index
         self.pair_shares = np.zeros(0, dtype=np.float64)
-        self.simple = mb is not None
-        if mb is not None:
+        self.simple = n == 0 or int(self.code.max()) < _PAIR
+        if self.simple:
+            self.stage = np.fromiter(map(_get_stage, flat(rows)), dtype=np.int64, count=n)
+            try:
+                mb = np.fromiter(map(_get_mb, flat(rows)), dtype=np.int64, count=n)
+            except TypeError:  # a computation without a microbatch: reported by _computations
+                self.simple = False
+        if self.simple:
             self.c_owner, self.c_stage, self.c_code, self.c_mb = np.arange(n, dtype=np.int64), self.stage, self.code, mb
         else:
             self.c_owner, self.c_stage, self.c_code, self.c_mb = self._computations()
@@ -261,7 +261,7 @@ class _Program:
         if costs.num_positions is None:
             duration = op[:, 0][self.code]
         else:
-            duration = op[self.code, self.stage if self.simple else np.where(self.code < _PAIR, self.stage, 0)]
+            duration = op[self.code, self.stage]
         if len(self.pair_idx):
             # evaluated once per distinct (forward stage, backward stage, backward kind)
             f = self.pair_first
@@ -296,38 +296,60 @@ class _Program:
             self.byte_delta, self.byte_plus = self._per_action(table[self.c_code, self.c_stage])
 
     def _computations(self) -> tuple[np.ndarray, ...]:
-        """Computation arrays for orders with pairs (or non-compute actions): singles plus both halves of pairs."""
+        """Computation arrays for orders with pairs (or non-compute actions): singles plus both halves of pairs.
+
+        Computations are laid out by scatter: action ``a`` owns ``per_action[a]`` slots (1 single, 2 pair, 0 other)
+        from ``c_start[a]`` on, so the halves' fields go straight to their slots without sorting."""
         import numpy as np
 
-        stage, code = self.stage, self.code
-        rows = self.schedule.actions
-        flat = chain.from_iterable
-        mb_f = np.array(list(map(_get_mb, flat(rows))), dtype=np.float64)  # None -> NaN
+        code, n = self.code, self.n
+        flat = list(chain.from_iterable(self.schedule.actions))
         single = np.flatnonzero(code < _PAIR)
-        self.pair_idx = np.flatnonzero(code == _PAIR)
-        pairs: Any = ()
-        if len(self.pair_idx):
-            pairs = itemgetter(*self.pair_idx.tolist())(list(flat(rows)))
-            pairs = pairs if len(self.pair_idx) > 1 else (pairs,)
-        halves = list(flat(map(attrgetter("sub_actions"), pairs)))
+        self.pair_idx = pair_idx = np.flatnonzero(code == _PAIR)
+        halves = list(chain.from_iterable(map(_get_sub, _pick(flat, pair_idx))))
+        if len(halves) != 2 * len(pair_idx):
+            a = next(int(a) for a in pair_idx if len(flat[a].sub_actions) != 2)
+            raise ScheduleFormatError(
+                f"rank {self.rank_of(a)} position {self.position_of(a)}: {flat[a]} must hold exactly two actions; "
+                "write it as (sF m;sB m)OVERLAP_F_B"
+            )
+        per_action = (code < _PAIR).view(np.int8) + 2 * (code == _PAIR).view(np.int8)
+        c_start = np.cumsum(per_action, dtype=np.int64)
+        num_comps = int(c_start[-1]) if n else 0
+        c_start -= per_action
+        c_owner = np.repeat(np.arange(n, dtype=np.int64), per_action)
+        self.pair_first = first = c_start[pair_idx]
+        c_stage = np.empty(num_comps, dtype=np.int64)
+        c_code = np.empty(num_comps, dtype=np.int8)
+        c_mb = np.empty(num_comps, dtype=np.int64)
+        at = c_start[single]
+        c_code[at] = code[single]
+        singles = list(_pick(flat, single))
+        self.stage = np.zeros(n, dtype=np.int64)  # per action: the stage of a single computation, else 0
+        self.stage[single] = np.fromiter(map(_get_stage, singles), dtype=np.int64, count=len(singles))
+        c_stage[at] = self.stage[single]
+        c_mb[at] = self._microbatches(singles, single)
         h_stage = np.fromiter(map(_get_stage, halves), dtype=np.int64, count=len(halves))
-        h_ids = np.fromiter(map(id, map(_get_type, halves)), dtype=np.int64, count=len(halves))
-        h_code = _codes(h_ids)
-        h_mb = np.array(list(map(_get_mb, halves)), dtype=np.float64)
-        owner = np.concatenate((single, np.repeat(self.pair_idx, 2)))
-        order = np.argsort(owner, kind="stable")
-        c_owner = owner[order]
-        c_stage = np.concatenate((stage[single], h_stage))[order]
-        c_code = np.concatenate((code[single], h_code))[order]
-        c_mbf = np.concatenate((mb_f[single], h_mb))[order]
-        self.pair_first = np.searchsorted(c_owner, self.pair_idx)
-        if np.isnan(c_mbf).any():
-            a = int(c_owner[np.flatnonzero(np.isnan(c_mbf))[0]])
+        h_code = _codes(np.fromiter(map(id, map(_get_type, halves)), dtype=np.int64, count=len(halves)))
+        h_mb = self._microbatches(halves, np.repeat(pair_idx, 2))
+        for half in (0, 1):
+            c_stage[first + half] = h_stage[half::2]
+            c_code[first + half] = h_code[half::2]
+            c_mb[first + half] = h_mb[half::2]
+        return c_owner, c_stage, c_code, c_mb
+
+    def _microbatches(self, comps: list[Action], owners: np.ndarray) -> np.ndarray:
+        """Microbatch of each computation; a computation without one (owned by action ``owners[k]``) is an error."""
+        import numpy as np
+
+        try:
+            return np.fromiter(map(_get_mb, comps), dtype=np.int64, count=len(comps))
+        except TypeError:
+            a = int(owners[next(k for k, c in enumerate(comps) if c.microbatch is None)])
             raise ScheduleFormatError(
                 f"rank {self.rank_of(a)} position {self.position_of(a)}: {self.action_at(a)} has no microbatch; "
                 "write computations as [stage][type][microbatch], e.g. 2F0"
-            )
-        return c_owner, c_stage, c_code, c_mbf.astype(np.int64)
+            ) from None
 
     def _per_action(self, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Net change and positive part per action of a per-computation step."""
@@ -420,6 +442,11 @@ def _rule_tables(schedule: Schedule) -> tuple[list[np.ndarray], list[np.ndarray]
             prov_phase[j][k] = ph
     num_phases = 1 + max([ph for p in provs for ph in p] + [ph for r in reqs for _, ph in r])
     return req_stage, req_phase, prov_phase, num_phases
+
+
+def _pick(items: list[Any], idx: np.ndarray) -> Iterator[Any]:
+    """``items[i] for i in idx`` at C speed."""
+    return map(items.__getitem__, idx.tolist())
 
 
 def _chain_positions(schedule: Schedule) -> np.ndarray:
