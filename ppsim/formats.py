@@ -56,6 +56,8 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
 def read_schedule_file(path: str | os.PathLike[str]) -> ScheduleFile:
     """Parse a torch CSV (compute-only or compute+comms). Communication/FSDP actions are dropped and counted."""
     p = Path(path)
+    if p.is_dir():
+        raise ScheduleFormatError(f"schedule file {str(p)!r} is a directory: pass a CSV file with one row per rank")
     if not p.is_file():
         raise ScheduleFormatError(f"schedule file {str(p)!r} not found: check the path (a CSV with one row per rank)")
     text = p.read_text(encoding="utf-8")

@@ -76,8 +76,8 @@ class _Program:
         self.costs = costs
         self._read_actions()
         self._index_providers()
-        self._wire_inputs()
         self._durations()
+        self._wire_inputs()
         self._memory()
 
     def _read_actions(self) -> None:
@@ -198,11 +198,11 @@ class _Program:
         if costs.output_bytes is not None:
             for st in range(num_stages):
                 self.stage_out_bytes[st] = costs.output_bytes[costs.position(schedule, st)]
-        self._assign_waits(waits)
+        self._assign_waits(waits, lo_ext)
 
-    def _assign_waits(self, waits: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+    def _assign_waits(self, waits: list[tuple[np.ndarray, np.ndarray, np.ndarray]], lo_ext: np.ndarray) -> None:
         """Per action: one input to wait for (``dep >= 0``), two (``dep = -3 - j``: group j), or more (``dep = -2``,
-        listed in ``multi``); ``dep = -1``: nothing to wait for."""
+        listed in ``multi``); ``dep = -1``: nothing to wait for. ``lo_ext``: first action of each action's rank."""
         import numpy as np
 
         n = self.n
@@ -237,9 +237,18 @@ class _Program:
             starts = np.flatnonzero(first)
             sizes = np.diff(np.append(starts, len(wa)))
             one = starts[sizes == 1]
+            two = starts[sizes == 2]
+            if (self.duration >= 0.0).all():
+                # two inputs made on one rank (an overlapped pair fed by one neighbour): there the later producer
+                # ends no earlier, so when its delay is no smaller it alone decides the start
+                a, b = pw[two], pw[two + 1]
+                same = (lo_ext[a] == lo_ext[b]) & (a < n) & (b < n)
+                b_decides = same & (a <= b) & (delay[two] <= delay[two + 1])
+                a_decides = same & ~b_decides & (b <= a) & (delay[two + 1] <= delay[two])
+                one = np.concatenate((one, two[b_decides] + 1, two[a_decides]))
+                two = two[~(a_decides | b_decides)]
             dep[wa[one]] = pw[one]
             dep_delay[wa[one]] = delay[one]
-            two = starts[sizes == 2]
             self.group_a, self.group_b = pw[two], pw[two + 1]
             self.group_delay_a, self.group_delay_b = delay[two], delay[two + 1]
             dep[wa[two]] = -3 - np.arange(len(two), dtype=np.int64)
