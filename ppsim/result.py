@@ -55,11 +55,25 @@ class Trace:
     comp_stage: np.ndarray
     comp_type: np.ndarray  # code into COMP_TYPES
     comp_mb: np.ndarray
-    comp_half_start: np.ndarray
-    comp_half_end: np.ndarray
+    pair_first: np.ndarray  # (pairs,) computation index of each overlapped pair's forward half
+    pair_mid: np.ndarray  # (pairs,) when its forward half ends (the pair's start plus the forward share)
     # rank-crossing hand-offs, in parts of (producer computation, consumer computation, delay, upstream stage)
     xfer_parts: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
     stage_out_bytes: np.ndarray  # per stage: bytes of the boundary tensor after it (NaN without a profile)
+
+    @cached_property
+    def comp_half_start(self) -> np.ndarray:
+        """(C,) start of each computation: its action's start; a pair's backward half starts at ``pair_mid``."""
+        half_start = self.start[self.comp_owner]
+        half_start[self.pair_first + 1] = self.pair_mid
+        return half_start
+
+    @cached_property
+    def comp_half_end(self) -> np.ndarray:
+        """(C,) end of each computation: its action's end; a pair's forward half ends at ``pair_mid``."""
+        half_end = self.end[self.comp_owner]
+        half_end[self.pair_first] = self.pair_mid
+        return half_end
 
     @cached_property
     def transfers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -17,12 +17,9 @@ for and wakes it when that action's rank has passed it. Ranks that can never adv
 from __future__ import annotations
 
 import gc
-from array import array
 from bisect import bisect_right
-from functools import lru_cache
 from itertools import chain
-from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ppsim import deps
 from ppsim.costs import CostModel, parse_costs
@@ -36,15 +33,13 @@ if TYPE_CHECKING:
 _SINGLE_KINDS = (ActionType.F, ActionType.B, ActionType.I, ActionType.W)
 _PAIR = 4
 _OTHER = 5  # SEND/RECV/UNSHARD/...: no compute, no inputs, zero time
-_CODE_BY_ID = {
-    id(t): _SINGLE_KINDS.index(t) if t in _SINGLE_KINDS else (_PAIR if t is ActionType.OVERLAP_F_B else _OTHER)
+# kind code of every action type (ActionType hashes as its str value: lookups run at C speed)
+_CODE_OF = {
+    t: _SINGLE_KINDS.index(t) if t in _SINGLE_KINDS else (_PAIR if t is ActionType.OVERLAP_F_B else _OTHER)
     for t in ActionType
 }
+_CHUNK = 1 << 17  # computations wired at once
 _COUNT_STEP = (1, -1, 0, -1)  # held activations: F adds one, B or W releases one, I releases none
-_get_stage = attrgetter("stage")
-_get_type = attrgetter("type")
-_get_mb = attrgetter("microbatch")
-_get_sub = attrgetter("sub_actions")
 
 
 def simulate(
@@ -77,11 +72,14 @@ class _Program:
         self._read_actions()
         self._index_providers()
         self._durations()
-        self._wire_inputs()
+        self._assign_waits(*self._wire_inputs())
         self._memory()
 
     def _read_actions(self) -> None:
-        """Stage, kind and microbatch of every action and computation, pulled out at C speed."""
+        """Stage, kind and microbatch of every action and computation.
+
+        Fields are read one per pass with list comprehensions over a flat list (CPython specialises their slot
+        reads), then converted by numpy."""
         import numpy as np
 
         rows = self.schedule.actions
@@ -90,24 +88,22 @@ class _Program:
         self.offsets = np.zeros(num_ranks + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=self.offsets[1:])
         n = self.n = int(self.offsets[-1])
-        flat = chain.from_iterable
-        type_ids = np.fromiter(map(id, map(_get_type, flat(rows))), dtype=np.int64, count=n)
-        self.code = _codes(type_ids)
-        del type_ids
+        flat = list(chain.from_iterable(rows))
+        self.code = _kind_codes([a.type for a in flat])
         self.pair_idx = np.zeros(0, dtype=np.int64)  # actions that are overlapped pairs
         self.pair_first = np.zeros(0, dtype=np.int64)  # their forward halves' computation index
         self.pair_shares = np.zeros(0, dtype=np.float64)
         self.simple = n == 0 or int(self.code.max()) < _PAIR
         if self.simple:
-            self.stage = np.fromiter(map(_get_stage, flat(rows)), dtype=np.int64, count=n)
+            stage = _ints([a.stage for a in flat])
             try:
-                mb = np.fromiter(map(_get_mb, flat(rows)), dtype=np.int64, count=n)
+                mb = _ints([a.microbatch for a in flat])
             except TypeError:  # a computation without a microbatch: reported by _computations
                 self.simple = False
         if self.simple:
-            self.c_owner, self.c_stage, self.c_code, self.c_mb = np.arange(n, dtype=np.int64), self.stage, self.code, mb
+            self.c_owner, self.c_stage, self.c_code, self.c_mb = np.arange(n, dtype=np.int64), stage, self.code, mb
         else:
-            self.c_owner, self.c_stage, self.c_code, self.c_mb = self._computations()
+            self.c_owner, self.c_stage, self.c_code, self.c_mb = self._computations(flat)
         c_stage, c_mb = self.c_stage, self.c_mb
         num_stages = self.schedule.num_stages
         if len(c_stage) and (int(c_stage.min()) < 0 or int(c_stage.max()) >= num_stages or int(c_mb.min()) < 0):
@@ -129,134 +125,187 @@ class _Program:
         # num_comps marks a key nobody provides; the extra stage S (no input) maps to -1
         provider = np.full((num_stages + 1) * num_mb * num_phases, num_comps, dtype=np.int64)
         provider[num_stages * num_mb * num_phases :] = -1
+
         kbase = self.c_stage * num_mb
         kbase += self.c_mb
         kbase *= num_phases
         comp_index = self.c_owner if self.simple else np.arange(num_comps, dtype=np.int64)
-        provided = []
-        for phases in prov_phase:
-            ph = phases[self.c_code]
-            sel = comp_index if int(ph.min(initial=0)) >= 0 else np.flatnonzero(ph >= 0)
-            keys = kbase[sel] + ph[sel]
-            provider[keys] = sel
-            provided.append((sel, keys))
-        del kbase
-        for sel, keys in provided:
-            lost = provider[keys] != sel
-            if lost.any():
-                k = int(np.flatnonzero(lost)[0])
-                self._raise_duplicate(int(sel[k]), int(keys[k]))
-        self.provider = provider
 
-    def _wire_inputs(self) -> None:
-        """Per computation input (deps.requires): the action it waits for, the delay, and the rank crossings."""
+        def provided() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            """Per provided slot: the computations providing one and its key."""
+            for phases in prov_phase:
+                ph = phases[self.c_code]
+                if int(ph.min(initial=0)) >= 0:
+                    yield comp_index, kbase + ph
+                else:
+                    sel = np.flatnonzero(ph >= 0)
+                    yield sel, kbase[sel] + ph[sel]
+
+        num_keys = 0
+        for sel, keys in provided():
+            provider[keys] = sel
+            num_keys += len(sel)
+        if np.count_nonzero(provider[: num_stages * num_mb * num_phases] != num_comps) != num_keys:
+            for sel, keys in provided():  # a key provided twice: find it
+                lost = np.flatnonzero(provider[keys] != sel)
+                if len(lost):
+                    self._raise_duplicate(int(sel[lost[0]]), int(keys[lost[0]]))
+        self.provider = provider
+        self.positions = _chain_positions(self.schedule)
+        self.boundary = np.array(
+            [self.costs.boundary_delay(self.schedule, s) for s in range(num_stages)] or [0.0]
+        )
+
+    def _wire_inputs(self) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, ...]], np.ndarray]:
+        """Per computation input (deps.requires): the action it waits for, the delay, and the rank crossings.
+
+        Computations are wired in chunks, so that the temporaries stay small (cache-sized, and reused by the
+        allocator instead of fresh pages). Returns the arguments of :meth:`_assign_waits`; the rank crossings go
+        to ``xfer_parts``, in input-slot order."""
         import numpy as np
 
         schedule, costs, n = self.schedule, self.costs, self.n
-        num_stages, num_mb, num_phases = schedule.num_stages, self.num_mb, self.num_phases
-        c_owner, c_stage = self.c_owner, self.c_stage
+        num_stages = schedule.num_stages
         # first action index of each action's rank; entry n (an input nobody provides) is on no rank
         lo_ext = np.repeat(np.append(self.offsets[:-1], -1), np.append(self.lengths, 1))
-        c_lo = lo_ext[:n] if self.simple else lo_ext[c_owner]
-        owner_ext = None if self.simple else np.append(c_owner, n)  # nobody provides it: wait for action n
-        positions = _chain_positions(schedule)
-        uniform_comm = costs.p2p_alpha is None
-        boundary = np.array([costs.boundary_delay(schedule, s) for s in range(num_stages)] or [0.0])
-        cell = c_stage * 4
-        cell += self.c_code
-        mb_part = self.c_mb * num_phases
+        # producer action of a producer computation; index -1 (no input) gives -1, num_comps (nobody) gives n
+        owner_ext = None if self.simple else np.append(self.c_owner, [n, -1])
+        num_comps = len(self.c_owner)
+        # per computation: the action it waits for (-1: none) and the delay; a second one (rare) goes to `extra`
+        wait = np.full(num_comps, -1, dtype=np.int64)
+        wait_delay = np.zeros(num_comps, dtype=np.float64)
+        extra = []
         xfer_parts = []
-        waits = []
-        for req_stage, req_phase in zip(self.req_stage, self.req_phase):
-            # provider key of the input: (stage * M + mb) * P + phase = table[cell] + mb * P
-            keys = (req_stage * (num_mb * num_phases) + req_phase)[cell]
-            keys += mb_part
-            prod = self.provider[keys]
-            del keys
-            po = prod if owner_ext is None else np.where(prod >= 0, owner_ext[prod], -1)
-            # same-rank inputs produced earlier in the order are free; anything else must be waited for
-            w = np.flatnonzero((po >= 0) & ((po < c_lo) | (po >= c_owner)))
-            pw = po[w]
-            cross = lo_ext[pw] != c_lo[w]
-            cross &= pw < n
-            cw = w[cross]
-            ps = req_stage[cell[cw]]
-            if uniform_comm:
-                delay = np.where(cross, costs.comm, 0.0)
-                upstream = ps
-                x_delay = np.broadcast_to(np.float64(costs.comm), (len(cw),))
-            else:
-                cs = c_stage[cw]
-                upstream = np.where(positions[ps] < positions[cs], ps, cs)
-                delay = np.zeros(len(w), dtype=np.float64)
-                delay[cross] = boundary[upstream]
-                x_delay = delay[cross]
-            xfer_parts.append((prod[cw].astype(np.int32), cw.astype(np.int32), x_delay, upstream.astype(np.int32)))
-            waits.append((w if self.simple else c_owner[w], pw, delay))
+        for slot in range(len(self.req_stage)):
+            for lo in range(0, num_comps, _CHUNK):
+                w, pw, delay, xfer = self._wire_chunk(slot, slice(lo, lo + _CHUNK), lo_ext, owner_ext)
+                xfer_parts.append(xfer)
+                if slot:
+                    again = wait[w] >= 0
+                    if again.any():
+                        extra.append((w[again], pw[again], delay[again]))
+                        w, pw, delay = w[~again], pw[~again], delay[~again]
+                wait[w] = pw
+                wait_delay[w] = delay
         self.xfer_parts = tuple(xfer_parts)
         self.stage_out_bytes = np.full(num_stages + 1, np.nan)
         if costs.output_bytes is not None:
             for st in range(num_stages):
                 self.stage_out_bytes[st] = costs.output_bytes[costs.position(schedule, st)]
-        self._assign_waits(waits, lo_ext)
+        return wait, wait_delay, extra, lo_ext
 
-    def _assign_waits(self, waits: list[tuple[np.ndarray, np.ndarray, np.ndarray]], lo_ext: np.ndarray) -> None:
-        """Per action: one input to wait for (``dep >= 0``), two (``dep = -3 - j``: group j), or more (``dep = -2``,
-        listed in ``multi``); ``dep = -1``: nothing to wait for. ``lo_ext``: first action of each action's rank."""
+    def _wire_chunk(
+        self, slot: int, part: slice, lo_ext: np.ndarray, owner_ext: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+        """Input ``slot`` of the computations in ``part``: those that wait (computation index, action waited for,
+        delay) and the rank crossings (producer, consumer, delay, upstream stage)."""
         import numpy as np
 
-        n = self.n
-        dep = np.full(n, -1, dtype=np.int64)
-        dep_delay = np.zeros(n, dtype=np.float64)
-        multi: dict[int, list[tuple[int, float]]] = {}
+        costs, n = self.costs, self.n
+        req_stage = self.req_stage[slot]
+        owner = self.c_owner[part]
+        stage = self.c_stage[part]
+        cell = stage * 4
+        cell += self.c_code[part]
+        # provider key of the input: (stage * M + mb) * P + phase = table[cell] + mb * P
+        keys = (req_stage * (self.num_mb * self.num_phases) + self.req_phase[slot])[cell]
+        keys += self.c_mb[part] * self.num_phases
+        prod = self.provider[keys]
+        po = prod if owner_ext is None else owner_ext[prod]
+        rank_lo = lo_ext[owner]
+        # same-rank inputs produced earlier in the order are free; anything else must be waited for
+        w = np.flatnonzero((po >= 0) & ((po < rank_lo) | (po >= owner)))
+        pw = po[w]
+        cross = lo_ext[pw] != rank_lo[w]
+        cross &= pw < n
+        cw = w[cross]
+        ps = req_stage[cell[cw]]
+        if costs.p2p_alpha is None:
+            delay = np.where(cross, costs.comm, 0.0)
+            upstream = ps
+            x_delay = np.broadcast_to(np.float64(costs.comm), (len(cw),))
+        else:
+            cs = stage[cw]
+            positions = self.positions
+            upstream = np.where(positions[ps] < positions[cs], ps, cs)
+            delay = np.zeros(len(w), dtype=np.float64)
+            delay[cross] = self.boundary[upstream]
+            x_delay = delay[cross]
+        first = part.start
+        w += first
+        cw += first
+        return w, pw, delay, (prod[cw - first].astype(np.int32), cw.astype(np.int32), x_delay, upstream.astype(np.int32))
+
+    def _assign_waits(
+        self,
+        wait: np.ndarray,
+        wait_delay: np.ndarray,
+        extra: list[tuple[np.ndarray, ...]],
+        lo_ext: np.ndarray,
+    ) -> None:
+        """Per action: one input to wait for (``dep >= 0``), two (``dep = -3 - j``: group j), or more (``dep = -2``,
+        listed in ``multi``); ``dep = -1``: nothing to wait for.
+
+        ``wait``/``wait_delay``: per computation, the action it waits for and the delay; ``extra``: further waits
+        of computations that wait for more than one action; ``lo_ext``: the first action of each action's rank."""
+        import numpy as np
+
         empty = np.zeros(0, dtype=np.int64)
         self.group_a, self.group_b = empty, empty
         self.group_delay_a, self.group_delay_b = np.zeros(0), np.zeros(0)
-        if self.simple and len(waits) <= 2:
-            # one computation per action: only the input slots can collide; scatter, then group the (rare)
-            # collisions
-            for slot, (wa, pw, delay) in enumerate(waits):
-                if slot:
-                    taken = np.flatnonzero(dep[wa] != -1)
-                    if len(taken):
-                        both = wa[taken]
-                        self.group_a, self.group_delay_a = dep[both], dep_delay[both]
-                        self.group_b, self.group_delay_b = pw[taken], delay[taken]
-                        keep = np.ones(len(wa), dtype=bool)
-                        keep[taken] = False
-                        wa, pw, delay = wa[keep], pw[keep], delay[keep]
-                        dep[both] = -3 - np.arange(len(both), dtype=np.int64)
-                dep[wa] = pw
-                dep_delay[wa] = delay
-        elif waits:
-            wa, pw, delay = (np.concatenate(col) for col in zip(*waits))
-            order = np.argsort(wa, kind="stable")
-            wa, pw, delay = wa[order], pw[order], delay[order]
-            first = np.ones(len(wa), dtype=bool)
-            first[1:] = wa[1:] != wa[:-1]
-            starts = np.flatnonzero(first)
-            sizes = np.diff(np.append(starts, len(wa)))
-            one = starts[sizes == 1]
-            two = starts[sizes == 2]
-            if (self.duration >= 0.0).all():
-                # two inputs made on one rank (an overlapped pair fed by one neighbour): there the later producer
-                # ends no earlier, so when its delay is no smaller it alone decides the start
-                a, b = pw[two], pw[two + 1]
-                same = (lo_ext[a] == lo_ext[b]) & (a < n) & (b < n)
-                b_decides = same & (a <= b) & (delay[two] <= delay[two + 1])
-                a_decides = same & ~b_decides & (b <= a) & (delay[two + 1] <= delay[two])
-                one = np.concatenate((one, two[b_decides] + 1, two[a_decides]))
-                two = two[~(a_decides | b_decides)]
-            dep[wa[one]] = pw[one]
-            dep_delay[wa[one]] = delay[one]
-            self.group_a, self.group_b = pw[two], pw[two + 1]
-            self.group_delay_a, self.group_delay_b = delay[two], delay[two + 1]
-            dep[wa[two]] = -3 - np.arange(len(two), dtype=np.int64)
-            for j, size in zip(starts[sizes > 2].tolist(), sizes[sizes > 2].tolist()):
-                multi[int(wa[j])] = [(int(pw[k]), float(delay[k])) for k in range(j, j + size)]
-        for a in multi:
-            dep[a] = -2
+        if self.simple:
+            dep, dep_delay = wait, wait_delay
+        else:
+            dep = np.full(self.n, -1, dtype=np.int64)
+            dep_delay = np.zeros(self.n, dtype=np.float64)
+            dep[self.single_idx] = wait[self.single_first]
+            dep_delay[self.single_idx] = wait_delay[self.single_first]
+            self._pair_waits(wait, wait_delay, dep, dep_delay, lo_ext)
+        multi: dict[int, list[tuple[int, float]]] = {}
+        if extra:
+            c_owner = self.c_owner
+            actions = np.unique(c_owner[np.concatenate([w for w, _, _ in extra])])
+            for c in np.flatnonzero(np.isin(c_owner, actions) & (wait >= 0)).tolist():
+                multi.setdefault(int(c_owner[c]), []).append((int(wait[c]), float(wait_delay[c])))
+            for w, pw, delay in extra:
+                for c, p, d in zip(w.tolist(), pw.tolist(), delay.tolist()):
+                    multi[int(c_owner[c])].append((p, d))
+            dep[actions] = -2
         self.dep, self.dep_delay, self.multi = dep, dep_delay, multi
+
+    def _pair_waits(
+        self, wait: np.ndarray, wait_delay: np.ndarray, dep: np.ndarray, dep_delay: np.ndarray, lo_ext: np.ndarray
+    ) -> None:
+        """A pair waits for what either half waits for: one action, or a group of two.
+
+        Two producers on one rank (a pair fed by one neighbour, as in DualPipe) need no group: on a rank the later
+        action ends no earlier (durations are >= 0), so when its delay is no smaller it alone decides the start."""
+        import numpy as np
+
+        nonnegative = bool((self.duration >= 0.0).all())
+        groups = []
+        for lo in range(0, len(self.pair_idx), _CHUNK):
+            first, pairs = self.pair_first[lo : lo + _CHUNK], self.pair_idx[lo : lo + _CHUNK]
+            a, b = wait[first], wait[first + 1]
+            da, db = wait_delay[first], wait_delay[first + 1]
+            take_b = a < 0
+            both = (a >= 0) & (b >= 0)
+            if nonnegative and both.any():
+                same = both & (lo_ext[a] == lo_ext[b]) & (a < self.n) & (b < self.n)
+                b_decides = same & (a <= b) & (da <= db)
+                a_decides = same & ~b_decides & (b <= a) & (db <= da)
+                take_b |= b_decides
+                both &= ~(a_decides | b_decides)
+            dep[pairs] = np.where(take_b, b, a)
+            dep_delay[pairs] = np.where(take_b, db, da)
+            two = np.flatnonzero(both)
+            if len(two):
+                groups.append((pairs[two], a[two], b[two], da[two], db[two]))
+        if groups:
+            at, self.group_a, self.group_b, self.group_delay_a, self.group_delay_b = (
+                np.concatenate(col) for col in zip(*groups)
+            )
+            dep[at] = -3 - np.arange(len(at), dtype=np.int64)
 
     def _durations(self) -> None:
         """One cost per (kind, stage) from the cost model; pairs through its pair rule."""
@@ -268,14 +317,21 @@ class _Program:
         for k, kind in enumerate(_SINGLE_KINDS):
             op[k, : schedule.num_stages] = [costs.op_cost(schedule, s, kind) for s in range(schedule.num_stages)]
         if costs.num_positions is None:
-            duration = op[:, 0][self.code]
+            duration = op[:, 0][self.code]  # pairs and others cost 0 here
+        elif self.simple:
+            duration = op[self.c_code, self.c_stage]
         else:
-            duration = op[self.code, self.stage]
+            duration = np.zeros(self.n, dtype=np.float64)
+            at = self.single_first
+            duration[self.single_idx] = op[self.c_code[at], self.c_stage[at]]
         if len(self.pair_idx):
             # evaluated once per distinct (forward stage, backward stage, backward kind)
             f = self.pair_first
-            combo = (self.c_stage[f] * width + self.c_stage[f + 1]) * 4 + self.c_code[f + 1]
-            uniq, inverse = np.unique(combo, return_inverse=True)
+            combo = self.c_stage[f] * width
+            combo += self.c_stage[f + 1]
+            combo *= 4
+            combo += self.c_code[f + 1]
+            uniq, inverse = _distinct(combo, width * width * 4)
             rule = costs.pair_split
             split = np.array(
                 [rule(schedule, u // 4 // width, u // 4 % width, _SINGLE_KINDS[u % 4]) for u in uniq.tolist()],
@@ -304,18 +360,18 @@ class _Program:
                 table[:, s] = (held, -held, -freed_by_i, -(held - freed_by_i))
             self.byte_delta, self.byte_plus = self._per_action(table[self.c_code, self.c_stage])
 
-    def _computations(self) -> tuple[np.ndarray, ...]:
+    def _computations(self, flat: list[Action]) -> tuple[np.ndarray, ...]:
         """Computation arrays for orders with pairs (or non-compute actions): singles plus both halves of pairs.
 
-        Computations are laid out by scatter: action ``a`` owns ``per_action[a]`` slots (1 single, 2 pair, 0 other)
-        from ``c_start[a]`` on, so the halves' fields go straight to their slots without sorting."""
+        Action ``a`` owns ``per_action[a]`` computations (single 1, pair 2, other 0) from ``c_start[a]`` on; the
+        fields of singles and of halves (read in order) fill their computations through two masks, without sorting."""
         import numpy as np
 
         code, n = self.code, self.n
-        flat = list(chain.from_iterable(self.schedule.actions))
         single = np.flatnonzero(code < _PAIR)
         self.pair_idx = pair_idx = np.flatnonzero(code == _PAIR)
-        halves = list(chain.from_iterable(map(_get_sub, _pick(flat, pair_idx))))
+        pair_type = ActionType.OVERLAP_F_B
+        halves = [h for a in flat if a.type is pair_type for h in a.sub_actions]
         if len(halves) != 2 * len(pair_idx):
             a = next(int(a) for a in pair_idx if len(flat[a].sub_actions) != 2)
             raise ScheduleFormatError(
@@ -324,37 +380,36 @@ class _Program:
             )
         per_action = (code < _PAIR).view(np.int8) + 2 * (code == _PAIR).view(np.int8)
         c_start = np.cumsum(per_action, dtype=np.int64)
-        num_comps = int(c_start[-1]) if n else 0
         c_start -= per_action
+        self.pair_first = c_start[pair_idx]
+        self.single_idx, self.single_first = single, c_start[single]
         c_owner = np.repeat(np.arange(n, dtype=np.int64), per_action)
-        self.pair_first = first = c_start[pair_idx]
-        c_stage = np.empty(num_comps, dtype=np.int64)
-        c_code = np.empty(num_comps, dtype=np.int8)
-        c_mb = np.empty(num_comps, dtype=np.int64)
-        at = c_start[single]
-        c_code[at] = code[single]
-        singles = list(_pick(flat, single))
-        self.stage = np.zeros(n, dtype=np.int64)  # per action: the stage of a single computation, else 0
-        self.stage[single] = np.fromiter(map(_get_stage, singles), dtype=np.int64, count=len(singles))
-        c_stage[at] = self.stage[single]
-        c_mb[at] = self._microbatches(singles, single)
-        h_stage = np.fromiter(map(_get_stage, halves), dtype=np.int64, count=len(halves))
-        h_code = _codes(np.fromiter(map(id, map(_get_type, halves)), dtype=np.int64, count=len(halves)))
-        h_mb = self._microbatches(halves, np.repeat(pair_idx, 2))
+        in_pair = np.repeat(code == _PAIR, per_action)
+        in_single = ~in_pair
+        singles = [flat[i] for i in single.tolist()]
+        c_stage = np.empty(len(c_owner), dtype=np.int64)
+        c_code = np.empty(len(c_owner), dtype=np.int8)
+        c_mb = np.empty(len(c_owner), dtype=np.int64)
+        c_stage[in_single] = _ints([a.stage for a in singles])
+        c_code[in_single] = code[single]
+        c_mb[in_single] = self._microbatches(singles, lambda k: int(single[k]))
+        c_stage[in_pair] = _ints([h.stage for h in halves])
+        c_mb[in_pair] = self._microbatches(halves, lambda k: int(pair_idx[k // 2]))
+        half_types = [h.type for h in halves]
+        half_code = np.empty(len(halves), dtype=np.int8)
         for half in (0, 1):
-            c_stage[first + half] = h_stage[half::2]
-            c_code[first + half] = h_code[half::2]
-            c_mb[first + half] = h_mb[half::2]
+            half_code[half::2] = _kind_codes(half_types[half::2])
+        c_code[in_pair] = half_code
         return c_owner, c_stage, c_code, c_mb
 
-    def _microbatches(self, comps: list[Action], owners: np.ndarray) -> np.ndarray:
-        """Microbatch of each computation; a computation without one (owned by action ``owners[k]``) is an error."""
+    def _microbatches(self, comps: list[Action], owner_of: Callable[[int], int]) -> np.ndarray:
+        """Microbatch of each computation; one without (``comps[k]``, in action ``owner_of(k)``) is an error."""
         import numpy as np
 
         try:
-            return np.fromiter(map(_get_mb, comps), dtype=np.int64, count=len(comps))
+            return _ints([c.microbatch for c in comps])
         except TypeError:
-            a = int(owners[next(k for k, c in enumerate(comps) if c.microbatch is None)])
+            a = owner_of(next(k for k, c in enumerate(comps) if c.microbatch is None))
             raise ScheduleFormatError(
                 f"rank {self.rank_of(a)} position {self.position_of(a)}: {self.action_at(a)} has no microbatch; "
                 "write computations as [stage][type][microbatch], e.g. 2F0"
@@ -366,8 +421,12 @@ class _Program:
 
         if self.simple:
             return step, np.maximum(step, 0)
-        delta = np.bincount(self.c_owner, weights=step, minlength=self.n).astype(np.int64)
-        plus = np.bincount(self.c_owner, weights=np.maximum(step, 0), minlength=self.n).astype(np.int64)
+        delta = np.zeros(self.n, dtype=step.dtype)
+        plus = np.zeros(self.n, dtype=step.dtype)
+        first = self.pair_first
+        for out, part in ((delta, step), (plus, np.maximum(step, 0))):
+            out[self.single_idx] = part[self.single_first]
+            out[self.pair_idx] = part[first] + part[first + 1]
         return delta, plus
 
     # -- names for messages -------------------------------------------------------------------------------------
@@ -403,21 +462,35 @@ class _Program:
         )
 
 
-@lru_cache(maxsize=1)
-def _type_tables() -> tuple[np.ndarray, np.ndarray]:
-    """Sorted ``id()`` of every ActionType and the matching kind codes (numpy is imported on first use)."""
+def _distinct(values: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """``numpy.unique(values, return_inverse=True)`` for values in ``[0, bound)``; a table, not a sort, when the
+    bound is small."""
     import numpy as np
 
-    ids = sorted(_CODE_BY_ID)
-    return np.array(ids, dtype=np.int64), np.array([_CODE_BY_ID[i] for i in ids], dtype=np.int8)
+    if bound > 4 * len(values) + 4096:
+        return np.unique(values, return_inverse=True)
+    seen = np.zeros(bound, dtype=bool)
+    seen[values] = True
+    uniq = np.flatnonzero(seen)
+    index = np.zeros(bound, dtype=np.int64)
+    index[uniq] = np.arange(len(uniq))
+    return uniq, index[values]
 
 
-def _codes(type_ids: np.ndarray) -> np.ndarray:
-    """Kind codes from the ``id()`` of action types (identity is what C-level ``map`` can read fast)."""
+def _ints(values: list[int]) -> np.ndarray:
+    """An int64 array from a list of ints (a list comprehension plus this beats a generator into ``fromiter``)."""
     import numpy as np
 
-    ids, codes = _type_tables()
-    return codes[np.searchsorted(ids, type_ids)]
+    return np.fromiter(values, dtype=np.int64, count=len(values))
+
+
+def _kind_codes(types: list[ActionType]) -> np.ndarray:
+    """Kind codes of action types; a list of one kind only (every forward half) is counted, not mapped."""
+    import numpy as np
+
+    if types and types.count(types[0]) == len(types):
+        return np.full(len(types), _CODE_OF[types[0]], dtype=np.int8)
+    return np.frombuffer(bytearray(map(_CODE_OF.__getitem__, types)), dtype=np.int8)
 
 
 def _rule_tables(schedule: Schedule) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], int]:
@@ -445,17 +518,12 @@ def _rule_tables(schedule: Schedule) -> tuple[list[np.ndarray], list[np.ndarray]
         for j, (st, ph) in enumerate(r):
             req_stage[j][i] = st
             req_phase[j][i] = ph
-    prov_phase = [np.full(6, -1, dtype=np.int64) for _ in range(max(len(p) for p in provs))]
+    prov_phase = [np.full(6, -1, dtype=np.int8) for _ in range(max(len(p) for p in provs))]
     for k, phases in enumerate(provs):
         for j, ph in enumerate(phases):
             prov_phase[j][k] = ph
     num_phases = 1 + max([ph for p in provs for ph in p] + [ph for r in reqs for _, ph in r])
     return req_stage, req_phase, prov_phase, num_phases
-
-
-def _pick(items: list[Any], idx: np.ndarray) -> Iterator[Any]:
-    """``items[i] for i in idx`` at C speed."""
-    return map(items.__getitem__, idx.tolist())
 
 
 def _chain_positions(schedule: Schedule) -> np.ndarray:
@@ -473,22 +541,24 @@ def _run(prog: _Program) -> np.ndarray:
     import numpy as np
 
     n = prog.n
-    dep = array("q", prog.dep.tobytes())
-    delay = array("d", prog.dep_delay.tobytes())
-    dur = array("d", prog.duration.tobytes())
+    # memoryviews read the compiled arrays in place, item by item, as Python numbers
+    dep = memoryview(prog.dep)
+    delay = memoryview(prog.dep_delay)
+    dur = memoryview(prog.duration)
     multi = prog.multi
-    ga = array("q", prog.group_a.tobytes())
-    gb = array("q", prog.group_b.tobytes())
-    gda = array("d", prog.group_delay_a.tobytes())
-    gdb = array("d", prog.group_delay_b.tobytes())
+    ga, gb = memoryview(prog.group_a), memoryview(prog.group_b)
+    gda, gdb = memoryview(prog.group_delay_a), memoryview(prog.group_delay_b)
     offsets = prog.offsets.tolist()
     num_ranks = len(offsets) - 1
-    rank_of = array("q", np.repeat(np.arange(num_ranks, dtype=np.int64), np.diff(prog.offsets)).tobytes())
-    end = array("d", [-1.0]) * (n + 1)  # -1: not yet; slot n stands for an input no rank computes
+    rank_of = memoryview(np.repeat(np.arange(num_ranks, dtype=np.int64), prog.lengths))
+    # -1: not yet; slot n stands for an input no rank computes. A list, not an array: reading a float back from a
+    # list allocates nothing, and the loop reads ends of other ranks at random
+    end = [-1.0] * (n + 1)
     ptr = offsets[:-1]
     stops = offsets[1:]
     clock = [0.0] * num_ranks
-    parked: list[list[tuple[int, int]]] = [[] for _ in range(num_ranks)]  # per rank: (its action, waiting rank)
+    need = [0] * num_ranks  # per parked rank: the action it waits for
+    parked: list[list[int]] = [[] for _ in range(num_ranks)]  # per rank: the ranks waiting for one of its actions
     ready = list(range(num_ranks - 1, -1, -1))
     pop = ready.pop
     push = ready.append
@@ -544,19 +614,24 @@ def _run(prog: _Program) -> np.ndarray:
         clock[r] = t
         waiting = parked[r]
         if waiting:
-            still = []
-            for a, waiter in waiting:
-                if a < i:
-                    push(waiter)
-                else:
-                    still.append((a, waiter))
-            parked[r] = still
+            if len(waiting) == 1:
+                if need[waiting[0]] < i:
+                    push(waiting.pop())
+            else:
+                still = []
+                for w in waiting:
+                    if need[w] < i:
+                        push(w)
+                    else:
+                        still.append(w)
+                parked[r] = still
         if i < stop and d < n:
-            parked[rank_of[d]].append((d, r))
+            need[r] = d
+            parked[rank_of[d]].append(r)
     stuck = [r for r in range(num_ranks) if ptr[r] < stops[r]]
     if stuck:
         _raise_deadlock(prog, end, stuck, ptr)
-    return np.frombuffer(end, dtype=np.float64, count=n).copy()
+    return np.fromiter(end, dtype=np.float64, count=n)
 
 
 def _raise_deadlock(prog: _Program, end: Any, stuck: list[int], ptr: list[int]) -> None:
@@ -641,18 +716,8 @@ def _finish(prog: _Program, end: np.ndarray, memory_cap_bytes: int | None) -> Si
             t = max(t, float(end[pd]) + dl)
         start[a] = t
 
-    # half intervals: a pair's forward half is drawn first, in its cost share
-    c_owner = prog.c_owner
-    if prog.simple:
-        half_start, half_end = start, end
-    else:
-        half_start = start[c_owner]
-        half_end = end[c_owner].copy()
-        if len(prog.pair_idx):
-            first = prog.pair_first
-            mid = start[prog.pair_idx] + duration[prog.pair_idx] * prog.pair_shares
-            half_end[first] = mid
-            half_start[first + 1] = mid
+    # a pair's forward half is drawn first, in its cost share
+    pair_mid = start[prog.pair_idx] + duration[prog.pair_idx] * prog.pair_shares
 
     makespan = float(end.max()) if n else 0.0
     busy = np.zeros(num_ranks, dtype=np.float64)
@@ -693,12 +758,12 @@ def _finish(prog: _Program, end: np.ndarray, memory_cap_bytes: int | None) -> Si
         byte_delta=prog.byte_delta,
         byte_plus=prog.byte_plus,
         static_bytes=tuple(static),
-        comp_owner=c_owner,
+        comp_owner=prog.c_owner,
         comp_stage=prog.c_stage,
         comp_type=prog.c_code,
         comp_mb=prog.c_mb,
-        comp_half_start=half_start,
-        comp_half_end=half_end,
+        pair_first=prog.pair_first,
+        pair_mid=pair_mid,
         xfer_parts=prog.xfer_parts,
         stage_out_bytes=prog.stage_out_bytes,
     )
