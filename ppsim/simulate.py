@@ -9,17 +9,18 @@ Engine: in-order list scheduling. ``start = max(rank free, inputs arrived)`` and
 every time uniquely (ranks compete for nothing but their own lane), so any visiting order that respects the
 dependencies yields the same floats: the result is deterministic by construction and no ties need breaking.
 The schedule is compiled once into flat arrays (per action: its duration and the one action on another rank it
-waits for, in the common case), then a tight loop advances a rank until it blocks, parks it on the action it waits
-for and wakes it when that action's rank has passed it. Ranks that can never advance end the run with
-:class:`~ppsim.errors.DeadlockError`. See docs/simulator.md.
+waits for, in the common case, overlapped pairs included), then a tight loop advances a rank until it blocks, parks
+it on the action it waits for and wakes it when that action's rank has passed it. Ranks that can never advance end
+the run with :class:`~ppsim.errors.DeadlockError`. See docs/simulator.md.
 """
 
 from __future__ import annotations
 
 import gc
 from bisect import bisect_right
+from collections.abc import Callable, Iterator
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ppsim import deps
 from ppsim.costs import CostModel, parse_costs
@@ -38,7 +39,7 @@ _CODE_OF = {
     t: _SINGLE_KINDS.index(t) if t in _SINGLE_KINDS else (_PAIR if t is ActionType.OVERLAP_F_B else _OTHER)
     for t in ActionType
 }
-_CHUNK = 1 << 17  # computations wired at once
+_CHUNK = 1 << 16  # computations indexed and wired at once (temporaries stay cache-sized)
 _COUNT_STEP = (1, -1, 0, -1)  # held activations: F adds one, B or W releases one, I releases none
 
 
@@ -89,7 +90,7 @@ class _Program:
         np.cumsum(self.lengths, out=self.offsets[1:])
         n = self.n = int(self.offsets[-1])
         flat = list(chain.from_iterable(rows))
-        self.code = _kind_codes([a.type for a in flat])
+        self.code = np.frombuffer(bytearray([_CODE_OF[a.type] for a in flat]), dtype=np.int8)
         self.pair_idx = np.zeros(0, dtype=np.int64)  # actions that are overlapped pairs
         self.pair_first = np.zeros(0, dtype=np.int64)  # their forward halves' computation index
         self.pair_shares = np.zeros(0, dtype=np.float64)
@@ -126,20 +127,21 @@ class _Program:
         provider = np.full((num_stages + 1) * num_mb * num_phases, num_comps, dtype=np.int64)
         provider[num_stages * num_mb * num_phases :] = -1
 
-        kbase = self.c_stage * num_mb
-        kbase += self.c_mb
-        kbase *= num_phases
-        comp_index = self.c_owner if self.simple else np.arange(num_comps, dtype=np.int64)
-
         def provided() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-            """Per provided slot: the computations providing one and its key."""
+            """Per provided slot, chunk by chunk: the computations providing one and its key."""
             for phases in prov_phase:
-                ph = phases[self.c_code]
-                if int(ph.min(initial=0)) >= 0:
-                    yield comp_index, kbase + ph
-                else:
-                    sel = np.flatnonzero(ph >= 0)
-                    yield sel, kbase[sel] + ph[sel]
+                for lo in range(0, num_comps, _CHUNK):
+                    part = slice(lo, lo + _CHUNK)
+                    keys = self.c_stage[part] * num_mb
+                    keys += self.c_mb[part]
+                    keys *= num_phases
+                    ph = phases[self.c_code[part]]
+                    if int(ph.min(initial=0)) >= 0:
+                        keys += ph
+                        yield np.arange(lo, lo + len(keys)), keys
+                    else:
+                        sel = np.flatnonzero(ph >= 0)
+                        yield sel + lo, keys[sel] + ph[sel]
 
         num_keys = 0
         for sel, keys in provided():
@@ -151,10 +153,6 @@ class _Program:
                 if len(lost):
                     self._raise_duplicate(int(sel[lost[0]]), int(keys[lost[0]]))
         self.provider = provider
-        self.positions = _chain_positions(self.schedule)
-        self.boundary = np.array(
-            [self.costs.boundary_delay(self.schedule, s) for s in range(num_stages)] or [0.0]
-        )
 
     def _wire_inputs(self) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, ...]], np.ndarray]:
         """Per computation input (deps.requires): the action it waits for, the delay, and the rank crossings.
@@ -164,22 +162,22 @@ class _Program:
         to ``xfer_parts``, in input-slot order."""
         import numpy as np
 
-        schedule, costs, n = self.schedule, self.costs, self.n
+        schedule, costs = self.schedule, self.costs
         num_stages = schedule.num_stages
         # first action index of each action's rank; entry n (an input nobody provides) is on no rank
         lo_ext = np.repeat(np.append(self.offsets[:-1], -1), np.append(self.lengths, 1))
-        # producer action of a producer computation; index -1 (no input) gives -1, num_comps (nobody) gives n
-        owner_ext = None if self.simple else np.append(self.c_owner, [n, -1])
+        owner_ext = None if self.simple else self.owner_ext
+        self.positions = _chain_positions(schedule)
+        self.boundary = np.array([costs.boundary_delay(schedule, s) for s in range(num_stages)] or [0.0])
         num_comps = len(self.c_owner)
         # per computation: the action it waits for (-1: none) and the delay; a second one (rare) goes to `extra`
         wait = np.full(num_comps, -1, dtype=np.int64)
         wait_delay = np.zeros(num_comps, dtype=np.float64)
         extra = []
-        xfer_parts = []
-        for slot in range(len(self.req_stage)):
-            for lo in range(0, num_comps, _CHUNK):
-                w, pw, delay, xfer = self._wire_chunk(slot, slice(lo, lo + _CHUNK), lo_ext, owner_ext)
-                xfer_parts.append(xfer)
+        xfer_by_slot: list[list[tuple[np.ndarray, ...]]] = [[] for _ in self.req_stage]
+        for lo in range(0, num_comps, _CHUNK):
+            for slot, (w, pw, delay, xfer) in enumerate(self._wire_chunk(slice(lo, lo + _CHUNK), lo_ext, owner_ext)):
+                xfer_by_slot[slot].append(xfer)
                 if slot:
                     again = wait[w] >= 0
                     if again.any():
@@ -187,7 +185,7 @@ class _Program:
                         w, pw, delay = w[~again], pw[~again], delay[~again]
                 wait[w] = pw
                 wait_delay[w] = delay
-        self.xfer_parts = tuple(xfer_parts)
+        self.xfer_parts = tuple(chain.from_iterable(xfer_by_slot))
         self.stage_out_bytes = np.full(num_stages + 1, np.nan)
         if costs.output_bytes is not None:
             for st in range(num_stages):
@@ -195,46 +193,44 @@ class _Program:
         return wait, wait_delay, extra, lo_ext
 
     def _wire_chunk(
-        self, slot: int, part: slice, lo_ext: np.ndarray, owner_ext: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
-        """Input ``slot`` of the computations in ``part``: those that wait (computation index, action waited for,
-        delay) and the rank crossings (producer, consumer, delay, upstream stage)."""
+        self, part: slice, lo_ext: np.ndarray, owner_ext: np.ndarray | None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]]:
+        """Per input slot, for the computations in ``part``: those that wait (computation index, action waited
+        for, delay) and the rank crossings (producer, consumer, delay, upstream stage)."""
         import numpy as np
 
         costs, n = self.costs, self.n
-        req_stage = self.req_stage[slot]
         owner = self.c_owner[part]
         stage = self.c_stage[part]
         cell = stage * 4
         cell += self.c_code[part]
-        # provider key of the input: (stage * M + mb) * P + phase = table[cell] + mb * P
-        keys = (req_stage * (self.num_mb * self.num_phases) + self.req_phase[slot])[cell]
-        keys += self.c_mb[part] * self.num_phases
-        prod = self.provider[keys]
-        po = prod if owner_ext is None else owner_ext[prod]
+        mb_part = self.c_mb[part] * self.num_phases
         rank_lo = lo_ext[owner]
-        # same-rank inputs produced earlier in the order are free; anything else must be waited for
-        w = np.flatnonzero((po >= 0) & ((po < rank_lo) | (po >= owner)))
-        pw = po[w]
-        cross = lo_ext[pw] != rank_lo[w]
-        cross &= pw < n
-        cw = w[cross]
-        ps = req_stage[cell[cw]]
-        if costs.p2p_alpha is None:
-            delay = np.where(cross, costs.comm, 0.0)
-            upstream = ps
-            x_delay = np.broadcast_to(np.float64(costs.comm), (len(cw),))
-        else:
-            cs = stage[cw]
-            positions = self.positions
-            upstream = np.where(positions[ps] < positions[cs], ps, cs)
-            delay = np.zeros(len(w), dtype=np.float64)
-            delay[cross] = self.boundary[upstream]
-            x_delay = delay[cross]
-        first = part.start
-        w += first
-        cw += first
-        return w, pw, delay, (prod[cw - first].astype(np.int32), cw.astype(np.int32), x_delay, upstream.astype(np.int32))
+        for req_stage, req_phase in zip(self.req_stage, self.req_phase):
+            # provider key of the input: (stage * M + mb) * P + phase = table[cell] + mb * P
+            keys = (req_stage * (self.num_mb * self.num_phases) + req_phase)[cell]
+            keys += mb_part
+            prod = self.provider[keys]
+            po = prod if owner_ext is None else owner_ext[prod]
+            # same-rank inputs produced earlier in the order are free; anything else must be waited for
+            w = np.flatnonzero((po >= 0) & ((po < rank_lo) | (po >= owner)))
+            pw = po[w]
+            cross = lo_ext[pw] != rank_lo[w]
+            cross &= pw < n
+            cw = w[cross]
+            ps = req_stage[cell[cw]]
+            if costs.p2p_alpha is None:
+                delay = np.where(cross, costs.comm, 0.0)
+                upstream = ps
+                x_delay = np.broadcast_to(np.float64(costs.comm), (len(cw),))
+            else:
+                cs = stage[cw]
+                upstream = np.where(self.positions[ps] < self.positions[cs], ps, cs)
+                delay = np.zeros(len(w), dtype=np.float64)
+                delay[cross] = self.boundary[upstream]
+                x_delay = delay[cross]
+            xfer = (prod[cw].astype(np.int32), (cw + part.start).astype(np.int32), x_delay, upstream.astype(np.int32))
+            yield w + part.start, pw, delay, xfer
 
     def _assign_waits(
         self,
@@ -383,7 +379,11 @@ class _Program:
         c_start -= per_action
         self.pair_first = c_start[pair_idx]
         self.single_idx, self.single_first = single, c_start[single]
-        c_owner = np.repeat(np.arange(n, dtype=np.int64), per_action)
+        # owner of each computation, then n and -1: indexed by a provider entry, ``owner_ext`` gives the producer
+        # action, n for a key nobody provides (num_comps) and -1 for no input (-1)
+        self.owner_ext = np.repeat(np.arange(n + 2, dtype=np.int64), np.append(per_action, [1, 1]))
+        self.owner_ext[-1] = -1
+        c_owner = self.owner_ext[:-2]
         in_pair = np.repeat(code == _PAIR, per_action)
         in_single = ~in_pair
         singles = [flat[i] for i in single.tolist()]
@@ -404,8 +404,6 @@ class _Program:
 
     def _microbatches(self, comps: list[Action], owner_of: Callable[[int], int]) -> np.ndarray:
         """Microbatch of each computation; one without (``comps[k]``, in action ``owner_of(k)``) is an error."""
-        import numpy as np
-
         try:
             return _ints([c.microbatch for c in comps])
         except TypeError:
@@ -490,7 +488,7 @@ def _kind_codes(types: list[ActionType]) -> np.ndarray:
 
     if types and types.count(types[0]) == len(types):
         return np.full(len(types), _CODE_OF[types[0]], dtype=np.int8)
-    return np.frombuffer(bytearray(map(_CODE_OF.__getitem__, types)), dtype=np.int8)
+    return np.frombuffer(bytearray([_CODE_OF[t] for t in types]), dtype=np.int8)
 
 
 def _rule_tables(schedule: Schedule) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], int]:
@@ -543,14 +541,19 @@ def _run(prog: _Program) -> np.ndarray:
     n = prog.n
     # memoryviews read the compiled arrays in place, item by item, as Python numbers
     dep = memoryview(prog.dep)
-    delay = memoryview(prog.dep_delay)
+    delay: Any = memoryview(prog.dep_delay)
+    if prog.costs.p2p_alpha is None:
+        # a flat comm: every input the loop gets past arrives `comm` after its producer (an input it waits for on
+        # its own rank lies later there, so that action never runs), and one shared float serves every action
+        delay = [float(prog.costs.comm)] * n
     dur = memoryview(prog.duration)
     multi = prog.multi
     ga, gb = memoryview(prog.group_a), memoryview(prog.group_b)
     gda, gdb = memoryview(prog.group_delay_a), memoryview(prog.group_delay_b)
     offsets = prog.offsets.tolist()
     num_ranks = len(offsets) - 1
-    rank_of = memoryview(np.repeat(np.arange(num_ranks, dtype=np.int64), prog.lengths))
+    # rank of each action; action n (an input nobody computes) gets an extra rank that never runs
+    rank_of = memoryview(np.repeat(np.arange(num_ranks + 1, dtype=np.int64), np.append(prog.lengths, 1)))
     # -1: not yet; slot n stands for an input no rank computes. A list, not an array: reading a float back from a
     # list allocates nothing, and the loop reads ends of other ranks at random
     end = [-1.0] * (n + 1)
@@ -558,12 +561,12 @@ def _run(prog: _Program) -> np.ndarray:
     stops = offsets[1:]
     clock = [0.0] * num_ranks
     need = [0] * num_ranks  # per parked rank: the action it waits for
-    parked: list[list[int]] = [[] for _ in range(num_ranks)]  # per rank: the ranks waiting for one of its actions
+    parked: list[list[int]] = [[] for _ in range(num_ranks + 1)]  # per rank: ranks waiting for one of its actions
     ready = list(range(num_ranks - 1, -1, -1))
     pop = ready.pop
     push = ready.append
-    while ready:
-        r = pop()
+    r = pop() if ready else -1
+    while r >= 0:
         i = ptr[r]
         stop = stops[r]
         t = clock[r]
@@ -612,11 +615,16 @@ def _run(prog: _Program) -> np.ndarray:
             i += 1
         ptr[r] = i
         clock[r] = t
+        if i < stop:
+            need[r] = d
+            parked[rank_of[d]].append(r)
+        # wake the ranks waiting for an action this rank has passed; the first one runs next
         waiting = parked[r]
+        q, r = r, -1
         if waiting:
             if len(waiting) == 1:
                 if need[waiting[0]] < i:
-                    push(waiting.pop())
+                    r = waiting.pop()
             else:
                 still = []
                 for w in waiting:
@@ -624,10 +632,9 @@ def _run(prog: _Program) -> np.ndarray:
                         push(w)
                     else:
                         still.append(w)
-                parked[r] = still
-        if i < stop and d < n:
-            need[r] = d
-            parked[rank_of[d]].append(r)
+                parked[q] = still
+        if r < 0 and ready:
+            r = pop()
     stuck = [r for r in range(num_ranks) if ptr[r] < stops[r]]
     if stuck:
         _raise_deadlock(prog, end, stuck, ptr)
