@@ -52,6 +52,15 @@ class CostModel:
     unit: str = "unit"
     source: str = "default"
     notes: tuple[str, ...] = ()
+    # -- runtime overheads (calibrated by a probe run, stored in the profile's ``runtime`` section) ------------------
+    compute_scale: float = 1.0
+    """Every computation's op cost is multiplied by this (several ranks of one host computing at once)."""
+    dispatch_s: float = 0.0
+    """Added to every computation (an overlapped pair holds two): the runtime's gap between computations."""
+    recv_posting: str = "early"
+    """``"early"``: a cross-rank hand-off leaves when its producer ends. ``"consumer"``: it leaves at the later of the
+    producer's end and the end of the consumer rank's previous action (torch's lowering posts the receive just before
+    the computation that needs it, and gloo/NCCL transfer only once both sides are posted)."""
 
     # -- construction -------------------------------------------------------------------------------------------
 
