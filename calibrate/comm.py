@@ -5,22 +5,15 @@ round trip, so no clock needs to agree across hosts. Sizes run from a few bytes 
 ``t(n) = alpha + n / beta`` is fitted by least squares on relative errors (small and large messages count alike),
 and ``fit_rel_error`` is the root-mean-square relative residual.
 
-Without ``torchrun``, :func:`measure_local_pair` starts two local processes that talk over gloo on 127.0.0.1 (or
-NCCL between two visible GPUs).
+Without ``torchrun``, :func:`measure_local_pair` starts two local processes (:mod:`ppsim.calibrate.launch`) that talk
+over gloo on 127.0.0.1 (or NCCL between two visible GPUs).
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 import math
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ppsim.errors import PPSimError
@@ -73,50 +66,8 @@ def fit_alpha_beta(sizes: Sequence[int], times: Sequence[float]) -> tuple[float,
     return a, 1.0 / b, math.sqrt(sum(r * r for r in rel) / len(rel))
 
 
-# --- process groups -----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class World:
-    rank: int
-    world_size: int
-    local_rank: int
-    backend: str
-
-
-def torchrun_world_size() -> int:
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 1
-
-
-def init_world(*, backend: str, timeout_s: float, init_method: str = "env://",
-               rank: int | None = None, world_size: int | None = None) -> World:
-    """Join the process group (``torchrun``'s environment by default); a peer that never comes is a one-line error."""
-    import torch.distributed as dist
-
-    kwargs: dict[str, Any] = {}
-    if rank is not None:
-        kwargs.update(rank=rank, world_size=world_size)
-    try:
-        dist.init_process_group(
-            backend=backend, init_method=init_method, timeout=datetime.timedelta(seconds=timeout_s), **kwargs
-        )
-        dist.barrier()
-    except Exception as exc:  # noqa: BLE001 - the store and backends raise several unrelated types
-        where = init_method
-        if init_method == "env://":
-            keys = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
-            where = " ".join(f"{k}={os.environ.get(k, '?')}" for k in keys)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PPSimError(
-            f"could not form the {backend} process group within {timeout_s:g} s ({where}: {first[:160]}); "
-            "check that every rank started with the same rendezvous address and that the port is reachable, "
-            "or raise --init-timeout"
-        ) from None
-    return World(
-        rank=dist.get_rank(), world_size=dist.get_world_size(),
-        local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())), backend=backend,
-    )
+# --- process groups: see ppsim.calibrate.launch (re-exported here for callers of this module) -------------------------
+from ppsim.calibrate.launch import World, free_port, init_world, torchrun_world_size  # noqa: E402,F401
 
 
 def _pingpong(peer: int, *, initiator: bool, sizes: Sequence[int], warmup: int, reps: int, device: Any,
@@ -198,95 +149,43 @@ def combine_pairs(pairs: Sequence[P2PPair], reference_bytes: int) -> P2PProfile:
 
 
 # --- two local processes (no torchrun) -------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _local_worker(rank: int, port: int, backend: str, sizes: list[int], warmup: int, reps: int,
-                  timeout_s: float) -> int:
-    """One of the two local processes; rank 0 prints a JSON line per repetition, then all times by size."""
+def _local_pair_rank(ctx: Any, backend: str, sizes: list[int], warmup: int, reps: int,
+                     timeout_s: float) -> dict[int, list[float]]:
+    """One of the two local processes (started by :func:`ppsim.calibrate.launch.run_local`)."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    device: Any = "cpu"
+    if backend == "nccl":
+        torch.cuda.set_device(ctx.rank)
+        device = torch.device("cuda", ctx.rank)
+    init_world(backend=backend, timeout_s=timeout_s, store=ctx.store(timeout_s), rank=ctx.rank, world_size=2)
     try:
-        device: Any = "cpu"
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-            device = torch.device("cuda", rank)
-        init_world(backend=backend, timeout_s=timeout_s, init_method=f"tcp://127.0.0.1:{port}",
-                   rank=rank, world_size=2)
-        def report() -> None:
-            if rank == 0:
-                print(json.dumps({"rep": True}), flush=True)
-
-        times = _pingpong(1 - rank, initiator=rank == 0, sizes=sizes, warmup=warmup, reps=reps, device=device,
-                          tick=report)
-        if rank == 0:
-            print(json.dumps({"times": {str(n): t for n, t in times.items()}}), flush=True)
+        times = _pingpong(1 - ctx.rank, initiator=ctx.rank == 0, sizes=sizes, warmup=warmup, reps=reps,
+                          device=device, tick=lambda: ctx.send("rep") if ctx.rank == 0 else None)
         dist.barrier()
-        return 0
-    except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
-        text = str(exc).strip()
-        print(json.dumps({"error": text.splitlines()[0] if text else type(exc).__name__}), flush=True)
-        return 1
+        return times
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        dist.destroy_process_group()
 
 
 def measure_local_pair(sizes: Sequence[int], *, backend: str = "gloo", warmup: int, reps: int,
                        timeout_s: float = 60.0, tick: Tick = _noop) -> P2PProfile:
-    """Start two local processes (fresh interpreters), ping-pong every size between them, fit alpha and beta."""
-    port = free_port()
+    """Start two local processes, ping-pong every size between them, fit alpha and beta."""
+    from ppsim.calibrate.launch import run_local
+
     failure = "re-run with --no-p2p to skip it, or under torchrun"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "ppsim.calibrate.comm", str(r), str(port), backend, ",".join(map(str, sizes)),
-             str(warmup), str(reps), str(timeout_s)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        for r in range(2)
-    ]
-    samples: list[P2PSample] = []
-    errors: list[str] = []
     try:
-        assert procs[0].stdout is not None
-        for line in procs[0].stdout:
-            msg = json.loads(line) if line.startswith("{") else {}
-            if "error" in msg:
-                errors.append(msg["error"])
-            elif "rep" in msg:
-                tick()
-            elif "times" in msg:
-                samples = _samples({int(n): t for n, t in msg["times"].items()})
-        for p in procs:
-            p.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        errors.append(f"no answer within {timeout_s:g} s")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    if errors or len(samples) != len(sizes) or any(p.returncode for p in procs):
-        why = errors[0] if errors else _last_line(procs[1].stderr) or _last_line(procs[0].stderr) or "no output"
-        raise PPSimError(f"p2p measurement between two local {backend} processes failed ({why[:200]}); {failure}")
+        times = run_local(_local_pair_rank, (backend, list(sizes), warmup, reps, timeout_s), world_size=2,
+                          timeout_s=timeout_s + 60 + 0.05 * reps * len(sizes), what="p2p measurement",
+                          on_message=lambda rank, msg: tick())
+    except (PPSimError, RuntimeError) as exc:
+        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+        why = lines[-1] if lines else type(exc).__name__
+        raise PPSimError(f"p2p measurement between two local {backend} processes failed ({why[:200]}); "
+                         f"{failure}") from None
+    samples = _samples(times)
     alpha, beta, err = fit_alpha_beta([s.bytes for s in samples], [s.median_s for s in samples])
     pair = P2PPair(src=0, dst=1, alpha_s=alpha, beta_bytes_per_s=beta, fit_rel_error=err, samples=tuple(samples))
     return combine_pairs([pair], max(sizes))
-
-
-def _last_line(stream: Any) -> str:
-    if stream is None:
-        return ""
-    lines = [ln.strip() for ln in stream.read().splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
-
-
-if __name__ == "__main__":
-    _rank, _port, _backend, _sizes, _warmup, _reps, _timeout = sys.argv[1:8]
-    sys.exit(_local_worker(int(_rank), int(_port), _backend, [int(x) for x in _sizes.split(",")], int(_warmup),
-                           int(_reps), float(_timeout)))

@@ -1,8 +1,374 @@
-"""CLI commands that need torch (`ppsim calibrate`, `ppsim run`); torch is imported inside them, never here."""
+"""The `ppsim calibrate` and `ppsim run` commands: option checks, then the library call, then output.
+
+Every option is checked here before torch is imported (a bad integer is refused at once), the work is done by
+:mod:`ppsim.calibrate.calibration` and :mod:`ppsim.calibrate.run`, and output is printed here. The measured-vs-
+predicted figure is drawn by ``ppsim.viz.run_figure``: calibrate/ does not import viz, so the CLI hands the drawing
+function in through :func:`register`.
+
+    from ppsim.calibrate.commands import register
+    register(app, wrap=user_errors, plot_run=ppsim.viz.run_figure.plot_run)
+"""
 
 from __future__ import annotations
 
-from ppsim.calibrate.calibrate_cmd import calibrate_command
-from ppsim.calibrate.run_cmd import run_command
+import json
+import math
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
-__all__ = ["calibrate_command", "run_command"]
+import typer
+
+from ppsim.errors import PPSimError
+
+if TYPE_CHECKING:
+    from ppsim.calibrate.run import RunReport
+    from ppsim.model_config import ModelConfig
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf", ".html")
+PlotRun = Callable[..., Path]
+_plot_run: PlotRun | None = None
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class Backend(str, Enum):
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+def register(app: typer.Typer, *, wrap: Callable[[Any], Any] = lambda f: f, plot_run: PlotRun | None = None) -> None:
+    """Add `calibrate` and `run` to ``app``; ``wrap`` turns user errors into one line; ``plot_run(measured,
+    predicted, num_ranks, title, path)`` draws `run --plot` (without it `--plot` is refused)."""
+    global _plot_run
+    _plot_run = plot_run
+    app.command("calibrate")(wrap(calibrate_command))
+    app.command("run")(wrap(run_command))
+
+
+# --- calibrate --------------------------------------------------------------------------------------------------
+def calibrate_command(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Profile JSON to write (atomically, as it goes).")],
+    device: Annotated[Device, typer.Option("--device", case_sensitive=False, help="cpu or cuda.")] = Device.cpu,
+    preset: Annotated[str, typer.Option("--preset", help="Model shapes: tiny (CPU, default), 1b, 8b.")] = "tiny",
+    hidden: Annotated[Optional[int], typer.Option("--hidden", help="Hidden size (overrides the preset).")] = None,
+    heads: Annotated[Optional[int], typer.Option("--heads", help="Attention heads; must divide --hidden.")] = None,
+    ffn: Annotated[Optional[int], typer.Option("--ffn", help="SwiGLU inner size.")] = None,
+    layers: Annotated[Optional[int], typer.Option("--layers", help="Transformer blocks in the whole model.")] = None,
+    vocab: Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size.")] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Tokens per sequence.")] = None,
+    mb_size: Annotated[Optional[int], typer.Option("--mb-size", help="Sequences per microbatch.")] = None,
+    dtype: Annotated[
+        Optional[DType], typer.Option("--dtype", case_sensitive=False, help="float32, bfloat16 or float16.")
+    ] = None,
+    stages: Annotated[
+        int,
+        typer.Option("--stages", help="Stages of the per-stage table written beside the blocks (the profile's "
+                     "blocks serve any stage count)."),
+    ] = 4,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed repetitions before each measurement.")] = 3,
+    reps: Annotated[int, typer.Option("--reps", help="Timed repetitions per measurement.")] = 20,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the unfinished profile in -o without repeating finished work.")
+    ] = False,
+    p2p: Annotated[
+        bool,
+        typer.Option("--p2p/--no-p2p", help="Measure p2p latency/bandwidth (two local processes without torchrun)."),
+    ] = True,
+    probe: Annotated[
+        bool,
+        typer.Option("--probe/--no-probe", help="Calibrate the runtime overheads with a short probe run of a fixed "
+                     "reference schedule (1F1B, 2 local ranks)."),
+    ] = True,
+    check_stages: Annotated[
+        bool, typer.Option("--check-stages", help="Also measure the --stages stages directly (composition check).")
+    ] = False,
+    init_timeout: Annotated[
+        float, typer.Option("--init-timeout", help="Seconds to wait for the other ranks to join.")
+    ] = 60.0,
+    override_limits: Annotated[
+        bool, typer.Option("--override-limits", help="Run even when the memory or time estimate exceeds the limits.")
+    ] = False,
+) -> None:
+    """Measure the model's blocks (embedding, layer, head), the per-stage overhead, p2p cost and the runtime's
+    overheads on this machine; write a profile that serves any schedule and stage count."""
+    from ppsim.calibrate.calibration import CalibrationOptions, check_limits
+
+    config = resolve_config(
+        preset, hidden=hidden, heads=heads, ffn=ffn, layers=layers, vocab=vocab, seq_len=seq_len, mb_size=mb_size,
+        dtype=None if dtype is None else dtype.value,
+    )
+    for name, value, least in (("--warmup", warmup, 0), ("--reps", reps, 1)):
+        if value < least:
+            raise PPSimError(f"{name} {value}: must be at least {least}; e.g. {name} {max(least, 3)}")
+    if stages < 1:
+        raise PPSimError(f"--stages {stages}: must be at least 1; e.g. --stages 4")
+    if not (init_timeout > 0 and math.isfinite(init_timeout)):
+        raise PPSimError(f"--init-timeout {init_timeout}: must be a positive number of seconds; e.g. 60")
+    from ppsim.model_config import split_layers
+
+    split_layers(config.layers, stages)
+    check_output(output, "-o", suffix=".json")
+    opts = CalibrationOptions(
+        output=output, config=config, num_stages=stages, device=device.value, warmup=warmup, reps=reps,
+        resume=resume, p2p=p2p, probe=probe, check_stages=check_stages, init_timeout_s=init_timeout,
+        override_limits=override_limits,
+    )
+    check_limits(opts)  # before torch: the estimate needs none
+    from ppsim.calibrate.calibration import calibrate
+
+    try:
+        doc = calibrate(opts)
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted; finished measurements are in {output}; continue with --resume", err=True)
+        raise typer.Exit(code=130) from None
+    if doc is not None:
+        print_profile_summary(doc)
+        typer.echo(str(output))
+
+
+def resolve_config(preset: str, **overrides: Any) -> ModelConfig:
+    from ppsim.model_config import get_preset
+
+    base = get_preset(preset)
+    changes = {k: v for k, v in overrides.items() if v is not None and getattr(base, k) != v}
+    if not changes:
+        return base
+    return base.replace(preset="custom", **changes)
+
+
+def check_output(path: Path, what: str, *, suffix: str | None = None) -> None:
+    parent = path.parent if str(path.parent) else Path(".")
+    import os
+
+    if path.is_dir():
+        raise PPSimError(f"{what} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        raise PPSimError(f"{what} {path}: folder {parent} does not exist; create it or choose another path")
+    if not os.access(parent, os.W_OK):
+        raise PPSimError(f"{what} {path}: folder {parent} is not writable; choose another path")
+    if suffix is not None and path.suffix.lower() != suffix:
+        raise PPSimError(f"{what} {path}: a profile is JSON; use a name ending in {suffix}")
+
+
+def print_profile_summary(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def cell(stat: Any) -> str:
+        if stat is None:
+            return "-"
+        return f"{stat['median'] * 1e3:.3g} \\[{stat['p10'] * 1e3:.3g}-{stat['p90'] * 1e3:.3g}]"
+
+    wall = (doc.get("method") or {}).get("wall_s")
+    table = Table(title=f"blocks of the {doc['model']['preset']} model on {doc['device_name']}"
+                  + (f" ({wall:.1f} s)" if wall is not None else "") + "; ms: median \\[p10-p90]")
+    for col in ("block", "F", "B", "I", "W", "FB", "activations", "freed by I"):
+        table.add_column(col, justify="right")
+    rows = dict(doc.get("blocks") or {})
+    if doc.get("stage_overhead"):
+        rows["per-stage overhead"] = doc["stage_overhead"]
+    for name, block in rows.items():
+        table.add_row(name, *(cell(block.get(op)) for op in ("F", "B", "I", "W", "FB")),
+                      _fmt_bytes(block.get("activation_bytes")), _fmt_bytes(block.get("activation_bytes_freed_by_I")))
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console = Console(stderr=True, width=130)
+    console.print(table)
+    p = doc.get("p2p")
+    if p is not None:
+        console.print(f"p2p: alpha {p['alpha_s'] * 1e6:.1f} us, beta {p['beta_bytes_per_s'] / 1e9:.3g} GB/s "
+                      f"(fit error {p['fit_rel_error']:.1%})")
+    rt = doc.get("runtime")
+    if rt and "compute_scale" in rt:
+        conc = ", ".join(f"{k} computing: x{v:.2f}" for k, v in rt.get("compute_scale_by_concurrency", {}).items())
+        console.print(f"runtime (probe {rt['probe']['schedule']}, {rt['probe']['ranks']} ranks): compute "
+                      f"x{rt['compute_scale']:.2f} ({conc}), dispatch {rt['dispatch_s'] * 1e6:.0f} us per "
+                      f"computation, hand-off {rt['handoff_s'] * 1e6:.0f} us")
+    for check in doc.get("stage_checks") or []:
+        errs = ", ".join(f"{k} {v:+.0f}%" for k, v in check.get("composition_error_pct", {}).items())
+        console.print(f"stage {check['stage']} measured directly vs composed from blocks: {errs}")
+    for note in doc.get("notes") or []:
+        console.print(f"note: {note}")
+
+
+def _fmt_bytes(n: Any) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+# --- run --------------------------------------------------------------------------------------------------------
+def run_command(
+    schedule: Annotated[
+        str, typer.Option("--schedule", "-s", help="Schedule name (case-insensitive, see `ppsim list`) or a .csv file.")
+    ],
+    ranks: Annotated[Optional[int], typer.Option("--ranks", "-r", help="Pipeline ranks (processes).")] = None,
+    mb: Annotated[Optional[int], typer.Option("--mb", "-m", help="Microbatches per step.")] = None,
+    stages_per_rank: Annotated[
+        Optional[int],
+        typer.Option("--stages-per-rank", "-v", help="Virtual stages per rank (interleaved/looped schedules)."),
+    ] = None,
+    backend: Annotated[
+        Backend, typer.Option("--backend", case_sensitive=False, help="gloo (CPU) or nccl (one GPU per rank).")
+    ] = Backend.gloo,
+    profile: Annotated[
+        Optional[Path],
+        typer.Option("--profile", help="Profile JSON from `ppsim calibrate` (default: calibrate here first)."),
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Timed steps (after the warm-up steps).")] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed warm-up steps.")] = 3,
+    probes: Annotated[
+        Optional[int],
+        typer.Option("--probes", help="Steps interleaved with the timed ones for the post-hoc model "
+                     "(explained_step_s; default: as many as --steps; 0: fit it on the warm-up steps)."),
+    ] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the run JSON here.")] = None,
+    plot: Annotated[
+        Optional[Path], typer.Option("--plot", help="Measured timeline above the predicted one: .png/.svg/.pdf/.html.")
+    ] = None,
+    synthetic: Annotated[
+        bool, typer.Option("--synthetic", help="Stages sleep their cost instead of computing (exact gradients).")
+    ] = False,
+    costs: Annotated[
+        Optional[str],
+        typer.Option("--costs", help='With --synthetic: per-op costs in units of --time-unit, e.g. "F=1,B=2,comm=0".'),
+    ] = None,
+    time_unit: Annotated[
+        float, typer.Option("--time-unit", help="With --synthetic --costs: seconds per cost unit.")
+    ] = 0.01,
+    preset: Annotated[
+        str, typer.Option("--preset", help="Model to calibrate and run when no --profile is given (tiny, 1b, 8b).")
+    ] = "tiny",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and the batch.")] = 0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Stop the processes after this many seconds.")] = 600.0,
+    override_limits: Annotated[
+        bool, typer.Option("--override-limits", help="Run even beyond the work, rank and memory limits.")
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the run JSON instead of the table.")] = False,
+) -> None:
+    """Execute the schedule on R processes with torch's pipeline runtime; check gradients; compare with ppsim's
+    before-run prediction."""
+    for name, value, least in (("--ranks", ranks, 1), ("--mb", mb, 1), ("--stages-per-rank", stages_per_rank, 1),
+                               ("--steps", steps, 1), ("--warmup", warmup, 0), ("--probes", probes, 0)):
+        if value is not None and value < least:
+            raise PPSimError(f"{name} {value}: must be at least {least}")
+    for name, number, least in (("--time-unit", time_unit, 1e-4), ("--timeout", timeout, 1.0)):
+        if not (math.isfinite(number) and number >= least):
+            raise PPSimError(f"{name} {number}: must be a finite number >= {least:g}")
+    for path, what in ((output, "-o"), (plot, "--plot")):
+        if path is not None:
+            check_output(path, what)
+    if plot is not None:
+        if plot.suffix.lower() not in PLOT_SUFFIXES:
+            raise PPSimError(
+                f"--plot {plot}: unknown extension {plot.suffix or '(none)'!r}; use one of {', '.join(PLOT_SUFFIXES)}"
+            )
+        if _plot_run is None:
+            raise PPSimError("--plot: this ppsim was built without its figures (ppsim.viz); drop --plot")
+    if costs is not None:
+        from ppsim.costs import parse_costs
+
+        parse_costs(costs)  # one-line errors before anything starts
+    from ppsim.calibrate.run import RunOptions, execute
+
+    options = RunOptions(
+        schedule=schedule, num_ranks=ranks, num_microbatches=mb, num_stages_per_rank=stages_per_rank,
+        backend=backend.value, profile=profile, costs=costs, synthetic=synthetic, time_unit_s=time_unit,
+        preset=preset, num_steps=steps, num_warmup=warmup, num_probes=probes, seed=seed, timeout_s=timeout,
+        save_calibration=None if output is None else output.with_name(output.stem + ".profile.json"),
+        override_limits=override_limits,
+    )
+    report = execute(options)
+    if report is None:  # a torchrun rank other than 0
+        return
+    data = report.to_dict()
+    if output is not None:
+        from ppsim.formats import write_atomic
+
+        write_atomic(output, json.dumps(data, indent=1, allow_nan=False) + "\n")
+    if plot is not None and _plot_run is not None:
+        title = (f"{data['schedule']}, {data['ranks']} ranks, {data['microbatches']} microbatches: measured "
+                 f"{fmt_s(data['measured_step_s'])}, predicted {fmt_s(data['predicted_step_s'])} "
+                 f"({data['step_error_pct']:+.1f}%)")
+        _plot_run(report.measured_bars(), report.predicted_bars(), data["ranks"], title, plot)
+    if json_out:
+        typer.echo(json.dumps(data, indent=1, allow_nan=False))
+    else:
+        print_run_summary(report)
+        for path in (output, plot):
+            if path is not None:
+                typer.echo(str(path))
+    if not report.grad_ok or not report.loss_match:
+        typer.echo(
+            f"Error: gradients or loss differ from the non-pipelined reference beyond the tolerance "
+            f"(max |grad diff| {data['grad_max_abs_diff']:.3g} > {data['grad_tolerance']:.3g}, or loss "
+            f"{data['loss']:.8g} vs {data['ref_loss']:.8g}); the execution is wrong",
+            err=True,
+        )
+        raise typer.Exit(code=1)
+
+
+def print_run_summary(report: RunReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    d = report.to_dict()
+    kind = "synthetic stages" if d["synthetic"] else f"{d['device']} ({d['device_name']})"
+    table = Table(
+        title=f"{d['schedule']}: {d['ranks']} ranks, {d['microbatches']} microbatches, {d['stages']} stages, "
+        f"{kind}, {d['backend']}"
+    )
+    for col, justify in (("", "left"), ("measured", "right"), ("predicted", "right"), ("error", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    lo, hi = d["measured_step_spread_s"]
+    table.add_row(f"step time (median of {d['steps']}; {fmt_s(lo)}-{fmt_s(hi)})", fmt_s(d["measured_step_s"]),
+                  fmt_s(d["predicted_step_s"]), f"{d['step_error_pct']:+.1f}%")
+    table.add_row("step time, op costs only", "", fmt_s(d["predicted_step_costs_only_s"]),
+                  f"{d['step_error_costs_only_pct']:+.1f}%")
+    if d["explained_step_s"] is not None:
+        table.add_row("step time, post-hoc (fitted on this run)", "", fmt_s(d["explained_step_s"]),
+                      f"{d['explained_error_pct']:+.1f}%")
+    table.add_row(
+        "bubble ratio", f"{d['bubble_ratio_measured']:.1%}", f"{d['bubble_ratio_predicted']:.1%}",
+        f"{100 * (d['bubble_ratio_predicted'] - d['bubble_ratio_measured']):+.1f} pt",
+    )
+    for m in d["memory"]:
+        pred = m["peak_activation_bytes_predicted"]
+        err = m["peak_activation_error_pct"]
+        table.add_row(f"rank {m['rank']} peak activations", _fmt_bytes(m["peak_activation_bytes_measured"]),
+                      _fmt_bytes(pred), "" if err is None else f"{err:+.1f}%")
+    ae = d["action_error"]
+    table.add_row("action start |error| median / max", "", "",
+                  f"{fmt_s(ae['start_median_abs_s'])} / {fmt_s(ae['start_max_abs_s'])}")
+    Console().print(table)
+    pi = d["prediction_inputs"]
+    typer.echo(f"prediction (before the run, from {pi['source']}): compute x{pi['compute_scale']:.2f}, dispatch "
+               f"{fmt_s(pi['dispatch_s'])} per computation, hand-offs from {pi['handoff']}")
+    verdict = "OK" if d["grad_ok"] and d["loss_match"] else "MISMATCH"
+    typer.echo(
+        f"numerics {verdict}: loss {d['loss']:.8g} (reference {d['ref_loss']:.8g}); max |grad - reference| "
+        f"{d['grad_max_abs_diff']:.3g} over {d['num_params_checked']} parameters (tolerance {d['grad_tolerance']:.3g})"
+    )
+
+
+def fmt_s(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.0f} µs"

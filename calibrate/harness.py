@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight
 
-from ppsim.calibrate.model import ModelConfig, build_stage, loss_fn, split_layers, stage_input
+from ppsim.calibrate.torch_adapter import backward_functions
+from ppsim.calibrate.model import ModelConfig, StageModule, _place, build_stage, loss_fn, split_layers, stage_input
 from ppsim.errors import PPSimError
 
 Tick = Callable[[], None]
@@ -123,20 +123,58 @@ def stage_static(config: ModelConfig, num_stages: int, stage: int) -> StageStati
     )
 
 
+@dataclass(frozen=True)
+class Unit:
+    """A piece of the model measured alone: layers ``[first, last)``, with the embedding and/or the head."""
+
+    name: str
+    layers: tuple[int, int]
+    has_embedding: bool
+    has_head: bool
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+
+def stage_unit(config: ModelConfig, num_stages: int, stage: int) -> Unit:
+    """Stage ``stage`` of the default split as a :class:`Unit`."""
+    return Unit(f"stage{stage}", split_layers(config.layers, num_stages)[stage], stage == 0, stage == num_stages - 1)
+
+
+def unit_static(config: ModelConfig, unit: Unit) -> StageStatic:
+    """Sizes of ``unit`` known without running anything (built on the meta device)."""
+    with torch.device("meta"):
+        module = StageModule(config, unit.layers, has_embedding=unit.has_embedding, has_head=unit.has_head)
+    param_bytes = sum(p.numel() * config.torch_dtype.itemsize for p in module.parameters())
+    return StageStatic(
+        layers=unit.layers, has_embedding=unit.has_embedding, has_head=unit.has_head, param_bytes=param_bytes,
+        grad_bytes=param_bytes, optimizer_bytes=2 * param_bytes,
+        output_bytes=0 if unit.has_head else config.boundary_bytes,
+    )
+
+
 class StageBench:
-    """One stage module with a representative microbatch, ready to run the runtime's actions on it."""
+    """One stage module (or unit) with a representative microbatch, ready to run the runtime's actions on it."""
 
     def __init__(
-        self, config: ModelConfig, num_stages: int, stage: int, *, device: torch.device, seed: int = 0
+        self, config: ModelConfig, num_stages: int, stage: int, *, device: torch.device, seed: int = 0,
+        unit: Unit | None = None,
     ) -> None:
+        if unit is None:
+            unit = stage_unit(config, num_stages, stage)
         self.config = config
         self.stage = stage
-        self.is_first = stage == 0
-        self.is_last = stage == num_stages - 1
+        self.unit = unit
+        self.is_first = unit.has_embedding
+        self.is_last = unit.has_head
         self.device = device
         self.clock = Clock(device)
-        self.module = build_stage(config, num_stages, stage, seed=seed, device=device)
-        self.input = stage_input(config, stage, seed=seed, device=device)
+        self.module = _place(
+            StageModule(config, unit.layers, has_embedding=unit.has_embedding, has_head=unit.has_head, seed=seed),
+            config, device,
+        )
+        self.input = stage_input(config, 0 if unit.has_embedding else max(stage, 1), seed=seed, device=device)
         gen = torch.Generator().manual_seed(seed + 104729 * (stage + 1))
         if self.is_last:
             self.targets = torch.randint(0, config.vocab, (config.mb_size, config.seq_len), generator=gen).to(device)
@@ -171,6 +209,7 @@ class StageBench:
 
     def backward(self, fwd: _Forward) -> None:
         outputs, grads = self._backward_args(fwd)
+        stage_backward, _, _ = backward_functions()
         stage_backward(outputs, grads, fwd.inputs)
         self._release_outputs(fwd)
 
@@ -180,6 +219,7 @@ class StageBench:
         outputs, grads = self._backward_args(fwd)
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)
+        _, stage_backward_input, _ = backward_functions()
         _, param_groups = stage_backward_input(list(outputs), grads, fwd.inputs, self.module.parameters())
         self._release_outputs(fwd)
         return param_groups
@@ -188,6 +228,7 @@ class StageBench:
         if self.is_first:
             self.backward(fwd)
         else:
+            _, _, stage_backward_weight = backward_functions()
             stage_backward_weight(self.module.parameters(), param_groups or [])
 
     # --- measurements -------------------------------------------------------------------------------------------

@@ -477,10 +477,10 @@ def report_cmd(
 
 # --- calibrate / run (torch; imported lazily inside the commands) --------------------------------------------------
 def _register_torch_commands() -> None:
-    from ppsim.calibrate.commands import calibrate_command, run_command
+    from ppsim.calibrate.commands import register
+    from ppsim.viz.run_figure import plot_run
 
-    app.command("calibrate")(user_errors(calibrate_command))
-    app.command("run")(user_errors(run_command))
+    register(app, wrap=user_errors, plot_run=plot_run)
 
 
 _register_torch_commands()

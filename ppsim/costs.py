@@ -107,9 +107,15 @@ class CostModel:
             beta = _number(p2p.get("beta_bytes_per_s"), f"profile {source}: p2p.beta_bytes_per_s")
             if beta <= 0:
                 raise CostError(f"profile {source}: p2p.beta_bytes_per_s is {beta}; bandwidth must be > 0")
+        runtime = _runtime_fields(data.get("runtime"), source)
+        comm = 0.0
+        if "handoff_s" in runtime:  # the probe's hand-off time replaces the p2p fit (it includes the runtime's path)
+            comm, alpha, beta = runtime.pop("handoff_s"), None, None
+            notes.append("cross-rank hand-offs: the profile's runtime.handoff_s (calibration probe)")
         return cls(
             **ops,
-            comm=0.0,
+            **runtime,
+            comm=comm,
             p2p_alpha=alpha,
             p2p_beta=beta,
             output_bytes=out,
@@ -334,6 +340,24 @@ def load_costs(costs: str | None = None, profile: str | Path | None = None) -> C
     path = Path(profile)
     data = load_profile(path)
     return CostModel.from_profile(data, source=str(path))
+
+
+def _runtime_fields(runtime: Any, source: str) -> dict[str, Any]:
+    """The profile's optional ``runtime`` section (written by `ppsim calibrate`'s probe) as CostModel fields."""
+    if runtime is None:
+        return {}
+    if not isinstance(runtime, Mapping):
+        raise CostError(f"profile {source}: runtime must be an object; re-run `ppsim calibrate`")
+    out: dict[str, Any] = {}
+    for key in ("compute_scale", "dispatch_s", "handoff_s"):
+        if runtime.get(key) is not None:
+            out[key] = _number(runtime[key], f"profile {source}: runtime.{key}")
+    posting = runtime.get("recv_posting")
+    if posting is not None:
+        if posting not in ("early", "consumer"):
+            raise CostError(f"profile {source}: runtime.recv_posting {posting!r} must be 'early' or 'consumer'")
+        out["recv_posting"] = posting
+    return out
 
 
 def _get(entry: Any, key: str, source: str, kind: type) -> Any:

@@ -310,8 +310,11 @@ class _Program:
         schedule, costs = self.schedule, self.costs
         width = max(schedule.num_stages, 1)
         op = np.zeros((6, width), dtype=np.float64)
+        scale, dispatch = costs.compute_scale, costs.dispatch_s  # runtime overheads (calibrated probe)
         for k, kind in enumerate(_SINGLE_KINDS):
-            op[k, : schedule.num_stages] = [costs.op_cost(schedule, s, kind) for s in range(schedule.num_stages)]
+            op[k, : schedule.num_stages] = [
+                costs.op_cost(schedule, s, kind) * scale + dispatch for s in range(schedule.num_stages)
+            ]
         if costs.num_positions is None:
             duration = op[:, 0][self.code]  # pairs and others cost 0 here
         elif self.simple:
@@ -333,6 +336,11 @@ class _Program:
                 [rule(schedule, u // 4 // width, u // 4 % width, _SINGLE_KINDS[u % 4]) for u in uniq.tolist()],
                 dtype=np.float64,
             ).reshape(-1, 2)
+            if scale != 1.0 or dispatch != 0.0:  # each half: op cost x scale + dispatch
+                total = split[:, 0] * scale + 2 * dispatch
+                fwd = split[:, 0] * split[:, 1] * scale + dispatch
+                split[:, 1] = np.divide(fwd, total, out=np.full_like(total, 0.5), where=total > 0)
+                split[:, 0] = total
             duration[self.pair_idx] = split[inverse, 0]
             self.pair_shares = split[inverse, 1]
         self.duration = duration

@@ -222,7 +222,7 @@ def _measurement(warmup: tuple, steps: tuple, *, synthetic: bool = False, probes
 
 
 def test_runtime_model_fits_dispatch_latency_and_compute_scale_on_warmup_only() -> None:
-    from ppsim.calibrate.run_cmd import fit_runtime_model
+    from ppsim.calibrate.runtime_model import fit_runtime_model
     from ppsim.costs import parse_costs
 
     schedule = get_schedule("GPipe", 2, 1)  # rank 0: 0F0 0B0; rank 1: 1F0 1B0
@@ -250,7 +250,7 @@ def test_runtime_model_fits_dispatch_latency_and_compute_scale_on_warmup_only() 
 
 
 def test_synthetic_runtime_model_adds_the_sleep_overrun_to_dispatch() -> None:
-    from ppsim.calibrate.run_cmd import fit_runtime_model
+    from ppsim.calibrate.runtime_model import fit_runtime_model
     from ppsim.costs import parse_costs
 
     schedule = get_schedule("GPipe", 1, 2)  # 0F0 0F1 0B0 0B1
@@ -268,7 +268,7 @@ def test_synthetic_runtime_model_adds_the_sleep_overrun_to_dispatch() -> None:
 
 
 def test_with_runtime_adds_dispatch_to_every_computation_and_two_to_a_pair() -> None:
-    from ppsim.calibrate.run_cmd import RuntimeModel, with_runtime
+    from ppsim.calibrate.runtime_model import RuntimeModel, with_runtime
     from ppsim.costs import parse_costs
 
     costs = parse_costs("F=1,B=2,FB=2.5,comm=0.5")

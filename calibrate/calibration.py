@@ -1,0 +1,622 @@
+"""`ppsim calibrate`'s library side: measure the model's blocks, the per-stage overhead, p2p and the runtime probe;
+write the profile as it goes; resume a killed calibration.
+
+What is measured (docs/calibration.md):
+
+1. **Units**, each built alone as a stage would be and timed the way torch's runtime runs each action
+   (:mod:`ppsim.calibrate.harness`): the embedding alone, 1 layer, ``K`` layers (``K = min(4, layers)``), the head
+   alone (final norm, LM head, loss). From them: a layer's cost ``L = (T_K - T_1) / (K - 1)``, the fixed per-stage
+   overhead ``O = T_1 - L`` (what a stage costs beyond its blocks: hooks, the receive buffer, the output detach;
+   clamped at 0), the embedding ``T_embed - O`` and the head ``T_head - O``. Per-repetition samples are combined,
+   so every block keeps a median and a spread. Activation bytes and bytes freed by I are composed the same way.
+2. **Stages** for ``--stages N`` are composed from the blocks (``O + embedding + n L + head``; a stage with the
+   embedding runs nothing at I and its whole backward at W, as torch's runtime does); ``--check-stages`` also
+   measures those stages directly and records the composition error.
+3. **p2p** latency and bandwidth (:mod:`ppsim.calibrate.comm`).
+4. **Runtime probe** (:mod:`ppsim.calibrate.runtime_model`): a fixed reference schedule (1F1B, 2 local ranks, 8
+   microbatches) executed under torch's runtime, first with the real model split in two, then with synthetic stages
+   sleeping the same costs; fitted into the profile's ``runtime`` section (compute scale, dispatch per
+   computation, hand-off time, the receive-posting rule; ``runtime.synthetic`` for synthetic stages).
+
+The profile is a version-1 ``ppsim.profile`` (``stages``, ``p2p``, ...) with added sections ``blocks``,
+``layout``, ``stage_overhead``, ``units``, ``stage_checks`` and ``runtime``; it is rewritten atomically after every
+finished measurement and ``done`` lists what is finished, so ``--resume`` skips it.
+
+torch is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ppsim.errors import PPSimError
+from ppsim.profile import Stat, load_profile
+
+if TYPE_CHECKING:
+    from ppsim.calibrate.launch import World
+    from ppsim.calibrate.model import ModelConfig
+
+OPS = ("F", "B", "I", "W", "FB")
+#: Layers in the multi-layer unit (fewer when the model has fewer).
+K_LAYERS = 4
+#: Work and memory limits of one calibration (``--override-limits`` lifts them).
+MAX_CALIBRATION_S = 3600.0
+CPU_FLOPS = 2e10
+GPU_FLOPS = 1e14
+PROBE_STEPS = 4
+PROBE_WARMUP = 2
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    output: Path
+    config: ModelConfig
+    num_stages: int = 4
+    device: str = "cpu"
+    warmup: int = 3
+    reps: int = 20
+    resume: bool = False
+    p2p: bool = True
+    probe: bool = True
+    check_stages: bool = False
+    init_timeout_s: float = 60.0
+    seed: int = 0
+    override_limits: bool = False
+
+
+# --- limits (no torch needed) -----------------------------------------------------------------------------------
+def estimate(config: ModelConfig, *, device: str, reps: int, warmup: int) -> tuple[float, int]:
+    """``(seconds, bytes)``: a rough estimate of the calibration's work and of the largest unit's memory."""
+    item = {"float32": 4, "bfloat16": 2, "float16": 2}[config.dtype]
+    tokens = config.mb_size * config.seq_len
+    h, f, v, s = config.hidden, config.ffn, config.vocab, config.seq_len
+    layer_flops = 2 * tokens * (4 * h * h + 3 * h * f) + 4 * tokens * s * h
+    head_flops = 2 * tokens * h * v
+    k = min(K_LAYERS, config.layers)
+    # per repetition: F, B, (F), I, W, FB ~ 3 forwards and 2.5 backwards (2x forward each) of 1 + k layers and head
+    per_rep = 8 * ((1 + k) * layer_flops + head_flops)
+    seconds = (warmup + reps) * per_rep / (GPU_FLOPS if device == "cuda" else CPU_FLOPS)
+    layer_params = 4 * h * h + 3 * h * f
+    attn_scores = config.mb_size * config.heads * s * s * item * (0 if device == "cuda" else 3)
+    per_layer_act = tokens * (12 * h + 4 * f) * item + attn_scores
+    weights = 4 * (k * layer_params + v * h) * item  # weights, grads and two optimizer-sized temporaries
+    activations = 3 * (k * per_layer_act + tokens * v * 8)  # up to three microbatches alive (pending pair)
+    return seconds, weights + activations
+
+
+def check_limits(opts: CalibrationOptions) -> None:
+    """Refuse, in one line with the estimate, a calibration this machine cannot hold or finish in an hour."""
+    if opts.override_limits:
+        return
+    from ppsim.calibrate.run import available_memory_bytes
+
+    seconds, need = estimate(opts.config, device=opts.device, reps=opts.reps, warmup=opts.warmup)
+    shape = (f"hidden {opts.config.hidden}, ffn {opts.config.ffn}, vocab {opts.config.vocab}, "
+             f"microbatch {opts.config.mb_size}x{opts.config.seq_len}")
+    have = available_memory_bytes() if opts.device == "cpu" else None
+    if have is not None and need > 0.8 * have:
+        raise PPSimError(
+            f"calibrating the {opts.config.preset} model ({shape}) needs about {need / 2**30:.1f} GiB but "
+            f"{have / 2**30:.1f} GiB is available; lower --seq-len or --mb-size, use a smaller --preset, or pass "
+            "--override-limits"
+        )
+    if seconds > MAX_CALIBRATION_S:
+        raise PPSimError(
+            f"calibrating the {opts.config.preset} model ({shape}) on {opts.device} would take about "
+            f"{seconds / 3600:.1f} h (limit {MAX_CALIBRATION_S / 3600:g} h); lower --seq-len, --reps or use a "
+            "smaller --preset, calibrate on a GPU, or pass --override-limits"
+        )
+
+
+# --- the units and their composition ----------------------------------------------------------------------------
+def units_of(config: ModelConfig) -> list[Any]:
+    from ppsim.calibrate.harness import Unit
+
+    k = min(K_LAYERS, config.layers)
+    units = [Unit("embed", (0, 0), True, False), Unit("layers1", (0, 1), False, False)]
+    if k >= 2:
+        units.append(Unit(f"layers{k}", (0, k), False, False))
+    units.append(Unit("head", (config.layers, config.layers), False, True))
+    return units
+
+
+def blocks_from_units(units: dict[str, dict[str, Any]], k: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(blocks, stage_overhead)`` from the measured units (per-repetition samples combined)."""
+
+    def samples(name: str, op: str) -> list[float]:
+        return list(units[name][op]["samples"])
+
+    def combine(fn: Callable[..., float], *series: list[float]) -> dict[str, Any]:
+        return Stat.from_samples([max(0.0, fn(*xs)) for xs in zip(*series)]).to_dict()
+
+    def ints(name: str, key: str) -> int:
+        return int(units[name][key])
+
+    blocks: dict[str, Any] = {}
+    overhead: dict[str, Any] = {}
+    many = f"layers{k}"
+    for op in OPS:
+        t1 = samples("layers1", op)
+        if many in units:
+            tk = samples(many, op)
+            layer = [(b - a) / (k - 1) for a, b in zip(t1, tk)]
+        else:  # a one-layer model: no way to separate the overhead
+            layer = t1
+        over = [max(0.0, a - lay) for a, lay in zip(t1, layer)]
+        blocks.setdefault("layer", {})[op] = combine(lambda x: x, layer)
+        overhead[op] = combine(lambda x: x, over)
+        blocks.setdefault("embed", {})[op] = combine(lambda e, o: e - o, samples("embed", op), over)
+        blocks.setdefault("head", {})[op] = combine(lambda h, o: h - o, samples("head", op), over)
+    for key in ("activation_bytes", "activation_bytes_freed_by_I"):
+        a1 = ints("layers1", key)
+        lay = (ints(many, key) - a1) // (k - 1) if many in units else a1
+        over = max(0, a1 - lay)
+        overhead[key] = over
+        blocks["layer"][key] = max(0, lay)
+        blocks["embed"][key] = max(0, ints("embed", key) - over)
+        blocks["head"][key] = max(0, ints("head", key) - over)
+    for name, unit in (("embed", "embed"), ("head", "head")):
+        for key in ("param_bytes", "grad_bytes", "optimizer_bytes", "output_bytes"):
+            blocks[name][key] = units[unit][key]
+    for key in ("param_bytes", "grad_bytes", "optimizer_bytes", "output_bytes"):
+        blocks["layer"][key] = units["layers1"][key]
+    return blocks, overhead
+
+
+def compose_stage(blocks: dict[str, Any], overhead: dict[str, Any], *, num_layers: int, has_embedding: bool,
+                  has_head: bool) -> dict[str, Any]:
+    """A stage's op costs (Stat dicts) and activation bytes composed from the blocks: overhead + embedding +
+    ``num_layers`` layers + head; a stage with the embedding runs nothing at I and its whole backward at W."""
+    parts: list[tuple[dict[str, Any], float]] = [(overhead, 1.0), (blocks["layer"], float(num_layers))]
+    if has_embedding:
+        parts.append((blocks["embed"], 1.0))
+    if has_head:
+        parts.append((blocks["head"], 1.0))
+
+    def op_samples(op: str) -> list[float]:
+        series = [[w * x for x in part[op]["samples"]] for part, w in parts]
+        return [sum(xs) for xs in zip(*series)]
+
+    out: dict[str, Any] = {}
+    for op in OPS:
+        out[op] = op_samples(op)
+    if has_embedding:
+        out["W"] = list(out["B"])
+        out["I"] = [0.0] * len(out["B"])
+    stats = {op: Stat.from_samples(v).to_dict() for op, v in out.items()}
+    act = int(sum(w * part["activation_bytes"] for part, w in parts))
+    freed = int(sum(w * part["activation_bytes_freed_by_I"] for part, w in parts))
+    if has_embedding:
+        freed = 0
+    return {**stats, "activation_bytes": act, "activation_bytes_freed_by_I": min(freed, act)}
+
+
+def composed_stages(doc: dict[str, Any], config: ModelConfig, layer_ranges: list[tuple[int, int]]) -> list[dict]:
+    """The v1 ``stages`` list for a split of the model (``layer_ranges`` per stage), composed from the blocks;
+    sizes from the meta-device build."""
+    from ppsim.calibrate.harness import Unit, unit_static
+
+    n = len(layer_ranges)
+    out = []
+    for s, rng in enumerate(layer_ranges):
+        unit = Unit(f"stage{s}", rng, s == 0, s == n - 1)
+        st = unit_static(config, unit)
+        entry: dict[str, Any] = {
+            "stage": s, "layers": list(rng), "has_embedding": unit.has_embedding, "has_head": unit.has_head,
+            "param_bytes": st.param_bytes, "grad_bytes": st.grad_bytes, "optimizer_bytes": st.optimizer_bytes,
+            "output_bytes": st.output_bytes,
+            **{op: None for op in OPS}, "activation_bytes": None, "activation_bytes_freed_by_I": None,
+            "activation_bytes_allocator": None, "peak_bytes_allocator": None,
+        }
+        if doc.get("blocks"):
+            entry.update(compose_stage(doc["blocks"], doc["stage_overhead"], num_layers=rng[1] - rng[0],
+                                       has_embedding=unit.has_embedding, has_head=unit.has_head))
+        out.append(entry)
+    return out
+
+
+def profile_for_split(doc: dict[str, Any], layer_ranges: list[tuple[int, int]]) -> dict[str, Any]:
+    """A copy of the profile whose ``stages`` describe another split of the same model (same blocks, runtime)."""
+    from ppsim.calibrate.model import ModelConfig
+
+    config = ModelConfig(**doc["model"])
+    out = dict(doc)
+    out["stages"] = composed_stages(doc, config, layer_ranges)
+    out["num_stages"] = len(layer_ranges)
+    out["stage_checks"] = []
+    return out
+
+
+# --- the calibration --------------------------------------------------------------------------------------------
+def calibrate(opts: CalibrationOptions, *, log: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """Run (or resume) a calibration; returns the finished profile document on the writing rank, ``None`` on
+    other ranks."""
+    import torch
+
+    from ppsim.calibrate import launch, torch_adapter
+
+    check_limits(opts)
+    torch_adapter.check()
+    started = time.perf_counter()
+    distributed = launch.torchrun_world_size() >= 2
+    writer = int(os.environ.get("RANK", "0")) == 0 if distributed else True
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        why = "this torch has no CUDA support" if torch.version.cuda is None else "no GPU is visible"
+        raise PPSimError(f"--device cuda: CUDA is not available ({why}, torch {torch.__version__}); "
+                         "use --device cpu or run on a machine with a GPU")
+    world: World | None = None
+    if distributed:
+        world = launch.init_world(backend="nccl" if opts.device == "cuda" else "gloo", timeout_s=opts.init_timeout_s)
+    threads = torch.get_num_threads()
+    try:
+        return _calibrate(opts, world, started=started, writer=writer, log=log or _stderr)
+    finally:
+        torch.set_num_threads(threads)  # measured with one thread per rank; leave the caller's setting as it was
+        if world is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float, writer: bool,
+               log: Callable[[str], None]) -> dict[str, Any] | None:
+    import torch
+
+    from ppsim.calibrate import comm
+    from ppsim.calibrate.model import split_layers
+
+    rank, world_size = (world.rank, world.world_size) if world else (0, 1)
+    if opts.device == "cuda":
+        local = world.local_rank if world else 0
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        torch.set_num_threads(1)
+        device = torch.device("cpu")
+    doc = new_document(opts, device=device, world_size=world_size, backend=world.backend if world else None)
+    if writer and opts.resume:
+        doc = resume_document(opts, doc, log=log)
+    rec = Recorder(doc, opts.output, writer=writer)
+    if world is not None:
+        rec.doc = _broadcast(rec.doc)
+    if rec.doc["complete"]:
+        if writer:
+            log(f"{opts.output} is already complete; nothing to resume")
+        return rec.doc if writer else None
+    prior_wall = float((rec.doc.get("method") or {}).get("wall_s") or 0.0)
+    rec.save()
+    ranges = split_layers(opts.config.layers, opts.num_stages)
+
+    # 1. units (spread over ranks under torchrun)
+    todo: list[Any] = [u for u in units_of(opts.config) if f"unit.{u.name}" not in rec.done]
+    if opts.check_stages:
+        from ppsim.calibrate.harness import stage_unit
+
+        todo += [stage_unit(opts.config, opts.num_stages, s) for s in range(opts.num_stages)
+                 if f"check.stage{s}" not in rec.done]
+    for round_start in range(0, len(todo), world_size):
+        updates: list[tuple[str, dict[str, Any]]] = []
+        index = round_start + rank
+        if index < len(todo):
+            unit = todo[index]
+            key = f"check.{unit.name}" if unit.name.startswith("stage") else f"unit.{unit.name}"
+            if writer:
+                log(f"measuring {unit.name} ({unit.num_layers} layer(s)"
+                    f"{', embedding' if unit.has_embedding else ''}{', head' if unit.has_head else ''})")
+            updates.append((key, measure_unit(opts, unit, device)))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        batches = _all_gather(updates) if world is not None else [updates]
+        for batch in batches:
+            for key, fields in batch:
+                rec.add_unit(key, fields, opts, ranges)
+    if world is None or rank == 0:
+        rec.compose(opts, ranges)
+
+    # 2. p2p
+    notes = list(rec.doc["notes"])
+    if opts.p2p and "p2p" not in rec.done:
+        if writer:
+            log("measuring p2p latency and bandwidth")
+        result = _measure_p2p(opts, world, comm.p2p_sizes(opts.config.boundary_bytes), device, notes=notes)
+        rec.doc["p2p"] = None if result is None else result.to_dict()
+        rec.doc["notes"] = notes
+        rec.finish("p2p")
+    elif not opts.p2p and rec.doc["p2p"] is None:
+        note = "p2p not measured (--no-p2p): the simulator treats cross-rank hand-offs as free"
+        if note not in notes:
+            rec.doc["notes"] = [*notes, note]
+
+    # 3. runtime probe (local ranks; the writing rank only)
+    if opts.probe and writer:
+        run_probes(opts, rec, log=log)
+    if not writer:
+        return None
+    method = dict(rec.doc.get("method") or {})
+    method["wall_s"] = prior_wall + time.perf_counter() - started
+    rec.doc["method"] = method
+    rec.doc["complete"] = True
+    rec.save()
+    return rec.doc
+
+
+def measure_unit(opts: CalibrationOptions, unit: Any, device: Any) -> dict[str, Any]:
+    """Timings (F, B, I, W, FB samples), memory and sizes of one unit."""
+    from ppsim.calibrate import harness
+
+    what = "the weights"
+    try:
+        bench = harness.StageBench(opts.config, opts.num_stages, 1, device=device, seed=opts.seed, unit=unit)
+        what = "timings"
+        samples = bench.measure_timings(warmup=opts.warmup, reps=opts.reps)
+        what = "memory"
+        mem = bench.measure_memory()
+    except Exception as exc:
+        if harness.is_oom(exc):
+            raise harness.oom_error(opts.config, 0, f"{what} of {unit.name}") from None
+        raise
+    static = harness.unit_static(opts.config, unit)
+    return {
+        "layers": list(unit.layers), "has_embedding": unit.has_embedding, "has_head": unit.has_head,
+        **{op: Stat.from_samples(v).to_dict() for op, v in samples.items()},
+        **dataclasses.asdict(mem),
+        "param_bytes": static.param_bytes, "grad_bytes": static.grad_bytes,
+        "optimizer_bytes": static.optimizer_bytes, "output_bytes": static.output_bytes,
+    }
+
+
+def _measure_p2p(opts: CalibrationOptions, world: World | None, sizes: list[int], device: Any, *,
+                 notes: list[str]) -> Any:
+    import torch
+
+    from ppsim.calibrate import comm
+
+    reps = max(opts.reps, 30)  # exchanges are cheap next to stage measurements
+    if world is not None:
+        result = comm.measure_pairs(world, sizes, warmup=opts.warmup, reps=reps, device=device)
+        if result is not None:
+            worst = max(result.pairs, key=lambda p: p.alpha_s + max(sizes) / p.beta_bytes_per_s)
+            count = f"{len(result.pairs)} neighbouring rank pair" + ("s" if len(result.pairs) > 1 else "")
+            notes.append(f"p2p measured under torchrun over {count} ({world.backend}); "
+                         f"alpha and beta are the slowest pair's ({worst.src}->{worst.dst})")
+        return result
+    if opts.device == "cuda":
+        if torch.cuda.device_count() < 2:
+            notes.append("p2p not measured: one GPU and no torchrun; run under torchrun with 2+ ranks "
+                         "(see docs/calibration.md) to measure it")
+            return None
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    result = comm.measure_local_pair(sizes, backend=backend, warmup=opts.warmup, reps=reps,
+                                     timeout_s=opts.init_timeout_s)
+    notes.append(f"p2p measured between two local {backend} processes on one host (no torchrun)")
+    if result.fit_rel_error > 0.3:
+        notes.append(f"p2p fit error {result.fit_rel_error:.0%}: timings were noisy (a busy machine?); "
+                     "see p2p.samples")
+    return result
+
+
+def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], None]) -> None:
+    """The runtime probe: the reference schedule under torch's runtime, real then synthetic; fitted into
+    ``runtime`` (each part resumable)."""
+    import torch
+
+    from ppsim.calibrate import runtime_model as rm
+
+    if opts.config.layers < rm.PROBE_RANKS:
+        _note(rec, f"runtime probe skipped: the model has fewer than {rm.PROBE_RANKS} layers")
+        return
+    if opts.device == "cuda" and torch.cuda.device_count() < rm.PROBE_RANKS:
+        _note(rec, f"runtime probe skipped: needs {rm.PROBE_RANKS} GPUs on this host; predictions use the op "
+                   "costs and p2p only")
+        return
+    runtime = dict(rec.doc.get("runtime") or {})
+    runtime.setdefault("recv_posting", "consumer")
+    runtime.setdefault("probe", {"schedule": rm.PROBE_SCHEDULE, "ranks": rm.PROBE_RANKS,
+                                 "microbatches": rm.PROBE_MICROBATCHES, "steps": PROBE_STEPS,
+                                 "warmup_steps": PROBE_WARMUP})
+    for part in ("real", "synthetic"):
+        key = f"runtime.{part}"
+        if key in rec.done:
+            continue
+        log(f"runtime probe ({part}): {rm.PROBE_SCHEDULE} on {rm.PROBE_RANKS} local ranks, "
+            f"{rm.PROBE_MICROBATCHES} microbatches, {PROBE_STEPS} steps")
+        fitted = probe(opts, rec.doc, synthetic=part == "synthetic")
+        if part == "real":
+            runtime.update(fitted)
+        else:
+            runtime["synthetic"] = {"dispatch_s": fitted["dispatch_s"], "handoff_s": fitted["handoff_s"]}
+        rec.doc["runtime"] = runtime
+        rec.finish(key)
+
+
+def probe(opts: CalibrationOptions, doc: dict[str, Any], *, synthetic: bool) -> dict[str, Any]:
+    """Execute the reference schedule (real or synthetic stages) and fit the runtime quantities on its steps."""
+    from ppsim.calibrate import executor, runtime_model as rm, synthetic as syn
+    from ppsim.calibrate.model import split_layers
+    from ppsim.costs import CostModel
+    from ppsim.schedules import get_schedule
+
+    schedule = get_schedule(rm.PROBE_SCHEDULE, rm.PROBE_RANKS, rm.PROBE_MICROBATCHES)
+    two = profile_for_split({**doc, "runtime": None}, split_layers(opts.config.layers, rm.PROBE_RANKS))
+    costs = CostModel.from_profile(two, source="probe")
+    model = opts.config
+    sleep_s = None
+    if synthetic:
+        model = syn.synthetic_model(model, schedule.num_stages)
+        sleep_s = syn.cost_plan(schedule, costs, 1.0)
+    spec = executor.ExecSpec(
+        schedule=schedule, model=model, synthetic=synthetic, sleep_s=sleep_s,
+        backend="nccl" if opts.device == "cuda" else "gloo", device=opts.device, num_steps=PROBE_STEPS,
+        num_warmup=PROBE_WARMUP, num_probes=0, seed=opts.seed, timeout_s=max(120.0, 4 * opts.init_timeout_s),
+    )
+    measurement = executor.launch(spec)
+    return rm.fit_probe(measurement, schedule, costs)
+
+
+def _note(rec: Recorder, note: str) -> None:
+    if note not in rec.doc["notes"]:
+        rec.doc["notes"] = [*rec.doc["notes"], note]
+
+
+def _broadcast(doc: dict[str, Any]) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    box = [doc]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _all_gather(obj: Any) -> list[Any]:
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+# --- the profile document as it grows ---------------------------------------------------------------------------
+def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, backend: str | None) -> dict[str, Any]:
+    import torch
+
+    from ppsim.calibrate.model import split_layers
+
+    cuda = device.type == "cuda"
+    doc: dict[str, Any] = {
+        "schema": "ppsim.profile",
+        "version": 1,
+        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "device": opts.device,
+        "device_name": torch.cuda.get_device_name(device) if cuda else cpu_name(),
+        "torch_version": torch.__version__,
+        "host": socket.gethostname(),
+        "world_size": world_size,
+        "backend": backend,
+        "model": opts.config.to_dict(),
+        "num_stages": opts.num_stages,
+        "stages": [],
+        "p2p": None,
+        "complete": False,
+        "done": [],
+        "method": {"warmup": opts.warmup, "reps": opts.reps, "timer": "cuda_events" if cuda else "perf_counter",
+                   "threads_per_rank": None if cuda else 1, "wall_s": None},
+        "notes": [],
+        "layout": ["embed", *(["layer"] * opts.config.layers), "head"],
+        "units": {},
+        "blocks": None,
+        "stage_overhead": None,
+        "stage_checks": [],
+        "runtime": None,
+    }
+    doc["stages"] = composed_stages(doc, opts.config, split_layers(opts.config.layers, opts.num_stages))
+    return doc
+
+
+def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Callable[[str], None]) -> dict:
+    """The unfinished profile in ``opts.output`` if it was measured with the same options."""
+    if not opts.output.exists():
+        log(f"--resume: {opts.output} does not exist yet; starting a new calibration")
+        return fresh
+    load_profile(opts.output, allow_incomplete=True)  # one-line errors for a broken file
+    old = json.loads(opts.output.read_text(encoding="utf-8"))
+    method = old.get("method") or {}
+    theirs = {"model": old.get("model"), "stages": old.get("num_stages"), "device": old.get("device"),
+              "warmup": method.get("warmup"), "reps": method.get("reps")}
+    ours = {"model": fresh["model"], "stages": fresh["num_stages"], "device": fresh["device"],
+            "warmup": opts.warmup, "reps": opts.reps}
+    diff = [k for k in ours if theirs[k] != ours[k]]
+    if diff:
+        k = diff[0]
+        raise PPSimError(
+            f"--resume: {opts.output} was measured with {k} {_show(theirs[k])}, not {_show(ours[k])}; "
+            "repeat the original options, or drop --resume to start over"
+        )
+    if "units" not in old:
+        raise PPSimError(f"--resume: {opts.output} is a per-stage profile from an older ppsim; drop --resume to "
+                         "start over")
+    return {**fresh, **old}
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+class Recorder:
+    """Holds the profile document being measured; the writing rank saves it after every finished measurement."""
+
+    def __init__(self, doc: dict[str, Any], path: Path, *, writer: bool) -> None:
+        self.doc = doc
+        self.path = path
+        self.writer = writer
+
+    @property
+    def done(self) -> list[str]:
+        return list(self.doc["done"])
+
+    def save(self) -> None:
+        if self.writer:
+            from ppsim.formats import write_atomic
+
+            write_atomic(self.path, json.dumps(self.doc, indent=1, allow_nan=False) + "\n")
+
+    def finish(self, key: str) -> None:
+        self.doc["done"] = [*self.doc["done"], key]
+        self.save()
+
+    def add_unit(self, key: str, fields: dict[str, Any], opts: CalibrationOptions,
+                 ranges: list[tuple[int, int]]) -> None:
+        if key.startswith("check."):
+            self.doc["stage_checks"] = [*self.doc.get("stage_checks", []), {"stage": int(key[11:]), **fields}]
+        else:
+            self.doc["units"] = {**self.doc["units"], key[5:]: fields}
+        self.finish(key)
+
+    def compose(self, opts: CalibrationOptions, ranges: list[tuple[int, int]]) -> None:
+        """Blocks and overhead from the units, then the composed stages (and the composition error per check)."""
+        k = min(K_LAYERS, opts.config.layers)
+        blocks, overhead = blocks_from_units(self.doc["units"], k)
+        self.doc["blocks"], self.doc["stage_overhead"] = blocks, overhead
+        self.doc["stages"] = composed_stages(self.doc, opts.config, ranges)
+        checks = []
+        for check in self.doc.get("stage_checks", []):
+            composed = self.doc["stages"][check["stage"]]
+            check = dict(check)
+            check["composition_error_pct"] = {
+                op: 100.0 * (composed[op]["median"] - check[op]["median"]) / check[op]["median"]
+                for op in OPS if check[op]["median"] > 0
+            }
+            a = check["activation_bytes"]
+            check["composition_error_pct"]["activation_bytes"] = (
+                100.0 * (composed["activation_bytes"] - a) / a if a else 0.0)
+            checks.append(check)
+        self.doc["stage_checks"] = checks
+        self.save()
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

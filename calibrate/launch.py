@@ -1,0 +1,269 @@
+"""Starting ranks: the one launch mechanism of `ppsim run` and `ppsim calibrate`.
+
+- Under ``torchrun`` (``RANK`` and ``WORLD_SIZE`` set) this process is one rank; :func:`init_world` joins the group.
+- Without it, :func:`run_local` starts ``world`` worker processes on this host from a fork server that has torch
+  imported already (cheap starts). They talk to the parent through one queue: progress messages, rank 0's result,
+  or a rank's error.
+
+No worker outlives the command, whatever ends it:
+
+- each worker asks Linux to kill it when its parent (the fork server) dies (``PR_SET_PDEATHSIG``), and the fork
+  server exits as soon as this process is gone, so a ``SIGKILL``\\ed ``ppsim`` takes its ranks with it;
+- each worker also watches this process's pid (a thread) and exits when it disappears;
+- workers run in their own process group, so a terminal's Ctrl-C reaches only this process, which then stops them;
+- an error in any rank, a timeout, Ctrl-C or ``SIGTERM`` here terminate every worker (then kill, if needed).
+
+torch is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from ppsim.errors import PPSimError
+
+#: Modules the fork server imports once, so every worker starts with them loaded.
+PRELOAD = ("torch", "torch.distributed", "ppsim.calibrate.model", "ppsim.calibrate.executor", "ppsim.calibrate.comm")
+_PR_SET_PDEATHSIG = 1
+_PR_SET_TIMERSLACK = 29
+
+
+# --- torchrun ---------------------------------------------------------------------------------------------------
+def under_torchrun() -> bool:
+    """True when this process is one rank of a ``torchrun`` job (the launcher set RANK and WORLD_SIZE)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def torchrun_world_size() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+
+
+def init_world(*, backend: str, timeout_s: float, init_method: str = "env://", store: Any = None,
+               rank: int | None = None, world_size: int | None = None) -> World:
+    """Join the process group (``torchrun``'s environment by default); a peer that never comes is a one-line error."""
+    import torch.distributed as dist
+
+    kwargs: dict[str, Any] = {}
+    if store is not None:
+        kwargs.update(store=store, rank=rank, world_size=world_size)
+    else:
+        kwargs["init_method"] = init_method
+        if rank is not None:
+            kwargs.update(rank=rank, world_size=world_size)
+    try:
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+        dist.barrier()
+    except Exception as exc:  # noqa: BLE001 - the store and backends raise several unrelated types
+        where = init_method if store is None else "local TCP store"
+        if store is None and init_method == "env://":
+            keys = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+            where = " ".join(f"{k}={os.environ.get(k, '?')}" for k in keys)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PPSimError(
+            f"could not form the {backend} process group within {timeout_s:g} s ({where}: {first[:160]}); "
+            "check that every rank started with the same rendezvous address and that the port is reachable, "
+            "or raise --init-timeout"
+        ) from None
+    return World(
+        rank=dist.get_rank(), world_size=dist.get_world_size(),
+        local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())), backend=backend,
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- local workers ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RankContext:
+    """What a local worker gets besides its own arguments: where it is and how to talk to the parent."""
+
+    rank: int
+    world_size: int
+    store_port: int
+    queue: Any
+
+    def store(self, timeout_s: float) -> Any:
+        """A client of the parent's TCP store (to form the process group with :func:`init_world`)."""
+        import torch.distributed as dist
+
+        return dist.TCPStore("127.0.0.1", self.store_port, self.world_size, False,
+                             timeout=datetime.timedelta(seconds=timeout_s))
+
+    def send(self, message: Any) -> None:
+        """A message for the parent's ``on_message`` (progress, partial results)."""
+        self.queue.put(("msg", self.rank, message))
+
+
+def run_local(
+    target: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    world_size: int,
+    timeout_s: float,
+    what: str,
+    on_message: Callable[[int, Any], None] | None = None,
+) -> Any:
+    """Run ``target(ctx, *args)`` in ``world_size`` local processes; return rank 0's return value.
+
+    A rank's :class:`PPSimError` is raised here as it is; any other exception becomes a ``RuntimeError`` with the
+    rank's traceback text. Every worker is stopped before this returns or raises (see the module docstring).
+    """
+    import multiprocessing as mp
+
+    import torch.distributed as dist
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    queue = ctx.SimpleQueue()
+    procs = [
+        ctx.Process(target=_worker, args=(target, tuple(args), rank, world_size, store.port, queue, os.getpid()),
+                    daemon=True, name=f"ppsim-rank{rank}")
+        for rank in range(world_size)
+    ]
+    try:
+        with _terminate_raises():
+            for p in procs:
+                p.start()
+            return _await(procs, queue, timeout_s, what, on_message)
+    finally:
+        stop(procs)
+        del store
+
+
+def _await(procs: list[Any], queue: Any, timeout_s: float, what: str,
+           on_message: Callable[[int, Any], None] | None) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        while not queue.empty():
+            kind, rank, *payload = queue.get()
+            if kind == "msg":
+                if on_message is not None:
+                    on_message(rank, payload[0])
+                continue
+            if kind == "ok":
+                return payload[0]
+            text, user = payload
+            if user:
+                raise PPSimError(text)
+            raise RuntimeError(f"rank {rank} failed:\n{text}")
+        dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        if dead:
+            time.sleep(0.2)  # a failing rank reports before it exits; give the report a moment to arrive
+            if queue.empty():
+                rank, code = dead[0]
+                raise RuntimeError(f"{what}: rank {rank} exited with code {code} before reporting (killed or crashed)")
+            continue
+        if all(p.exitcode == 0 for p in procs) and queue.empty():
+            raise RuntimeError(f"{what}: every rank exited but rank 0 reported no result")
+        if time.monotonic() > deadline:
+            raise PPSimError(
+                f"{what} did not finish within {timeout_s:.0f} s; use fewer microbatches or steps, or a larger "
+                "--timeout (processes were stopped)"
+            )
+        time.sleep(0.01)
+
+
+def stop(procs: Sequence[Any]) -> None:
+    """Terminate, then kill, every process still alive (never anything this command did not start)."""
+    for p in procs:
+        if p.pid is not None and p.is_alive():
+            p.terminate()
+    for p in procs:
+        if p.pid is None:
+            continue
+        p.join(timeout=3)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=3)
+
+
+@contextmanager
+def _terminate_raises() -> Iterator[None]:
+    """While workers run, SIGTERM ends this process through Python's exception path, so ``finally`` stops them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _worker(target: Callable[..., Any], args: tuple[Any, ...], rank: int, world_size: int, port: int, queue: Any,
+            parent_pid: int) -> None:
+    """Entry point of one local worker."""
+    _die_with_parent(parent_pid)
+    try:
+        result = target(RankContext(rank, world_size, port, queue), *args)
+        if rank == 0:
+            queue.put(("ok", rank, result))
+    except BaseException as exc:  # report, then exit non-zero; the parent stops the other ranks
+        user = isinstance(exc, PPSimError)
+        queue.put(("error", rank, str(exc) if user else traceback.format_exc(), user))
+        os._exit(1)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        os.setpgid(0, 0)  # own process group: a terminal's Ctrl-C goes to the parent, which stops us
+    except OSError:
+        pass
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the fork server died before the line above took effect
+        os._exit(3)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(parent_pid, 0)
+            except OSError:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="ppsim-parent-watch", daemon=True).start()
+
+
+def prctl(option: int, value: int) -> bool:
+    """Linux ``prctl(option, value)``; ``False`` where it does not exist."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def tighten_sleep() -> None:
+    """Ask Linux for 1 µs timer slack (default 50 µs), so sleeps end on time."""
+    prctl(_PR_SET_TIMERSLACK, 1)

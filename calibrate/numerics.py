@@ -1,0 +1,99 @@
+"""Numerics of a run: the non-pipelined reference and the tolerances the pipelined gradients must meet.
+
+The reference is the unsplit model with the same weights (same seed) on the same batch, one microbatch at a time,
+each microbatch's loss divided by the number of microbatches (what torch's runtime does with ``scale_grads``).
+
+torch is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ppsim.calibrate.model import ModelConfig
+
+#: Gradient tolerance: max |grad - grad_ref| over every parameter element must not exceed this fraction of the
+#: largest reference gradient magnitude (float32; bfloat16/float16 models use the looser value).
+GRAD_RTOL = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
+#: Loss tolerance, relative to the reference loss.
+LOSS_RTOL = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 5e-3}
+
+
+@dataclass(frozen=True)
+class ReferenceCheck:
+    ref_loss: float
+    grad_max_abs_diff: float
+    grad_ref_max_abs: float
+    num_params_checked: int
+
+
+def build_modules(model: ModelConfig, num_stages: int, stages: Sequence[int], *, synthetic: bool, seed: int,
+                  device: Any) -> dict[int, Any]:
+    """The stage modules one rank holds (same weights as :func:`build_reference`)."""
+    if synthetic:
+        from ppsim.calibrate.model import DTYPES
+        from ppsim.calibrate.synthetic import stage_class
+
+        cls = stage_class()
+        return {s: cls(model, s, num_stages, seed=seed).to(device=device, dtype=DTYPES[model.dtype]) for s in stages}
+    from ppsim.calibrate.model import build_stage
+
+    return {s: build_stage(model, num_stages, s, seed=seed, device=device) for s in stages}
+
+
+def build_reference(model: ModelConfig, num_stages: int, *, synthetic: bool, seed: int, device: Any) -> Any:
+    """The unsplit model with the same weights as the stages."""
+    if synthetic:
+        import torch
+
+        from ppsim.calibrate.model import DTYPES
+        from ppsim.calibrate.synthetic import stage_class
+
+        cls = stage_class()
+        return torch.nn.Sequential(*(cls(model, s, num_stages, seed=seed) for s in range(num_stages))).to(
+            device=device, dtype=DTYPES[model.dtype]
+        )
+    from ppsim.calibrate.model import build_full_model
+
+    return build_full_model(model, seed=seed, device=device)
+
+
+def reference_name(model: ModelConfig, num_stages: int, stage: int, local_name: str, *, synthetic: bool) -> str:
+    """Name in :func:`build_reference`'s model of a stage module's parameter."""
+    if synthetic:
+        return f"{stage}.{local_name}"
+    from ppsim.calibrate.model import split_layers
+
+    if local_name.startswith("layers."):
+        _, idx, rest = local_name.split(".", 2)
+        first = split_layers(model.layers, num_stages)[stage][0]
+        return f"layers.{first + int(idx)}.{rest}"
+    return local_name
+
+
+def check_against_reference(model: ModelConfig, num_stages: int, num_microbatches: int, grads: dict[str, Any], *,
+                            synthetic: bool, seed: int, device: Any) -> ReferenceCheck:
+    """Run the reference and compare ``grads`` (reference parameter name -> pipelined gradient, float32 on CPU)."""
+    import torch
+
+    from ppsim.calibrate.model import loss_fn, make_batch
+
+    ref = build_reference(model, num_stages, synthetic=synthetic, seed=seed, device=device)
+    tokens, targets = make_batch(model, num_microbatches, seed=seed)
+    ref_loss = 0.0
+    m = num_microbatches
+    for tok, tgt in zip(tokens.to(device).chunk(m), targets.to(device).chunk(m)):
+        mb_loss = loss_fn(ref(tok), tgt) / m
+        mb_loss.backward()
+        ref_loss += float(mb_loss.detach())
+    ref_grads = {n: p.grad.detach().to("cpu", torch.float32) for n, p in ref.named_parameters() if p.grad is not None}
+    missing = sorted(set(ref_grads) ^ set(grads))
+    if missing:
+        raise RuntimeError(f"parameters without a pipelined or reference gradient: {missing[:5]} (ppsim bug)")
+    diff = max(float((grads[n] - g).abs().max()) for n, g in ref_grads.items())
+    scale = max(float(g.abs().max()) for g in ref_grads.values())
+    return ReferenceCheck(ref_loss=ref_loss, grad_max_abs_diff=diff, grad_ref_max_abs=scale,
+                          num_params_checked=len(ref_grads))

@@ -1,0 +1,542 @@
+"""`ppsim run`'s library side: execute a schedule, predict it from the profile alone, compare; returns a RunReport.
+
+Flow: build the schedule -> refuse what cannot run (torch cannot execute it, the order deadlocks, too much work or
+memory for this machine) -> costs: the profile through ``ppsim.costs`` exactly as ``simulate --profile`` reads it
+(calibrated first on this machine if none is given; a cost string for synthetic stages) -> **predict** (simulate the
+order with those costs: nothing from this run) -> execute on R processes (:mod:`ppsim.calibrate.executor`) ->
+compare step time, every action's start and end, the bubble ratio and each rank's peak activation bytes. A runtime
+model fitted on this run's probe steps is reported apart, as ``explained_step_s`` (post-hoc).
+
+torch is imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ppsim.errors import PPSimError
+
+if TYPE_CHECKING:
+    from ppsim.calibrate.executor import ExecSpec, Measurement
+    from ppsim.calibrate.model import ModelConfig
+    from ppsim.calibrate.runtime_model import RuntimeModel
+    from ppsim.costs import CostModel
+    from ppsim.ir import Schedule
+    from ppsim.result import SimResult
+
+DEFAULT_STEPS = 5
+DEFAULT_WARMUP = 3
+DEFAULT_TIME_UNIT_S = 0.01
+#: Work limits (``--override-limits`` lifts them): actions in one step, and ranks per CPU core for real ranks.
+MAX_ACTIONS = 100_000
+MAX_REAL_RANKS_PER_CORE = 4
+MAX_SYNTHETIC_RANKS = 64
+#: Share of the available memory a run may plan to use.
+MEMORY_SHARE = 0.8
+
+Bars = list[tuple[int, float, float, str]]
+"""(rank, start, end, computation) per drawn bar."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What `ppsim run` was asked to do (CLI-independent, so scripts and the benchmark can call :func:`execute`)."""
+
+    schedule: str
+    num_ranks: int | None = None
+    num_microbatches: int | None = None
+    num_stages_per_rank: int | None = None
+    backend: str = "gloo"
+    profile: Path | None = None
+    costs: str | None = None
+    synthetic: bool = False
+    time_unit_s: float = DEFAULT_TIME_UNIT_S
+    preset: str = "tiny"
+    num_steps: int = DEFAULT_STEPS
+    num_warmup: int = DEFAULT_WARMUP
+    num_probes: int | None = None
+    """Probe steps interleaved with the timed ones, for the post-hoc model only (``None``: as many as timed)."""
+    seed: int = 0
+    timeout_s: float = 600.0
+    save_calibration: Path | None = None
+    """Where to keep the profile when the run calibrates first (no ``profile``)."""
+    override_limits: bool = False
+
+
+@dataclass(frozen=True)
+class RankMemoryReport:
+    rank: int
+    measured_peak_activation_bytes: int
+    predicted_peak_activation_bytes: int | None
+    param_bytes: int
+    grad_bytes: int
+    predicted_static_bytes: int | None
+    measured_peak_allocated_bytes: int | None
+
+    @property
+    def activation_error_pct(self) -> float | None:
+        p, m = self.predicted_peak_activation_bytes, self.measured_peak_activation_bytes
+        return None if p is None or m <= 0 else 100.0 * (p - m) / m
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """The outcome of one run. :meth:`to_dict` is the run JSON (the contract's keys plus additions)."""
+
+    schedule: Schedule
+    measurement: Measurement
+    predicted: SimResult
+    """The before-run prediction: the order simulated with the profile's costs (runtime section included)."""
+    measured_step_s: float
+    predicted_step_s: float
+    costs_only_step_s: float
+    explained_step_s: float | None
+    """Post-hoc: the same simulation after a runtime model fitted on this run's probe steps."""
+    explained: RuntimeModel | None
+    memory: tuple[RankMemoryReport, ...]
+    step_index: int
+    """The timed step with the median step time (per-action comparison and figure)."""
+    costs: CostModel
+    costs_source: str
+    time_scale: float
+
+    @property
+    def grad_ok(self) -> bool:
+        return self.measurement.grad_ok
+
+    @property
+    def loss_match(self) -> bool:
+        return self.measurement.loss_match
+
+    @property
+    def step_error_pct(self) -> float:
+        return _pct(self.predicted_step_s - self.measured_step_s, self.measured_step_s)
+
+    def measured_bars(self) -> Bars:
+        return [(c.rank, c.start, c.end, c.name) for c in self.measurement.steps[self.step_index]]
+
+    def predicted_bars(self) -> Bars:
+        tl = self.predicted.timeline()
+        return [
+            (int(r.rank), float(r.half_start), float(r.half_end), f"{r.stage}{r.type}{r.microbatch}")
+            for r in tl.itertuples(index=False)
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return _run_json(self)
+
+
+# --- orchestration ----------------------------------------------------------------------------------------------
+def execute(options: RunOptions) -> RunReport | None:
+    """Refuse, predict, run, compare. ``None`` on torchrun ranks other than 0 (rank 0 reports)."""
+    from ppsim.calibrate import executor, launch
+
+    schedule = load_checked_schedule(options)
+    device = check_backend(options)
+    world = int(os.environ["WORLD_SIZE"]) if launch.under_torchrun() else None
+    if world is not None and world != schedule.num_ranks:
+        raise PPSimError(
+            f"--ranks {schedule.num_ranks}: torchrun started {world} processes; launch {schedule.num_ranks} "
+            f"(--nproc-per-node) or pass -r {world}"
+        )
+    costs, time_scale, model, source = costs_and_model(options, schedule, device)
+    spec = exec_spec(options, schedule, costs, time_scale, model, device)
+    if world is None:
+        check_machine(options, schedule, model)
+    from ppsim.simulate import simulate
+
+    predicted = simulate(schedule, prediction_costs(costs, time_scale))  # before anything runs
+    if world is None:
+        measurement = executor.launch(spec)
+    else:
+        result = executor.run_rank(spec, rank=int(os.environ["RANK"]), world=world)
+        if result is None:
+            return None
+        measurement = result
+    return build_report(schedule, measurement, costs, predicted, time_scale=time_scale, source=source)
+
+
+def load_checked_schedule(options: RunOptions) -> Schedule:
+    """The schedule, refused up front when torch cannot run it, it deadlocks, or it is too much work."""
+    from ppsim.calibrate.executor import schedule_refusal
+    from ppsim.schedules import load_schedule
+    from ppsim.validate import validate
+
+    r, m, v = options.num_ranks, options.num_microbatches, options.num_stages_per_rank
+    if not options.override_limits and r is not None and m is not None:
+        estimate = r * m * 3 * (v or 2)
+        if estimate > MAX_ACTIONS:
+            raise PPSimError(
+                f"-r {r} -m {m}: about {estimate:,} actions per step (limit {MAX_ACTIONS:,}): every action runs and "
+                "is timed; use fewer microbatches or ranks, or pass --override-limits"
+            )
+    schedule = load_schedule(options.schedule, r, m, v)
+    refusal = schedule_refusal(schedule)
+    if refusal is not None:
+        raise PPSimError(refusal)
+    actions = sum(len(row) for row in schedule.actions)
+    if actions > MAX_ACTIONS and not options.override_limits:
+        raise PPSimError(f"{options.schedule}: {actions:,} actions per step (limit {MAX_ACTIONS:,}); use fewer "
+                         "microbatches or ranks, or pass --override-limits")
+    problems = validate(schedule)
+    if problems:
+        first = str(problems[0])
+        more = f" (and {len(problems) - 1} more; see `ppsim validate`)" if len(problems) > 1 else ""
+        raise PPSimError(f"{options.schedule}: {first}{more}; torch's runtime would fail or hang on it; fix the order")
+    return schedule
+
+
+def check_backend(options: RunOptions) -> str:
+    if options.num_steps < 1:
+        raise PPSimError(f"--steps {options.num_steps}: need at least 1 timed step; pass --steps 1 or more")
+    if options.num_warmup < 0:
+        raise PPSimError(f"--warmup {options.num_warmup}: must be 0 or more")
+    if options.backend == "gloo":
+        return "cpu"
+    if options.backend != "nccl":
+        raise PPSimError(f"--backend {options.backend!r}: use gloo (CPU) or nccl (GPU)")
+    if options.synthetic:
+        raise PPSimError("--synthetic with --backend nccl: synthetic stages sleep on the host; use --backend gloo")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise PPSimError("--backend nccl: no CUDA GPU is visible here; use --backend gloo (CPU) or run on a GPU host")
+    return "cuda"
+
+
+def check_machine(options: RunOptions, schedule: Schedule, model: ModelConfig) -> None:
+    """Refuse more local ranks than this machine holds (cores for real ranks; memory for all), with the estimate."""
+    if options.override_limits:
+        return
+    ranks = schedule.num_ranks
+    cores = os.cpu_count() or 1
+    if options.synthetic:
+        if ranks > MAX_SYNTHETIC_RANKS:
+            raise PPSimError(f"-r {ranks}: {ranks} synthetic rank processes on this host (limit "
+                             f"{MAX_SYNTHETIC_RANKS}); use fewer ranks or pass --override-limits")
+    elif options.backend == "gloo" and ranks > MAX_REAL_RANKS_PER_CORE * cores:
+        raise PPSimError(
+            f"-r {ranks}: {ranks} computing ranks on {cores} CPU core(s) (limit {MAX_REAL_RANKS_PER_CORE} per core); "
+            "timings would say little; use fewer ranks, --synthetic, torchrun across hosts, or --override-limits"
+        )
+    need = estimate_run_bytes(model, schedule, synthetic=options.synthetic)
+    have = available_memory_bytes()
+    if have is not None and need > MEMORY_SHARE * have:
+        raise PPSimError(
+            f"{schedule.name} -r {ranks} -m {schedule.num_microbatches}: needs about {_gib(need)} of memory "
+            f"(weights, gradients and every microbatch's activations of {ranks} ranks, plus a reference copy) but "
+            f"{_gib(have)} is available; use fewer microbatches, a smaller model, or pass --override-limits"
+        )
+
+
+def estimate_run_bytes(model: ModelConfig, schedule: Schedule, *, synthetic: bool) -> int:
+    """A generous estimate of what a local run holds: per rank the torch runtime (~300 MiB), weights and gradients
+    of its stages, activations of every microbatch; plus the non-pipelined reference on rank 0."""
+    from ppsim.calibrate.model import DTYPES
+
+    item = DTYPES[model.dtype].itemsize
+    tokens = model.mb_size * model.seq_len
+    if synthetic:
+        per_mb = 4 * tokens * model.hidden * item
+        weights = 2 * model.vocab * model.hidden * item
+    else:
+        layer = 4 * model.hidden * model.hidden + 3 * model.hidden * model.ffn
+        weights = (model.layers * layer + 2 * model.vocab * model.hidden) * item
+        per_mb = model.layers * tokens * (12 * model.hidden + 4 * model.ffn) * item + tokens * model.vocab * 8
+    runtime = 300 << 20
+    m = schedule.num_microbatches
+    return schedule.num_ranks * runtime + 2 * (2 * weights) + 2 * m * per_mb
+
+
+def available_memory_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def costs_and_model(
+    options: RunOptions, schedule: Schedule, device: str
+) -> tuple[CostModel, float, ModelConfig, str]:
+    """Costs for the prediction (and for synthetic sleeps), seconds per cost unit, the executed model's shapes, and
+    where the costs came from. Profile costs are read by ``ppsim.costs.load_costs``, as ``simulate --profile``
+    reads them."""
+    from ppsim.calibrate.model import ModelConfig, get_preset, split_layers
+    from ppsim.costs import load_costs, parse_costs
+    from ppsim.profile import load_profile
+
+    if options.costs is not None and not options.synthetic:
+        raise PPSimError(
+            "--costs applies to --synthetic runs only; a real run takes its costs from --profile (or calibrates)"
+        )
+    if options.costs is not None and options.profile is not None:
+        raise PPSimError("--costs and --profile both given: a profile replaces the cost string; pass only one")
+    chain = len(schedule.pipelines[0])
+    if options.profile is not None:
+        prof = load_profile(options.profile)
+        costs = load_costs(profile=options.profile)
+        costs.check(schedule)
+        model = ModelConfig(**prof.model.to_dict())
+        if options.synthetic:
+            costs = synthetic_runtime(costs, options.profile)
+        elif prof.device != device:
+            raise PPSimError(
+                f"--profile {options.profile}: measured on {prof.device} but this run uses {device}; calibrate on "
+                f"{device} (`ppsim calibrate --device {device}`) or pick the matching --backend"
+            )
+        return costs, 1.0, model, str(options.profile)
+    if options.synthetic:
+        return parse_costs(options.costs), options.time_unit_s, get_preset(options.preset), "cost string"
+    model = get_preset(options.preset)
+    split_layers(model.layers, chain)  # a model too short for the chain fails here, before calibrating
+    path, where = calibrate_here(model, chain, device, save_to=options.save_calibration)
+    if path is None:  # a torchrun rank other than 0: it only executes, rank 0 predicts
+        return parse_costs(None), 1.0, model, where
+    return load_costs(profile=path), 1.0, model, where
+
+
+def synthetic_runtime(costs: CostModel, source: Path) -> CostModel:
+    """Profile costs for a synthetic run: the op costs are slept exactly (``compute_scale`` 1) and the runtime
+    overheads are the profile's synthetic probe's (``runtime.synthetic``), when it has one."""
+    import json
+
+    data = json.loads(Path(source).read_text(encoding="utf-8"))
+    syn = (data.get("runtime") or {}).get("synthetic") or {}
+    changes: dict[str, Any] = {"compute_scale": 1.0, "dispatch_s": float(syn.get("dispatch_s", 0.0))}
+    if syn.get("handoff_s") is not None:
+        changes.update(comm=float(syn["handoff_s"]), p2p_alpha=None, p2p_beta=None)
+    return dataclasses.replace(costs, **changes)
+
+
+def calibrate_here(model: ModelConfig, num_stages: int, device: str, *,
+                   save_to: Path | None = None) -> tuple[Path | None, str]:
+    """Calibrate ``model`` on this machine as `ppsim calibrate` does; returns the profile's path (``None`` on
+    torchrun ranks other than 0) and a description of where it is."""
+    import sys
+
+    from ppsim.calibrate.calibration import CalibrationOptions, calibrate
+
+    def run(path: Path) -> Path | None:
+        opts = CalibrationOptions(output=path, config=model, num_stages=num_stages, device=device)
+        print(f"no --profile: calibrating the {model.preset} model on {device} first", file=sys.stderr, flush=True)
+        return path if calibrate(opts) is not None else None
+
+    if save_to is not None:
+        return run(save_to), str(save_to)
+    tmp = Path(tempfile.mkdtemp(prefix="ppsim-run-"))
+    return run(tmp / "profile.json"), "calibrated by ppsim run (not saved)"
+
+
+def prediction_costs(costs: CostModel, time_scale: float) -> CostModel:
+    """The costs the prediction simulates, in seconds (a cost string's units times ``time_scale``)."""
+    if time_scale == 1.0:
+        return costs
+    ops = {k: tuple(x * time_scale for x in getattr(costs, k)) for k in ("F", "B", "I", "W", "FB")}
+    return dataclasses.replace(costs, **ops, comm=costs.comm * time_scale, dispatch_s=costs.dispatch_s, unit="s")
+
+
+def exec_spec(
+    options: RunOptions, schedule: Schedule, costs: CostModel, time_scale: float, model: ModelConfig, device: str
+) -> ExecSpec:
+    from ppsim.calibrate import executor, synthetic
+
+    sleep_s = None
+    if options.synthetic:
+        model = synthetic.synthetic_model(model, schedule.num_stages)
+        sleep_s = synthetic.cost_plan(schedule, costs, time_scale)
+        synthetic.check_plan(sleep_s, "--synthetic")
+    return executor.ExecSpec(
+        schedule=schedule, model=model, synthetic=options.synthetic, sleep_s=sleep_s, backend=options.backend,
+        device=device, num_steps=options.num_steps, num_warmup=options.num_warmup,
+        num_probes=options.num_steps if options.num_probes is None else options.num_probes, seed=options.seed,
+        timeout_s=options.timeout_s,
+    )
+
+
+# --- comparison -------------------------------------------------------------------------------------------------
+def build_report(schedule: Schedule, measurement: Measurement, costs: CostModel, predicted: SimResult, *,
+                 time_scale: float, source: str) -> RunReport:
+    """Compare the measurement with the before-run prediction; fit the post-hoc model on the probe steps."""
+    from ppsim.calibrate.runtime_model import fit_runtime_model, with_runtime
+    from ppsim.simulate import simulate
+
+    op_only = dataclasses.replace(costs, compute_scale=1.0, dispatch_s=0.0)
+    plain = simulate(schedule, prediction_costs(op_only, time_scale))
+    explained = fit_runtime_model(measurement, schedule, op_only, time_scale=time_scale)
+    explained_step = None
+    if explained is not None:
+        explained_step = simulate(schedule, with_runtime(op_only, explained, time_scale)).makespan
+    spans = measurement.step_spans
+    order = sorted(range(len(spans)), key=lambda k: spans[k])
+    rep = order[(len(order) - 1) // 2]
+    memory = []
+    for mem in measurement.memory:
+        static = sum(costs.static_bytes_of(schedule, s) for s in schedule.stages_of(mem.rank)) \
+            if costs.static_bytes is not None else None
+        peak = predicted.per_rank[mem.rank].peak_memory_bytes
+        memory.append(RankMemoryReport(
+            rank=mem.rank, measured_peak_activation_bytes=mem.peak_activation_bytes,
+            predicted_peak_activation_bytes=None if peak is None or static is None else peak - static,
+            param_bytes=mem.param_bytes, grad_bytes=mem.grad_bytes, predicted_static_bytes=static,
+            measured_peak_allocated_bytes=mem.peak_allocated_bytes,
+        ))
+    return RunReport(
+        schedule=schedule, measurement=measurement, predicted=predicted, measured_step_s=statistics.median(spans),
+        predicted_step_s=predicted.makespan, costs_only_step_s=plain.makespan, explained_step_s=explained_step,
+        explained=explained, memory=tuple(memory), step_index=rep, costs=costs, costs_source=source,
+        time_scale=time_scale,
+    )
+
+
+def _run_json(report: RunReport) -> dict[str, Any]:
+    from ppsim.calibrate.numerics import GRAD_RTOL
+
+    schedule, measurement, predicted = report.schedule, report.measurement, report.predicted
+    spans = measurement.step_spans
+    rep = report.step_index
+    step = measurement.steps[rep]
+    measured = report.measured_step_s
+    per_action = _per_action(schedule, step, predicted)
+    start_err = [abs(a["start_s"] - a["predicted_start_s"]) for a in per_action]
+    end_err = [abs(a["end_s"] - a["predicted_end_s"]) for a in per_action]
+    span_rep = spans[rep]
+    busy = [0.0] * schedule.num_ranks
+    for c in step:
+        busy[c.rank] += c.end - c.start
+    bubble_measured = 1 - sum(busy) / (schedule.num_ranks * span_rep) if span_rep > 0 else 0.0
+    costs = report.costs
+    return {
+        "schedule": schedule.name,
+        "ranks": schedule.num_ranks,
+        "microbatches": schedule.num_microbatches,
+        "stages": schedule.num_stages,
+        "stages_per_rank": schedule.num_stages_per_rank,
+        "backend": measurement.backend,
+        "device": measurement.device,
+        "device_name": measurement.device_name,
+        "torch_version": measurement.torch_version,
+        "synthetic": measurement.synthetic,
+        "grad_max_abs_diff": measurement.grad_max_abs_diff,
+        "grad_ref_max_abs": measurement.grad_ref_max_abs,
+        "grad_tolerance": measurement.grad_tolerance,
+        "grad_rtol": GRAD_RTOL.get(measurement.dtype, 1e-2),
+        "grad_ok": measurement.grad_ok,
+        "num_params_checked": measurement.num_params_checked,
+        "loss": measurement.loss,
+        "ref_loss": measurement.ref_loss,
+        "loss_match": measurement.loss_match,
+        "steps": len(spans),
+        "warmup_steps": measurement.num_warmup,
+        "probe_steps": len(measurement.probe_steps),
+        "measured_step_s": measured,
+        "measured_steps_s": list(spans),
+        "measured_step_spread_s": [min(spans), max(spans)],
+        "wall_step_s": statistics.median(measurement.step_walls),
+        "predicted_step_s": report.predicted_step_s,
+        "step_error_pct": report.step_error_pct,
+        "prediction_inputs": {
+            "source": report.costs_source,
+            "compute_scale": costs.compute_scale,
+            "dispatch_s": costs.dispatch_s,
+            "recv_posting": costs.recv_posting,
+            "handoff": "profile runtime.handoff_s" if costs.p2p_alpha is None and report.costs_source != "cost string"
+            else ("profile p2p" if costs.p2p_alpha is not None else "cost string comm"),
+            "fitted_on_this_run": False,
+        },
+        "predicted_step_costs_only_s": report.costs_only_step_s,
+        "step_error_costs_only_pct": _pct(report.costs_only_step_s - measured, measured),
+        "explained_step_s": report.explained_step_s,
+        "explained_error_pct": None if report.explained_step_s is None
+        else _pct(report.explained_step_s - measured, measured),
+        "explained_model": None if report.explained is None else {
+            **report.explained.to_dict(), "post_hoc": True,
+            "note": "fitted on this run's probe steps: explains the run, is not a prediction",
+        },
+        "bubble_ratio_measured": bubble_measured,
+        "bubble_ratio_predicted": predicted.bubble_ratio,
+        "action_error": {
+            "step_index": rep,
+            "start_median_abs_s": statistics.median(start_err),
+            "start_max_abs_s": max(start_err),
+            "end_median_abs_s": statistics.median(end_err),
+            "end_max_abs_s": max(end_err),
+            "start_median_abs_pct_of_step": _pct(statistics.median(start_err), span_rep),
+            "start_max_abs_pct_of_step": _pct(max(start_err), span_rep),
+            "end_median_abs_pct_of_step": _pct(statistics.median(end_err), span_rep),
+            "end_max_abs_pct_of_step": _pct(max(end_err), span_rep),
+        },
+        "per_rank": [
+            {
+                "rank": r,
+                "busy_s": busy[r],
+                "bubble_ratio_measured": 1 - busy[r] / span_rep if span_rep > 0 else 0.0,
+                "bubble_ratio_predicted": predicted.per_rank[r].bubble_ratio,
+            }
+            for r in range(schedule.num_ranks)
+        ],
+        "memory": [
+            {
+                "rank": m.rank,
+                "peak_activation_bytes_measured": m.measured_peak_activation_bytes,
+                "peak_activation_bytes_predicted": m.predicted_peak_activation_bytes,
+                "peak_activation_error_pct": m.activation_error_pct,
+                "param_bytes_measured": m.param_bytes,
+                "grad_bytes_measured": m.grad_bytes,
+                "static_bytes_predicted": m.predicted_static_bytes,
+                "peak_allocated_bytes_measured": m.measured_peak_allocated_bytes,
+            }
+            for m in report.memory
+        ],
+        "profile_p2p_s": (
+            None if costs.p2p_alpha is None else costs.boundary_delay(schedule, schedule.pipelines[0][0])
+        ),
+        "costs_source": report.costs_source,
+        "time_unit_s": report.time_scale,
+        "clock": measurement.clock,
+        "hosts": sorted(set(measurement.hosts)),
+        "notes": list(measurement.notes),
+        "per_action": per_action,
+    }
+
+
+def _pct(numerator: float, denominator: float) -> float:
+    return 100.0 * numerator / denominator if denominator > 0 else (0.0 if numerator == 0 else math.inf)
+
+
+def _per_action(schedule: Schedule, step: tuple[Any, ...], predicted: SimResult) -> list[dict[str, Any]]:
+    halves: dict[tuple[int, int], list[Any]] = {}
+    for c in step:
+        halves.setdefault((c.rank, c.position), []).append(c)
+    out: list[dict[str, Any]] = []
+    for rank, row in enumerate(schedule.actions):
+        for pos, action in enumerate(row):
+            comps = halves[(rank, pos)]
+            entry: dict[str, Any] = {
+                "rank": rank,
+                "position": pos,
+                "action": str(action),
+                "start_s": comps[0].start,
+                "end_s": comps[-1].end,
+                "predicted_start_s": predicted.starts[rank][pos],
+                "predicted_end_s": predicted.ends[rank][pos],
+                "wait_s": comps[0].wait + (comps[1].wait if len(comps) > 1 else 0.0),
+            }
+            if len(comps) > 1:
+                entry["halves"] = [{"action": c.name, "start_s": c.start, "end_s": c.end} for c in comps]
+            out.append(entry)
+    return out

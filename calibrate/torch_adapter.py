@@ -1,0 +1,173 @@
+"""Everything ppsim touches inside ``torch.distributed.pipelining`` that is not public API, in one place.
+
+ppsim executes its own compute-only order with torch's ``_PipelineScheduleRuntime`` and times every computation, and
+calibration runs each action the way the runtime does. That needs private names (``_PipelineScheduleRuntime``,
+``_Action``, ``_prepare_schedule_with_comms``, ``_wait_batch_p2p``, ``_maybe_compute_loss``, the stage's
+``*_one_chunk`` and ``get_*_recv_ops`` methods, ``_backward.stage_backward*``). They change between torch releases,
+so :func:`check` compares torch's version with the ones this adapter was written and tested against and names what
+is missing; nothing else in ppsim imports these names.
+
+torch is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from ppsim.errors import PPSimError
+
+#: torch releases (major.minor) this adapter was tested with.
+TESTED = ("2.13",)
+#: Set to 1 to run with another torch release anyway (a missing name is still refused).
+OVERRIDE_ENV = "PPSIM_UNTESTED_TORCH"
+
+_REQUIRED = {
+    "torch.distributed.pipelining.schedules": ("_PipelineScheduleRuntime", "_Action", "_wait_batch_p2p"),
+    "torch.distributed.pipelining._backward": ("stage_backward", "stage_backward_input", "stage_backward_weight"),
+    "torch.distributed.pipelining": ("PipelineStage",),
+}
+_STAGE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk", "get_fwd_recv_ops",
+                  "get_bwd_recv_ops")
+_checked = False
+
+
+def check() -> None:
+    """Refuse (one line) a torch release this adapter does not know, or one lacking a name it needs."""
+    global _checked
+    if _checked:
+        return
+    import importlib
+
+    import torch
+
+    version = torch.__version__.split("+")[0]
+    major_minor = ".".join(version.split(".")[:2])
+    if major_minor not in TESTED and os.environ.get(OVERRIDE_ENV) != "1":
+        raise PPSimError(
+            f"torch {torch.__version__}: ppsim's pipeline adapter (calibrate/torch_adapter.py) uses private "
+            f"torch.distributed.pipelining internals and is tested with torch {', '.join(TESTED)}; install that "
+            f"(pip install -c constraints.txt torch) or set {OVERRIDE_ENV}=1 to try this release"
+        )
+    for module_name, names in _REQUIRED.items():
+        module = importlib.import_module(module_name)
+        missing = [n for n in names if not hasattr(module, n)]
+        if missing:
+            raise PPSimError(
+                f"torch {torch.__version__}: {module_name} has no {', '.join(missing)}; ppsim's pipeline adapter "
+                f"needs torch {', '.join(TESTED)}"
+            )
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    missing = [m for m in _STAGE_METHODS if not hasattr(PipelineStage, m)]
+    for name in ("_prepare_schedule_with_comms", "_maybe_compute_loss", "step"):
+        if not hasattr(_PipelineScheduleRuntime, name):
+            missing.append(name)
+    if missing:
+        raise PPSimError(f"torch {torch.__version__}: the pipeline runtime lacks {', '.join(missing)}; ppsim's "
+                         f"pipeline adapter needs torch {', '.join(TESTED)}")
+    _checked = True
+
+
+# --- the runtime's backward functions (calibration times them directly) ----------------------------------------
+def backward_functions() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """torch's ``(stage_backward, stage_backward_input, stage_backward_weight)``."""
+    check()
+    from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight
+
+    return stage_backward, stage_backward_input, stage_backward_weight
+
+
+# --- executing an order -----------------------------------------------------------------------------------------
+def pipeline_stage(module: Any, stage: int, num_stages: int, device: Any) -> Any:
+    check()
+    from torch.distributed.pipelining import PipelineStage
+
+    return PipelineStage(module, stage, num_stages, device)
+
+
+def runtime(stages: Sequence[Any], *, num_microbatches: int, loss_fn: Callable[..., Any],
+            after_forward: Callable[[], None], order: dict[int, Sequence[str]]) -> Any:
+    """torch's ``_PipelineScheduleRuntime`` running ``order`` (action strings per rank) as its compute-only order,
+    lowered by torch itself (sends and receives added by ``_prepare_schedule_with_comms``). ``after_forward`` is
+    called after every forward, once the loss (on the last stage) is applied."""
+    check()
+    from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+
+    class _TimedRuntime(_PipelineScheduleRuntime):
+        def _maybe_compute_loss(self, stage: Any, output: Any, target_mbs: Any, mb_index: int,
+                                loss_kwargs: Any = None) -> None:
+            super()._maybe_compute_loss(stage, output, target_mbs, mb_index, loss_kwargs)
+            after_forward()
+
+    rt = _TimedRuntime(list(stages), n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=True)
+    actions = {r: [_Action.from_str(a) for a in row] for r, row in order.items()}
+    rt.pipeline_order = actions
+    rt._prepare_schedule_with_comms(actions)
+    return rt
+
+
+@contextmanager
+def timed_receive_waits(on_wait: Callable[[float], None]) -> Iterator[None]:
+    """While inside, every wait of the runtime for a batch of receives reports its duration to ``on_wait``."""
+    check()
+    import torch.distributed.pipelining.schedules as schedules
+
+    original = schedules._wait_batch_p2p
+
+    def wait(work: Any) -> None:
+        t0 = time.perf_counter()
+        original(work)
+        on_wait(time.perf_counter() - t0)
+
+    schedules._wait_batch_p2p = wait
+    try:
+        yield
+    finally:
+        schedules._wait_batch_p2p = original
+
+
+def instrument_stage(stage: Any, *, begin: Callable[[str], None], finish: Callable[[], None],
+                     posted: Callable[[int, int, str], None]) -> None:
+    """Wrap the stage's per-computation entry points (instance attributes shadow the class methods): ``begin(name)``
+    before each computation, ``finish()`` after a backward (a forward is finished by the runtime's
+    ``after_forward``), ``posted(stage, microbatch, "F"|"B")`` when a receive is posted."""
+    index = stage.stage_index
+    fwd, bwd, bwd_w = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
+
+    def forward_one_chunk(fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        begin(f"{index}F{fwd_chunk_id}")
+        return fwd(fwd_chunk_id, *args, **kwargs)
+
+    def backward_one_chunk(bwd_chunk_id: int, loss: Any = None, full_backward: bool = True,
+                           last_backward: bool = False) -> Any:
+        begin(f"{index}{'B' if full_backward else 'I'}{bwd_chunk_id}")
+        out = bwd(bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward)
+        finish()
+        return out
+
+    def backward_weight_one_chunk(bwd_chunk_id: int, last_backward: bool = False) -> Any:
+        begin(f"{index}W{bwd_chunk_id}")
+        out = bwd_w(bwd_chunk_id, last_backward=last_backward)
+        finish()
+        return out
+
+    fwd_recv, bwd_recv = stage.get_fwd_recv_ops, stage.get_bwd_recv_ops
+
+    def get_fwd_recv_ops(fwd_chunk_id: int) -> Any:
+        posted(index, fwd_chunk_id, "F")
+        return fwd_recv(fwd_chunk_id)
+
+    def get_bwd_recv_ops(bwd_chunk_id: int) -> Any:
+        posted(index, bwd_chunk_id, "B")
+        return bwd_recv(bwd_chunk_id)
+
+    stage.forward_one_chunk = forward_one_chunk
+    stage.backward_one_chunk = backward_one_chunk
+    stage.backward_weight_one_chunk = backward_weight_one_chunk
+    stage.get_fwd_recv_ops = get_fwd_recv_ops
+    stage.get_bwd_recv_ops = get_bwd_recv_ops
