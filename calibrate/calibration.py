@@ -299,31 +299,22 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
     rec.save()
     ranges = split_layers(opts.config.layers, opts.num_stages)
 
-    # 1. units (spread over ranks under torchrun)
-    todo: list[Any] = [u for u in units_of(opts.config) if f"unit.{u.name}" not in rec.done]
-    if opts.check_stages:
-        from ppsim.calibrate.harness import stage_unit
+    # 1. units, their repetitions interleaved (the writing rank; under torchrun the others wait for p2p)
+    if "units" not in rec.done and writer:
+        todo: list[Any] = units_of(opts.config)
+        if opts.check_stages:
+            from ppsim.calibrate.harness import stage_unit
 
-        todo += [stage_unit(opts.config, opts.num_stages, s) for s in range(opts.num_stages)
-                 if f"check.stage{s}" not in rec.done]
-    for round_start in range(0, len(todo), world_size):
-        updates: list[tuple[str, dict[str, Any]]] = []
-        index = round_start + rank
-        if index < len(todo):
-            unit = todo[index]
-            key = f"check.{unit.name}" if unit.name.startswith("stage") else f"unit.{unit.name}"
-            if writer:
-                log(f"measuring {unit.name} ({unit.num_layers} layer(s)"
-                    f"{', embedding' if unit.has_embedding else ''}{', head' if unit.has_head else ''})")
-            updates.append((key, measure_unit(opts, unit, device)))
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-        batches = _all_gather(updates) if world is not None else [updates]
-        for batch in batches:
-            for key, fields in batch:
-                rec.add_unit(key, fields, opts, ranges)
-    if world is None or rank == 0:
+            todo += [stage_unit(opts.config, opts.num_stages, s) for s in range(opts.num_stages)]
+        log("measuring " + ", ".join(u.name for u in todo) + f" ({opts.reps} interleaved repetitions)")
+        for unit, fields in zip(todo, measure_units(opts, todo, device)):
+            rec.add_unit(unit.name, fields)
         rec.compose(opts, ranges)
+        rec.finish("units")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if world is not None:
+        rec.doc = _broadcast(rec.doc)
 
     # 2. p2p
     notes = list(rec.doc["notes"])
@@ -352,29 +343,33 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
     return rec.doc
 
 
-def measure_unit(opts: CalibrationOptions, unit: Any, device: Any) -> dict[str, Any]:
-    """Timings (F, B, I, W, FB samples), memory and sizes of one unit."""
+def measure_units(opts: CalibrationOptions, units: list[Any], device: Any) -> list[dict[str, Any]]:
+    """Timings (F, B, I, W, FB samples, repetitions interleaved across units), memory and sizes of each unit."""
     from ppsim.calibrate import harness
 
     what = "the weights"
     try:
-        bench = harness.StageBench(opts.config, opts.num_stages, 1, device=device, seed=opts.seed, unit=unit)
+        benches = [harness.StageBench(opts.config, opts.num_stages, 1, device=device, seed=opts.seed, unit=u)
+                   for u in units]
         what = "timings"
-        samples = bench.measure_timings(warmup=opts.warmup, reps=opts.reps)
+        timings = harness.measure_interleaved(benches, warmup=opts.warmup, reps=opts.reps)
         what = "memory"
-        mem = bench.measure_memory()
+        memories = [bench.measure_memory() for bench in benches]
     except Exception as exc:
         if harness.is_oom(exc):
-            raise harness.oom_error(opts.config, 0, f"{what} of {unit.name}") from None
+            raise harness.oom_error(opts.config, 0, what) from None
         raise
-    static = harness.unit_static(opts.config, unit)
-    return {
-        "layers": list(unit.layers), "has_embedding": unit.has_embedding, "has_head": unit.has_head,
-        **{op: Stat.from_samples(v).to_dict() for op, v in samples.items()},
-        **dataclasses.asdict(mem),
-        "param_bytes": static.param_bytes, "grad_bytes": static.grad_bytes,
-        "optimizer_bytes": static.optimizer_bytes, "output_bytes": static.output_bytes,
-    }
+    out = []
+    for unit, samples, mem in zip(units, timings, memories):
+        static = harness.unit_static(opts.config, unit)
+        out.append({
+            "layers": list(unit.layers), "has_embedding": unit.has_embedding, "has_head": unit.has_head,
+            **{op: Stat.from_samples(v).to_dict() for op, v in samples.items()},
+            **dataclasses.asdict(mem),
+            "param_bytes": static.param_bytes, "grad_bytes": static.grad_bytes,
+            "optimizer_bytes": static.optimizer_bytes, "output_bytes": static.output_bytes,
+        })
+    return out
 
 
 def _measure_p2p(opts: CalibrationOptions, world: World | None, sizes: list[int], device: Any, *,
@@ -578,13 +573,11 @@ class Recorder:
         self.doc["done"] = [*self.doc["done"], key]
         self.save()
 
-    def add_unit(self, key: str, fields: dict[str, Any], opts: CalibrationOptions,
-                 ranges: list[tuple[int, int]]) -> None:
-        if key.startswith("check."):
-            self.doc["stage_checks"] = [*self.doc.get("stage_checks", []), {"stage": int(key[11:]), **fields}]
+    def add_unit(self, name: str, fields: dict[str, Any]) -> None:
+        if name.startswith("stage"):
+            self.doc["stage_checks"] = [*self.doc.get("stage_checks", []), {"stage": int(name[5:]), **fields}]
         else:
-            self.doc["units"] = {**self.doc["units"], key[5:]: fields}
-        self.finish(key)
+            self.doc["units"] = {**self.doc["units"], name: fields}
 
     def compose(self, opts: CalibrationOptions, ranges: list[tuple[int, int]]) -> None:
         """Blocks and overhead from the units, then the composed stages (and the composition error per check)."""

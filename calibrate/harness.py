@@ -245,43 +245,48 @@ class StageBench:
         return results
 
     def measure_timings(self, *, warmup: int, reps: int, tick: Tick = _noop) -> dict[str, list[float]]:
-        """F, B, I, W and FB samples taken in turn within every repetition, so that a burst of load elsewhere on the
-        machine lands on all of them alike and their ratios (I + W against B, FB against F + B) stay meaningful.
+        """F, B, I, W and FB samples taken in turn within every repetition (see :meth:`timing_rep`)."""
+        return measure_interleaved([self], warmup=warmup, reps=reps, tick=tick)[0]
 
-        One repetition: F(a), B(a); an untimed F(b), then I(b), W(b); then the pair F(c) + B(pending), after which c
-        is pending (one microbatch's activations stay alive across repetitions, as in a pipeline's steady state).
-        """
-        pending = [self.forward()]
+    def start_timings(self) -> None:
+        self.module.zero_grad(set_to_none=True)
+        gc.collect()
+        self._pending: _Forward | None = self.forward()
 
-        def rep() -> list[float]:
-            fwd: list[_Forward] = []
+    def stop_timings(self) -> None:
+        self._pending = None
+        self.clock.sync()
 
-            def forward_backward(mark: Callable[[], None]) -> None:
-                fwd.append(self.forward())
-                mark()
-                self.backward(fwd[0])
+    def timing_rep(self) -> list[float]:
+        """One repetition: F(a), B(a); an untimed F(b), then I(b), W(b); then the pair F(c) + B(pending), after
+        which c is pending (one microbatch's activations stay alive across repetitions, as in a pipeline's steady
+        state). Taking the five in turn means a burst of load elsewhere on the machine lands on all of them alike,
+        so their ratios (I + W against B, FB against F + B) stay meaningful."""
+        fwd: list[_Forward] = []
 
-            f, b = self.clock.sections(forward_backward)
-            split = self.forward()
+        def forward_backward(mark: Callable[[], None]) -> None:
+            fwd.append(self.forward())
+            mark()
+            self.backward(fwd[0])
 
-            def input_weight(mark: Callable[[], None]) -> None:
-                groups = self.backward_input(split)
-                mark()
-                self.backward_weight(split, groups)
+        f, b = self.clock.sections(forward_backward)
+        split = self.forward()
 
-            i, w = self.clock.sections(input_weight)
+        def input_weight(mark: Callable[[], None]) -> None:
+            groups = self.backward_input(split)
+            mark()
+            self.backward_weight(split, groups)
 
-            def pair(mark: Callable[[], None]) -> None:
-                new = self.forward()
-                self.backward(pending[0])
-                pending[0] = new
+        i, w = self.clock.sections(input_weight)
 
-            (fb,) = self.clock.sections(pair)
-            return [f, b, i, w, fb]
+        def pair(mark: Callable[[], None]) -> None:
+            new = self.forward()
+            assert self._pending is not None
+            self.backward(self._pending)
+            self._pending = new
 
-        results = self._loop(rep, warmup=warmup, reps=reps, tick=tick)
-        pending.clear()
-        return {op: [r[k] for r in results] for k, op in enumerate(("F", "B", "I", "W", "FB"))}
+        (fb,) = self.clock.sections(pair)
+        return [f, b, i, w, fb]
 
     def measure_memory(self) -> MemoryResult:
         """Activation bytes of one microbatch and the part I releases (see module docstring)."""
@@ -353,6 +358,26 @@ class _SavedTracker:
 
     def held_bytes(self) -> int:
         return sum(self.nbytes[p] for p, n in self.refs.items() if n > 0)
+
+
+def measure_interleaved(benches: list[StageBench], *, warmup: int, reps: int,
+                        tick: Tick = _noop) -> list[dict[str, list[float]]]:
+    """Time several benches with their repetitions interleaved (rep 1 of each, then rep 2 of each, ...), so that
+    load elsewhere on the machine lands on all of them alike and differences between them (a K-layer unit against a
+    1-layer one) stay meaningful. Returns each bench's F, B, I, W and FB samples."""
+    for bench in benches:
+        bench.start_timings()
+    for _ in range(warmup):
+        for bench in benches:
+            bench.timing_rep()
+    results: list[list[list[float]]] = [[] for _ in benches]
+    for _ in range(reps):
+        for k, bench in enumerate(benches):
+            results[k].append(bench.timing_rep())
+        tick()
+    for bench in benches:
+        bench.stop_timings()
+    return [{op: [r[j] for r in res] for j, op in enumerate(("F", "B", "I", "W", "FB"))} for res in results]
 
 
 def oom_error(config: ModelConfig, stage: int, what: str) -> PPSimError:

@@ -232,6 +232,9 @@ class CostModel:
             out["activation_bytes"] = list(self.activation_bytes)
             out["activation_bytes_freed_by_I"] = list(self.activation_bytes_freed_by_I or ())
             out["static_bytes"] = list(self.static_bytes or ())
+        if self.compute_scale != 1.0 or self.dispatch_s != 0.0 or self.recv_posting != "early":
+            out["runtime"] = {"compute_scale": self.compute_scale, "dispatch_s": self.dispatch_s,
+                              "recv_posting": self.recv_posting}
         if self.notes:
             out["notes"] = list(self.notes)
         return out
@@ -338,8 +341,11 @@ def load_costs(costs: str | None = None, profile: str | Path | None = None) -> C
     from ppsim.profile import load_profile  # only profile users pay for the schema module
 
     path = Path(profile)
-    data = load_profile(path)
-    return CostModel.from_profile(data, source=str(path))
+    data = load_profile(path).to_dict()
+    import json  # the runtime section is not (yet) part of the Profile dataclass: read it from the file
+
+    runtime = json.loads(path.read_text(encoding="utf-8")).get("runtime")
+    return CostModel.from_profile({**data, "runtime": runtime}, source=str(path))
 
 
 def _runtime_fields(runtime: Any, source: str) -> dict[str, Any]:
