@@ -282,3 +282,172 @@ def test_with_runtime_adds_dispatch_to_every_computation_and_two_to_a_pair() -> 
     assert out.comm == pytest.approx(0.3)
     plain = with_runtime(costs, None, 0.01)
     assert plain.F[0] == pytest.approx(0.01) and plain.comm == pytest.approx(0.005)
+
+
+# --- the before-run prediction ------------------------------------------------------------------------------------
+RUNTIME = {"compute_scale": 1.5, "dispatch_s": 0.001, "handoff_s": 0.002, "recv_posting": "consumer",
+           "synthetic": {"dispatch_s": 0.0005, "handoff_s": 0.001}}
+
+
+def with_runtime_section(path: Path) -> Path:
+    data = json.loads(path.read_text())
+    data["runtime"] = RUNTIME
+    path.write_text(json.dumps(data))
+    return path
+
+
+def simulated_makespan(*args: str) -> float:
+    result = CliRunner().invoke(app, ["simulate", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["makespan"]
+
+
+@pytest.mark.slow
+def test_run_predicts_exactly_what_simulate_predicts_from_the_profile(tmp_path: Path) -> None:
+    profile = with_runtime_section(write_profile(tmp_path / "p.json", 2))
+    out = tmp_path / "run.json"
+    code, _, stderr = invoke("-s", "ZBH1", "-r", "2", "-m", "4", "--profile", str(profile), "-o", str(out), *FAST)
+    assert code == 0, stderr
+    data = check_run_json(out, "ZBH1", 2, 4)
+    assert data["predicted_step_s"] == pytest.approx(
+        simulated_makespan("-s", "ZBH1", "-r", "2", "-m", "4", "--profile", str(profile)), rel=1e-12)
+    inputs = data["prediction_inputs"]
+    assert inputs["fitted_on_this_run"] is False and inputs["compute_scale"] == 1.5
+    assert inputs["dispatch_s"] == 0.001 and inputs["recv_posting"] == "consumer"
+    assert data["explained_model"]["post_hoc"] is True  # the run-fitted number lives apart
+    for m in data["memory"]:  # measured next to the prediction
+        assert m["peak_activation_bytes_measured"] > 0 and m["param_bytes_measured"] > 0
+        assert m["peak_activation_bytes_predicted"] is not None
+
+
+def _fake_measurement(schedule, result, factor: float):  # type: ignore[no-untyped-def]
+    rows = tuple(
+        _timing(r, pos, str(a), result.starts[r][pos] * factor, result.ends[r][pos] * factor)
+        for r, row in enumerate(schedule.actions) for pos, a in enumerate(row)
+    )
+    return _measurement((rows,), (rows, rows, rows), probes=(rows,))
+
+
+@pytest.mark.parametrize("factor", [0.5, 3.0])
+def test_the_prediction_uses_nothing_measured_in_the_run(tmp_path: Path, factor: float) -> None:
+    """Whatever the run measures (here: made-up timings, twice or half as fast as predicted), predicted_step_s is
+    the profile's simulation; only the post-hoc number follows the run."""
+    from ppsim.calibrate import run
+    from ppsim.costs import load_costs
+    from ppsim.simulate import simulate
+
+    profile = with_runtime_section(write_profile(tmp_path / "p.json", 2))
+    schedule = get_schedule("1F1B", 2, 4)
+    expected = simulate(schedule, load_costs(profile=profile))
+    report = run.build_report(schedule, _fake_measurement(schedule, expected, factor), load_costs(profile=profile),
+                              expected, time_scale=1.0, source=str(profile))
+    data = report.to_dict()
+    assert data["predicted_step_s"] == expected.makespan
+    assert data["measured_step_s"] == pytest.approx(expected.makespan * factor)
+    explained = data["explained_step_s"]
+    assert (explained < expected.makespan) if factor < 1 else (explained > expected.makespan)  # follows the run
+    assert data["prediction_inputs"]["fitted_on_this_run"] is False
+
+
+# --- refusals and processes ---------------------------------------------------------------------------------------
+def test_a_deadlocking_csv_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    csv = tmp_path / "dead.csv"
+    csv.write_text("0F0,0B0\n1B0,1F0\n")
+    code, _, stderr = invoke("-s", str(csv), "--synthetic")
+    assert code == 2 and stderr.count("\n") == 1 and "deadlock" in stderr and "Traceback" not in stderr
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["-s", "1F1B", "-r", "2", "-m", "1000000000"], "--override-limits"),
+        (["-s", "1F1B", "-r", "2", "-m", "4", "--synthetic", "--costs", "F=1e308,B=1e308"], "sleep"),
+        (["-s", "1F1B", "-r", "500", "-m", "500", "--synthetic"], "--override-limits"),
+        (["-s", "1F1B", "-r", "2", "-m", "2", "--timeout", "nan"], "--timeout"),
+    ],
+)
+def test_unbounded_or_absurd_runs_are_refused_with_one_line(args: list[str], expected: str) -> None:
+    code, stdout, stderr = invoke(*args)
+    assert code == 2, stdout + stderr
+    assert stderr.startswith("Error: ") and stderr.count("\n") == 1 and expected in stderr
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM", "SIGINT"])
+def test_killing_run_leaves_no_process_behind(sig: str) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ppsim.cli", "run", "-s", "GPipe", "-r", "3", "-m", "2", "--synthetic", "--costs",
+         "F=1,B=1", "--time-unit", "1", "--steps", "5", "--timeout", "300"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    seen: set[int] = set()
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            seen |= _descendants(proc.pid)
+            ranks = [p for p in _alive(seen) if b"ppsim-rank" in _cmdline(p) or _is_python(p)]
+            if len(ranks) >= 4:  # the fork server and three ranks
+                time.sleep(1.0)
+                seen |= _descendants(proc.pid)
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.kill(proc.pid, getattr(signal, sig))
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    wait_until = time.monotonic() + 15
+    while _alive(seen) and time.monotonic() < wait_until:
+        time.sleep(0.2)
+    assert len(seen) >= 4 and not _alive(seen), f"left behind: {_alive(seen)} of {seen}"
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _is_python(pid: int) -> bool:
+    return b"python" in _cmdline(pid)
