@@ -108,7 +108,7 @@ def test_one_rank_runs_with_no_communication_and_draws_the_comparison(tmp_path: 
     assert code == 0, stderr
     data = check_run_json(out, "1F1B", 1, 3)
     assert all(a["wait_s"] == 0 for a in data["per_action"])  # nothing to receive
-    assert data["runtime_model"]["num_latency_samples"] == 0
+    assert data["explained_model"]["num_latency_samples"] == 0
     assert fig.stat().st_size > 0 and "numerics OK" in stdout
 
 
