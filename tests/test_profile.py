@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from profile_v2 import make_v2_profile
 
 from ppsim.costs import CostModel, load_costs
 from ppsim.errors import CostError
@@ -73,7 +74,7 @@ def test_saved_profile_loads_back_equal(tmp_path: Path) -> None:
     path = save_profile(profile, tmp_path / "p.json")
     assert load_profile(path) == profile
     data = json.loads(path.read_text())
-    assert data["schema"] == "ppsim.profile" and data["version"] == VERSION
+    assert data["schema"] == "ppsim.profile" and data["version"] == 1
 
 
 def test_json_keys_follow_the_agreed_schema(tmp_path: Path) -> None:
@@ -162,3 +163,23 @@ def test_failed_save_keeps_the_previous_file(tmp_path: Path, monkeypatch: pytest
         save_profile(make_profile(), path)
     assert path.read_text() == before
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"]
+
+
+# -- version 2: blocks ---------------------------------------------------------------------------------------------
+
+
+def test_v2_profile_saves_and_loads_back_equal(tmp_path: Path) -> None:
+    profile = make_v2_profile()
+    path = save_profile(profile, tmp_path / "p2.json")
+    data = json.loads(path.read_text())
+    assert data["version"] == 2 and set(data["blocks"]) == {"embed", "layer", "head"}
+    assert data["layout"] == ["embed"] + ["layer"] * 8 + ["head"]
+    assert data["runtime"]["compute_scale"] == {"1": 1.0, "2": 1.5}
+    loaded = load_profile(path)
+    assert loaded == profile and loaded.version == 2 and loaded.num_layers == 8
+
+
+def test_v2_incomplete_profile_loads_only_for_resume(tmp_path: Path) -> None:
+    path = save_profile(make_v2_profile(complete=False), tmp_path / "p2.json")
+    assert "incomplete" in load_error(path)
+    assert load_profile(path, allow_incomplete=True).blocks["layer"].F is None
