@@ -16,7 +16,7 @@ import typer
 
 from ppsim.cli import schedules, simulation, torch_cmds  # noqa: F401  (importing registers the commands)
 from ppsim.cli._app import app
-from ppsim.cli.common import check_writable, fmt_bytes, parse_bytes
+from ppsim.io import check_writable, fmt_bytes, parse_bytes
 
 __all__ = ["app", "main", "check_writable", "fmt_bytes", "parse_bytes"]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
@@ -44,24 +43,6 @@ def user_errors(func: F) -> F:
             raise fail(f"{exc.filename or exc}: is a directory; give a file name") from None
 
     return wrapper  # type: ignore[return-value]
-
-
-_SIZE_RE = re.compile(r"^\s*([0-9.eE+]+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(text: str | None) -> int | None:
-    if text is None:
-        return None
-    m = _SIZE_RE.match(text)
-    try:
-        value = float(m.group(1)) * _UNITS[(m.group(2) or "b").lower()] if m else -1.0
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise PPSimError(f"--memory-cap {text!r}: must be a positive size in bytes (e.g. 80000000000, 80GB, 80GiB)")
-    return int(value)
 
 
 def build_schedule(
@@ -120,25 +101,3 @@ def console() -> Any:
     from rich.console import Console
 
     return Console()
-
-
-def check_writable(path: Path) -> None:
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise PPSimError(f"-o {path}: is a directory; give a file name such as {path / 'out.csv'}")
-    if not parent.is_dir():
-        raise PPSimError(f"-o {path}: folder {parent} does not exist; create it or choose another path")
-    import os
-
-    if not os.access(parent, os.W_OK):
-        raise PPSimError(f"-o {path}: folder {parent} is not writable; choose another path")
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
-
-

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ppsim.cli._app import app
-from ppsim.cli.common import build_costs, build_schedule, check_writable, console, echo_json, run_simulation, user_errors
+from ppsim.cli.common import build_costs, build_schedule, console, echo_json, run_simulation, user_errors
 from ppsim.cli.options import (
     CostScope,
     CostScopeOpt,
@@ -23,6 +23,7 @@ from ppsim.cli.options import (
     VOpt,
 )
 from ppsim.errors import PPSimError
+from ppsim.io import check_writable
 
 # --- list / show / validate / export ----------------------------------------------------------------------------
 @app.command("list")

@@ -11,11 +11,8 @@ from ppsim.cli._app import app
 from ppsim.cli.common import (
     build_costs,
     build_schedule,
-    check_writable,
     console,
     echo_json,
-    fmt_bytes,
-    parse_bytes,
     run_simulation,
     split_names,
     user_errors,
@@ -37,6 +34,7 @@ from ppsim.cli.options import (
     VOpt,
 )
 from ppsim.errors import PPSimError
+from ppsim.io import check_writable, fmt_bytes, parse_bytes
 
 if TYPE_CHECKING:
     from ppsim.result import SimResult
@@ -144,7 +142,7 @@ def plot_cmd(
         raise PPSimError(
             f"-o {output}: unknown extension {output.suffix or '(none)'!r}; use one of {', '.join(PLOT_FORMATS)}"
         )
-    check_writable(output)
+    check_writable(output, example="out.png")
     from ppsim.viz import plot_to_file
 
     cost_model = build_costs(costs, profile)
@@ -172,7 +170,7 @@ def report_cmd(
     """One self-contained HTML page comparing schedules: ranking, Gantts, memory, bubbles."""
     if output.suffix.lower() not in (".html", ".htm"):
         raise PPSimError(f"-o {output}: a report is an HTML page; use a name ending in .html")
-    check_writable(output)
+    check_writable(output, example="report.html")
     from ppsim.viz.report import write_report
 
     cost_model = build_costs(costs, profile)
