@@ -175,7 +175,8 @@ def _show(path: Path | str, limit: int = 120) -> str:
     return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 4:]}"
 
 
-def _output_error(target: Path, exc: OSError, option: str) -> OutputPathError:
+def _output_error(target: Path, exc: OSError, option: str) -> OSError | OutputPathError:
+    """A one-line user error for the usual causes; any other OSError again, naming the user's path."""
     where = f"{option} {_show(target)}"
     parent = _show(target.parent if str(target.parent) else Path("."))
     reasons = {
@@ -191,7 +192,9 @@ def _output_error(target: Path, exc: OSError, option: str) -> OutputPathError:
         errno.ELOOP: "too many levels of symbolic links; fix the link or choose another path",
         errno.ENXIO: "cannot be opened for writing (a socket, or a device without a reader); choose a file",
     }
-    reason = reasons.get(exc.errno or 0, f"{exc.strerror or exc}; choose another path")
+    reason = reasons.get(exc.errno or 0)
+    if reason is None:
+        return OSError(exc.errno, exc.strerror or str(exc), str(target))
     return OutputPathError(f"{where}: {reason}")
 
 
