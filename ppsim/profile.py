@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ppsim.errors import CostError, PPSimError
-from ppsim.formats import write_atomic
+from ppsim.io import write_atomic
 from ppsim.model_config import DTYPE_BYTES, MODEL_KEYS, ModelConfig
 
 SCHEMA = "ppsim.profile"
