@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
@@ -53,10 +54,61 @@ def build_schedule(
     return load_schedule(schedule, ranks, mb, v, num_pipelines=directions)
 
 
-def build_costs(costs: str | None, profile: Path | None) -> CostModel:
+def build_costs(
+    costs: str | None, profile: Path | None, split: str | None = None, layers_per_stage: int | None = None
+) -> CostModel:
     from ppsim.costs import load_costs
 
-    return load_costs(costs, profile)
+    return load_costs(costs, profile, split=split, layers_per_stage=layers_per_stage)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a simulation command runs: schedule names, ranks, microbatches, stages per rank and the cost model."""
+
+    names: list[str]
+    ranks: int | None
+    mb: int | None
+    stages_per_rank: int | None
+    cost_model: CostModel
+
+
+def build_inputs(
+    schedule: str | None,
+    ranks: int | None,
+    mb: int | None,
+    stages_per_rank: int | None,
+    *,
+    costs: str | None,
+    profile: Path | None,
+    split: str | None = None,
+    layers_per_stage: int | None = None,
+    torchtitan_config: Path | None = None,
+) -> Inputs:
+    """Schedules and costs from the options, or from a torchtitan job config (which must agree with them)."""
+    cost_model = build_costs(costs, profile, split, layers_per_stage)
+    if torchtitan_config is None:
+        if schedule is None:
+            raise PPSimError("--schedule/-s is required (or --torchtitan-config job.toml); e.g. -s 1F1B -r 4 -m 8")
+        return Inputs(split_names(schedule), ranks, mb, stages_per_rank, cost_model)
+    from dataclasses import replace
+
+    from ppsim.split import parse_split
+    from ppsim.torchtitan import load_torchtitan_job
+
+    blocks = cost_model.blocks
+    job = load_torchtitan_job(
+        torchtitan_config,
+        num_layers=None if blocks is None else blocks.num_layers,
+        model=None if blocks is None else blocks.model,
+        schedule=schedule, num_ranks=ranks, num_microbatches=mb, stages_per_rank=stages_per_rank,
+        layers_per_stage=layers_per_stage, split=None if split is None else parse_split(split),
+    )
+    for line in job.warnings:
+        typer.echo(f"warning: {line}", err=True)
+    if blocks is not None:
+        cost_model = replace(cost_model, split=job.split)
+    return Inputs([job.schedule], job.num_ranks, job.num_microbatches, job.stages_per_rank, cost_model)
 
 
 def run_simulation(
@@ -71,7 +123,8 @@ def run_simulation(
 def warn_if_not_comparable(results: list[tuple[str, int]], cost_model: CostModel, scope: CostScope) -> None:
     """A ranking of schedules that cut the model into different stage counts is only fair per rank share."""
     lengths = {n for _, n in results}
-    if len(lengths) > 1 and scope is CostScope.stage and cost_model.num_positions is None:
+    uniform = cost_model.num_positions is None and cost_model.blocks is None
+    if len(lengths) > 1 and scope is CostScope.stage and uniform:
         detail = ", ".join(f"{name}: {n}" for name, n in results)
         typer.echo(
             f"note: these schedules cut the model into different numbers of stages ({detail}); --costs are per "

@@ -16,10 +16,12 @@ from ppsim.cli.options import (
     DirectionsOpt,
     ExportFormat,
     JsonOpt,
+    LayersPerStageOpt,
     MbOpt,
     ProfileOpt,
     RanksOpt,
     ScheduleOpt,
+    SplitOpt,
     VOpt,
 )
 from ppsim.errors import PPSimError
@@ -122,6 +124,8 @@ def export_cmd(
     profile: ProfileOpt = None,
     directions: DirectionsOpt = 1,
     cost_scope: CostScopeOpt = CostScope.stage,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
 ) -> None:
     """Write the schedule as torch's compute-only CSV, timed JSON, or a Chrome/Perfetto trace."""
     sched = build_schedule(schedule, ranks, mb, stages_per_rank, directions)
@@ -129,11 +133,15 @@ def export_cmd(
     if fmt is ExportFormat.csv:
         from ppsim.formats import write_csv
 
+        if split is not None or layers_per_stage is not None:
+            typer.echo("warning: --split/--layers-per-stage only change timings; a csv export has none, so they "
+                       "are ignored", err=True)
+
         path = write_csv(sched, output)
     else:
         from ppsim import export
 
-        result = run_simulation(sched, build_costs(costs, profile), cost_scope)
+        result = run_simulation(sched, build_costs(costs, profile, split, layers_per_stage), cost_scope)
         writer = export.write_json_timeline if fmt is ExportFormat.json else export.write_chrome_trace
         path = writer(result, output)
     typer.echo(str(path))

@@ -9,7 +9,7 @@ import typer
 
 from ppsim.cli._app import app
 from ppsim.cli.common import (
-    build_costs,
+    build_inputs,
     build_schedule,
     console,
     echo_json,
@@ -25,12 +25,15 @@ from ppsim.cli.options import (
     CostsOpt,
     DirectionsOpt,
     JsonOpt,
+    LayersPerStageOpt,
+    MaybeScheduleOpt,
+    MaybeSchedulesOpt,
     MbOpt,
     MemCapOpt,
     ProfileOpt,
     RanksOpt,
-    ScheduleOpt,
-    SchedulesOpt,
+    SplitOpt,
+    TorchtitanConfigOpt,
     VOpt,
 )
 from ppsim.errors import PPSimError
@@ -43,7 +46,7 @@ if TYPE_CHECKING:
 @app.command("simulate")
 @user_errors
 def simulate_cmd(
-    schedule: SchedulesOpt,
+    schedule: MaybeSchedulesOpt = None,
     ranks: RanksOpt = None,
     mb: MbOpt = None,
     stages_per_rank: VOpt = None,
@@ -53,16 +56,20 @@ def simulate_cmd(
     json_out: JsonOpt = False,
     directions: DirectionsOpt = 1,
     cost_scope: CostScopeOpt = CostScope.stage,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
+    torchtitan_config: TorchtitanConfigOpt = None,
 ) -> None:
     """Discrete-event replay; with -s A,B,C simulates several and ranks them by makespan."""
-    names = split_names(schedule)
-    cost_model = build_costs(costs, profile)
+    inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
+    names, cost_model = inputs.names, inputs.cost_model
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
     results: list[SimResult] = []
     for name in names:
         try:
-            sched = build_schedule(name, ranks, mb, stages_per_rank, directions)
+            sched = build_schedule(name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions)
         except PPSimError as exc:
             if len(names) == 1:
                 raise
@@ -70,7 +77,8 @@ def simulate_cmd(
             continue
         results.append(run_simulation(sched, cost_model, cost_scope, cap))
     if not results:
-        raise PPSimError(f"--schedule {schedule!r}: none of these schedules can run this configuration (see above)")
+        raise PPSimError(f"--schedule {','.join(names)!r}: none of these schedules can run this configuration "
+                         "(see above)")
     results.sort(key=lambda r: r.makespan)
     warn_if_not_comparable([(r.schedule.name, len(r.schedule.pipelines[0])) for r in results], cost_model, cost_scope)
     if json_out:
@@ -118,7 +126,7 @@ PLOT_FORMATS = (".png", ".svg", ".pdf", ".html")
 @app.command("plot")
 @user_errors
 def plot_cmd(
-    schedule: ScheduleOpt,
+    schedule: MaybeScheduleOpt = None,
     ranks: RanksOpt = None,
     mb: MbOpt = None,
     stages_per_rank: VOpt = None,
@@ -133,9 +141,16 @@ def plot_cmd(
     memory_cap: MemCapOpt = None,
     directions: DirectionsOpt = 1,
     cost_scope: CostScopeOpt = CostScope.stage,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
+    torchtitan_config: TorchtitanConfigOpt = None,
 ) -> None:
     """Gantt chart like the DualPipe figure (default file <schedule>_r<R>_m<M>.png); prints its path."""
-    sched = build_schedule(schedule, ranks, mb, stages_per_rank, directions)
+    inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
+    if len(inputs.names) != 1:
+        raise PPSimError(f"--schedule {schedule!r}: plot draws one schedule; use `ppsim report` to compare several")
+    sched = build_schedule(inputs.names[0], inputs.ranks, inputs.mb, inputs.stages_per_rank, directions)
     if output is None:
         output = Path(f"{sched.name}_r{sched.num_ranks}_m{sched.num_microbatches}.png")
     if output.suffix.lower() not in PLOT_FORMATS:
@@ -145,7 +160,7 @@ def plot_cmd(
     check_writable(output, example="out.png")
     from ppsim.viz import plot_to_file
 
-    cost_model = build_costs(costs, profile)
+    cost_model = inputs.cost_model
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
     result = run_simulation(sched, cost_model, cost_scope, cap)
@@ -156,8 +171,8 @@ def plot_cmd(
 @app.command("report")
 @user_errors
 def report_cmd(
-    schedule: SchedulesOpt,
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write (self-contained, offline).")],
+    schedule: MaybeSchedulesOpt = None,
     ranks: RanksOpt = None,
     mb: MbOpt = None,
     stages_per_rank: VOpt = None,
@@ -166,6 +181,9 @@ def report_cmd(
     memory_cap: MemCapOpt = None,
     directions: DirectionsOpt = 1,
     cost_scope: CostScopeOpt = CostScope.stage,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
+    torchtitan_config: TorchtitanConfigOpt = None,
 ) -> None:
     """One self-contained HTML page comparing schedules: ranking, Gantts, memory, bubbles."""
     if output.suffix.lower() not in (".html", ".htm"):
@@ -173,13 +191,15 @@ def report_cmd(
     check_writable(output, example="report.html")
     from ppsim.viz.report import write_report
 
-    cost_model = build_costs(costs, profile)
+    inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
+    cost_model = inputs.cost_model
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
     entries: list[tuple[str, SimResult | str]] = []
-    for name in split_names(schedule):
+    for name in inputs.names:
         try:
-            sched = build_schedule(name, ranks, mb, stages_per_rank, directions)
+            sched = build_schedule(name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions)
             entries.append((sched.name, run_simulation(sched, cost_model, cost_scope, cap)))
         except PPSimError as exc:
             entries.append((name, str(exc)))
