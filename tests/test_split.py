@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+from typer.testing import CliRunner
+
+from ppsim.cli import app
 
 from ppsim.errors import PPSimError
 from ppsim.split import (
@@ -104,3 +110,58 @@ def test_stage_blocks_put_embedding_first_and_head_last() -> None:
     assert stage_blocks(layout, (1, 2)) == (("embed", "layer"), ("layer.moe", "layer", "head"))
     assert stage_blocks(layout, (3,)) == (tuple(layout),)
     assert stage_blocks(layout, (0, 3, 0)) == (("embed",), ("layer", "layer.moe", "layer"), ("head",))
+
+
+# -- on the command line -------------------------------------------------------------------------------------------
+
+
+def _v2_file(tmp_path: Path) -> Path:
+    from profile_v2 import make_v2_profile
+
+    from ppsim.profile import save_profile
+
+    return save_profile(make_v2_profile(), tmp_path / "v2.json")
+
+
+def test_one_profile_ranks_schedules_with_different_stage_counts(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["simulate", "-s", "1F1B,ZBH1,Interleaved1F1B,ZBVZeroBubble,DualPipeV", "-r", "4",
+                                      "-m", "8", "--profile", str(_v2_file(tmp_path)), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert {r["schedule"]: r["stages"] for r in rows} == {
+        "1F1B": 4, "ZBH1": 4, "Interleaved1F1B": 8, "ZBVZeroBubble": 8, "DualPipeV": 8}
+    assert "different numbers of stages" not in result.stderr
+
+
+def test_split_options_change_the_simulated_step(tmp_path: Path) -> None:
+    profile = str(_v2_file(tmp_path))
+    runner = CliRunner()
+
+    def makespan(*extra: str) -> float:
+        result = runner.invoke(app, ["simulate", "-s", "1F1B", "-r", "2", "-m", "4", "--profile", profile, "--json",
+                                     *extra])
+        assert result.exit_code == 0, result.output
+        return float(json.loads(result.stdout)["makespan"])
+
+    assert makespan() == makespan("--split", "4,4") == makespan("--layers-per-stage", "5")
+    assert makespan("--split", "1,7") > makespan()
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [(["--split", "4,3"], "covers 7 layers"), (["--split", "4,x"], "not a layer count"),
+     (["--layers-per-stage", "2"], "--layers-per-stage 5"), (["--split", "4,4", "--layers-per-stage", "5"], "only one")],
+)
+def test_bad_split_options_exit_2_with_one_line(tmp_path: Path, extra: list[str], needle: str) -> None:
+    result = CliRunner().invoke(app, ["simulate", "-s", "1F1B", "-r", "2", "-m", "4", "--profile",
+                                      str(_v2_file(tmp_path)), *extra])
+    assert result.exit_code == 2
+    assert needle in result.output and result.output.count("\n") == 1
+
+
+def test_export_takes_the_split_too(tmp_path: Path) -> None:
+    out = tmp_path / "t.json"
+    result = CliRunner().invoke(app, ["export", "-s", "1F1B", "-r", "2", "-m", "4", "--format", "json", "-o", str(out),
+                                      "--profile", str(_v2_file(tmp_path)), "--split", "3,5"])
+    assert result.exit_code == 0, result.output
+    assert out.is_file()
