@@ -394,6 +394,9 @@ def compose(costs: CostModel, schedule: Schedule) -> CostModel:
     notes = list(costs.notes)
     notes.append(f"{num_stages} stages composed from blocks: {costs.split.describe()} -> layers per stage "
                  f"{format_split(counts)}")
+    check = _against_measured_stages(profile, counts, tables)
+    if check:
+        notes.append(check)
     alpha = beta = None
     comm = 0.0
     if profile.p2p is not None:
@@ -425,6 +428,22 @@ def compose(costs: CostModel, schedule: Schedule) -> CostModel:
         compute_scale=scale, dispatch_s=dispatch, recv_posting=posting,
         split_counts=counts, notes=tuple(notes),
     )
+
+
+def _against_measured_stages(profile: Profile, counts: tuple[int, ...], tables: Mapping[str, list[float]]) -> str:
+    """A note comparing the composed F and B with whole stages the profile measured for the same split, if any."""
+    measured = profile.stages
+    if len(measured) != len(counts) or any(st.F is None or st.B is None for st in measured):
+        return ""
+    if tuple(st.layers[1] - st.layers[0] for st in measured) != counts:
+        return ""
+    worst = 0.0
+    for op in ("F", "B"):
+        for s, st in enumerate(measured):
+            value = _median(getattr(st, op))
+            if value > 0:
+                worst = max(worst, abs(tables[op][s] - value) / value)
+    return f"composed F and B are within {worst:.1%} of the stages measured whole for this split"
 
 
 def pick_compute_scale(table: Mapping[int, float], num_ranks: int) -> tuple[float, str]:

@@ -92,7 +92,9 @@ def parse_split(text: str) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def default_split(num_layers: int, num_stages: int, *, input_weight: int = 1, output_weight: int = 1) -> tuple[int, ...]:
+def default_split(
+    num_layers: int, num_stages: int, *, input_weight: int = 1, output_weight: int = 1
+) -> tuple[int, ...]:
     """Layers per stage as torchtitan spreads them (see the module docstring); one :class:`SplitError` line when
     the model cannot be cut into ``num_stages`` stages that way."""
     if num_stages < 1:
@@ -120,7 +122,9 @@ def stages_for_layers_per_stage(num_layers: int, layers_per_stage: int, *, input
     return math.ceil((num_layers + input_weight + output_weight) / layers_per_stage)
 
 
-def resolve_split(spec: SplitSpec, num_layers: int, num_stages: int, *, schedule: str = "the schedule") -> tuple[int, ...]:
+def resolve_split(
+    spec: SplitSpec, num_layers: int, num_stages: int, *, schedule: str = "the schedule"
+) -> tuple[int, ...]:
     """Layer counts per stage for a chain of ``num_stages`` stages, from what the user asked."""
     if spec.split is not None:
         check_split(spec.split, num_layers)

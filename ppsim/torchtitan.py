@@ -86,7 +86,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     except TorchtitanConfigError:
         raise
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise TorchtitanConfigError(f"--torchtitan-config {p}: cannot be read ({exc}); pass a UTF-8 TOML file") from None
+        raise TorchtitanConfigError(
+            f"--torchtitan-config {p}: cannot be read ({exc}); pass a UTF-8 TOML file") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -269,7 +270,8 @@ def _agree(source: str, option: str, given: Any, from_file: Any, *, same: Any = 
     if not equal:
         shown = "not set" if from_file is None else str(from_file)
         raise TorchtitanConfigError(
-            f"{option} {given} contradicts {source}, which gives {shown}; drop {option.split('/')[0]} or change the file"
+            f"{option} {given} contradicts {source}, which gives {shown}; "
+            f"drop {option.split('/')[0]} or change the file"
         )
 
 

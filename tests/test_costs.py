@@ -325,3 +325,22 @@ def test_version_1_profile_object_and_dict_give_the_same_tables() -> None:
 
     data = make_profile(4)
     assert CostModel.from_profile(Profile.from_dict(data)) == CostModel.from_profile(data)
+
+
+def test_composition_is_compared_with_stages_measured_whole() -> None:
+    from profile_v2 import make_v2_profile, stat
+
+    from ppsim.costs import costs_for
+    from ppsim.profile import StageProfile
+
+    base = costs_for(_v2_costs(), get_schedule("1F1B", 2, 4))
+    ops = ("F", "B", "I", "W", "FB")
+    stages = tuple(
+        StageProfile(stage=s, layers=(4 * s, 4 * s + 4), has_embedding=s == 0, has_head=s == 1, param_bytes=0,
+                     grad_bytes=0, optimizer_bytes=0, output_bytes=0,
+                     **{op: stat(getattr(base, op)[s] * (1.1 if op == "F" else 1.0)) for op in ops},
+                     activation_bytes=0, activation_bytes_freed_by_I=0)
+        for s in range(2)
+    )
+    costs = costs_for(CostModel.from_profile(make_v2_profile(stages=stages)), get_schedule("1F1B", 2, 4))
+    assert any("within 9.1% of the stages measured whole" in n for n in costs.notes)

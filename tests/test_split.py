@@ -150,7 +150,8 @@ def test_split_options_change_the_simulated_step(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [(["--split", "4,3"], "covers 7 layers"), (["--split", "4,x"], "not a layer count"),
-     (["--layers-per-stage", "2"], "--layers-per-stage 5"), (["--split", "4,4", "--layers-per-stage", "5"], "only one")],
+     (["--layers-per-stage", "2"], "--layers-per-stage 5"),
+     (["--split", "4,4", "--layers-per-stage", "5"], "only one")],
 )
 def test_bad_split_options_exit_2_with_one_line(tmp_path: Path, extra: list[str], needle: str) -> None:
     result = CliRunner().invoke(app, ["simulate", "-s", "1F1B", "-r", "2", "-m", "4", "--profile",
