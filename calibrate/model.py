@@ -17,33 +17,15 @@ from torch import nn
 from torch.nn import functional as F
 
 from ppsim.errors import PPSimError
-from ppsim.model_config import MODEL_FIELDS, PRESETS, TINY_VALUES, ModelConfig, get_preset  # noqa: F401 - one config
+from ppsim.model_config import (  # noqa: F401 - re-exported: one model config for core and calibrate
+    MODEL_FIELDS, PRESETS, TINY_VALUES, ModelConfig, get_preset, split_layers,
+)
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def torch_dtype(config: ModelConfig) -> torch.dtype:
     return DTYPES[config.dtype]
-
-
-def split_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
-    """Layer ranges ``[first, last_exclusive)`` per stage, as even as possible; earlier stages take the extra
-    layers (the last stage also carries the LM head)."""
-    if num_stages < 1:
-        raise PPSimError(f"--stages {num_stages}: must be at least 1")
-    if num_stages > num_layers:
-        raise PPSimError(
-            f"--stages {num_stages} with --layers {num_layers}: every stage needs at least one layer; "
-            f"use --layers {num_stages} or more, or fewer stages"
-        )
-    base, extra = divmod(num_layers, num_stages)
-    ranges: list[tuple[int, int]] = []
-    first = 0
-    for s in range(num_stages):
-        last = first + base + (1 if s < extra else 0)
-        ranges.append((first, last))
-        first = last
-    return ranges
 
 
 class Attention(nn.Module):

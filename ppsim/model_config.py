@@ -55,7 +55,8 @@ class ModelConfig:
         return self.hidden // self.heads
 
     @property
-    def dtype_bytes(self) -> int:
+    def itemsize(self) -> int:
+        """Bytes per element of ``dtype``."""
         return DTYPE_BYTES[self.dtype]
 
     @property
@@ -65,7 +66,7 @@ class ModelConfig:
 
     @property
     def boundary_bytes(self) -> int:
-        return self.mb_size * self.seq_len * self.hidden * self.dtype_bytes
+        return self.mb_size * self.seq_len * self.hidden * self.itemsize
 
     def to_dict(self) -> dict[str, Any]:
         """The profile's ``model`` object."""
@@ -102,3 +103,23 @@ def get_preset(name: str) -> ModelConfig:
 
 def _divisor_near(n: int, target: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - target), d))
+
+
+def split_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
+    """Layer ranges ``[first, last_exclusive)`` per stage, as even as possible; earlier stages take the extra
+    layers (how version-1 profiles were measured; :mod:`ppsim.split` holds the split the simulator composes)."""
+    if num_stages < 1:
+        raise PPSimError(f"--stages {num_stages}: must be at least 1")
+    if num_stages > num_layers:
+        raise PPSimError(
+            f"--stages {num_stages} with --layers {num_layers}: every stage needs at least one layer; "
+            f"use --layers {num_stages} or more, or fewer stages"
+        )
+    base, extra = divmod(num_layers, num_stages)
+    ranges: list[tuple[int, int]] = []
+    first = 0
+    for s in range(num_stages):
+        last = first + base + (1 if s < extra else 0)
+        ranges.append((first, last))
+        first = last
+    return ranges
