@@ -78,3 +78,8 @@ def test_os_error_with_a_file_name_is_one_line(monkeypatch: pytest.MonkeyPatch,
         main()
     assert info.value.code == 2
     assert capsys.readouterr().err == "Error: /root/secret.csv: permission denied; choose a path you can read or write\n"
+
+
+def test_python_dash_m_runs_the_command_line() -> None:
+    proc = subprocess.run([sys.executable, "-m", "ppsim.cli", "--version"], capture_output=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.decode().strip() == f"ppsim {ppsim.__version__}"

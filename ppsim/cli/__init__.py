@@ -61,6 +61,3 @@ def _tolerate_any_encoding() -> None:
             except (ValueError, OSError):
                 pass
 
-
-if __name__ == "__main__":
-    main()
