@@ -95,8 +95,10 @@ def build(
     if not is_file and num_pipelines not in (None, 1):
         notes.append(f"warning: --directions {num_pipelines} applies to .csv files only; {name_or_path} builds its "
                      "own pipelines, so it is ignored")
-    schedule = load_schedule(name_or_path, num_ranks, num_microbatches,
-                             None if is_file else num_stages_per_rank, num_pipelines=(num_pipelines or 1) if is_file else 1)
+    schedule = load_schedule(
+        name_or_path, num_ranks, num_microbatches, None if is_file else num_stages_per_rank,
+        num_pipelines=(num_pipelines or 1) if is_file else 1,
+    )
     if is_file and num_stages_per_rank is not None and num_stages_per_rank != schedule.num_stages_per_rank:
         raise PPSimError(
             f"--stages-per-rank {num_stages_per_rank}: {name_or_path} places {schedule.num_stages_per_rank} "
