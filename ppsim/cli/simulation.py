@@ -61,8 +61,8 @@ def simulate_cmd(
     cost_model = build_costs(costs, profile)
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
-    comparison = compare(names, num_ranks=ranks, num_microbatches=mb, num_stages_per_rank=stages_per_rank,
-                         num_pipelines=directions, costs=cost_model, scope=cost_scope, memory_cap_bytes=cap)
+    comparison = compare(names, builder=lambda name: build_schedule(name, ranks, mb, stages_per_rank, directions),
+                         costs=cost_model, scope=cost_scope, memory_cap_bytes=cap)
     warn_comparison(comparison, several=len(names) > 1)
     results = list(comparison.results)
     if json_out:
@@ -169,8 +169,8 @@ def report_cmd(
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
     names = split_names(schedule)
-    comparison = compare(names, num_ranks=ranks, num_microbatches=mb, num_stages_per_rank=stages_per_rank,
-                         num_pipelines=directions, costs=cost_model, scope=cost_scope, memory_cap_bytes=cap)
+    comparison = compare(names, builder=lambda name: build_schedule(name, ranks, mb, stages_per_rank, directions),
+                         costs=cost_model, scope=cost_scope, memory_cap_bytes=cap)
     warn_comparison(comparison, several=len(names) > 1)
     path = write_report(comparison, output, memory_cap_bytes=cap)
     typer.echo(str(path))
