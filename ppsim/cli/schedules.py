@@ -8,9 +8,16 @@ from typing import Annotated
 import typer
 
 from ppsim.cli._app import app
-from ppsim.cli.common import build_costs, build_schedule, console, echo_json, run_simulation, user_errors
+from ppsim.cli.common import (
+    build_costs,
+    build_schedule,
+    console,
+    echo_json,
+    one_schedule,
+    run_simulation,
+    user_errors,
+)
 from ppsim.cli.options import (
-    CostScope,
     CostScopeOpt,
     CostsOpt,
     DirectionsOpt,
@@ -67,12 +74,12 @@ def show_cmd(
     ranks: RanksOpt = None,
     mb: MbOpt = None,
     stages_per_rank: VOpt = None,
-    directions: DirectionsOpt = 1,
+    directions: DirectionsOpt = None,
 ) -> None:
     """The order as a text grid, one row per rank."""
     from ppsim.formats import to_text_grid
 
-    sched = build_schedule(schedule, ranks, mb, stages_per_rank, directions)
+    sched = build_schedule(one_schedule(schedule), ranks, mb, stages_per_rank, directions)
     typer.echo(
         f"{sched.name}: {sched.num_ranks} ranks, {sched.num_microbatches} microbatches, "
         f"{sched.num_stages} stages ({sched.num_stages_per_rank} per rank)"
@@ -85,7 +92,7 @@ def show_cmd(
 def validate_cmd(
     file: Annotated[Path, typer.Argument(help="Schedule CSV in torch's format (compute-only or compute+comms).")],
     mb: MbOpt = None,
-    directions: DirectionsOpt = 1,
+    directions: DirectionsOpt = None,
 ) -> None:
     """Check a schedule file; exit 0 and `valid`, or exit 1 with one line per problem."""
     from ppsim.formats import read_schedule_file, schedule_from_rows
@@ -95,7 +102,7 @@ def validate_cmd(
     if sf.dropped_note:
         typer.echo(f"note: {sf.dropped_note}", err=True)
     try:
-        sched = schedule_from_rows(sf.rows, name=file.stem, num_microbatches=mb, num_pipelines=directions)
+        sched = schedule_from_rows(sf.rows, name=file.stem, num_microbatches=mb, num_pipelines=directions or 1)
         problems = validate(sched)
     except PPSimError as exc:  # placement problems are problems of the file, not of the command line
         problems = [Problem(None, None, None, str(exc))]
@@ -104,7 +111,7 @@ def validate_cmd(
         return
     for p in problems:
         typer.echo(str(p))
-    if directions == 1 and any("deadlock" in p.message for p in problems) and len(sf.rows) > 1:
+    if directions in (None, 1) and any("deadlock" in p.message for p in problems) and len(sf.rows) > 1:
         typer.echo("hint: a DualPipe file (two independent pipelines) needs --directions 2", err=True)
     raise typer.Exit(code=1)
 
@@ -122,13 +129,13 @@ def export_cmd(
     ] = ExportFormat.csv,
     costs: CostsOpt = None,
     profile: ProfileOpt = None,
-    directions: DirectionsOpt = 1,
-    cost_scope: CostScopeOpt = CostScope.stage,
+    directions: DirectionsOpt = None,
+    cost_scope: CostScopeOpt = None,
     split: SplitOpt = None,
     layers_per_stage: LayersPerStageOpt = None,
 ) -> None:
     """Write the schedule as torch's compute-only CSV, timed JSON, or a Chrome/Perfetto trace."""
-    sched = build_schedule(schedule, ranks, mb, stages_per_rank, directions)
+    sched = build_schedule(one_schedule(schedule), ranks, mb, stages_per_rank, directions)
     check_writable(output)
     if fmt is ExportFormat.csv:
         from ppsim.formats import write_csv
@@ -136,7 +143,6 @@ def export_cmd(
         if split is not None or layers_per_stage is not None:
             typer.echo("warning: --split/--layers-per-stage only change timings; a csv export has none, so they "
                        "are ignored", err=True)
-
         path = write_csv(sched, output)
     else:
         from ppsim import export

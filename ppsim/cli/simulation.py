@@ -1,4 +1,4 @@
-"""Simulation commands: `ppsim simulate`, `plot`, `report`."""
+"""Simulation commands: `ppsim simulate`, `plot`, `report`. Comparing several schedules is ppsim.compare's job."""
 
 from __future__ import annotations
 
@@ -13,14 +13,13 @@ from ppsim.cli.common import (
     build_schedule,
     console,
     echo_json,
+    one_schedule,
     run_simulation,
-    split_names,
     user_errors,
     warn_cap_without_bytes,
-    warn_if_not_comparable,
+    warn_comparison,
 )
 from ppsim.cli.options import (
-    CostScope,
     CostScopeOpt,
     CostsOpt,
     DirectionsOpt,
@@ -42,7 +41,7 @@ from ppsim.io import check_writable, fmt_bytes, parse_bytes
 if TYPE_CHECKING:
     from ppsim.result import SimResult
 
-# --- simulate / plot / report -------------------------------------------------------------------------------------
+
 @app.command("simulate")
 @user_errors
 def simulate_cmd(
@@ -54,38 +53,30 @@ def simulate_cmd(
     profile: ProfileOpt = None,
     memory_cap: MemCapOpt = None,
     json_out: JsonOpt = False,
-    directions: DirectionsOpt = 1,
-    cost_scope: CostScopeOpt = CostScope.stage,
+    directions: DirectionsOpt = None,
+    cost_scope: CostScopeOpt = None,
     split: SplitOpt = None,
     layers_per_stage: LayersPerStageOpt = None,
     torchtitan_config: TorchtitanConfigOpt = None,
 ) -> None:
-    """Discrete-event replay; with -s A,B,C simulates several and ranks them by makespan."""
+    """Discrete-event replay; with -s A,B,C (or -s A -s B) simulates several and ranks them by makespan."""
+    from ppsim.compare import compare
+
     inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
                           layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
     names, cost_model = inputs.names, inputs.cost_model
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
-    results: list[SimResult] = []
-    for name in names:
-        try:
-            sched = build_schedule(name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions)
-        except PPSimError as exc:
-            if len(names) == 1:
-                raise
-            typer.echo(f"skipped {name}: {exc}", err=True)
-            continue
-        results.append(run_simulation(sched, cost_model, cost_scope, cap))
-    if not results:
-        raise PPSimError(f"--schedule {','.join(names)!r}: none of these schedules can run this configuration "
-                         "(see above)")
-    results.sort(key=lambda r: r.makespan)
-    warn_if_not_comparable([(r.schedule.name, len(r.schedule.pipelines[0])) for r in results], cost_model, cost_scope)
+    comparison = compare(
+        names, builder=lambda name: build_schedule(name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions),
+        costs=cost_model, scope=cost_scope, memory_cap_bytes=cap,
+    )
+    warn_comparison(comparison, several=len(names) > 1)
+    results = list(comparison.results)
     if json_out:
         echo_json(results[0].to_dict() if len(names) == 1 else [r.to_dict() for r in results])
         return
     print_results(results)
-
 
 def print_results(results: list[SimResult]) -> None:
     from rich.table import Table
@@ -120,8 +111,6 @@ def print_results(results: list[SimResult]) -> None:
         con.print(table)
 
 
-PLOT_FORMATS = (".png", ".svg", ".pdf", ".html")
-
 
 @app.command("plot")
 @user_errors
@@ -139,18 +128,20 @@ def plot_cmd(
     memory: Annotated[bool, typer.Option("--memory", help="Add a memory-over-time panel per rank.")] = False,
     comm: Annotated[bool, typer.Option("--comm", help="Draw p2p hand-offs between ranks as arrows.")] = False,
     memory_cap: MemCapOpt = None,
-    directions: DirectionsOpt = 1,
-    cost_scope: CostScopeOpt = CostScope.stage,
+    directions: DirectionsOpt = None,
+    cost_scope: CostScopeOpt = None,
     split: SplitOpt = None,
     layers_per_stage: LayersPerStageOpt = None,
     torchtitan_config: TorchtitanConfigOpt = None,
 ) -> None:
     """Gantt chart like the DualPipe figure (default file <schedule>_r<R>_m<M>.png); prints its path."""
+    from ppsim.viz import PLOT_FORMATS
+
+    if schedule:
+        one_schedule(schedule)
     inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
                           layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
-    if len(inputs.names) != 1:
-        raise PPSimError(f"--schedule {schedule!r}: plot draws one schedule; use `ppsim report` to compare several")
-    sched = build_schedule(inputs.names[0], inputs.ranks, inputs.mb, inputs.stages_per_rank, directions)
+    sched = build_schedule(one_schedule(inputs.names), inputs.ranks, inputs.mb, inputs.stages_per_rank, directions)
     if output is None:
         output = Path(f"{sched.name}_r{sched.num_ranks}_m{sched.num_microbatches}.png")
     if output.suffix.lower() not in PLOT_FORMATS:
@@ -179,8 +170,8 @@ def report_cmd(
     costs: CostsOpt = None,
     profile: ProfileOpt = None,
     memory_cap: MemCapOpt = None,
-    directions: DirectionsOpt = 1,
-    cost_scope: CostScopeOpt = CostScope.stage,
+    directions: DirectionsOpt = None,
+    cost_scope: CostScopeOpt = None,
     split: SplitOpt = None,
     layers_per_stage: LayersPerStageOpt = None,
     torchtitan_config: TorchtitanConfigOpt = None,
@@ -189,25 +180,20 @@ def report_cmd(
     if output.suffix.lower() not in (".html", ".htm"):
         raise PPSimError(f"-o {output}: a report is an HTML page; use a name ending in .html")
     check_writable(output, example="report.html")
+    from ppsim.compare import compare
     from ppsim.viz.report import write_report
 
     inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
                           layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
-    cost_model = inputs.cost_model
+    names, cost_model = inputs.names, inputs.cost_model
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
-    entries: list[tuple[str, SimResult | str]] = []
-    for name in inputs.names:
-        try:
-            sched = build_schedule(name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions)
-            entries.append((sched.name, run_simulation(sched, cost_model, cost_scope, cap)))
-        except PPSimError as exc:
-            entries.append((name, str(exc)))
-    warn_if_not_comparable(
-        [(r.schedule.name, len(r.schedule.pipelines[0])) for _, r in entries if not isinstance(r, str)],
-        cost_model, cost_scope,
+    comparison = compare(
+        names, builder=lambda name: build_schedule(name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions),
+        costs=cost_model, scope=cost_scope, memory_cap_bytes=cap,
     )
-    path = write_report(entries, output, costs=cost_model, memory_cap_bytes=cap)
+    warn_comparison(comparison, several=len(names) > 1)
+    path = write_report(comparison, output, memory_cap_bytes=cap)
     typer.echo(str(path))
 
 
