@@ -3,15 +3,17 @@ per rank and split, the way torchtitan's ``pipeline_llm`` / ``build_pipeline_sch
 
 Read from ``[parallelism]``: ``pipeline_parallel_degree`` (or its newer name ``pipeline_parallel_size``),
 ``pipeline_parallel_schedule``, ``pipeline_parallel_schedule_csv``, ``pipeline_parallel_microbatch_size``,
-``pipeline_parallel_layers_per_stage``, ``pipeline_parallel_first_stage_less_layers`` and
-``pipeline_parallel_last_stage_less_layers``; from ``[training]``: ``local_batch_size`` and ``seq_len``. Missing keys
-take torchtitan's defaults. Settings ppsim cannot honour (other parallelism dimensions, explicit module lists, ...)
-are returned as warnings naming the key; the CLI prints them on stderr.
+``pipeline_parallel_layers_per_stage``, ``pipeline_parallel_first_stage_less_layers``,
+``pipeline_parallel_last_stage_less_layers`` and ``module_fqns_per_model_part`` (its consecutive ``layers.N`` names
+per part become the split); from ``[training]``: ``local_batch_size`` and ``seq_len``. Missing keys take torchtitan's
+defaults. Settings ppsim cannot honour (other parallelism dimensions, module lists it cannot read, ...) are returned
+as warnings naming the key; the CLI prints them on stderr.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,11 +150,12 @@ def load_torchtitan_job(
             continue
         if key in _HARMLESS_PARALLELISM and value in _HARMLESS_PARALLELISM[key]:
             continue
-        if key in ("module_fqns_per_model_part", "pipeline_parallel_module_fqns_per_model_part",
-                   "pipeline_parallel_split_points"):
+        if key in _FQN_KEYS:
+            continue
+        if key == "pipeline_parallel_split_points":
             if value:
-                warnings.append(f"[parallelism] {key} is not honoured (ppsim splits by layer counts); use --split "
-                                "with the same layers per stage")
+                warnings.append(f"[parallelism] {key} is not honoured (torchtitan dropped it); use --split with the "
+                                "same layers per stage")
             continue
         warnings.append(f"[parallelism] {key} = {_shown(value)} is not honoured: ppsim simulates the pipeline "
                         "dimension only")
@@ -220,6 +223,24 @@ def load_torchtitan_job(
                                         "pipeline_parallel_layers_per_stage")
         if v is not None:
             v = per_rank
+    fqn_split = _fqn_split(par, source, warnings)
+    if fqn_split is not None:
+        # torchtitan builds one stage per listed part, whatever layers_per_stage says
+        if len(fqn_split) % degree:
+            raise TorchtitanConfigError(f"--torchtitan-config {source}: module_fqns_per_model_part lists "
+                                        f"{len(fqn_split)} parts, not divisible by pipeline_parallel_degree {degree}; "
+                                        "fix the file")
+        if v is not None:
+            v = len(fqn_split) // degree
+        if split is not None and tuple(split) != fqn_split:
+            raise TorchtitanConfigError(f"--split contradicts module_fqns_per_model_part in {source} (layers per "
+                                        f"part {','.join(map(str, fqn_split))}); drop --split")
+        if num_layers is not None and sum(fqn_split) != num_layers:
+            raise TorchtitanConfigError(f"--torchtitan-config {source}: module_fqns_per_model_part holds "
+                                        f"{sum(fqn_split)} layers but the profile's model has {num_layers}; "
+                                        "use the profile of this model")
+        split = fqn_split
+        tt_layers_per_stage = None
     if model is not None and (model.seq_len, model.mb_size) != (seq_len, mb_size):
         warnings.append(
             f"the profile was measured with seq_len {model.seq_len} x microbatch size {model.mb_size}, the job runs "
@@ -242,6 +263,39 @@ def load_torchtitan_job(
         source=source, schedule=ppsim_schedule, num_ranks=degree, num_microbatches=microbatches, stages_per_rank=v,
         split=spec, microbatch_size=mb_size, local_batch_size=batch, seq_len=seq_len, warnings=tuple(warnings),
     )
+
+
+_FQN_KEYS = ("module_fqns_per_model_part", "pipeline_parallel_module_fqns_per_model_part")
+_LAYER_FQN = re.compile(r"^layers\.(\d{1,6})$")
+
+
+def _fqn_split(par: dict[str, Any], source: str, warnings: list[str]) -> tuple[int, ...] | None:
+    """Layers per part from torchtitan's explicit module lists (``[["tok_embeddings", "layers.0"], ...]``), or
+    ``None`` when absent or not readable as consecutive ``layers.N`` (then named in ``warnings``)."""
+    given = [(k, par[k]) for k in _FQN_KEYS if par.get(k)]
+    if not given:
+        return None
+    key, parts = given[0]
+    counts: list[int] = []
+    expected = 0
+    ok = isinstance(parts, list) and len(parts) >= 1 and all(isinstance(p, list) for p in parts)
+    for part in parts if ok else []:
+        n = 0
+        for name in part:
+            match = _LAYER_FQN.match(name) if isinstance(name, str) else None
+            if match is None:
+                continue
+            if int(match.group(1)) != expected:
+                ok = False
+                break
+            expected += 1
+            n += 1
+        counts.append(n)
+    if not ok:
+        warnings.append(f"[parallelism] {key} is not honoured: ppsim reads consecutive 'layers.N' names per part; "
+                        "use --split with the same layers per stage")
+        return None
+    return tuple(counts)
 
 
 def _degree(par: dict[str, Any], source: str) -> int:

@@ -84,7 +84,7 @@ def test_layers_per_stage_without_a_layer_count_asks_for_a_profile(tmp_path: Pat
 
 def test_settings_ppsim_cannot_honour_are_named(tmp_path: Path) -> None:
     path = toml(tmp_path, "pipeline_parallel_degree = 2\ntensor_parallel_degree = 2\ndata_parallel_shard_degree = -1\n"
-                          'module_fqns_per_model_part = [["tok_embeddings"], ["norm", "output"]]')
+                          'module_fqns_per_model_part = [["tok_embeddings", "layers.1"], ["layers.0", "norm"]]')
     job = load_torchtitan_job(path)
     text = " | ".join(job.warnings)
     assert "tensor_parallel_degree" in text and "module_fqns_per_model_part" in text
@@ -150,3 +150,14 @@ def test_cli_contradiction_exits_2_with_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["simulate", "--torchtitan-config", str(path), "-r", "4"])
     assert result.exit_code == 2
     assert "contradicts" in result.output and result.output.count("\n") == 1
+
+
+def test_explicit_module_lists_become_the_split(tmp_path: Path) -> None:
+    parts = [["tok_embeddings", "layers.0"], ["layers.1", "layers.2", "layers.3"], ["layers.4", "layers.5"],
+             ["layers.6", "layers.7", "norm", "output"]]
+    path = toml(tmp_path, 'pipeline_parallel_degree = 2\npipeline_parallel_schedule = "Interleaved1F1B"\n'
+                          f"module_fqns_per_model_part = {json.dumps(parts)}")
+    job = load_torchtitan_job(path, num_layers=8)
+    assert job.split == SplitSpec(split=(1, 3, 2, 2)) and job.stages_per_rank == 2 and job.warnings == ()
+    with pytest.raises(TorchtitanConfigError, match="holds 8 layers but the profile's model has 10"):
+        load_torchtitan_job(path, num_layers=10)
