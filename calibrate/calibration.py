@@ -132,7 +132,8 @@ def units_of(config: ModelConfig) -> list[Any]:
 
 
 def blocks_from_units(units: dict[str, dict[str, Any]], k: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(blocks, stage_overhead)`` from the measured units (per-repetition samples combined)."""
+    """``(blocks, stage_overhead)`` in the version-2 profile's shape, from the measured units (per-repetition
+    samples combined)."""
 
     def samples(name: str, op: str) -> list[float]:
         return list(units[name][op]["samples"])
@@ -161,11 +162,14 @@ def blocks_from_units(units: dict[str, dict[str, Any]], k: int) -> tuple[dict[st
     for key in ("activation_bytes", "activation_bytes_freed_by_I"):
         a1 = ints("layers1", key)
         lay = (ints(many, key) - a1) // (k - 1) if many in units else a1
-        over = max(0, a1 - lay)
-        overhead[key] = over
-        blocks["layer"][key] = max(0, lay)
+        over = max(0, a1 - lay)  # a stage saves nothing of its own beyond its blocks: folded into the layer
+        blocks["layer"][key] = max(0, lay) + (over if many not in units else 0)
         blocks["embed"][key] = max(0, ints("embed", key) - over)
         blocks["head"][key] = max(0, ints("head", key) - over)
+    for block in blocks.values():
+        block["activation_bytes_freed_by_I"] = min(block["activation_bytes_freed_by_I"], block["activation_bytes"])
+        block["activation_bytes_allocator"] = None
+        block["peak_bytes_allocator"] = None
     for name, unit in (("embed", "embed"), ("head", "head")):
         for key in ("param_bytes", "grad_bytes", "optimizer_bytes", "output_bytes"):
             blocks[name][key] = units[unit][key]
@@ -174,68 +178,22 @@ def blocks_from_units(units: dict[str, dict[str, Any]], k: int) -> tuple[dict[st
     return blocks, overhead
 
 
-def compose_stage(blocks: dict[str, Any], overhead: dict[str, Any], *, num_layers: int, has_embedding: bool,
-                  has_head: bool) -> dict[str, Any]:
-    """A stage's op costs (Stat dicts) and activation bytes composed from the blocks: overhead + embedding +
-    ``num_layers`` layers + head; a stage with the embedding runs nothing at I and its whole backward at W."""
-    parts: list[tuple[dict[str, Any], float]] = [(overhead, 1.0), (blocks["layer"], float(num_layers))]
-    if has_embedding:
-        parts.append((blocks["embed"], 1.0))
-    if has_head:
-        parts.append((blocks["head"], 1.0))
+def check_counts(opts: CalibrationOptions) -> tuple[int, ...]:
+    """Layers per stage of the ``--check-stages`` stages: torchtitan's default split (what ``simulate`` composes)."""
+    from ppsim.split import default_split
 
-    def op_samples(op: str) -> list[float]:
-        series = [[w * x for x in part[op]["samples"]] for part, w in parts]
-        return [sum(xs) for xs in zip(*series)]
-
-    out: dict[str, Any] = {}
-    for op in OPS:
-        out[op] = op_samples(op)
-    if has_embedding:
-        out["W"] = list(out["B"])
-        out["I"] = [0.0] * len(out["B"])
-    stats = {op: Stat.from_samples(v).to_dict() for op, v in out.items()}
-    act = int(sum(w * part["activation_bytes"] for part, w in parts))
-    freed = int(sum(w * part["activation_bytes_freed_by_I"] for part, w in parts))
-    if has_embedding:
-        freed = 0
-    return {**stats, "activation_bytes": act, "activation_bytes_freed_by_I": min(freed, act)}
+    return default_split(opts.config.layers, opts.num_stages)
 
 
-def composed_stages(doc: dict[str, Any], config: ModelConfig, layer_ranges: list[tuple[int, int]]) -> list[dict]:
-    """The v1 ``stages`` list for a split of the model (``layer_ranges`` per stage), composed from the blocks;
-    sizes from the meta-device build."""
-    from ppsim.calibrate.harness import Unit, unit_static
+def check_units(opts: CalibrationOptions) -> list[Any]:
+    from ppsim.calibrate.harness import Unit
 
-    n = len(layer_ranges)
-    out = []
-    for s, rng in enumerate(layer_ranges):
-        unit = Unit(f"stage{s}", rng, s == 0, s == n - 1)
-        st = unit_static(config, unit)
-        entry: dict[str, Any] = {
-            "stage": s, "layers": list(rng), "has_embedding": unit.has_embedding, "has_head": unit.has_head,
-            "param_bytes": st.param_bytes, "grad_bytes": st.grad_bytes, "optimizer_bytes": st.optimizer_bytes,
-            "output_bytes": st.output_bytes,
-            **{op: None for op in OPS}, "activation_bytes": None, "activation_bytes_freed_by_I": None,
-            "activation_bytes_allocator": None, "peak_bytes_allocator": None,
-        }
-        if doc.get("blocks"):
-            entry.update(compose_stage(doc["blocks"], doc["stage_overhead"], num_layers=rng[1] - rng[0],
-                                       has_embedding=unit.has_embedding, has_head=unit.has_head))
-        out.append(entry)
-    return out
-
-
-def profile_for_split(doc: dict[str, Any], layer_ranges: list[tuple[int, int]]) -> dict[str, Any]:
-    """A copy of the profile whose ``stages`` describe another split of the same model (same blocks, runtime)."""
-    from ppsim.calibrate.model import ModelConfig
-
-    config = ModelConfig(**doc["model"])
-    out = dict(doc)
-    out["stages"] = composed_stages(doc, config, layer_ranges)
-    out["num_stages"] = len(layer_ranges)
-    out["stage_checks"] = []
-    return out
+    counts = check_counts(opts)
+    units, first = [], 0
+    for s, n in enumerate(counts):
+        units.append(Unit(f"stage{s}", (first, first + n), s == 0, s == len(counts) - 1))
+        first += n
+    return units
 
 
 # --- the calibration --------------------------------------------------------------------------------------------
@@ -275,7 +233,6 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
     import torch
 
     from ppsim.calibrate import comm
-    from ppsim.calibrate.model import split_layers
 
     rank, world_size = (world.rank, world.world_size) if world else (0, 1)
     if opts.device == "cuda":
@@ -297,19 +254,16 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
         return rec.doc if writer else None
     prior_wall = float((rec.doc.get("method") or {}).get("wall_s") or 0.0)
     rec.save()
-    ranges = split_layers(opts.config.layers, opts.num_stages)
 
     # 1. units, their repetitions interleaved (the writing rank; under torchrun the others wait for p2p)
     if "units" not in rec.done and writer:
         todo: list[Any] = units_of(opts.config)
         if opts.check_stages:
-            from ppsim.calibrate.harness import stage_unit
-
-            todo += [stage_unit(opts.config, opts.num_stages, s) for s in range(opts.num_stages)]
+            todo += check_units(opts)
         log("measuring " + ", ".join(u.name for u in todo) + f" ({opts.reps} interleaved repetitions)")
         for unit, fields in zip(todo, measure_units(opts, todo, device)):
             rec.add_unit(unit.name, fields)
-        rec.compose(opts, ranges)
+        rec.compose(opts)
         rec.finish("units")
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -339,6 +293,9 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
     method["wall_s"] = prior_wall + time.perf_counter() - started
     rec.doc["method"] = method
     rec.doc["complete"] = True
+    from ppsim.profile import Profile
+
+    Profile.from_dict(rec.doc, source=str(opts.output))  # what every reader will check: fail here, not later
     rec.save()
     return rec.doc
 
@@ -419,10 +376,8 @@ def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], 
                    "costs and p2p only")
         return
     runtime = dict(rec.doc.get("runtime") or {})
-    runtime.setdefault("recv_posting", "consumer")
-    runtime.setdefault("probe", {"schedule": rm.PROBE_SCHEDULE, "ranks": rm.PROBE_RANKS,
-                                 "microbatches": rm.PROBE_MICROBATCHES, "steps": PROBE_STEPS,
-                                 "warmup_steps": PROBE_WARMUP})
+    probe_info = {"schedule": rm.PROBE_SCHEDULE, "ranks": rm.PROBE_RANKS, "microbatches": rm.PROBE_MICROBATCHES,
+                  "steps": PROBE_STEPS}
     for part in ("real", "synthetic"):
         key = f"runtime.{part}"
         if key in rec.done:
@@ -430,24 +385,27 @@ def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], 
         log(f"runtime probe ({part}): {rm.PROBE_SCHEDULE} on {rm.PROBE_RANKS} local ranks, "
             f"{rm.PROBE_MICROBATCHES} microbatches, {PROBE_STEPS} steps")
         fitted = probe(opts, rec.doc, synthetic=part == "synthetic")
+        section = {**fitted, "recv_posting": "consumer", "synthetic": None, "probe": probe_info}
         if part == "real":
-            runtime.update(fitted)
+            runtime = {**section, "synthetic": runtime.get("synthetic")}
         else:
-            runtime["synthetic"] = {"dispatch_s": fitted["dispatch_s"], "handoff_s": fitted["handoff_s"]}
+            runtime["synthetic"] = section
         rec.doc["runtime"] = runtime
         rec.finish(key)
 
 
 def probe(opts: CalibrationOptions, doc: dict[str, Any], *, synthetic: bool) -> dict[str, Any]:
-    """Execute the reference schedule (real or synthetic stages) and fit the runtime quantities on its steps."""
+    """Execute the reference schedule (real or synthetic stages) and fit the runtime quantities on its steps.
+    The op costs it is compared with are the blocks just measured, composed by ``ppsim.costs`` as for any
+    schedule (runtime overheads left out)."""
     from ppsim.calibrate import executor, runtime_model as rm, synthetic as syn
-    from ppsim.calibrate.model import split_layers
-    from ppsim.costs import CostModel
+    from ppsim.costs import CostModel, costs_for
+    from ppsim.profile import Profile
     from ppsim.schedules import get_schedule
 
     schedule = get_schedule(rm.PROBE_SCHEDULE, rm.PROBE_RANKS, rm.PROBE_MICROBATCHES)
-    two = profile_for_split({**doc, "runtime": None}, split_layers(opts.config.layers, rm.PROBE_RANKS))
-    costs = CostModel.from_profile(two, source="probe")
+    profile = Profile.from_dict({**doc, "runtime": None}, source=str(opts.output), allow_incomplete=True)
+    costs = costs_for(CostModel.from_profile(profile, source="probe"), schedule)
     model = opts.config
     sleep_s = None
     if synthetic:
@@ -457,6 +415,7 @@ def probe(opts: CalibrationOptions, doc: dict[str, Any], *, synthetic: bool) -> 
         schedule=schedule, model=model, synthetic=synthetic, sleep_s=sleep_s,
         backend="nccl" if opts.device == "cuda" else "gloo", device=opts.device, num_steps=PROBE_STEPS,
         num_warmup=PROBE_WARMUP, num_probes=0, seed=opts.seed, timeout_s=max(120.0, 4 * opts.init_timeout_s),
+        layer_counts=None if synthetic else costs.split_counts,
     )
     measurement = executor.launch(spec)
     return rm.fit_probe(measurement, schedule, costs)
@@ -485,14 +444,33 @@ def _all_gather(obj: Any) -> list[Any]:
 
 # --- the profile document as it grows ---------------------------------------------------------------------------
 def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, backend: str | None) -> dict[str, Any]:
+    """A version-2 profile with nothing measured yet (sizes known without running are filled in)."""
     import torch
 
-    from ppsim.calibrate.model import split_layers
+    from ppsim.calibrate.harness import unit_static
 
     cuda = device.type == "cuda"
-    doc: dict[str, Any] = {
+    blocks: dict[str, Any] = {}
+    for name, unit in zip(("embed", "layer", "head"), (units_of(opts.config)[0], units_of(opts.config)[1],
+                                                       units_of(opts.config)[-1])):
+        st = unit_static(opts.config, unit)
+        blocks[name] = {**{op: None for op in OPS}, "activation_bytes": None, "activation_bytes_freed_by_I": None,
+                        "param_bytes": st.param_bytes, "grad_bytes": st.grad_bytes,
+                        "optimizer_bytes": st.optimizer_bytes, "output_bytes": st.output_bytes,
+                        "activation_bytes_allocator": None, "peak_bytes_allocator": None}
+    stages = []
+    if opts.check_stages:
+        for s, unit in enumerate(check_units(opts)):
+            st = unit_static(opts.config, unit)
+            stages.append({"stage": s, "layers": list(unit.layers), "has_embedding": unit.has_embedding,
+                           "has_head": unit.has_head, **{op: None for op in OPS}, "activation_bytes": None,
+                           "activation_bytes_freed_by_I": None, "param_bytes": st.param_bytes,
+                           "grad_bytes": st.grad_bytes, "optimizer_bytes": st.optimizer_bytes,
+                           "output_bytes": st.output_bytes, "activation_bytes_allocator": None,
+                           "peak_bytes_allocator": None})
+    return {
         "schema": "ppsim.profile",
-        "version": 1,
+        "version": 2,
         "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": opts.device,
         "device_name": torch.cuda.get_device_name(device) if cuda else cpu_name(),
@@ -501,23 +479,20 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
         "world_size": world_size,
         "backend": backend,
         "model": opts.config.to_dict(),
-        "num_stages": opts.num_stages,
-        "stages": [],
+        "blocks": blocks,
+        "layout": ["embed", *(["layer"] * opts.config.layers), "head"],
+        "stage_overhead": None,
+        "runtime": None,
+        "num_stages": len(stages),
+        "stages": stages,
         "p2p": None,
         "complete": False,
         "done": [],
         "method": {"warmup": opts.warmup, "reps": opts.reps, "timer": "cuda_events" if cuda else "perf_counter",
                    "threads_per_rank": None if cuda else 1, "wall_s": None},
         "notes": [],
-        "layout": ["embed", *(["layer"] * opts.config.layers), "head"],
         "units": {},
-        "blocks": None,
-        "stage_overhead": None,
-        "stage_checks": [],
-        "runtime": None,
     }
-    doc["stages"] = composed_stages(doc, opts.config, split_layers(opts.config.layers, opts.num_stages))
-    return doc
 
 
 def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Callable[[str], None]) -> dict:
@@ -530,6 +505,9 @@ def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Cal
     method = old.get("method") or {}
     theirs = {"model": old.get("model"), "stages": old.get("num_stages"), "device": old.get("device"),
               "warmup": method.get("warmup"), "reps": method.get("reps")}
+    if old.get("version") != 2 or "units" not in old:
+        raise PPSimError(f"--resume: {opts.output} is a profile of an older ppsim (version {old.get('version')}); "
+                         "drop --resume to start over")
     ours = {"model": fresh["model"], "stages": fresh["num_stages"], "device": fresh["device"],
             "warmup": opts.warmup, "reps": opts.reps}
     diff = [k for k in ours if theirs[k] != ours[k]]
@@ -539,9 +517,6 @@ def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Cal
             f"--resume: {opts.output} was measured with {k} {_show(theirs[k])}, not {_show(ours[k])}; "
             "repeat the original options, or drop --resume to start over"
         )
-    if "units" not in old:
-        raise PPSimError(f"--resume: {opts.output} is a per-stage profile from an older ppsim; drop --resume to "
-                         "start over")
     return {**fresh, **old}
 
 
@@ -565,7 +540,7 @@ class Recorder:
 
     def save(self) -> None:
         if self.writer:
-            from ppsim.formats import write_atomic
+            from ppsim.io import write_atomic
 
             write_atomic(self.path, json.dumps(self.doc, indent=1, allow_nan=False) + "\n")
 
@@ -575,29 +550,34 @@ class Recorder:
 
     def add_unit(self, name: str, fields: dict[str, Any]) -> None:
         if name.startswith("stage"):
-            self.doc["stage_checks"] = [*self.doc.get("stage_checks", []), {"stage": int(name[5:]), **fields}]
+            s = int(name[5:])
+            stages = list(self.doc["stages"])
+            stages[s] = {**stages[s], **{k: v for k, v in fields.items() if k in stages[s]}}
+            self.doc["stages"] = stages
         else:
             self.doc["units"] = {**self.doc["units"], name: fields}
 
-    def compose(self, opts: CalibrationOptions, ranges: list[tuple[int, int]]) -> None:
-        """Blocks and overhead from the units, then the composed stages (and the composition error per check)."""
+    def compose(self, opts: CalibrationOptions) -> None:
+        """Blocks and the per-stage overhead from the units; with ``--check-stages``, a note per stage comparing
+        the composition (blocks + overhead) with the stage measured whole."""
         k = min(K_LAYERS, opts.config.layers)
         blocks, overhead = blocks_from_units(self.doc["units"], k)
         self.doc["blocks"], self.doc["stage_overhead"] = blocks, overhead
-        self.doc["stages"] = composed_stages(self.doc, opts.config, ranges)
-        checks = []
-        for check in self.doc.get("stage_checks", []):
-            composed = self.doc["stages"][check["stage"]]
-            check = dict(check)
-            check["composition_error_pct"] = {
-                op: 100.0 * (composed[op]["median"] - check[op]["median"]) / check[op]["median"]
-                for op in OPS if check[op]["median"] > 0
-            }
-            a = check["activation_bytes"]
-            check["composition_error_pct"]["activation_bytes"] = (
-                100.0 * (composed["activation_bytes"] - a) / a if a else 0.0)
-            checks.append(check)
-        self.doc["stage_checks"] = checks
+        for st in self.doc["stages"]:
+            n = st["layers"][1] - st["layers"][0]
+            parts = [(overhead, 1), (blocks["layer"], n)]
+            parts += [(blocks["embed"], 1)] if st["has_embedding"] else []
+            parts += [(blocks["head"], 1)] if st["has_head"] else []
+            errs = []
+            for op in ("F", "B", "FB"):
+                composed = sum(w * part[op]["median"] for part, w in parts)
+                if st[op]["median"] > 0:
+                    errs.append(f"{op} {100 * (composed - st[op]['median']) / st[op]['median']:+.0f}%")
+            act = sum(w * part.get("activation_bytes", 0) for part, w in parts[1:])
+            if st["activation_bytes"]:
+                errs.append(f"activation bytes {100 * (act - st['activation_bytes']) / st['activation_bytes']:+.1f}%")
+            self.doc["notes"] = [*self.doc["notes"], f"stage {st['stage']} ({n} layers) composed from blocks vs "
+                                 f"measured whole: {', '.join(errs)}"]
         self.save()
 
 

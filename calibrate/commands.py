@@ -73,8 +73,8 @@ def calibrate_command(
     ] = None,
     stages: Annotated[
         int,
-        typer.Option("--stages", help="Stages of the per-stage table written beside the blocks (the profile's "
-                     "blocks serve any stage count)."),
+        typer.Option("--stages", help="With --check-stages: how many stages (torchtitan's default split) to "
+                     "measure whole. The profile's blocks serve any stage count."),
     ] = 4,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed repetitions before each measurement.")] = 3,
     reps: Annotated[int, typer.Option("--reps", help="Timed repetitions per measurement.")] = 20,
@@ -91,7 +91,7 @@ def calibrate_command(
                      "reference schedule (1F1B, 2 local ranks)."),
     ] = True,
     check_stages: Annotated[
-        bool, typer.Option("--check-stages", help="Also measure the --stages stages directly (composition check).")
+        bool, typer.Option("--check-stages", help="Also measure --stages stages whole (composition check).")
     ] = False,
     init_timeout: Annotated[
         float, typer.Option("--init-timeout", help="Seconds to wait for the other ranks to join.")
@@ -115,9 +115,10 @@ def calibrate_command(
         raise PPSimError(f"--stages {stages}: must be at least 1; e.g. --stages 4")
     if not (init_timeout > 0 and math.isfinite(init_timeout)):
         raise PPSimError(f"--init-timeout {init_timeout}: must be a positive number of seconds; e.g. 60")
-    from ppsim.model_config import split_layers
+    if check_stages:
+        from ppsim.split import default_split
 
-    split_layers(config.layers, stages)
+        default_split(config.layers, stages)
     check_output(output, "-o", suffix=".json")
     opts = CalibrationOptions(
         output=output, config=config, num_stages=stages, device=device.value, warmup=warmup, reps=reps,
@@ -148,15 +149,11 @@ def resolve_config(preset: str, **overrides: Any) -> ModelConfig:
 
 
 def check_output(path: Path, what: str, *, suffix: str | None = None) -> None:
-    parent = path.parent if str(path.parent) else Path(".")
-    import os
+    from ppsim.io import check_writable
 
+    check_writable(path, option=what, example="profile.json" if suffix == ".json" else "run.json")
     if path.is_dir():
         raise PPSimError(f"{what} {path}: is a directory; give a file name")
-    if not parent.is_dir():
-        raise PPSimError(f"{what} {path}: folder {parent} does not exist; create it or choose another path")
-    if not os.access(parent, os.W_OK):
-        raise PPSimError(f"{what} {path}: folder {parent} is not writable; choose another path")
     if suffix is not None and path.suffix.lower() != suffix:
         raise PPSimError(f"{what} {path}: a profile is JSON; use a name ending in {suffix}")
 
@@ -190,26 +187,23 @@ def print_profile_summary(doc: dict[str, Any]) -> None:
         console.print(f"p2p: alpha {p['alpha_s'] * 1e6:.1f} us, beta {p['beta_bytes_per_s'] / 1e9:.3g} GB/s "
                       f"(fit error {p['fit_rel_error']:.1%})")
     rt = doc.get("runtime")
-    if rt and "compute_scale" in rt:
-        conc = ", ".join(f"{k} computing: x{v:.2f}" for k, v in rt.get("compute_scale_by_concurrency", {}).items())
-        console.print(f"runtime (probe {rt['probe']['schedule']}, {rt['probe']['ranks']} ranks): compute "
-                      f"x{rt['compute_scale']:.2f} ({conc}), dispatch {rt['dispatch_s'] * 1e6:.0f} us per "
-                      f"computation, hand-off {rt['handoff_s'] * 1e6:.0f} us")
-    for check in doc.get("stage_checks") or []:
-        errs = ", ".join(f"{k} {v:+.0f}%" for k, v in check.get("composition_error_pct", {}).items())
-        console.print(f"stage {check['stage']} measured directly vs composed from blocks: {errs}")
+    if rt:
+        scale = ", ".join(f"{k} rank(s): x{v:.2f}" for k, v in rt["compute_scale"].items())
+        handoff = "-" if rt.get("handoff_s") is None else f"{rt['handoff_s'] * 1e6:.0f} us"
+        console.print(f"runtime (probe {rt['probe']['schedule']} on {rt['probe']['ranks']} ranks): compute scale "
+                      f"{scale}; dispatch {rt['dispatch_s'] * 1e6:.0f} us per computation; hand-off {handoff}")
+        syn = rt.get("synthetic")
+        if syn:
+            handoff = "-" if syn.get("handoff_s") is None else f"{syn['handoff_s'] * 1e6:.0f} us"
+            console.print(f"runtime, synthetic stages: dispatch {syn['dispatch_s'] * 1e6:.0f} us, hand-off {handoff}")
     for note in doc.get("notes") or []:
         console.print(f"note: {note}")
 
 
 def _fmt_bytes(n: Any) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
+    from ppsim.io import fmt_bytes
+
+    return "-" if n is None else fmt_bytes(n)
 
 
 # --- run --------------------------------------------------------------------------------------------------------
@@ -229,6 +223,14 @@ def run_command(
     profile: Annotated[
         Optional[Path],
         typer.Option("--profile", help="Profile JSON from `ppsim calibrate` (default: calibrate here first)."),
+    ] = None,
+    split: Annotated[
+        Optional[str],
+        typer.Option("--split", metavar="N,N,...", help="Layers per stage (per-block profile), as for simulate."),
+    ] = None,
+    layers_per_stage: Annotated[
+        Optional[int],
+        typer.Option("--layers-per-stage", help="torchtitan's pipeline_parallel_layers_per_stage, as for simulate."),
     ] = None,
     steps: Annotated[int, typer.Option("--steps", help="Timed steps (after the warm-up steps).")] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed warm-up steps.")] = 3,
@@ -291,14 +293,14 @@ def run_command(
         backend=backend.value, profile=profile, costs=costs, synthetic=synthetic, time_unit_s=time_unit,
         preset=preset, num_steps=steps, num_warmup=warmup, num_probes=probes, seed=seed, timeout_s=timeout,
         save_calibration=None if output is None else output.with_name(output.stem + ".profile.json"),
-        override_limits=override_limits,
+        override_limits=override_limits, split=split, layers_per_stage=layers_per_stage,
     )
     report = execute(options)
     if report is None:  # a torchrun rank other than 0
         return
     data = report.to_dict()
     if output is not None:
-        from ppsim.formats import write_atomic
+        from ppsim.io import write_atomic
 
         write_atomic(output, json.dumps(data, indent=1, allow_nan=False) + "\n")
     if plot is not None and _plot_run is not None:
@@ -358,7 +360,7 @@ def print_run_summary(report: RunReport) -> None:
     Console().print(table)
     pi = d["prediction_inputs"]
     typer.echo(f"prediction (before the run, from {pi['source']}): compute x{pi['compute_scale']:.2f}, dispatch "
-               f"{fmt_s(pi['dispatch_s'])} per computation, hand-offs from {pi['handoff']}")
+               f"{fmt_s(pi['dispatch_s'])} per computation, hand-off latency {fmt_s(pi['handoff_latency_s'])}")
     verdict = "OK" if d["grad_ok"] and d["loss_match"] else "MISMATCH"
     typer.echo(
         f"numerics {verdict}: loss {d['loss']:.8g} (reference {d['ref_loss']:.8g}); max |grad - reference| "

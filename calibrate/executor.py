@@ -70,6 +70,8 @@ class ExecSpec:
     apart (a post-hoc model may be fitted on them; the prediction never uses them)."""
     seed: int = 0
     timeout_s: float = DEFAULT_TIMEOUT_S
+    layer_counts: tuple[int, ...] | None = None
+    """Layers per stage (the split the prediction composed); ``None``: the even split."""
 
 
 @dataclass(frozen=True)
@@ -332,7 +334,7 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     my_stages = schedule.stages_of(rank)
     modules = build_modules(spec.model, schedule.num_stages, my_stages, synthetic=spec.synthetic, seed=spec.seed,
-                            device=device)
+                            device=device, counts=spec.layer_counts)
     sleep_s = spec.sleep_s[rank] if spec.synthetic and spec.sleep_s is not None else None
     clock = _Clock(sleep_s, cuda)
     stages = [torch_adapter.pipeline_stage(modules[s], s, schedule.num_stages, device) for s in my_stages]
@@ -392,7 +394,7 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
             step_walls.append(t1 - t0)
 
     grads = {
-        reference_name(spec.model, schedule.num_stages, s, name, synthetic=spec.synthetic):
+        reference_name(spec.model, schedule.num_stages, s, name, synthetic=spec.synthetic, counts=spec.layer_counts):
             p.grad.detach().to("cpu", torch.float32)
         for s, mod in modules.items()
         for name, p in mod.named_parameters()

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ppsim.calibrate.torch_adapter import backward_functions
-from ppsim.calibrate.model import ModelConfig, StageModule, _place, build_stage, loss_fn, split_layers, stage_input
+from ppsim.calibrate.model import DTYPES, ModelConfig, StageModule, _place, build_stage, loss_fn, split_layers, stage_input
 from ppsim.errors import PPSimError
 
 Tick = Callable[[], None]
@@ -146,7 +146,7 @@ def unit_static(config: ModelConfig, unit: Unit) -> StageStatic:
     """Sizes of ``unit`` known without running anything (built on the meta device)."""
     with torch.device("meta"):
         module = StageModule(config, unit.layers, has_embedding=unit.has_embedding, has_head=unit.has_head)
-    param_bytes = sum(p.numel() * config.torch_dtype.itemsize for p in module.parameters())
+    param_bytes = sum(p.numel() * config.itemsize for p in module.parameters())
     return StageStatic(
         layers=unit.layers, has_embedding=unit.has_embedding, has_head=unit.has_head, param_bytes=param_bytes,
         grad_bytes=param_bytes, optimizer_bytes=2 * param_bytes,
@@ -182,7 +182,7 @@ class StageBench:
         else:
             self.targets = None
             self.output_grad = (
-                torch.randn(config.boundary_shape, generator=gen).to(device=device, dtype=config.torch_dtype) * 1e-3
+                torch.randn(config.boundary_shape, generator=gen).to(device=device, dtype=DTYPES[config.dtype]) * 1e-3
             )
 
     # --- the runtime's actions ----------------------------------------------------------------------------------

@@ -10,8 +10,6 @@ with the same seed hold identical weights, whatever the split.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,9 +17,15 @@ from torch import nn
 from torch.nn import functional as F
 
 from ppsim.errors import PPSimError
-from ppsim.model_config import MODEL_FIELDS, PRESETS, TINY_VALUES, ModelConfig, get_preset, split_layers  # noqa: F401
+from ppsim.model_config import (  # noqa: F401 - re-exported: one model config for core and calibrate
+    MODEL_FIELDS, PRESETS, TINY_VALUES, ModelConfig, get_preset, split_layers,
+)
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(config: ModelConfig) -> torch.dtype:
+    return DTYPES[config.dtype]
 
 
 class Attention(nn.Module):
@@ -105,7 +109,7 @@ def _seeded(seed: int, component: int, make: Any) -> Any:
 
 
 def _place(module: nn.Module, config: ModelConfig, device: str | torch.device) -> nn.Module:
-    return module.to(device=torch.device(device), dtype=config.torch_dtype)
+    return module.to(device=torch.device(device), dtype=torch_dtype(config))
 
 
 def build_stage(
@@ -162,4 +166,4 @@ def stage_input(
     if stage == 0:
         return torch.randint(0, config.vocab, (config.mb_size, config.seq_len), generator=gen).to(device)
     x = torch.randn(config.boundary_shape, generator=gen)
-    return x.to(device=torch.device(device), dtype=config.torch_dtype)
+    return x.to(device=torch.device(device), dtype=torch_dtype(config))

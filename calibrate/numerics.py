@@ -30,8 +30,22 @@ class ReferenceCheck:
     num_params_checked: int
 
 
+def stage_ranges(model: ModelConfig, num_stages: int, counts: Sequence[int] | None) -> list[tuple[int, int]]:
+    """Layer ranges ``[first, last)`` per stage: from layer counts per stage (the split the prediction composed),
+    or the even split of a version-1 profile."""
+    if counts is None:
+        from ppsim.model_config import split_layers
+
+        return split_layers(model.layers, num_stages)
+    ranges, first = [], 0
+    for n in counts:
+        ranges.append((first, first + n))
+        first += n
+    return ranges
+
+
 def build_modules(model: ModelConfig, num_stages: int, stages: Sequence[int], *, synthetic: bool, seed: int,
-                  device: Any) -> dict[int, Any]:
+                  device: Any, counts: Sequence[int] | None = None) -> dict[int, Any]:
     """The stage modules one rank holds (same weights as :func:`build_reference`)."""
     if synthetic:
         from ppsim.calibrate.model import DTYPES
@@ -39,9 +53,14 @@ def build_modules(model: ModelConfig, num_stages: int, stages: Sequence[int], *,
 
         cls = stage_class()
         return {s: cls(model, s, num_stages, seed=seed).to(device=device, dtype=DTYPES[model.dtype]) for s in stages}
-    from ppsim.calibrate.model import build_stage
+    from ppsim.calibrate.model import StageModule, _place
 
-    return {s: build_stage(model, num_stages, s, seed=seed, device=device) for s in stages}
+    ranges = stage_ranges(model, num_stages, counts)
+    return {
+        s: _place(StageModule(model, ranges[s], has_embedding=s == 0, has_head=s == num_stages - 1, seed=seed),
+                  model, device)
+        for s in stages
+    }
 
 
 def build_reference(model: ModelConfig, num_stages: int, *, synthetic: bool, seed: int, device: Any) -> Any:
@@ -61,15 +80,14 @@ def build_reference(model: ModelConfig, num_stages: int, *, synthetic: bool, see
     return build_full_model(model, seed=seed, device=device)
 
 
-def reference_name(model: ModelConfig, num_stages: int, stage: int, local_name: str, *, synthetic: bool) -> str:
+def reference_name(model: ModelConfig, num_stages: int, stage: int, local_name: str, *, synthetic: bool,
+                   counts: Sequence[int] | None = None) -> str:
     """Name in :func:`build_reference`'s model of a stage module's parameter."""
     if synthetic:
         return f"{stage}.{local_name}"
-    from ppsim.calibrate.model import split_layers
-
     if local_name.startswith("layers."):
         _, idx, rest = local_name.split(".", 2)
-        first = split_layers(model.layers, num_stages)[stage][0]
+        first = stage_ranges(model, num_stages, counts)[stage][0]
         return f"layers.{first + int(idx)}.{rest}"
     return local_name
 

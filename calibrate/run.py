@@ -68,6 +68,9 @@ class RunOptions:
     save_calibration: Path | None = None
     """Where to keep the profile when the run calibrates first (no ``profile``)."""
     override_limits: bool = False
+    split: str | None = None
+    """Layers per stage, e.g. ``"3,5"`` (``--split``); with ``layers_per_stage``, as `simulate` takes them."""
+    layers_per_stage: int | None = None
 
 
 @dataclass(frozen=True)
@@ -239,9 +242,7 @@ def check_machine(options: RunOptions, schedule: Schedule, model: ModelConfig) -
 def estimate_run_bytes(model: ModelConfig, schedule: Schedule, *, synthetic: bool) -> int:
     """A generous estimate of what a local run holds: per rank the torch runtime (~300 MiB), weights and gradients
     of its stages, activations of every microbatch; plus the non-pipelined reference on rank 0."""
-    from ppsim.calibrate.model import DTYPES
-
-    item = DTYPES[model.dtype].itemsize
+    item = model.itemsize
     tokens = model.mb_size * model.seq_len
     if synthetic:
         per_mb = 4 * tokens * model.hidden * item
@@ -273,12 +274,11 @@ def _gib(n: float) -> str:
 def costs_and_model(
     options: RunOptions, schedule: Schedule, device: str
 ) -> tuple[CostModel, float, ModelConfig, str]:
-    """Costs for the prediction (and for synthetic sleeps), seconds per cost unit, the executed model's shapes, and
-    where the costs came from. Profile costs are read by ``ppsim.costs.load_costs``, as ``simulate --profile``
-    reads them."""
-    from ppsim.calibrate.model import ModelConfig, get_preset, split_layers
-    from ppsim.costs import load_costs, parse_costs
-    from ppsim.profile import load_profile
+    """Costs for the prediction (and for synthetic sleeps), composed for ``schedule``; seconds per cost unit; the
+    executed model's shapes; where the costs came from. A profile is read exactly as ``simulate --profile`` reads it
+    (``load_costs`` with the same split options, then ``costs_for``)."""
+    from ppsim.costs import parse_costs
+    from ppsim.model_config import get_preset
 
     if options.costs is not None and not options.synthetic:
         raise PPSimError(
@@ -286,45 +286,56 @@ def costs_and_model(
         )
     if options.costs is not None and options.profile is not None:
         raise PPSimError("--costs and --profile both given: a profile replaces the cost string; pass only one")
-    chain = len(schedule.pipelines[0])
     if options.profile is not None:
-        prof = load_profile(options.profile)
-        costs = load_costs(profile=options.profile)
-        costs.check(schedule)
-        model = ModelConfig(**prof.model.to_dict())
-        if options.synthetic:
-            costs = synthetic_runtime(costs, options.profile)
-        elif prof.device != device:
-            raise PPSimError(
-                f"--profile {options.profile}: measured on {prof.device} but this run uses {device}; calibrate on "
-                f"{device} (`ppsim calibrate --device {device}`) or pick the matching --backend"
-            )
-        return costs, 1.0, model, str(options.profile)
+        return profile_costs(options, options.profile, schedule, device)
     if options.synthetic:
         return parse_costs(options.costs), options.time_unit_s, get_preset(options.preset), "cost string"
     model = get_preset(options.preset)
-    split_layers(model.layers, chain)  # a model too short for the chain fails here, before calibrating
-    path, where = calibrate_here(model, chain, device, save_to=options.save_calibration)
+    path, where = calibrate_here(model, device, save_to=options.save_calibration)
     if path is None:  # a torchrun rank other than 0: it only executes, rank 0 predicts
         return parse_costs(None), 1.0, model, where
-    return load_costs(profile=path), 1.0, model, where
+    costs, scale, model, _ = profile_costs(options, path, schedule, device)
+    return costs, scale, model, where
 
 
-def synthetic_runtime(costs: CostModel, source: Path) -> CostModel:
-    """Profile costs for a synthetic run: the op costs are slept exactly (``compute_scale`` 1) and the runtime
+def profile_costs(options: RunOptions, path: Path, schedule: Schedule,
+                  device: str) -> tuple[CostModel, float, ModelConfig, str]:
+    from ppsim.costs import costs_for, load_costs
+    from ppsim.model_config import ModelConfig
+    from ppsim.profile import load_profile
+
+    prof = load_profile(path)
+    costs = costs_for(load_costs(profile=path, split=options.split, layers_per_stage=options.layers_per_stage),
+                      schedule)
+    costs.check(schedule)
+    model = ModelConfig(**prof.model.to_dict())
+    if options.synthetic:
+        costs = synthetic_runtime(costs, prof)
+    elif prof.device != device:
+        raise PPSimError(
+            f"--profile {path}: measured on {prof.device} but this run uses {device}; calibrate on "
+            f"{device} (`ppsim calibrate --device {device}`) or pick the matching --backend"
+        )
+    return costs, 1.0, model, str(path)
+
+
+def synthetic_runtime(costs: CostModel, profile: Any) -> CostModel:
+    """Composed profile costs for a synthetic run: the op costs are slept exactly (no compute scale) and the runtime
     overheads are the profile's synthetic probe's (``runtime.synthetic``), when it has one."""
-    import json
+    syn = None if profile.runtime is None else profile.runtime.synthetic
+    changes: dict[str, Any] = {"compute_scale": 1.0, "dispatch_s": 0.0 if syn is None else syn.dispatch_s}
+    if syn is not None:
+        changes["recv_posting"] = syn.recv_posting
+        if syn.handoff_s is not None:
+            if profile.p2p is not None:
+                changes.update(p2p_alpha=syn.handoff_s, p2p_beta=profile.p2p.beta_bytes_per_s)
+            else:
+                changes.update(comm=syn.handoff_s, p2p_alpha=None, p2p_beta=None)
+    notes = (*costs.notes, "synthetic stages: compute_scale 1 and the profile's synthetic probe overheads")
+    return dataclasses.replace(costs, notes=notes, **changes)
 
-    data = json.loads(Path(source).read_text(encoding="utf-8"))
-    syn = (data.get("runtime") or {}).get("synthetic") or {}
-    changes: dict[str, Any] = {"compute_scale": 1.0, "dispatch_s": float(syn.get("dispatch_s", 0.0))}
-    if syn.get("handoff_s") is not None:
-        changes.update(comm=float(syn["handoff_s"]), p2p_alpha=None, p2p_beta=None)
-    return dataclasses.replace(costs, **changes)
 
-
-def calibrate_here(model: ModelConfig, num_stages: int, device: str, *,
-                   save_to: Path | None = None) -> tuple[Path | None, str]:
+def calibrate_here(model: ModelConfig, device: str, *, save_to: Path | None = None) -> tuple[Path | None, str]:
     """Calibrate ``model`` on this machine as `ppsim calibrate` does; returns the profile's path (``None`` on
     torchrun ranks other than 0) and a description of where it is."""
     import sys
@@ -332,7 +343,7 @@ def calibrate_here(model: ModelConfig, num_stages: int, device: str, *,
     from ppsim.calibrate.calibration import CalibrationOptions, calibrate
 
     def run(path: Path) -> Path | None:
-        opts = CalibrationOptions(output=path, config=model, num_stages=num_stages, device=device)
+        opts = CalibrationOptions(output=path, config=model, device=device)
         print(f"no --profile: calibrating the {model.preset} model on {device} first", file=sys.stderr, flush=True)
         return path if calibrate(opts) is not None else None
 
@@ -364,7 +375,7 @@ def exec_spec(
         schedule=schedule, model=model, synthetic=options.synthetic, sleep_s=sleep_s, backend=options.backend,
         device=device, num_steps=options.num_steps, num_warmup=options.num_warmup,
         num_probes=options.num_steps if options.num_probes is None else options.num_probes, seed=options.seed,
-        timeout_s=options.timeout_s,
+        timeout_s=options.timeout_s, layer_counts=None if options.synthetic else costs.split_counts,
     )
 
 
@@ -454,8 +465,9 @@ def _run_json(report: RunReport) -> dict[str, Any]:
             "compute_scale": costs.compute_scale,
             "dispatch_s": costs.dispatch_s,
             "recv_posting": costs.recv_posting,
-            "handoff": "profile runtime.handoff_s" if costs.p2p_alpha is None and report.costs_source != "cost string"
-            else ("profile p2p" if costs.p2p_alpha is not None else "cost string comm"),
+            "handoff_latency_s": costs.p2p_alpha if costs.p2p_alpha is not None else costs.comm,
+            "handoff_bytes_per_s": costs.p2p_beta,
+            "notes": list(costs.notes),
             "fitted_on_this_run": False,
         },
         "predicted_step_costs_only_s": report.costs_only_step_s,

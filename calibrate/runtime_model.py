@@ -204,46 +204,39 @@ def with_runtime(costs: CostModel, runtime: RuntimeModel | None, time_scale: flo
     return dataclasses.replace(costs, F=f, B=b, I=i, W=w, FB=fb, comm=costs.comm * time_scale, unit="s")
 
 
-@dataclass(frozen=True)
-class RuntimeCalibration:
-    """The profile's ``runtime`` section: fitted by :func:`fit_probe` on the calibration probe."""
-
-    compute_scale: float
-    compute_scale_by_concurrency: dict[str, float]
-    dispatch_s: float
-    handoff_s: float
-    recv_posting: str
-    synthetic: dict[str, float] | None
-    """``{"dispatch_s", "handoff_s"}`` fitted on the same probe with synthetic (sleeping) stages."""
-    probe: dict[str, Any]
-    """What the probe ran: schedule, ranks, microbatches, steps, stage count."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
 def fit_probe(measurement: Measurement, schedule: Schedule, costs: CostModel) -> dict[str, Any]:
-    """Fit the runtime quantities on a probe run's timed steps (the probe is the calibration's own run of the
-    reference schedule). Returns ``{"compute_scale", "compute_scale_by_concurrency", "dispatch_s", "handoff_s"}``
-    (synthetic probes: scale 1)."""
+    """Fit the profile's ``runtime`` quantities on a probe run's timed steps (the calibration's own run of the
+    reference schedule, never a schedule being predicted).
+
+    ``compute_scale`` (version-2 profile: rank count -> factor): key ``R`` (the probe's rank count) is the measured
+    computation time over the op cost for every computation of the R-rank run, which is what the simulator applies
+    to a schedule on R ranks of one host; key ``"1"`` is the same ratio for the computations during which no other
+    rank computed. Synthetic probes (sleeps need no core) give ``{"1": 1.0}``."""
     steps = measurement.steps
     plan = cost_plan(schedule, costs, 1.0)
     fits = [_fit_step(step, schedule, costs, plan, 1, False, measurement.synthetic) for step in steps]
-    scale = statistics.median(f[0][0] for f in fits)
-    dispatch = statistics.median(f[1] + f[2] for f in fits)
+    per_step_scale = [f[0][0] for f in fits]
+    per_step_dispatch = [f[1] + f[2] for f in fits]
+    dispatch = max(0.0, statistics.median(per_step_dispatch))
     per_step_latency = [statistics.fmean(x) for x in (_latencies(st, schedule, dispatch) for st in steps) if x]
-    handoff = max(0.0, statistics.median(per_step_latency)) if per_step_latency else 0.0
-    by_conc: dict[str, float] = {}
+    handoff = max(0.0, statistics.median(per_step_latency)) if per_step_latency else None
+    scale: dict[str, float] = {"1": 1.0}
     if not measurement.synthetic:
-        sums: dict[int, list[float]] = {}
+        sums = [0.0, 0.0]
         for step in steps:
-            for (k, measured, planned) in _by_concurrency(step, plan):
-                acc = sums.setdefault(k, [0.0, 0.0])
-                acc[0] += measured
-                acc[1] += planned
-        by_conc = {str(k): m / p for k, (m, p) in sorted(sums.items()) if p > 0}
-    return {"compute_scale": scale, "compute_scale_by_concurrency": by_conc, "dispatch_s": dispatch,
-            "handoff_s": handoff}
+            for k, measured, planned in _by_concurrency(step, plan):
+                if k == 1:
+                    sums[0] += measured
+                    sums[1] += planned
+        scale = {str(schedule.num_ranks): statistics.median(per_step_scale)}
+        if sums[1] > 0:
+            scale["1"] = sums[0] / sums[1]
+    samples = {"dispatch_s": [max(0.0, x) for x in per_step_dispatch],
+               "handoff_s": [max(0.0, x) for x in per_step_latency]}
+    if not measurement.synthetic:
+        samples[f"compute_scale.{schedule.num_ranks}"] = per_step_scale
+    return {"compute_scale": dict(sorted(scale.items())), "dispatch_s": dispatch, "handoff_s": handoff,
+            "samples": samples}
 
 
 def _by_concurrency(step: tuple[Any, ...], plan: tuple[tuple[float, ...], ...]) -> list[tuple[int, float, float]]:

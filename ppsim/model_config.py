@@ -1,7 +1,7 @@
-"""The model's shapes (``ModelConfig``), its presets and how its layers split into stages. Plain Python: no torch.
+"""The model a profile describes: shapes of a decoder-only transformer, as plain data (no torch).
 
-`ppsim calibrate` measures this model and `ppsim run` executes it (the modules are in ``ppsim.calibrate.model``);
-the profile's ``model`` object is :meth:`ModelConfig.to_dict`.
+One dataclass for every user: ``ppsim calibrate`` builds its torch modules from it, a profile stores it as its
+``model`` object, and the stage composition (:mod:`ppsim.split`) reads its layer count.
 """
 
 from __future__ import annotations
@@ -13,12 +13,18 @@ from typing import Any
 from ppsim.errors import PPSimError
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+"""Bytes per element of each dtype a model may use."""
 MODEL_FIELDS = ("hidden", "heads", "ffn", "layers", "vocab", "seq_len", "mb_size")
+MODEL_KEYS = ("preset", *MODEL_FIELDS, "dtype")
+"""Keys of the profile's ``model`` object, in order."""
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shapes of the model; ``preset`` names where they came from ("custom" when options changed a preset)."""
+    """Shapes of the model; ``preset`` names where they came from (``custom`` when options changed a preset).
+
+    ``seq_len`` x ``mb_size`` tokens make one microbatch.
+    """
 
     preset: str
     hidden: int
@@ -49,14 +55,8 @@ class ModelConfig:
         return self.hidden // self.heads
 
     @property
-    def torch_dtype(self) -> Any:
-        """The torch dtype (imports torch)."""
-        import torch
-
-        return getattr(torch, self.dtype)
-
-    @property
     def itemsize(self) -> int:
+        """Bytes per element of ``dtype``."""
         return DTYPE_BYTES[self.dtype]
 
     @property
@@ -70,7 +70,7 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The profile's ``model`` object."""
-        return dataclasses.asdict(self)
+        return {key: getattr(self, key) for key in MODEL_KEYS}
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -94,10 +94,6 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def _divisor_near(n: int, target: int) -> int:
-    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - target), d))
-
-
 def get_preset(name: str) -> ModelConfig:
     try:
         return PRESETS[name.lower()]
@@ -105,9 +101,13 @@ def get_preset(name: str) -> ModelConfig:
         raise PPSimError(f"--preset {name!r}: unknown preset; use one of {', '.join(PRESETS)}") from None
 
 
+def _divisor_near(n: int, target: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - target), d))
+
+
 def split_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
     """Layer ranges ``[first, last_exclusive)`` per stage, as even as possible; earlier stages take the extra
-    layers (the last stage also carries the LM head)."""
+    layers (how version-1 profiles were measured; :mod:`ppsim.split` holds the split the simulator composes)."""
     if num_stages < 1:
         raise PPSimError(f"--stages {num_stages}: must be at least 1")
     if num_stages > num_layers:
@@ -123,5 +123,3 @@ def split_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
         ranges.append((first, last))
         first = last
     return ranges
-
-

@@ -18,7 +18,7 @@ def plot_run(measured: Bars, predicted: Bars, num_ranks: int, title: str, path: 
     """Write the two panels to ``path``: png/svg/pdf with matplotlib, or self-contained interactive html."""
     target = Path(path)
     if target.suffix.lower() in (".html", ".htm"):
-        from ppsim.formats import write_atomic
+        from ppsim.io import write_atomic
 
         return write_atomic(target, _plotly_html(measured, predicted, num_ranks, title))
     import matplotlib.pyplot as plt
