@@ -85,44 +85,37 @@ def configs(quick: bool) -> list[Config]:
     return real + synthetic
 
 
-def split_ranges(cfg: Config, num_stages: int) -> list[tuple[int, int]]:
-    from ppsim.model_config import split_layers
-
-    if cfg.split is None:
-        return split_layers(cfg.layers, num_stages)
-    assert len(cfg.split) == num_stages and sum(cfg.split) == cfg.layers
-    ranges, first = [], 0
-    for n in cfg.split:
-        ranges.append((first, first + n))
-        first += n
-    return ranges
-
-
 def profile_for(doc: dict[str, Any], cfg: Config, folder: Path) -> tuple[Path, Any]:
-    """The calibrated profile re-cut for ``cfg`` (its layer count and split): same blocks, same runtime."""
-    from ppsim.calibrate.calibration import profile_for_split
+    """The calibrated profile for ``cfg``'s model: the same blocks, overhead and runtime; only the layer count (and
+    so the layout) changes when the configuration uses another one."""
     from ppsim.schedules import get_schedule
 
     schedule = get_schedule(cfg.schedule, cfg.num_ranks, cfg.num_microbatches, cfg.num_stages_per_rank)
-    base = dict(doc)
-    base["model"] = {**doc["model"], "layers": cfg.layers, "preset": "custom" if cfg.layers != 8 else
-                     doc["model"]["preset"]}
-    base["layout"] = ["embed", *(["layer"] * cfg.layers), "head"]
-    out = profile_for_split(base, split_ranges(cfg, len(schedule.pipelines[0])))
-    path = folder / (cfg.label.replace(" ", "_").replace("/", "-") + f".{cfg.group}.json")
-    path.write_text(json.dumps(out))
+    path = folder / f"profile-L{cfg.layers}.json"
+    if not path.exists():
+        out = dict(doc)
+        if cfg.layers != doc["model"]["layers"]:
+            out["model"] = {**doc["model"], "layers": cfg.layers, "preset": "custom"}
+            out["layout"] = ["embed", *(["layer"] * cfg.layers), "head"]
+            out["num_stages"], out["stages"] = 0, []
+        path.write_text(json.dumps(out))
     return path, schedule
 
 
+def split_text(cfg: Config) -> str | None:
+    return None if cfg.split is None else ",".join(map(str, cfg.split))
+
+
 def predict(cfg: Config, path: Path, schedule: Any) -> float:
-    """`simulate --profile` of the configuration (synthetic: the probe's synthetic runtime overheads)."""
+    """`simulate --profile [--split]` of the configuration (synthetic: the probe's synthetic runtime overheads)."""
     from ppsim.calibrate.run import synthetic_runtime
-    from ppsim.costs import load_costs
+    from ppsim.costs import costs_for, load_costs
+    from ppsim.profile import load_profile
     from ppsim.simulate import simulate
 
-    costs = load_costs(profile=path)
+    costs = costs_for(load_costs(profile=path, split=split_text(cfg)), schedule)
     if cfg.group == "synthetic":
-        costs = synthetic_runtime(costs, path)
+        costs = synthetic_runtime(costs, load_profile(path))
     return simulate(schedule, costs).makespan
 
 
@@ -132,7 +125,7 @@ def run_one(cfg: Config, path: Path, steps: int) -> dict[str, Any]:
     report = execute(RunOptions(
         schedule=cfg.schedule, num_ranks=cfg.num_ranks, num_microbatches=cfg.num_microbatches,
         num_stages_per_rank=cfg.num_stages_per_rank, profile=path, synthetic=cfg.group == "synthetic",
-        num_steps=steps, num_warmup=2, num_probes=0, timeout_s=900,
+        num_steps=steps, num_warmup=2, num_probes=0, timeout_s=900, split=split_text(cfg),
     ))
     assert report is not None
     return report.to_dict()
@@ -163,14 +156,16 @@ def main() -> int:
 
         path = folder / "profile.json"
         print(f"calibrating the tiny model (profile: {path}) ...", flush=True)
-        calibrate(CalibrationOptions(output=path, config=get_preset("tiny"), num_stages=2,
-                                     reps=8 if args.quick else 20), log=lambda line: None)
+        calibrate(CalibrationOptions(output=path, config=get_preset("tiny"), reps=8 if args.quick else 20),
+                  log=lambda line: None)
         args.profile = path
     doc = json.loads(args.profile.read_text())
     rt = doc.get("runtime") or {}
-    print(f"profile {args.profile}: runtime compute x{rt.get('compute_scale', 1):.2f}, dispatch "
-          f"{rt.get('dispatch_s', 0) * 1e3:.2f} ms, hand-off {rt.get('handoff_s', 0) * 1e3:.2f} ms; synthetic "
-          f"{rt.get('synthetic')}", flush=True)
+    syn = rt.get("synthetic") or {}
+    print(f"profile {args.profile}: runtime compute scale {rt.get('compute_scale')}, dispatch "
+          f"{rt.get('dispatch_s', 0) * 1e3:.2f} ms, hand-off {(rt.get('handoff_s') or 0) * 1e3:.2f} ms; synthetic "
+          f"dispatch {syn.get('dispatch_s', 0) * 1e3:.2f} ms, hand-off {(syn.get('handoff_s') or 0) * 1e3:.2f} ms",
+          flush=True)
     rows: list[dict[str, Any]] = []
     header = (f"{'group':<9} {'configuration':<40} {'predicted':>10} {'measured':>10} {'error':>7} {'spread':>7} "
               f"{'bubble':>7} {'act.err':>7}")

@@ -9,18 +9,18 @@ What is measured (docs/calibration.md):
    overhead ``O = T_1 - L`` (what a stage costs beyond its blocks: hooks, the receive buffer, the output detach;
    clamped at 0), the embedding ``T_embed - O`` and the head ``T_head - O``. Per-repetition samples are combined,
    so every block keeps a median and a spread. Activation bytes and bytes freed by I are composed the same way.
-2. **Stages** for ``--stages N`` are composed from the blocks (``O + embedding + n L + head``; a stage with the
-   embedding runs nothing at I and its whole backward at W, as torch's runtime does); ``--check-stages`` also
-   measures those stages directly and records the composition error.
+2. **Stages** are composed from the blocks by ``ppsim.costs`` for any schedule and split; ``--check-stages`` also
+   measures ``--stages`` stages of the default split whole (kept as the profile's ``stages``) and notes the error.
 3. **p2p** latency and bandwidth (:mod:`ppsim.calibrate.comm`).
 4. **Runtime probe** (:mod:`ppsim.calibrate.runtime_model`): a fixed reference schedule (1F1B, 2 local ranks, 8
    microbatches) executed under torch's runtime, first with the real model split in two, then with synthetic stages
    sleeping the same costs; fitted into the profile's ``runtime`` section (compute scale, dispatch per
    computation, hand-off time, the receive-posting rule; ``runtime.synthetic`` for synthetic stages).
 
-The profile is a version-1 ``ppsim.profile`` (``stages``, ``p2p``, ...) with added sections ``blocks``,
-``layout``, ``stage_overhead``, ``units``, ``stage_checks`` and ``runtime``; it is rewritten atomically after every
-finished measurement and ``done`` lists what is finished, so ``--resume`` skips it.
+The profile is a version-2 ``ppsim.profile`` (``blocks``, ``layout``, ``stage_overhead``, ``runtime``, ``p2p``,
+docs/profile.md) plus ``units`` (the raw unit measurements); it is rewritten atomically after every finished
+measurement and ``done`` lists what is finished (``units``, ``p2p``, ``runtime.real``, ``runtime.synthetic``), so
+``--resume`` skips it.
 
 torch is imported inside the functions only.
 """

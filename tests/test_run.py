@@ -285,14 +285,33 @@ def test_with_runtime_adds_dispatch_to_every_computation_and_two_to_a_pair() -> 
 
 
 # --- the before-run prediction ------------------------------------------------------------------------------------
-RUNTIME = {"compute_scale": 1.5, "dispatch_s": 0.001, "handoff_s": 0.002, "recv_posting": "consumer",
-           "synthetic": {"dispatch_s": 0.0005, "handoff_s": 0.001}}
+RUNTIME = {"compute_scale": {"1": 1.0, "2": 1.5}, "dispatch_s": 0.001, "handoff_s": 0.002, "recv_posting": "consumer",
+           "synthetic": {"compute_scale": {"1": 1.0}, "dispatch_s": 0.0005, "handoff_s": 0.001,
+                         "recv_posting": "consumer", "synthetic": None, "probe": None, "samples": {}},
+           "probe": {"schedule": "1F1B", "ranks": 2, "microbatches": 8, "steps": 4}, "samples": {}}
 
 
-def with_runtime_section(path: Path) -> Path:
-    data = json.loads(path.read_text())
-    data["runtime"] = RUNTIME
-    path.write_text(json.dumps(data))
+def write_block_profile(path: Path, *, model: ModelInfo = SMALL) -> Path:
+    """A complete per-block (version 2) profile of ``model`` with made-up costs and a runtime section."""
+    def block(f: float, params: int, out: int, act: int, freed: int = 0) -> dict:
+        return {"F": stat(f).to_dict(), "B": stat(2 * f).to_dict(), "I": stat(f).to_dict(), "W": stat(f).to_dict(),
+                "FB": stat(3 * f).to_dict(), "activation_bytes": act, "activation_bytes_freed_by_I": freed,
+                "param_bytes": params, "grad_bytes": params, "optimizer_bytes": 2 * params, "output_bytes": out,
+                "activation_bytes_allocator": None, "peak_bytes_allocator": None}
+
+    boundary = model.mb_size * model.seq_len * model.hidden * 4
+    doc = {
+        "schema": "ppsim.profile", "version": 2, "created": "2026-11-22T10:00:00Z", "device": "cpu",
+        "device_name": "test", "torch_version": "test", "host": "test", "world_size": 1, "backend": None,
+        "model": model.to_dict(),
+        "blocks": {"embed": block(1e-4, 2048, boundary, 64), "layer": block(1e-3, 4096, boundary, 10_000),
+                   "head": block(5e-4, 2048, 0, 4_000, 1_000)},
+        "layout": ["embed", *(["layer"] * model.layers), "head"],
+        "stage_overhead": {op: stat(1e-5).to_dict() for op in ("F", "B", "I", "W", "FB")},
+        "runtime": RUNTIME, "num_stages": 0, "stages": [], "p2p": None, "complete": True, "done": [],
+        "method": None, "notes": [],
+    }
+    path.write_text(json.dumps(doc))
     return path
 
 
@@ -303,16 +322,19 @@ def simulated_makespan(*args: str) -> float:
 
 
 @pytest.mark.slow
-def test_run_predicts_exactly_what_simulate_predicts_from_the_profile(tmp_path: Path) -> None:
-    profile = with_runtime_section(write_profile(tmp_path / "p.json", 2))
+@pytest.mark.parametrize("split", [None, "1,3"])
+def test_run_predicts_exactly_what_simulate_predicts_from_the_profile(tmp_path: Path, split: str | None) -> None:
+    profile = write_block_profile(tmp_path / "p.json")
     out = tmp_path / "run.json"
-    code, _, stderr = invoke("-s", "ZBH1", "-r", "2", "-m", "4", "--profile", str(profile), "-o", str(out), *FAST)
+    extra = [] if split is None else ["--split", split]
+    code, _, stderr = invoke("-s", "ZBH1", "-r", "2", "-m", "4", "--profile", str(profile), "-o", str(out), *extra,
+                             *FAST)
     assert code == 0, stderr
     data = check_run_json(out, "ZBH1", 2, 4)
     assert data["predicted_step_s"] == pytest.approx(
-        simulated_makespan("-s", "ZBH1", "-r", "2", "-m", "4", "--profile", str(profile)), rel=1e-12)
+        simulated_makespan("-s", "ZBH1", "-r", "2", "-m", "4", "--profile", str(profile), *extra), rel=1e-12)
     inputs = data["prediction_inputs"]
-    assert inputs["fitted_on_this_run"] is False and inputs["compute_scale"] == 1.5
+    assert inputs["fitted_on_this_run"] is False and inputs["compute_scale"] == 1.5  # the profile's 2-rank entry
     assert inputs["dispatch_s"] == 0.001 and inputs["recv_posting"] == "consumer"
     assert data["explained_model"]["post_hoc"] is True  # the run-fitted number lives apart
     for m in data["memory"]:  # measured next to the prediction
@@ -336,11 +358,14 @@ def test_the_prediction_uses_nothing_measured_in_the_run(tmp_path: Path, factor:
     from ppsim.costs import load_costs
     from ppsim.simulate import simulate
 
-    profile = with_runtime_section(write_profile(tmp_path / "p.json", 2))
+    from ppsim.costs import costs_for
+
+    profile = write_block_profile(tmp_path / "p.json")
     schedule = get_schedule("1F1B", 2, 4)
-    expected = simulate(schedule, load_costs(profile=profile))
-    report = run.build_report(schedule, _fake_measurement(schedule, expected, factor), load_costs(profile=profile),
-                              expected, time_scale=1.0, source=str(profile))
+    costs = costs_for(load_costs(profile=profile), schedule)
+    expected = simulate(schedule, costs)
+    report = run.build_report(schedule, _fake_measurement(schedule, expected, factor), costs, expected,
+                              time_scale=1.0, source=str(profile))
     data = report.to_dict()
     assert data["predicted_step_s"] == expected.makespan
     assert data["measured_step_s"] == pytest.approx(expected.makespan * factor)
