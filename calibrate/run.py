@@ -149,6 +149,8 @@ def execute(options: RunOptions) -> RunReport | None:
             f"--ranks {schedule.num_ranks}: torchrun started {world} processes; launch {schedule.num_ranks} "
             f"(--nproc-per-node) or pass -r {world}"
         )
+    if world is None and options.profile is None and not options.synthetic:
+        check_machine(options, schedule, _preset_model(options, schedule))  # before calibrating
     costs, time_scale, model, source = costs_and_model(options, schedule, device)
     spec = exec_spec(options, schedule, costs, time_scale, model, device)
     if world is None:
@@ -194,6 +196,20 @@ def load_checked_schedule(options: RunOptions) -> Schedule:
         more = f" (and {len(problems) - 1} more; see `ppsim validate`)" if len(problems) > 1 else ""
         raise PPSimError(f"{options.schedule}: {first}{more}; torch's runtime would fail or hang on it; fix the order")
     return schedule
+
+
+def _preset_model(options: RunOptions, schedule: Schedule) -> ModelConfig:
+    """The preset a run without ``--profile`` calibrates, after checking that it can be cut into the schedule's
+    stages (so a model too short for the chain fails before calibrating)."""
+    from ppsim.model_config import get_preset
+    from ppsim.split import SplitSpec, parse_split, resolve_split
+
+    model = get_preset(options.preset)
+    spec = SplitSpec(split=None if options.split is None else parse_split(options.split),
+                     layers_per_stage=options.layers_per_stage)
+    resolve_split(spec, model.layers, len(schedule.pipelines[0]), schedule=f"{schedule.name} with "
+                  f"{schedule.num_ranks} ranks")
+    return model
 
 
 def check_backend(options: RunOptions) -> str:

@@ -342,3 +342,34 @@ def test_cuda_calibration_records_allocator_bytes(tmp_path: Path) -> None:
     assert profile.device == "cuda" and profile.method is not None and profile.method.timer == "cuda_events"
     for st in profile.stages:
         assert st.F.median > 0 and st.activation_bytes_allocator is not None and st.peak_bytes_allocator > 0
+
+
+def test_an_unknown_torch_release_is_refused_by_the_adapter(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppsim.calibrate import torch_adapter
+    from ppsim.errors import PPSimError
+
+    monkeypatch.setattr(torch_adapter, "_checked", False)
+    monkeypatch.setattr(torch, "__version__", "9.1.0")
+    monkeypatch.delenv(torch_adapter.OVERRIDE_ENV, raising=False)
+    with pytest.raises(PPSimError, match=r"torch 9\.1\.0: .*tested with torch 2\.13.*PPSIM_UNTESTED_TORCH=1"):
+        torch_adapter.check()
+    monkeypatch.setenv(torch_adapter.OVERRIDE_ENV, "1")
+    torch_adapter.check()  # the names it needs are all there: allowed with the override
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "-s", "1F1B", "-r", "0", "-m", "2"],
+        ["run", "-s", "1F1B", "-r", "2", "-m", "1000000000"],
+        ["calibrate", "-o", "p.json", "--reps", "0"],
+        ["calibrate", "-o", "p.json", "--seq-len", "10000000"],
+    ],
+)
+def test_bad_options_are_refused_before_torch_is_imported(tmp_path: Path, argv: list[str]) -> None:
+    code = ("import sys\nfrom ppsim.cli import main\nsys.argv = ['ppsim', *sys.argv[1:]]\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == "exit 2 False", out.stdout + out.stderr
+    assert out.stderr.startswith("Error: ") and out.stderr.count("\n") == 1
