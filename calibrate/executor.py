@@ -184,6 +184,9 @@ def launch(spec: ExecSpec) -> Measurement:
 
 
 def _local_rank(ctx: RankContext, spec: ExecSpec) -> Measurement | None:
+    import os
+
+    os.environ["LOCAL_RANK"] = str(ctx.rank)  # not the launching torchrun rank's (a calibration probe under torchrun)
     return run_rank(spec, rank=ctx.rank, world=ctx.world_size, store=ctx.store(spec.timeout_s))
 
 
