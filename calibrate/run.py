@@ -245,6 +245,11 @@ def check_machine(options: RunOptions, schedule: Schedule, model: ModelConfig) -
             f"-r {ranks}: {ranks} computing ranks on {cores} CPU core(s) (limit {MAX_REAL_RANKS_PER_CORE} per core); "
             "timings would say little; use fewer ranks, --synthetic, torchrun across hosts, or --override-limits"
         )
+    elif options.backend == "gloo" and ranks > cores:
+        import sys
+
+        print(f"note: {ranks} computing ranks share {cores} CPU core(s); the run's timings include that sharing "
+              "(the profile's compute scale was measured for at most 2 ranks)", file=sys.stderr, flush=True)
     need = estimate_run_bytes(model, schedule, synthetic=options.synthetic)
     have = available_memory_bytes()
     if have is not None and need > MEMORY_SHARE * have:
