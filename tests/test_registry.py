@@ -22,7 +22,7 @@ SPECS = all_specs()
 NAMES = [s.name for s in SPECS]
 EXPECTED_NAMES = {
     "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV",
-    "ZBH1", "ZBH2", "DualPipe",
+    "ZBH1", "ZBH2", "DualPipe", "V-Min", "V-Half",
 }
 
 

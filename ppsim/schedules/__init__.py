@@ -147,6 +147,8 @@ def _load_modules() -> None:
         dualpipev,
         zbh,
         dualpipe,
+        v_min,
+        v_half,
     )
 
 

@@ -97,6 +97,9 @@ class Rule:
     - ``inflight``: per rank, the most microbatches admitted and not yet released (``None``: memory decides).
     - ``pairs``: overlap a forward with a backward when the pair is cheaper than the two apart.
     - ``deep_first``: among ready forwards prefer the later chain position (finish microbatches before new ones).
+    - ``reserve``: ``"all"``: a microbatch entering a rank reserves the memory of all its stages there (never
+      stalls); ``"one"``: new microbatches leave room for one later-stage forward, which lets a rank hold more
+      first-chunk activations (the V schedules' short-lived second chunk) at a small risk of stalling.
     - ``wait_b``: a rank idles up to this long for a backward about to arrive rather than start a forward or a W
       (the backward chain is the critical path).
     - ``jitter``: seed for random tie-breaking among equally ready candidates (``None``: none).
@@ -110,6 +113,7 @@ class Rule:
     pairs: bool = False
     deep_first: bool = True
     wait_b: float = 0.0
+    reserve: str = "all"
     jitter: int | None = None
 
 
@@ -143,6 +147,8 @@ def list_schedule(problem: Problem, rule: Rule) -> tuple[tuple[tuple[Action, ...
     fwd_delay, bwd_delay = problem.fwd_delay, problem.bwd_delay
     if any(need[r] > cap[r] + 1e-9 for r in range(R)):
         return None
+    reserve_all = rule.reserve == "all"
+    spare = [max((act[s] for s in rank_stages[r][1:]), default=0.0) for r in range(R)]
 
     use_b = [
         rule.backward == "fused" or (rule.backward == "auto" and b[s] < i_cost[s] + w[s] - 1e-12) for s in range(S)
@@ -196,11 +202,12 @@ def list_schedule(problem: Problem, rule: Rule) -> tuple[tuple[tuple[Action, ...
             mb = next_f[s]
             if mb < M:
                 if s == entry[r]:
-                    ok = st.held + st.reserved + need[r] <= cap[r] + 1e-9 and (
+                    room = need[r] if reserve_all else act[s] + spare[r]
+                    ok = st.held + st.reserved + room <= cap[r] + 1e-9 and (
                         inflight is None or next_f[s] - released[s] < inflight[r]
                     )
                 else:
-                    ok = True
+                    ok = reserve_all or st.held + act[s] <= cap[r] + 1e-9
                 if ok:
                     fwd.append((f_ready(s, mb), -pos[s] if rule.deep_first else pos[s], s))
             mb = next_b[s]
@@ -254,9 +261,10 @@ def list_schedule(problem: Problem, rule: Rule) -> tuple[tuple[tuple[Action, ...
                     pair_cost[key] = problem.costs.pair_duration(tpl, s, bs, _B if use_b[bs] else _I)
                 if pair_cost[key] < f[s] + (b[bs] if use_b[bs] else i_cost[bs]) - 1e-12:
                     pair_b = bs
-            if s == entry[r]:
-                st.reserved += need[r]
-            st.reserved -= act[s]
+            if reserve_all:
+                if s == entry[r]:
+                    st.reserved += need[r]
+                st.reserved -= act[s]
             st.peak = max(st.peak, st.held + act[s])
             st.held += act[s]
             next_f[s] += 1
