@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 import time
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -65,37 +64,23 @@ class MemoryCap:
         return f"{self.amount:g}act" if self.unit == "act" else f"{int(self.amount)}B"
 
 
-_ACT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*act\s*$", re.IGNORECASE)
-_SIZE_RE = re.compile(r"^\s*([0-9.eE+]+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
 def parse_memory_cap(text: str | int | float | MemoryCap) -> MemoryCap:
-    """``"8act"`` (activations, see :class:`MemoryCap`) or a byte size (``80GiB``, ``1.5e9``)."""
+    """``"8act"`` (activations, see :class:`MemoryCap`) or a byte size (``80GiB``, ``1.5e9``), as
+    :func:`ppsim.io.parse_memory_cap` reads them; a number is bytes."""
+    from ppsim.io import ActivationCap
+    from ppsim.io import parse_memory_cap as parse
+
     if isinstance(text, MemoryCap):
         return text
     if isinstance(text, (int, float)):
-        return MemoryCap(float(text), "bytes")
-    m = _ACT_RE.match(text)
-    if m:
-        value = float(m.group(1))
-        if value < 1:
-            raise MemoryCapError(f"--memory-cap {text!r}: an activation count must be at least 1; e.g. 8act")
-        return MemoryCap(value, "act")
-    m = _SIZE_RE.match(text)
-    value = -1.0
-    if m:
-        try:
-            value = float(m.group(1)) * _UNITS[(m.group(2) or "b").lower()]
-        except ValueError:
-            value = -1.0
-    if value <= 0:
-        raise MemoryCapError(
-            f"--memory-cap {text!r}: must be an activation count like 8act or a positive size in bytes "
-            "(e.g. 80GiB, 1.5e9)"
-        )
-    return MemoryCap(float(int(value)), "bytes")
+        if text <= 0:
+            raise MemoryCapError(f"--memory-cap {text}: must be positive; e.g. 80GiB or 8act")
+        return MemoryCap(float(int(text)), "bytes")
+    cap = parse(text)
+    assert cap is not None
+    if isinstance(cap, ActivationCap):
+        return MemoryCap(float(cap.count), "act")
+    return MemoryCap(float(cap), "bytes")
 
 
 @dataclass(frozen=True)
@@ -141,6 +126,8 @@ class SearchResult:
     stopped: str
     """``"done"``, ``"time limit"`` or ``"interrupted"``."""
     seed: int
+    cost_scope: str = "stage"
+    """How uniform costs were read: per stage chunk or per rank share (see :func:`search`)."""
 
     @property
     def gap(self) -> float:
@@ -175,6 +162,7 @@ class SearchResult:
             "elapsed_s": self.elapsed_s,
             "stopped": self.stopped,
             "seed": self.seed,
+            "cost_scope": self.cost_scope,
             "csv": self.schedule.to_rows(),
         }
 
@@ -347,14 +335,17 @@ def search(
     num_stages_per_rank: int | None = None,
     time_limit: float = 10.0,
     seed: int = 0,
-    cost_scope: str = "stage",
+    cost_scope: str | None = None,
     progress: Callable[[Progress], None] | None = None,
 ) -> SearchResult:
     """Search for the compute order with the smallest simulated makespan that fits ``memory_cap`` on every rank.
 
     ``memory_cap`` is a :class:`MemoryCap`, ``"8act"``, bytes (needs a profile's memory tables) or ``None``
     (no cap). ``placement``: ``loop`` (``num_stages_per_rank`` stages per rank, default 1), ``v`` (2 per rank in a
-    V) or ``any``. The result is deterministic for a given ``seed`` when the time limit is not what stops it.
+    V) or ``any``. ``cost_scope`` reads uniform costs per stage chunk (``"stage"``) or per rank share of the model
+    (``"rank"``); by default per chunk, except that ``any`` (different stage counts) compares on the same model
+    (``"rank"``), as :mod:`ppsim.compare` does. The result is deterministic for a given ``seed`` when the time limit
+    is not what stops it (see docs/search.md).
     """
     from ppsim.simulate import simulate
 
@@ -372,11 +363,22 @@ def search(
             "or give the cap as activations (e.g. 8act)"
         )
     templates = _templates(num_ranks, num_microbatches, placement, num_stages_per_rank)
+    if cost_scope is None:
+        differ = len({t.num_stages for t in templates}) > 1
+        cost_scope = "rank" if differ and costs.num_positions is None else "stage"
     problems = []
+    errors: list[PPSimError] = []
     for tpl in templates:
         tcosts = costs_for(costs, tpl, scope=cost_scope)
-        tcosts.check(tpl)
+        try:
+            tcosts.check(tpl)
+        except PPSimError as exc:  # a profile fixes the stage count: keep the placements it describes
+            errors.append(exc)
+            continue
         problems.append((tpl, tcosts, _problem(tpl, tcosts, cap)))
+    if not problems:
+        raise errors[0]
+    templates = [tpl for tpl, _, _ in problems]
     named = _named(templates, num_ranks, num_microbatches, costs, cap, cost_scope)
     need = min(smallest_cap(p) for _, _, p in problems)
     if need > cap.amount + 1e-9 and not any(n.fits for n, _, _ in named):
@@ -494,6 +496,7 @@ def search(
         elapsed_s=time.perf_counter() - t0,
         stopped=stopped,
         seed=seed,
+        cost_scope=cost_scope,
     )
 
 
