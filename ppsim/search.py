@@ -336,6 +336,7 @@ def search(
     time_limit: float = 10.0,
     seed: int = 0,
     cost_scope: str | None = None,
+    max_orders: int | None = None,
     progress: Callable[[Progress], None] | None = None,
 ) -> SearchResult:
     """Search for the compute order with the smallest simulated makespan that fits ``memory_cap`` on every rank.
@@ -344,8 +345,9 @@ def search(
     (no cap). ``placement``: ``loop`` (``num_stages_per_rank`` stages per rank, default 1), ``v`` (2 per rank in a
     V) or ``any``. ``cost_scope`` reads uniform costs per stage chunk (``"stage"``) or per rank share of the model
     (``"rank"``); by default per chunk, except that ``any`` (different stage counts) compares on the same model
-    (``"rank"``), as :mod:`ppsim.compare` does. The result is deterministic for a given ``seed`` when the time limit
-    is not what stops it (see docs/search.md).
+    (``"rank"``), as :mod:`ppsim.compare` does. ``max_orders`` bounds the orders tried; the result is the same for
+    the same ``seed`` whenever the clock is not what stops the search (``stopped != "time limit"``), e.g. with a
+    ``max_orders`` small enough for the time limit (see docs/search.md).
     """
     from ppsim.simulate import simulate
 
@@ -419,6 +421,7 @@ def search(
     try:
         # Phase 1: list scheduling, fixed rules then random rules (at most ~60 % of the budget).
         phase1_end = t0 + 0.6 * time_limit
+        orders1 = None if max_orders is None else max(1, int(0.6 * max_orders))
         pools: list[list[tuple[float, Schedule, CostModel]]] = [[] for _ in problems]
         for k, (tpl, tcosts, prob) in enumerate(problems):
             allow_pairs = _is_v(tpl) and _pairs_help(tcosts, tpl)
@@ -430,7 +433,7 @@ def search(
                     pools[k].append((out[1], tpl.with_actions(out[0]), tcosts))
         k = 0
         stale = 0
-        while time.perf_counter() < phase1_end and stale < 4000:
+        while time.perf_counter() < phase1_end and stale < 4000 and (orders1 is None or evaluations < orders1):
             tpl, tcosts, prob = problems[k % len(problems)]
             k += 1
             rule = _random_rule(rng, prob, allow_pairs=_is_v(tpl) and _pairs_help(tcosts, tpl))
@@ -461,7 +464,8 @@ def search(
             if time.perf_counter() >= deadline:
                 break
             share = (deadline - time.perf_counter()) / max(1, len(starts))
-            improved, n = _local_search(sched, tcosts, cap, rng, time.perf_counter() + share, report)
+            tries = None if max_orders is None else max(0, (max_orders - evaluations) // max(1, len(starts)))
+            improved, n = _local_search(sched, tcosts, cap, rng, time.perf_counter() + share, report, tries)
             evaluations += n
             sim = simulate(improved, tcosts)
             if _fits(sim, cap):
@@ -515,6 +519,7 @@ def _local_search(
     rng: random.Random,
     deadline: float,
     report: Callable[[str], None],
+    max_tries: int | None = None,
 ) -> tuple[Schedule, int]:
     """First-improvement local search: move one action a few places earlier or later in its rank's order."""
     from ppsim.simulate import simulate
@@ -523,7 +528,7 @@ def _local_search(
     cur_ms = simulate(current, costs).makespan
     n = 0
     failures = 0
-    while time.perf_counter() < deadline and failures < 3000:
+    while time.perf_counter() < deadline and failures < 3000 and (max_tries is None or n < max_tries):
         rows = [list(r) for r in current.actions]
         r = rng.randrange(len(rows))
         if not rows[r]:

@@ -116,9 +116,9 @@ def test_parse_memory_cap() -> None:
 
 
 def test_same_seed_gives_the_same_order() -> None:
-    # a stale-limit stop, not the clock, ends these runs: the orders are the same
-    a = search(4, 6, SLOW_I, "8act", time_limit=30.0, seed=7)
-    b = search(4, 6, SLOW_I, "8act", time_limit=30.0, seed=7)
+    # a budget of orders, not the clock, ends these runs: the orders are the same
+    a = search(4, 6, SLOW_I, "8act", time_limit=60.0, seed=7, max_orders=300)
+    b = search(4, 6, SLOW_I, "8act", time_limit=60.0, seed=7, max_orders=300)
     assert a.stopped == b.stopped == "done"
     assert a.schedule.actions == b.schedule.actions
     assert a.makespan == b.makespan

@@ -41,6 +41,11 @@ def search_cmd(
     ] = None,
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds to search (default 10).")] = 10.0,
     seed: Annotated[int, typer.Option("--seed", help="Random seed; the same seed gives the same order.")] = 0,
+    max_orders: Annotated[
+        Optional[int],
+        typer.Option("--max-orders", min=1, help="Stop after trying this many orders (reproducible regardless of "
+                     "machine speed when it, not --time-limit, ends the search)."),
+    ] = None,
     output: Annotated[
         Optional[Path], typer.Option("--output", "-o", help="Write the order as torch's compute-only CSV.")
     ] = None,
@@ -63,7 +68,7 @@ def search_cmd(
 
     result = search(ranks, mb, cost_model, memory_cap, placement=placement, num_stages_per_rank=stages_per_rank,
                     time_limit=time_limit, seed=seed, cost_scope=None if cost_scope is None else cost_scope.value,
-                    progress=progress)
+                    max_orders=max_orders, progress=progress)
     if output is not None:
         from ppsim.formats import to_csv_text
         from ppsim.io import write_atomic
