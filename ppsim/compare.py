@@ -140,8 +140,11 @@ def compare(
     costs: CostModel | None = None,
     scope: CostScope | str | None = None,
     memory_cap_bytes: int | None = None,
+    extra: Sequence[Schedule] = (),
 ) -> Comparison:
     """Build each schedule in ``names``, skip those that cannot run (reasons kept), simulate the rest, rank them.
+
+    ``extra`` are schedules already built (a searched order) compared beside the named ones.
 
     A single name that cannot be built raises its error; when none of several can, raises
     :class:`NothingToCompareError` listing why. ``scope=None`` applies the comparability rule (module docstring).
@@ -166,6 +169,7 @@ def compare(
             continue
         built.append(schedule)
         notes.extend(n for n in ignored if n not in notes)
+    built.extend(extra)
     if not built:
         reasons = "; ".join(f"{s.name}: {s.reason}" for s in skipped)
         raise NothingToCompareError(

@@ -188,3 +188,17 @@ def test_cli_cap_too_small_is_one_line_exit_2() -> None:
     assert res.exit_code == 2
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert len(lines) == 1 and "2act" in lines[0]
+
+
+def test_cli_report_includes_the_searched_schedule(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "report.html"
+    res = runner.invoke(app, ["report", "-s", "1F1B,ZBH1", "-r", "4", "-m", "8", "--costs", "F=1,B=2,comm=0.1",
+                              "--memory-cap", "8act", "--search", "--search-time", "0.5", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "Searched" in out.read_text(encoding="utf-8")
+
+
+def test_cli_report_search_needs_a_cap(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    res = runner.invoke(app, ["report", "-s", "1F1B", "-r", "4", "-m", "8", "--search", "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 2
+    assert "--memory-cap" in res.output

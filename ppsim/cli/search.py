@@ -13,9 +13,11 @@ from ppsim.cli.common import build_costs, console, echo_json, user_errors
 from ppsim.cli.options import CostScopeOpt, CostsOpt, JsonOpt, ProfileOpt
 from ppsim.errors import PPSimError
 from ppsim.io import check_writable, fmt_bytes
-from ppsim.search import Placement
+from ppsim.search import SEARCH_NAME, Placement
 
 if TYPE_CHECKING:
+    from ppsim.costs import CostModel
+    from ppsim.ir import Schedule
     from ppsim.search import Progress, SearchResult
 
 
@@ -82,6 +84,26 @@ def search_cmd(
     print_search(result)
     if output is not None:
         typer.echo(str(output))
+
+
+def searched_for_report(
+    ranks: int | None, mb: int | None, cost_model: CostModel, memory_cap: str | None, cost_scope: object,
+    time_limit: float,
+) -> tuple[Schedule, int | None]:
+    """`ppsim report --search`: the searched order (placement any) and the byte cap to flag ranks with."""
+    from ppsim.search import search
+
+    if ranks is None or mb is None or memory_cap is None:
+        raise PPSimError("--search needs -r, -m and --memory-cap (e.g. -r 4 -m 16 --memory-cap 8act)")
+    scope = getattr(cost_scope, "value", cost_scope)
+    result = search(ranks, mb, cost_model, memory_cap, placement=Placement.any, time_limit=time_limit,
+                    cost_scope=None if scope is None else str(scope))
+    typer.echo(f"searched: {result.makespan:.6g} (bound {result.lower_bound:.6g}, gap {result.gap:.1%}, "
+               f"{result.source})", err=True)
+    from dataclasses import replace
+
+    cap = int(result.cap.amount) if result.cap.unit == "bytes" else None
+    return replace(result.schedule, name=SEARCH_NAME), cap
 
 
 def _peak_text(value: float, unit: str) -> str:

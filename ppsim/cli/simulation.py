@@ -157,6 +157,10 @@ def report_cmd(
     memory_cap: MemCapOpt = None,
     directions: DirectionsOpt = None,
     cost_scope: CostScopeOpt = None,
+    search: Annotated[
+        bool, typer.Option("--search", help="Add the order `ppsim search` finds under --memory-cap (8act or bytes).")
+    ] = False,
+    search_time: Annotated[float, typer.Option("--search-time", help="Seconds for --search (default 10).")] = 10.0,
 ) -> None:
     """One self-contained HTML page comparing schedules: ranking, Gantts, memory, bubbles."""
     if output.suffix.lower() not in (".html", ".htm"):
@@ -166,11 +170,19 @@ def report_cmd(
     from ppsim.viz.report import write_report
 
     cost_model = build_costs(costs, profile)
-    cap = parse_bytes(memory_cap)
+    extra = []
+    if search:
+        from ppsim.cli.search import searched_for_report
+
+        found, cap = searched_for_report(ranks, mb, cost_model, memory_cap, cost_scope, search_time)
+        extra.append(found)
+    else:
+        cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
     names = split_names(schedule)
     comparison = compare(names, num_ranks=ranks, num_microbatches=mb, num_stages_per_rank=stages_per_rank,
-                         num_pipelines=directions, costs=cost_model, scope=cost_scope, memory_cap_bytes=cap)
+                         num_pipelines=directions, costs=cost_model, scope=cost_scope, memory_cap_bytes=cap,
+                         extra=extra)
     warn_comparison(comparison, several=len(names) > 1)
     path = write_report(comparison, output, memory_cap_bytes=cap)
     typer.echo(str(path))
