@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from ppsim.errors import PPSimError
 
@@ -60,14 +60,19 @@ class Comparison:
     @property
     def scope_text(self) -> str:
         """One line for people: which scope was used and why."""
-        if self.costs.num_positions is not None:
-            return "costs measured per stage by the profile"
+        if not _uniform(self.costs):
+            return "costs from the profile (measured or composed per stage)"
         what = {CostScope.stage: "per stage chunk", CostScope.rank: "per rank share of one model copy"}[self.scope]
         return f"cost scope: {self.scope.value} (--costs times {what}; {self.scope_reason})"
 
     def entries(self) -> list[tuple[str, SimResult | str]]:
         """``(name, result)`` fastest first, then ``(name, reason)`` for each schedule skipped."""
         return [(r.schedule.name, r) for r in self.results] + [(s.name, s.reason) for s in self.skipped]
+
+
+def _uniform(costs: CostModel) -> bool:
+    """Costs from a ``--costs`` string (the same for every stage), not a profile (per stage, or per block)."""
+    return costs.num_positions is None and getattr(costs, "blocks", None) is None
 
 
 def rank(results: Iterable[SimResult]) -> list[SimResult]:
@@ -95,8 +100,10 @@ def build(
     if not is_file and num_pipelines not in (None, 1):
         notes.append(f"warning: --directions {num_pipelines} applies to .csv files only; {name_or_path} builds its "
                      "own pipelines, so it is ignored")
-    schedule = load_schedule(name_or_path, num_ranks, num_microbatches,
-                             None if is_file else num_stages_per_rank, num_pipelines=(num_pipelines or 1) if is_file else 1)
+    schedule = load_schedule(
+        name_or_path, num_ranks, num_microbatches, None if is_file else num_stages_per_rank,
+        num_pipelines=(num_pipelines or 1) if is_file else 1,
+    )
     if is_file and num_stages_per_rank is not None and num_stages_per_rank != schedule.num_stages_per_rank:
         raise PPSimError(
             f"--stages-per-rank {num_stages_per_rank}: {name_or_path} places {schedule.num_stages_per_rank} "
@@ -115,14 +122,14 @@ def resolve_scope(
     if scope is not None:
         chosen = CostScope(scope)
         notes = []
-        if chosen is CostScope.stage and differ and costs.num_positions is None:
+        if chosen is CostScope.stage and differ and _uniform(costs):
             notes.append(
                 f"warning: --cost-scope stage: these schedules cut the model into different numbers of stages "
                 f"({detail}) and every chunk costs the same, so the chunks differ in size and the schedules "
                 "describe different models; drop --cost-scope to compare them on the same model"
             )
         return chosen, "given", notes
-    if costs.num_positions is not None:
+    if not _uniform(costs):
         return CostScope.stage, "profile", []
     if differ:
         return CostScope.rank, f"the schedules cut the model into different numbers of stages ({detail}), so they " \
@@ -133,21 +140,21 @@ def resolve_scope(
 def compare(
     names: Sequence[str],
     *,
-    num_ranks: int | None,
-    num_microbatches: int | None,
+    num_ranks: int | None = None,
+    num_microbatches: int | None = None,
     num_stages_per_rank: int | None = None,
     num_pipelines: int | None = None,
     costs: CostModel | None = None,
     scope: CostScope | str | None = None,
     memory_cap_bytes: int | None = None,
-    extra: Sequence[Schedule] = (),
+    builder: Callable[[str], Schedule] | None = None,
 ) -> Comparison:
     """Build each schedule in ``names``, skip those that cannot run (reasons kept), simulate the rest, rank them.
 
-    ``extra`` are schedules already built (a searched order) compared beside the named ones.
-
     A single name that cannot be built raises its error; when none of several can, raises
     :class:`NothingToCompareError` listing why. ``scope=None`` applies the comparability rule (module docstring).
+    ``builder`` replaces :func:`build` (and the ranks/microbatches/stages/pipelines arguments): it builds one
+    schedule from a name, raising :class:`PPSimError` for one that cannot run; the CLI passes its own loader.
     """
     from ppsim.costs import costs_for, parse_costs
     from ppsim.simulate import simulate
@@ -160,8 +167,11 @@ def compare(
     notes: list[str] = []
     for name in names:
         try:
-            schedule, ignored = build(name, num_ranks, num_microbatches, num_stages_per_rank,
-                                      num_pipelines=num_pipelines)
+            if builder is None:
+                schedule, ignored = build(name, num_ranks, num_microbatches, num_stages_per_rank,
+                                          num_pipelines=num_pipelines)
+            else:
+                schedule, ignored = builder(name), []
         except PPSimError as exc:
             if len(names) == 1:
                 raise
@@ -169,7 +179,6 @@ def compare(
             continue
         built.append(schedule)
         notes.extend(n for n in ignored if n not in notes)
-    built.extend(extra)
     if not built:
         reasons = "; ".join(f"{s.name}: {s.reason}" for s in skipped)
         raise NothingToCompareError(

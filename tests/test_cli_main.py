@@ -77,7 +77,8 @@ def test_os_error_with_a_file_name_is_one_line(monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(SystemExit) as info:
         main()
     assert info.value.code == 2
-    assert capsys.readouterr().err == "Error: /root/secret.csv: permission denied; choose a path you can read or write\n"
+    expected = "Error: /root/secret.csv: permission denied; choose a path you can read or write\n"
+    assert capsys.readouterr().err == expected
 
 
 def test_python_dash_m_runs_the_command_line() -> None:

@@ -30,6 +30,21 @@ def test_compare_ranks_fastest_first_and_keeps_the_reasons_of_skipped_schedules(
     assert [n for n, _ in c.entries()] == [r.schedule.name for r in c.results] + ["DualPipe"]
 
 
+def test_a_callers_builder_replaces_the_default_one() -> None:
+    built: list[str] = []
+
+    def builder(name: str):  # type: ignore[no-untyped-def]
+        built.append(name)
+        if name == "Mine":
+            raise PPSimError("Mine: refused by the caller's loader")
+        return get_schedule(name, 2, 4)
+
+    c = compare(["1F1B", "Mine"], builder=builder)
+    assert built == ["1F1B", "Mine"]
+    assert [r.schedule.name for r in c.results] == ["1F1B"]
+    assert c.skipped[0].reason == "Mine: refused by the caller's loader"
+
+
 def test_rank_is_stable_for_ties() -> None:
     a = simulate(get_schedule("1F1B", 2, 2))
     b = simulate(get_schedule("GPipe", 2, 2))

@@ -63,8 +63,9 @@ def user_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def one_schedule(values: list[str]) -> str:
+def one_schedule(values: str | list[str]) -> str:
     """The one schedule a single-schedule command takes; a repeated -s is an error, never 'the last one wins'."""
+    values = [values] if isinstance(values, str) else values
     if len(values) != 1:
         raise PPSimError(
             f"--schedule given {len(values)} times ({', '.join(values)}): this command takes one schedule; "
@@ -78,8 +79,9 @@ def one_schedule(values: list[str]) -> str:
     return values[0]
 
 
-def split_names(values: list[str]) -> list[str]:
+def split_names(values: str | list[str]) -> list[str]:
     """Schedule names from one or more -s values, each possibly a comma-separated list."""
+    values = [values] if isinstance(values, str) else values
     names = [n.strip() for text in values for n in text.split(",") if n.strip()]
     if not names:
         raise PPSimError(f"--schedule {','.join(values)!r}: give at least one schedule name, e.g. -s DualPipeV")

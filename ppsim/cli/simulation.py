@@ -37,6 +37,7 @@ from ppsim.errors import PPSimError
 from ppsim.io import check_writable, fmt_bytes, parse_bytes
 
 if TYPE_CHECKING:
+    from ppsim.ir import Schedule
     from ppsim.result import SimResult
 
 
@@ -61,8 +62,8 @@ def simulate_cmd(
     cost_model = build_costs(costs, profile)
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
-    comparison = compare(names, num_ranks=ranks, num_microbatches=mb, num_stages_per_rank=stages_per_rank,
-                         num_pipelines=directions, costs=cost_model, scope=cost_scope, memory_cap_bytes=cap)
+    comparison = compare(names, builder=lambda name: build_schedule(name, ranks, mb, stages_per_rank, directions),
+                         costs=cost_model, scope=cost_scope, memory_cap_bytes=cap)
     warn_comparison(comparison, several=len(names) > 1)
     results = list(comparison.results)
     if json_out:
@@ -170,19 +171,24 @@ def report_cmd(
     from ppsim.viz.report import write_report
 
     cost_model = build_costs(costs, profile)
-    extra = []
+    searched: dict[str, Schedule] = {}
     if search:
         from ppsim.cli.search import searched_for_report
 
         found, cap = searched_for_report(ranks, mb, cost_model, memory_cap, cost_scope, search_time)
-        extra.append(found)
+        searched[found.name] = found
     else:
         cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
     names = split_names(schedule)
-    comparison = compare(names, num_ranks=ranks, num_microbatches=mb, num_stages_per_rank=stages_per_rank,
-                         num_pipelines=directions, costs=cost_model, scope=cost_scope, memory_cap_bytes=cap,
-                         extra=extra)
+
+    def builder(name: str) -> Schedule:
+        if name in searched:
+            return searched[name]
+        return build_schedule(name, ranks, mb, stages_per_rank, directions)
+
+    comparison = compare(names + list(searched), builder=builder, costs=cost_model, scope=cost_scope,
+                         memory_cap_bytes=cap)
     warn_comparison(comparison, several=len(names) > 1)
     path = write_report(comparison, output, memory_cap_bytes=cap)
     typer.echo(str(path))
