@@ -8,8 +8,9 @@ Method (see docs/search.md):
    random rules (admission limits per rank, when deferred W run, B or I+W, overlapped pairs) until the time limit.
 3. Local search on the best orders: single actions moved within their rank's order, each candidate re-simulated by
    :func:`ppsim.simulate` (the judge), kept when the makespan drops and every rank still fits the cap.
-4. Optionally CP-SAT (``pip install ppsim[search]``) is not needed; the result never is worse than the best named
-   schedule that fits.
+4. With OR-Tools installed (``pip install ppsim[search]``), CP-SAT polishes the best order before the local search
+   (:mod:`ppsim._search_cpsat`); without it the search works the same, minus that step. The result is never worse
+   than the best named schedule that fits.
 
 The lower bound (:func:`lower_bound`) is, for each rank, its busy time plus the idle time it cannot avoid at the
 start (no backward can reach it before the first microbatch has gone down the chain and back, and until then it can
@@ -337,6 +338,7 @@ def search(
     seed: int = 0,
     cost_scope: str | None = None,
     max_orders: int | None = None,
+    solver: str = "auto",
     progress: Callable[[Progress], None] | None = None,
 ) -> SearchResult:
     """Search for the compute order with the smallest simulated makespan that fits ``memory_cap`` on every rank.
@@ -347,7 +349,9 @@ def search(
     (``"rank"``); by default per chunk, except that ``any`` (different stage counts) compares on the same model
     (``"rank"``), as :mod:`ppsim.compare` does. ``max_orders`` bounds the orders tried; the result is the same for
     the same ``seed`` whenever the clock is not what stops the search (``stopped != "time limit"``), e.g. with a
-    ``max_orders`` small enough for the time limit (see docs/search.md).
+    ``max_orders`` small enough for the time limit (see docs/search.md). ``solver``: ``"auto"`` polishes with
+    OR-Tools' CP-SAT when it is installed (``pip install ppsim[search]``), ``"cpsat"`` requires it, ``"none"``
+    never uses it.
     """
     from ppsim.simulate import simulate
 
@@ -420,7 +424,15 @@ def search(
 
     try:
         # Phase 1: list scheduling, fixed rules then random rules (at most ~60 % of the budget).
-        phase1_end = t0 + 0.6 * time_limit
+        from ppsim import _search_cpsat
+
+        if solver not in ("auto", "cpsat", "none"):
+            raise PPSimError(f"--solver {solver!r}: choose auto, cpsat or none")
+        use_cpsat = solver == "cpsat" or (solver == "auto" and _search_cpsat.available())
+        if solver == "cpsat" and not _search_cpsat.available():
+            raise PPSimError("--solver cpsat needs OR-Tools; pip install 'ppsim[search]' (or ortools), "
+                             "or drop --solver")
+        phase1_end = t0 + (0.4 if use_cpsat else 0.6) * time_limit
         orders1 = None if max_orders is None else max(1, int(0.6 * max_orders))
         pools: list[list[tuple[float, Schedule, CostModel]]] = [[] for _ in problems]
         for k, (tpl, tcosts, prob) in enumerate(problems):
@@ -460,6 +472,29 @@ def search(
             sched = fitting[0][1]
             starts.append((sched, costs_for(costs, sched, scope=cost_scope)))
         starts.sort(key=lambda x: simulate(x[0], x[1]).makespan)
+        if use_cpsat and starts and time.perf_counter() < deadline:
+            # Phase 2a: CP-SAT from the best order, its answer re-simulated with the exact costs.
+            sched, tcosts = starts[0]
+            prob = next((p for t, _, p in problems if t.stage_to_rank == sched.stage_to_rank), None)
+            if prob is not None:
+                report("CP-SAT", force=True)
+                sim0 = simulate(sched, tcosts)
+                budget = 0.5 * (deadline - time.perf_counter())
+                found = _search_cpsat.polish(
+                    prob, sched, sim0.starts, time_limit=budget, seed=seed,
+                    deterministic_time=None if max_orders is None else max(1.0, max_orders / 200),
+                )
+                evaluations += 1
+                if found is not None:
+                    try:
+                        fsim = simulate(found, tcosts)
+                    except PPSimError:
+                        fsim = None
+                    if fsim is not None and _fits(fsim, cap):
+                        starts.insert(0, (found, tcosts))
+                        if fsim.makespan < best.makespan - 1e-9:
+                            best.makespan, best.schedule, best.source = fsim.makespan, found, "CP-SAT"
+                            report("CP-SAT", force=True)
         for sched, tcosts in starts:
             if time.perf_counter() >= deadline:
                 break
@@ -482,7 +517,7 @@ def search(
             f"--memory-cap {cap}: no order found within the time limit; raise --time-limit or the cap"
         )
     result_sched = best.schedule
-    if best.source in ("list scheduling", "local search"):
+    if best.source in ("list scheduling", "local search", "CP-SAT"):
         result_sched = replace(result_sched, name=SEARCH_NAME)
     tcosts = costs_for(costs, result_sched, scope=cost_scope)
     sim = simulate(result_sched, tcosts)

@@ -117,8 +117,8 @@ def test_parse_memory_cap() -> None:
 
 def test_same_seed_gives_the_same_order() -> None:
     # a budget of orders, not the clock, ends these runs: the orders are the same
-    a = search(4, 6, SLOW_I, "8act", time_limit=60.0, seed=7, max_orders=300)
-    b = search(4, 6, SLOW_I, "8act", time_limit=60.0, seed=7, max_orders=300)
+    a = search(4, 6, SLOW_I, "8act", time_limit=120.0, seed=7, max_orders=300)
+    b = search(4, 6, SLOW_I, "8act", time_limit=120.0, seed=7, max_orders=300)
     assert a.stopped == b.stopped == "done"
     assert a.schedule.actions == b.schedule.actions
     assert a.makespan == b.makespan
@@ -202,3 +202,24 @@ def test_cli_report_search_needs_a_cap(tmp_path) -> None:  # type: ignore[no-unt
     res = runner.invoke(app, ["report", "-s", "1F1B", "-r", "4", "-m", "8", "--search", "-o", str(tmp_path / "r.html")])
     assert res.exit_code == 2
     assert "--memory-cap" in res.output
+
+
+def test_works_without_or_tools(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from ppsim import _search_cpsat
+
+    monkeypatch.setattr(_search_cpsat, "available", lambda: False)
+    result = search(4, 8, COMM, "4act", time_limit=0.5)
+    assert result.source != "CP-SAT"
+    assert validate(result.schedule) == []
+    with pytest.raises(PPSimError, match="OR-Tools"):
+        search(4, 8, COMM, "4act", time_limit=0.5, solver="cpsat")
+
+
+def test_cpsat_polish_reaches_the_bound_on_the_zero_bubble_papers_case() -> None:
+    pytest.importorskip("ortools")
+    # a budget of orders (and of the solver's deterministic time), not the clock, ends the run
+    result = search(8, 8, COMM, "8act", time_limit=120.0, solver="cpsat", max_orders=400)
+    assert result.stopped == "done"
+    assert result.makespan == pytest.approx(32.4)  # sail-sg's auto schedule, and the lower bound
+    assert max(p.peak_activations for p in simulate(result.schedule, COMM).per_rank) <= 8
+    assert validate(result.schedule) == []

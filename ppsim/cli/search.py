@@ -48,6 +48,10 @@ def search_cmd(
         typer.Option("--max-orders", min=1, help="Stop after trying this many orders (reproducible regardless of "
                      "machine speed when it, not --time-limit, ends the search)."),
     ] = None,
+    solver: Annotated[
+        str, typer.Option("--solver", help="auto: polish with CP-SAT when OR-Tools is installed (pip install "
+                          "'ppsim[search]'); cpsat: require it; none: never.")
+    ] = "auto",
     output: Annotated[
         Optional[Path], typer.Option("--output", "-o", help="Write the order as torch's compute-only CSV.")
     ] = None,
@@ -70,7 +74,7 @@ def search_cmd(
 
     result = search(ranks, mb, cost_model, memory_cap, placement=placement, num_stages_per_rank=stages_per_rank,
                     time_limit=time_limit, seed=seed, cost_scope=None if cost_scope is None else cost_scope.value,
-                    max_orders=max_orders, progress=progress)
+                    max_orders=max_orders, solver=solver, progress=progress)
     if output is not None:
         from ppsim.formats import to_csv_text
         from ppsim.io import write_atomic
