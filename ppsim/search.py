@@ -133,7 +133,10 @@ class SearchResult:
     @property
     def gap(self) -> float:
         """Relative distance to the lower bound (0.05 = 5 % above it)."""
-        return self.makespan / self.lower_bound - 1.0 if self.lower_bound > 0 else 0.0
+        if self.lower_bound <= 0:
+            return 0.0
+        return max(0.0, self.makespan / self.lower_bound - 1.0) if self.makespan >= self.lower_bound - 1e-9 * \
+            self.lower_bound else self.makespan / self.lower_bound - 1.0
 
     @property
     def bubble_ratio(self) -> float:

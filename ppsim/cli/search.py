@@ -138,7 +138,10 @@ def print_search(result: SearchResult) -> None:
     ]
     if best is not None:
         gain = (best.makespan - result.makespan) / best.makespan
-        lines.append(f"best named that fits: {best.name} {best.makespan:.6g}; searched is {gain:.1%} faster")
+        if gain > 1e-12:
+            lines.append(f"best named that fits: {best.name} {best.makespan:.6g}; searched is {gain:.1%} faster")
+        else:
+            lines.append(f"best named that fits: {best.name} {best.makespan:.6g} (returned: nothing faster found)")
     else:
         lines.append("no named schedule fits the cap")
     lines.append(f"{result.evaluations} orders in {result.elapsed_s:.1f}s ({result.stopped}), seed {result.seed}, "
