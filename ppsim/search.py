@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable
 
@@ -308,6 +308,7 @@ def _random_rule(rng: random.Random, problem: Problem, *, allow_pairs: bool) -> 
         pairs=allow_pairs and rng.random() < 0.7,
         deep_first=rng.random() < 0.7,
         wait_b=rng.choice((0.0, 0.0, 0.25, 0.5, 1.0, 2.0)) * min(problem.f),
+        reserve="one" if problem.template.num_stages_per_rank > 1 and rng.random() < 0.4 else "all",
         jitter=rng.randrange(1 << 30) if rng.random() < 0.5 else None,
     )
 
@@ -319,6 +320,9 @@ def _fixed_rules(problem: Problem, *, allow_pairs: bool) -> list[Rule]:
             for backward in ("split", "auto"):
                 for wait in (0.0, 0.5, 1.0):
                     rules.append(Rule(backward=backward, w_fill=w_fill, pairs=pairs, wait_b=wait * min(problem.f)))
+                    if problem.template.num_stages_per_rank > 1:
+                        rules.append(Rule(backward=backward, w_fill=w_fill, pairs=pairs, reserve="one",
+                                          wait_b=wait * min(problem.f)))
     return rules
 
 
