@@ -223,3 +223,46 @@ def test_cpsat_polish_reaches_the_bound_on_the_zero_bubble_papers_case() -> None
     assert result.makespan == pytest.approx(32.4)  # sail-sg's auto schedule, and the lower bound
     assert max(p.peak_activations for p in simulate(result.schedule, COMM).per_rank) <= 8
     assert validate(result.schedule) == []
+
+
+def _profile(path, num_stages: int):  # type: ignore[no-untyped-def]
+    from ppsim.profile import ModelInfo, P2PProfile, Profile, Stat, StageProfile, save_profile
+
+    def stat(x: float) -> Stat:
+        return Stat.from_samples([x, x, x])
+
+    stages = []
+    for s in range(num_stages):
+        f = 0.010 * (1.2 if s == num_stages - 1 else 1.0)
+        stages.append(StageProfile(
+            stage=s, layers=(s, s + 1), has_embedding=s == 0, has_head=s == num_stages - 1, param_bytes=2**30,
+            grad_bytes=2**30, optimizer_bytes=0, output_bytes=0 if s == num_stages - 1 else 8 * 2**20,
+            F=stat(f), B=stat(2 * f), I=stat(f), W=stat(f), FB=stat(3 * f),
+            activation_bytes=100 * 2**20, activation_bytes_freed_by_I=25 * 2**20,
+        ))
+    profile = Profile(
+        created="2026-01-01T00:00:00Z", device="cpu", device_name="test", torch_version="0", host="test",
+        world_size=1, backend=None,
+        model=ModelInfo(preset="tiny", hidden=8, heads=1, ffn=8, layers=num_stages, vocab=8, seq_len=8, mb_size=1,
+                        dtype="float32"),
+        num_stages=num_stages, stages=tuple(stages),
+        p2p=P2PProfile(alpha_s=1e-4, beta_bytes_per_s=5e9, fit_rel_error=0.0, measured=True, samples=()),
+        complete=True,
+    )
+    save_profile(profile, path)
+    return path
+
+
+def test_cli_search_with_a_profile_and_a_byte_cap(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    profile = _profile(tmp_path / "p.json", 4)
+    out = tmp_path / "best.csv"
+    cap = 2 * 2**30 + 4 * 100 * 2**20  # 1F1B's four activations on rank 0 plus the static bytes
+    res = runner.invoke(app, ["search", "-r", "4", "-m", "8", "--profile", str(profile), "--memory-cap", str(cap),
+                              "--time-limit", "1", "--json", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["cap_unit"] == "bytes" and data["peak"] <= cap
+    sim = runner.invoke(app, ["simulate", "-s", str(out), "-m", "8", "--profile", str(profile), "--json"])
+    assert sim.exit_code == 0, sim.output
+    peaks = [r["peak_memory_bytes"] for r in json.loads(sim.stdout)["per_rank"]]
+    assert max(peaks) <= cap
