@@ -313,6 +313,21 @@ def _random_rule(rng: random.Random, problem: Problem, *, allow_pairs: bool) -> 
     )
 
 
+_RULE_FIELDS = ("backward", "backward_first", "w_fill", "w_keep", "inflight", "pairs", "deep_first", "wait_b",
+                "reserve", "jitter")
+
+
+def _mutate(rule: Rule, donor: Rule, rng: random.Random) -> Rule:
+    """``rule`` with one setting taken from ``donor`` (for per-rank limits, sometimes one rank's only)."""
+    name = rng.choice(_RULE_FIELDS)
+    if name == "inflight" and rule.inflight is not None and donor.inflight is not None and rng.random() < 0.5:
+        r = rng.randrange(len(rule.inflight))
+        limits = list(rule.inflight)
+        limits[r] = max(1, limits[r] + rng.choice((-1, 1)))
+        return replace(rule, inflight=tuple(limits))
+    return replace(rule, **{name: getattr(donor, name)})
+
+
 def _fixed_rules(problem: Problem, *, allow_pairs: bool) -> list[Rule]:
     rules = []
     for pairs in ((False, True) if allow_pairs else (False,)):
@@ -441,40 +456,45 @@ def search(
                              "or drop --solver")
         phase1_end = t0 + (0.4 if use_cpsat else 0.6) * time_limit
         orders1 = None if max_orders is None else max(1, int(0.6 * max_orders))
-        pools: list[list[tuple[float, Schedule, CostModel]]] = [[] for _ in problems]
+        # per placement, the best few orders found by list scheduling and the rules that made them
+        elites: list[list[tuple[float, int, Rule, Schedule]]] = [[] for _ in problems]
+
+        def keep(k: int, rule: Rule, out: tuple) -> bool:  # type: ignore[type-arg]
+            tpl = problems[k][0]
+            elite = elites[k]
+            if all(abs(e[0] - out[1]) > 1e-9 for e in elite):
+                elite.append((out[1], evaluations, rule, tpl.with_actions(out[0])))
+                elite.sort(key=lambda e: (e[0], e[1]))
+                del elite[4:]
+            return consider(tpl, out[0], out[1], "list scheduling")
+
         for k, (tpl, tcosts, prob) in enumerate(problems):
             allow_pairs = _is_v(tpl) and _pairs_help(tcosts, tpl)
             for rule in _fixed_rules(prob, allow_pairs=allow_pairs):
                 out = list_schedule(prob, rule)
                 evaluations += 1
                 if out is not None and max(out[2]) <= cap.amount + 1e-9:
-                    consider(tpl, out[0], out[1], "list scheduling")
-                    pools[k].append((out[1], tpl.with_actions(out[0]), tcosts))
-        k = 0
+                    keep(k, rule, out)
+        turn = 0
         stale = 0
         while time.perf_counter() < phase1_end and stale < 4000 and (orders1 is None or evaluations < orders1):
-            tpl, tcosts, prob = problems[k % len(problems)]
-            k += 1
+            k = turn % len(problems)
+            turn += 1
+            tpl, tcosts, prob = problems[k]
             rule = _random_rule(rng, prob, allow_pairs=_is_v(tpl) and _pairs_help(tcosts, tpl))
+            if elites[k] and rng.random() < 0.5:
+                # Mutation: one setting of a good rule replaced by the fresh rule's
+                rule = _mutate(rng.choice(elites[k])[2], rule, rng)
             out = list_schedule(prob, rule)
             evaluations += 1
             stale += 1
-            if out is not None and max(out[2]) <= cap.amount + 1e-9:
-                pools[(k - 1) % len(problems)].append((out[1], tpl.with_actions(out[0]), tcosts))
-                if consider(tpl, out[0], out[1], "list scheduling"):
-                    stale = 0
+            if out is not None and max(out[2]) <= cap.amount + 1e-9 and keep(k, rule, out):
+                stale = 0
             report("list scheduling")
         # Phase 2: local search from the best few orders and the best named one, judged by the simulator.
-        starts: list[tuple[Schedule, CostModel]] = []
-        for pool in pools:
-            pool.sort(key=lambda x: x[0])
-            seen: set[float] = set()
-            for ms, sched, tcosts in pool:
-                if ms not in seen:
-                    seen.add(ms)
-                    starts.append((sched, tcosts))
-                if len(seen) >= 3:
-                    break
+        starts: list[tuple[Schedule, CostModel]] = [
+            (e[3], problems[k][1]) for k, elite in enumerate(elites) for e in elite[:3]
+        ]
         if fitting:
             sched = fitting[0][1]
             starts.append((sched, costs_for(costs, sched, scope=cost_scope)))
