@@ -243,15 +243,17 @@ def lower_bound(problem: Problem) -> float:
         tail = max(0.0, min(down[s] for s in stages) - n_w * max(w[s] for s in stages))
         best = max(best, head + work + tail)
         # Memory-bound admission: the last microbatch to enter the rank can start its forward only once the rank
-        # has run every other entry forward and released enough activations (each release is a B or an I + W),
-        # and then must still go down the chain, back up, and end with the first stage's backward.
+        # has run every other entry forward and released enough memory (a B or an I + W releases a whole
+        # activation, an I alone the part it frees), and then must still go down the chain, back up, and end with
+        # the first stage's backward.
         entry = min(stages, key=chain.index)
-        if cap < math.inf and problem.act[entry] > 0:
-            fits = int(cap // problem.need(r) + 1e-9)
-            if M > fits:
-                releases = math.ceil((M * problem.act[entry] - cap) / max(problem.act[s] for s in stages))
-                last_in = head + (M - 1) * f[entry] + max(0, releases) * min(bw[s] for s in stages)
-                best = max(best, last_in + eb[chain[0]] + bw[chain[0]] - ef[entry])
+        if cap < math.inf and problem.act[entry] > 0 and M * problem.act[entry] > cap:
+            rate = min(
+                min(bw[s] / problem.act[s], bi[s] / problem.freed_by_i[s] if problem.freed_by_i[s] > 0 else math.inf)
+                for s in stages
+            )
+            last_in = head + (M - 1) * f[entry] + (M * problem.act[entry] - cap) * rate
+            best = max(best, last_in + eb[chain[0]] + bw[chain[0]] - ef[entry])
     return best
 
 

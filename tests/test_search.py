@@ -266,3 +266,19 @@ def test_cli_search_with_a_profile_and_a_byte_cap(tmp_path) -> None:  # type: ig
     assert sim.exit_code == 0, sim.output
     peaks = [r["peak_memory_bytes"] for r in json.loads(sim.stdout)["per_rank"]]
     assert max(peaks) <= cap
+
+
+@pytest.mark.parametrize("placement", ["loop", "v"])
+@pytest.mark.parametrize("text", ["F=1,B=2,I=1,W=1", "F=1,B=3,I=2,W=1,comm=0.3", "F=2,B=3,I=1,W=2,comm=0.1"])
+def test_lower_bound_never_exceeds_any_named_schedule_that_fits(placement: str, text: str) -> None:
+    from ppsim.search import Placement, _named, _problem, _templates
+
+    costs = parse_costs(text)
+    for ranks, mb in ((2, 3), (3, 6), (4, 8), (4, 13)):
+        templates = _templates(ranks, mb, Placement(placement), None)
+        for cap_count in range(2, 4 * ranks + 1, 3):
+            cap = MemoryCap(cap_count, "act")
+            lb = lower_bound(_problem(templates[0], costs, cap))
+            for named, _, _ in _named(templates, ranks, mb, costs, cap, "stage"):
+                if named.fits:
+                    assert lb <= named.makespan + 1e-9, (named.name, ranks, mb, cap_count)
