@@ -46,6 +46,14 @@ class Placement(str, Enum):
     any = "any"
 
 
+class Solver(str, Enum):
+    """Whether to polish with CP-SAT: when OR-Tools is importable (``auto``), always (``cpsat``), never."""
+
+    auto = "auto"
+    cpsat = "cpsat"
+    none = "none"
+
+
 class MemoryCapError(PPSimError):
     """A memory cap is malformed, needs a profile, or is too small for any order."""
 
@@ -362,7 +370,7 @@ def search(
     seed: int = 0,
     cost_scope: str | None = None,
     max_orders: int | None = None,
-    solver: str = "auto",
+    solver: Solver | str = Solver.auto,
     progress: Callable[[Progress], None] | None = None,
 ) -> SearchResult:
     """Search for the compute order with the smallest simulated makespan that fits ``memory_cap`` on every rank.
@@ -452,6 +460,7 @@ def search(
 
         if solver not in ("auto", "cpsat", "none"):
             raise PPSimError(f"--solver {solver!r}: choose auto, cpsat or none")
+        solver = Solver(solver).value
         use_cpsat = solver == "cpsat" or (solver == "auto" and _search_cpsat.available())
         if solver == "cpsat" and not _search_cpsat.available():
             raise PPSimError("--solver cpsat needs OR-Tools; pip install 'ppsim[search]' (or ortools), "

@@ -12,7 +12,7 @@ from ppsim.cli.common import build_costs, console, echo_json, user_errors
 from ppsim.cli.options import CostScopeOpt, CostsOpt, JsonOpt, ProfileOpt
 from ppsim.errors import PPSimError
 from ppsim.io import check_writable, fmt_bytes
-from ppsim.search import SEARCH_NAME, Placement
+from ppsim.search import SEARCH_NAME, Placement, Solver
 
 if TYPE_CHECKING:
     from ppsim.costs import CostModel
@@ -48,9 +48,9 @@ def search_cmd(
                      "machine speed when it, not --time-limit, ends the search)."),
     ] = None,
     solver: Annotated[
-        str, typer.Option("--solver", help="auto: polish with CP-SAT when OR-Tools is installed (pip install "
-                          "'ppsim[search]'); cpsat: require it; none: never.")
-    ] = "auto",
+        Solver, typer.Option("--solver", case_sensitive=False, help="auto: polish with CP-SAT when OR-Tools is "
+                             "installed (the 'search' extra); cpsat: require it; none: never.")
+    ] = Solver.auto,
     output: Annotated[
         Optional[Path], typer.Option("--output", "-o", help="Write the order as torch's compute-only CSV.")
     ] = None,
