@@ -445,14 +445,19 @@ def search(
             last_report[0] = now
             progress(Progress(now - t0, evaluations, best.makespan, lb, phase))
 
+    costs_of = {tpl.stage_to_rank: tcosts for tpl, tcosts, _ in problems}
+
     def consider(tpl: Schedule, orders: tuple[tuple[Action, ...], ...], makespan: float, source: str) -> bool:
-        if makespan < best.makespan - 1e-9:
-            best.makespan = makespan
-            best.schedule = tpl.with_actions(orders)
-            best.source = source
-            report(source, force=True)
-            return True
-        return False
+        if makespan >= best.makespan - 1e-9:
+            return False
+        # the simulator judges: the list scheduler's own timing is the same model, but the simulator is the truth
+        candidate = tpl.with_actions(orders)
+        sim = simulate(candidate, costs_of[tpl.stage_to_rank])
+        if sim.makespan >= best.makespan - 1e-9 or not _fits(sim, cap):
+            return False
+        best.makespan, best.schedule, best.source = sim.makespan, candidate, source
+        report(source, force=True)
+        return True
 
     try:
         # Phase 1: list scheduling, fixed rules then random rules (at most ~60 % of the budget).
@@ -559,6 +564,9 @@ def search(
         result_sched = replace(result_sched, name=SEARCH_NAME)
     tcosts = costs_for(costs, result_sched, scope=cost_scope)
     sim = simulate(result_sched, tcosts)
+    if fitting and (sim.makespan > fitting[0][0].makespan + 1e-9 or not _fits(sim, cap)):
+        # never worse than the best named schedule that fits
+        result_sched, sim, best.source = fitting[0][1], fitting[0][2], fitting[0][0].name
     return SearchResult(
         schedule=result_sched,
         sim=sim,
