@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
@@ -104,10 +105,65 @@ def build_schedule(
     return sched
 
 
-def build_costs(costs: str | None, profile: Path | None) -> CostModel:
+def build_costs(
+    costs: str | None, profile: Path | None, split: str | None = None, layers_per_stage: int | None = None
+) -> CostModel:
     from ppsim.costs import load_costs
 
-    return load_costs(costs, profile)
+    return load_costs(costs, profile, split=split, layers_per_stage=layers_per_stage)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a simulation command runs: schedule names, ranks, microbatches, stages per rank and the cost model."""
+
+    names: list[str]
+    ranks: int | None
+    mb: int | None
+    stages_per_rank: int | None
+    cost_model: CostModel
+
+
+def build_inputs(
+    schedule: list[str] | str | None,
+    ranks: int | None,
+    mb: int | None,
+    stages_per_rank: int | None,
+    *,
+    costs: str | None,
+    profile: Path | None,
+    split: str | None = None,
+    layers_per_stage: int | None = None,
+    torchtitan_config: Path | None = None,
+) -> Inputs:
+    """Schedules and costs from the options, or from a torchtitan job config (which must agree with them)."""
+    cost_model = build_costs(costs, profile, split, layers_per_stage)
+    given = None if not schedule else split_names(schedule)
+    if torchtitan_config is None:
+        if given is None:
+            raise PPSimError("--schedule/-s is required (or --torchtitan-config job.toml); e.g. -s 1F1B -r 4 -m 8")
+        return Inputs(given, ranks, mb, stages_per_rank, cost_model)
+    from dataclasses import replace
+
+    from ppsim.split import parse_split
+    from ppsim.torchtitan import load_torchtitan_job
+
+    if given is not None and len(given) > 1:
+        raise PPSimError(f"--schedule {','.join(given)!r} with --torchtitan-config: the job config runs one "
+                         "schedule; drop -s or give that one")
+    blocks = cost_model.blocks
+    job = load_torchtitan_job(
+        torchtitan_config,
+        num_layers=None if blocks is None else blocks.num_layers,
+        model=None if blocks is None else blocks.model,
+        schedule=None if given is None else given[0], num_ranks=ranks, num_microbatches=mb,
+        stages_per_rank=stages_per_rank, layers_per_stage=layers_per_stage,
+        split=None if split is None else parse_split(split),
+    )
+    warn(f"warning: {line}" for line in job.warnings)
+    if blocks is not None:
+        cost_model = replace(cost_model, split=job.split)
+    return Inputs([job.schedule], job.num_ranks, job.num_microbatches, job.stages_per_rank, cost_model)
 
 
 def run_simulation(

@@ -22,6 +22,16 @@ SchedulesOpt = Annotated[
     list[str],
     typer.Option("--schedule", "-s", help="One schedule, or several: A,B,C or -s A -s B."),
 ]
+MaybeScheduleOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--schedule", "-s", help="Schedule name (case-insensitive, see `ppsim list`) or a .csv file "
+                 "(optional with --torchtitan-config)."),
+]
+MaybeSchedulesOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--schedule", "-s", help="One schedule, or several: A,B,C or -s A -s B; optional with "
+                 "--torchtitan-config."),
+]
 RanksOpt = Annotated[Optional[int], typer.Option("--ranks", "-r", help="Pipeline ranks (devices).")]
 MbOpt = Annotated[Optional[int], typer.Option("--mb", "-m", help="Microbatches per step.")]
 VOpt = Annotated[
@@ -43,6 +53,22 @@ CostsOpt = Annotated[
 ]
 ProfileOpt = Annotated[
     Optional[Path], typer.Option("--profile", help="Profile JSON from `ppsim calibrate` (replaces --costs).")
+]
+SplitOpt = Annotated[
+    Optional[str],
+    typer.Option("--split", metavar="N,N,...", help="Layers per stage of one chain for a per-block profile, e.g. "
+                 "3,4,4,3 (default: torchtitan's even spread, embedding and head weighing one layer each)."),
+]
+LayersPerStageOpt = Annotated[
+    Optional[int],
+    typer.Option("--layers-per-stage", min=1, help="Layers per stage as torchtitan's "
+                 "pipeline_parallel_layers_per_stage: stages = ceil((layers + 2) / K), which must be the "
+                 "schedule's chain length (per-block profile)."),
+]
+TorchtitanConfigOpt = Annotated[
+    Optional[Path],
+    typer.Option("--torchtitan-config", help="torchtitan job TOML: simulate the pipeline it would run "
+                 "([parallelism] pipeline_parallel_*, [training] local_batch_size)."),
 ]
 MemCapOpt = Annotated[
     Optional[str], typer.Option("--memory-cap", help="Flag ranks whose peak memory exceeds BYTES (e.g. 80e9, 80GiB).")

@@ -23,10 +23,12 @@ from ppsim.cli.options import (
     DirectionsOpt,
     ExportFormat,
     JsonOpt,
+    LayersPerStageOpt,
     MbOpt,
     ProfileOpt,
     RanksOpt,
     ScheduleOpt,
+    SplitOpt,
     VOpt,
 )
 from ppsim.errors import PPSimError
@@ -129,6 +131,8 @@ def export_cmd(
     profile: ProfileOpt = None,
     directions: DirectionsOpt = None,
     cost_scope: CostScopeOpt = None,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
 ) -> None:
     """Write the schedule as torch's compute-only CSV, timed JSON, or a Chrome/Perfetto trace."""
     sched = build_schedule(one_schedule(schedule), ranks, mb, stages_per_rank, directions)
@@ -136,11 +140,14 @@ def export_cmd(
     if fmt is ExportFormat.csv:
         from ppsim.formats import write_csv
 
+        if split is not None or layers_per_stage is not None:
+            typer.echo("warning: --split/--layers-per-stage only change timings; a csv export has none, so they "
+                       "are ignored", err=True)
         path = write_csv(sched, output)
     else:
         from ppsim import export
 
-        result = run_simulation(sched, build_costs(costs, profile), cost_scope)
+        result = run_simulation(sched, build_costs(costs, profile, split, layers_per_stage), cost_scope)
         writer = export.write_json_timeline if fmt is ExportFormat.json else export.write_chrome_trace
         path = writer(result, output)
     typer.echo(str(path))

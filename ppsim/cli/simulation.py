@@ -9,13 +9,12 @@ import typer
 
 from ppsim.cli._app import app
 from ppsim.cli.common import (
-    build_costs,
+    build_inputs,
     build_schedule,
     console,
     echo_json,
     one_schedule,
     run_simulation,
-    split_names,
     user_errors,
     warn_cap_without_bytes,
     warn_comparison,
@@ -25,12 +24,15 @@ from ppsim.cli.options import (
     CostsOpt,
     DirectionsOpt,
     JsonOpt,
+    LayersPerStageOpt,
+    MaybeScheduleOpt,
+    MaybeSchedulesOpt,
     MbOpt,
     MemCapOpt,
     ProfileOpt,
     RanksOpt,
-    ScheduleOpt,
-    SchedulesOpt,
+    SplitOpt,
+    TorchtitanConfigOpt,
     VOpt,
 )
 from ppsim.errors import PPSimError
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
 @app.command("simulate")
 @user_errors
 def simulate_cmd(
-    schedule: SchedulesOpt,
+    schedule: MaybeSchedulesOpt = None,
     ranks: RanksOpt = None,
     mb: MbOpt = None,
     stages_per_rank: VOpt = None,
@@ -54,16 +56,22 @@ def simulate_cmd(
     json_out: JsonOpt = False,
     directions: DirectionsOpt = None,
     cost_scope: CostScopeOpt = None,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
+    torchtitan_config: TorchtitanConfigOpt = None,
 ) -> None:
     """Discrete-event replay; with -s A,B,C (or -s A -s B) simulates several and ranks them by makespan."""
     from ppsim.compare import compare
 
-    names = split_names(schedule)
-    cost_model = build_costs(costs, profile)
+    inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
+    names, cost_model = inputs.names, inputs.cost_model
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
-    comparison = compare(names, builder=lambda name: build_schedule(name, ranks, mb, stages_per_rank, directions),
-                         costs=cost_model, scope=cost_scope, memory_cap_bytes=cap)
+    comparison = compare(
+        names, builder=lambda name: build_schedule(name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions),
+        costs=cost_model, scope=cost_scope, memory_cap_bytes=cap,
+    )
     warn_comparison(comparison, several=len(names) > 1)
     results = list(comparison.results)
     if json_out:
@@ -108,7 +116,7 @@ def print_results(results: list[SimResult]) -> None:
 @app.command("plot")
 @user_errors
 def plot_cmd(
-    schedule: ScheduleOpt,
+    schedule: MaybeScheduleOpt = None,
     ranks: RanksOpt = None,
     mb: MbOpt = None,
     stages_per_rank: VOpt = None,
@@ -123,11 +131,18 @@ def plot_cmd(
     memory_cap: MemCapOpt = None,
     directions: DirectionsOpt = None,
     cost_scope: CostScopeOpt = None,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
+    torchtitan_config: TorchtitanConfigOpt = None,
 ) -> None:
     """Gantt chart like the DualPipe figure (default file <schedule>_r<R>_m<M>.png); prints its path."""
     from ppsim.viz import PLOT_FORMATS
 
-    sched = build_schedule(one_schedule(schedule), ranks, mb, stages_per_rank, directions)
+    if schedule:
+        one_schedule(schedule)
+    inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
+    sched = build_schedule(one_schedule(inputs.names), inputs.ranks, inputs.mb, inputs.stages_per_rank, directions)
     if output is None:
         output = Path(f"{sched.name}_r{sched.num_ranks}_m{sched.num_microbatches}.png")
     if output.suffix.lower() not in PLOT_FORMATS:
@@ -137,7 +152,7 @@ def plot_cmd(
     check_writable(output, example="out.png")
     from ppsim.viz import plot_to_file
 
-    cost_model = build_costs(costs, profile)
+    cost_model = inputs.cost_model
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
     result = run_simulation(sched, cost_model, cost_scope, cap)
@@ -148,8 +163,8 @@ def plot_cmd(
 @app.command("report")
 @user_errors
 def report_cmd(
-    schedule: SchedulesOpt,
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write (self-contained, offline).")],
+    schedule: MaybeSchedulesOpt = None,
     ranks: RanksOpt = None,
     mb: MbOpt = None,
     stages_per_rank: VOpt = None,
@@ -158,6 +173,9 @@ def report_cmd(
     memory_cap: MemCapOpt = None,
     directions: DirectionsOpt = None,
     cost_scope: CostScopeOpt = None,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
+    torchtitan_config: TorchtitanConfigOpt = None,
     search: Annotated[
         bool, typer.Option("--search", help="Add the order `ppsim search` finds under --memory-cap (8act or bytes).")
     ] = False,
@@ -170,24 +188,25 @@ def report_cmd(
     from ppsim.compare import compare
     from ppsim.viz.report import write_report
 
-    cost_model = build_costs(costs, profile)
+    inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
+    names, cost_model = inputs.names, inputs.cost_model
     searched: dict[str, Schedule] = {}
     if search:
         from ppsim.cli.search import searched_for_report
 
-        found, cap = searched_for_report(ranks, mb, cost_model, memory_cap, cost_scope, search_time)
+        found, cap = searched_for_report(inputs.ranks, inputs.mb, cost_model, memory_cap, cost_scope, search_time)
         searched[found.name] = found
     else:
         cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
-    names = split_names(schedule)
 
     def builder(name: str) -> Schedule:
         if name in searched:
             return searched[name]
-        return build_schedule(name, ranks, mb, stages_per_rank, directions)
+        return build_schedule(name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions)
 
-    comparison = compare(names + list(searched), builder=builder, costs=cost_model, scope=cost_scope,
+    comparison = compare(list(names) + list(searched), builder=builder, costs=cost_model, scope=cost_scope,
                          memory_cap_bytes=cap)
     warn_comparison(comparison, several=len(names) > 1)
     path = write_report(comparison, output, memory_cap_bytes=cap)
