@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ppsim.errors import CostError
-from ppsim.formats import write_atomic
+from ppsim.io import write_atomic
 
 SCHEMA = "ppsim.profile"
 VERSION = 1

@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ppsim.formats import write_atomic
+from ppsim.io import write_atomic
 from ppsim.viz import _data
 
 if TYPE_CHECKING:

@@ -1,0 +1,65 @@
+"""Options shared by several commands, each declared once as an ``Annotated`` type.
+
+An option used by several commands is one type here; a command takes it as ``name: XOpt = default``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+ScheduleOpt = Annotated[
+    str, typer.Option("--schedule", "-s", help="Schedule name (case-insensitive, see `ppsim list`) or a .csv file.")
+]
+SchedulesOpt = Annotated[
+    str, typer.Option("--schedule", "-s", help="One schedule, or several separated by commas (A,B,C).")
+]
+RanksOpt = Annotated[Optional[int], typer.Option("--ranks", "-r", help="Pipeline ranks (devices).")]
+MbOpt = Annotated[Optional[int], typer.Option("--mb", "-m", help="Microbatches per step.")]
+VOpt = Annotated[
+    Optional[int],
+    typer.Option("--stages-per-rank", "-v", help="Virtual stages per rank (interleaved/looped schedules; default 2)."),
+]
+DirectionsOpt = Annotated[
+    int,
+    typer.Option(
+        "--directions",
+        help="For .csv files: independent pipelines the stages form (2 for DualPipe files, see formulas.md).",
+        min=1,
+        max=2,
+    ),
+]
+CostsOpt = Annotated[
+    Optional[str],
+    typer.Option("--costs", help='Per-op times in one unit, e.g. "F=1,B=2,I=1,W=1,FB=2.5,comm=0.1".'),
+]
+ProfileOpt = Annotated[
+    Optional[Path], typer.Option("--profile", help="Profile JSON from `ppsim calibrate` (replaces --costs).")
+]
+MemCapOpt = Annotated[
+    Optional[str], typer.Option("--memory-cap", help="Flag ranks whose peak memory exceeds BYTES (e.g. 80e9, 80GiB).")
+]
+class CostScope(str, Enum):
+    stage = "stage"
+    rank = "rank"
+
+
+CostScopeOpt = Annotated[
+    CostScope,
+    typer.Option(
+        "--cost-scope",
+        case_sensitive=False,
+        help="What --costs times describe: one stage chunk (default) or one rank's share of the model "
+        "(compares schedules with different stage counts on the same model).",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
+
+
+class ExportFormat(str, Enum):
+    csv = "csv"
+    json = "json"
+    chrome = "chrome"
