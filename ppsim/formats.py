@@ -22,6 +22,10 @@ from ppsim.io import write_atomic  # noqa: F401  (re-exported: the one atomic wr
 from ppsim.ir import Action, Schedule, parse_action
 
 
+class ScheduleStructureError(ScheduleFormatError):
+    """The cells parse but cannot describe one schedule (a stage on two ranks, stage ids with gaps, no actions)."""
+
+
 @dataclass(frozen=True)
 class ScheduleFile:
     """A schedule file as written: per-rank cells (``None`` = idle), before any consistency check."""
@@ -39,13 +43,18 @@ class ScheduleFile:
         return f"{self.path}: kept compute actions only, dropped {kinds}"
 
 
-def read_schedule_file(path: str | os.PathLike[str], *, allow_large: bool = False) -> ScheduleFile:
+def read_schedule_file(
+    path: str | os.PathLike[str], *, allow_large: bool = False, figure: bool = False
+) -> ScheduleFile:
     """Parse a torch CSV (compute-only or compute+comms). Communication/FSDP actions are dropped and counted.
 
     Refuses with one line: a path that is not a readable regular file (a directory, a FIFO, a device, a name
     longer than the OS allows), text that is not UTF-8, a file beyond :data:`ppsim.limits.MAX_FILE_BYTES` or
-    holding more than :data:`ppsim.limits.MAX_ACTIONS` actions (unless ``allow_large``).
+    holding more than :data:`ppsim.limits.MAX_FILE_ACTIONS` actions (unless ``allow_large``); with ``figure`` the
+    stricter figure limits apply, checked while reading.
     """
+    action_limit = limits.MAX_FIGURE_ACTIONS if figure else limits.MAX_FILE_ACTIONS
+    rank_limit = limits.MAX_FIGURE_RANKS if figure else limits.MAX_RANKS
     p = Path(path)
     text = _read_text(p, allow_large=allow_large)
     rows: list[tuple[Action | None, ...]] = []
@@ -63,13 +72,15 @@ def read_schedule_file(path: str | os.PathLike[str], *, allow_large: bool = Fals
                     dropped[action.type.value] += 1
                     continue
                 row.append(action)
-            count += len(row)
-            if not allow_large and (count > limits.MAX_ACTIONS or r >= limits.MAX_RANKS):
-                what = f"{count:,} actions" if count > limits.MAX_ACTIONS else f"{r + 1:,} rows (ranks)"
-                limit = f"{limits.MAX_ACTIONS:,} actions" if count > limits.MAX_ACTIONS else f"{limits.MAX_RANKS:,} ranks"
+            count += sum(1 for a in row if a is not None)
+            if not allow_large and (count > action_limit or r >= rank_limit):
+                over = count > action_limit
+                what = f"{count:,} actions" if over else f"{r + 1:,} rows (ranks)"
+                limit = f"{action_limit:,} actions" if over else f"{rank_limit:,} ranks"
                 raise limits.WorkLimitError(
-                    f"schedule file {str(p)!r} has more than {what} (read so far), beyond the limit of {limit}; "
-                    f"pass a smaller file, or {limits.OVERRIDE_FLAG} to read it anyway"
+                    f"schedule file {str(p)!r} has more than {what} (read so far), beyond the limit of {limit}"
+                    f"{' for a figure' if figure else ''}; pass a smaller file, or {limits.OVERRIDE_FLAG} to "
+                    "go ahead anyway"
                 )
             rows.append(tuple(row))
     except csv.Error as exc:
@@ -142,7 +153,7 @@ def schedule_from_rows(
 ) -> Schedule:
     """Build a :class:`Schedule` from per-rank cells, inferring placement, stages and microbatches.
 
-    Raises :class:`ScheduleFormatError` when the cells cannot describe one schedule (a stage on two ranks, stage
+    Raises :class:`ScheduleStructureError` when the cells cannot describe one schedule (a stage on two ranks, stage
     ids with gaps); finer problems are :func:`ppsim.validate.validate`'s job.
     """
     stage_to_rank: dict[int, int] = {}
@@ -154,7 +165,7 @@ def schedule_from_rows(
             for comp in action.computations:
                 owner = stage_to_rank.setdefault(comp.stage, r)
                 if owner != r:
-                    raise ScheduleFormatError(
+                    raise ScheduleStructureError(
                         f"{name}: rank {r}, position {c}: action {action} runs stage {comp.stage}, which rank {owner} "
                         "already runs; each stage must live on exactly one rank"
                     )
@@ -163,23 +174,23 @@ def schedule_from_rows(
     # Sizes come from how many stages and microbatches the file names, never from its largest id.
     num_stages = len(stage_to_rank)
     if num_stages == 0:
-        raise ScheduleFormatError(f"{name}: no compute action in the file; expected actions like 0F0,0B0")
+        raise ScheduleStructureError(f"{name}: no compute action in the file; expected actions like 0F0,0B0")
     beyond = sorted(s for s in stage_to_rank if s >= num_stages)
     if beyond:
         missing = sorted(set(range(num_stages)) - stage_to_rank.keys())
-        raise ScheduleFormatError(
+        raise ScheduleStructureError(
             f"{name}: stages must be numbered 0..S-1 without gaps; the file names {num_stages} stages but uses "
             f"stage {_few(beyond)} and never stage {_few(missing)}; renumber the stages from 0"
         )
     if num_pipelines < 1 or num_stages % num_pipelines:
-        raise ScheduleFormatError(
+        raise ScheduleStructureError(
             f"{name}: {num_stages} stages cannot form {num_pipelines} equal pipelines; use --directions 1"
         )
     chain = num_stages // num_pipelines
     pipelines = tuple(tuple(range(d * chain, (d + 1) * chain)) for d in range(num_pipelines))
     m = len(mb_ids) * num_pipelines if num_microbatches is None else num_microbatches
     if m < 1:
-        raise ScheduleFormatError(f"{name}: no microbatch appears in any action; expected actions like 0F0")
+        raise ScheduleStructureError(f"{name}: no microbatch appears in any action; expected actions like 0F0")
     counts = Counter(stage_to_rank.values())
     idle = tuple(tuple(c for c, a in enumerate(row) if a is None) for row in rows)
     return Schedule(

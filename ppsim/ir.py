@@ -40,6 +40,7 @@ class ActionType(str, Enum):
         return self in COMPUTE_TYPES
 
 
+_TYPES = {t.value: t for t in ActionType}
 COMPUTE_TYPES = frozenset({ActionType.F, ActionType.B, ActionType.I, ActionType.W, ActionType.OVERLAP_F_B})
 BACKWARD_TYPES = frozenset({ActionType.B, ActionType.I})
 
@@ -47,6 +48,7 @@ BACKWARD_TYPES = frozenset({ActionType.B, ActionType.I})
 _ACTION_RE = re.compile(r"([0-9]+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)([0-9]*)", re.ASCII)
 MAX_ID = 2**31 - 1
 """Largest stage or microbatch id an action string may carry (torch stores them as C ints)."""
+_MAX_ID_DIGITS = len(str(MAX_ID))
 _PAIR_RE = re.compile(r"\(([^()]*)\)(OVERLAP_F_B)")
 
 
@@ -118,7 +120,9 @@ def parse_action(text: str) -> Action | None:
             "F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, UNSHARD, RESHARD, REDUCE_GRAD (e.g. 2F0)"
         )
     stage, kind, mb = m.groups()
-    return Action(_id(stage, "stage", s), ActionType(kind), _id(mb, "microbatch", s) if mb else None)
+    st = int(stage) if len(stage) < _MAX_ID_DIGITS else _id(stage, "stage", s)
+    mbi = (int(mb) if len(mb) < _MAX_ID_DIGITS else _id(mb, "microbatch", s)) if mb else None
+    return Action(st, _TYPES[kind], mbi)
 
 
 def _shown(text: str, limit: int = 40) -> str:
@@ -128,7 +132,7 @@ def _shown(text: str, limit: int = 40) -> str:
 
 def _id(digits: str, what: str, text: str) -> int:
     """An id from ASCII digits, refusing ones beyond :data:`MAX_ID` before converting (no 5,000-digit ints)."""
-    if len(digits) > len(str(MAX_ID)) or int(digits) > MAX_ID:
+    if len(digits) > _MAX_ID_DIGITS or int(digits) > MAX_ID:
         shown = digits if len(digits) <= 20 else f"{digits[:12]}... ({len(digits)} digits)"
         raise ScheduleFormatError(
             f"action {_shown(text)}: {what} id {shown} exceeds the limit {MAX_ID:,}; ids count stages and "

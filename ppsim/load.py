@@ -57,10 +57,12 @@ def load(
     num_pipelines: int = 1,
     allow_large: bool = False,
     check: bool = True,
+    figure: bool = False,
 ) -> LoadedSchedule:
     """A schedule by name or from a CSV, bounded and (for files) validated; see the module docstring.
 
-    ``check=False`` skips validation of a file (for callers that report problems themselves).
+    ``check=False`` skips validation of a file (for callers that report problems themselves). ``figure=True``
+    applies the stricter figure limits (``plot``, ``report``) before anything is built or validated.
     """
     if is_schedule_file(source):
         return _load_file(
@@ -71,9 +73,12 @@ def load(
             num_pipelines=num_pipelines,
             allow_large=allow_large,
             check=check,
+            figure=figure,
         )
     return LoadedSchedule(
-        _build_named(str(source), num_ranks, num_microbatches, num_stages_per_rank, allow_large=allow_large)
+        _build_named(
+            str(source), num_ranks, num_microbatches, num_stages_per_rank, allow_large=allow_large, figure=figure
+        )
     )
 
 
@@ -116,7 +121,7 @@ def load_for_validation(
         estimate = limits.WorkEstimate(
             f"{path} -m {num_microbatches}", len(sf.rows), num_stages * -(-num_microbatches // num_pipelines) * 2
         )
-        limits.check_work(estimate, allow_large=allow_large)
+        limits.check_work(estimate, allow_large=allow_large, max_actions=limits.MAX_FILE_ACTIONS)
     schedule = schedule_from_rows(
         sf.rows, name=Path(path).stem, num_microbatches=num_microbatches, num_pipelines=num_pipelines
     )
@@ -126,7 +131,7 @@ def load_for_validation(
 # --- named schedules ---------------------------------------------------------------------------------------------
 def _build_named(
     name: str, num_ranks: int | None, num_microbatches: int | None, num_stages_per_rank: int | None,
-    *, allow_large: bool,
+    *, allow_large: bool, figure: bool = False,
 ) -> Schedule:
     from ppsim.schedules import get_schedule, get_spec, resolve_stages_per_rank
 
@@ -139,7 +144,10 @@ def _build_named(
     if num_stages_per_rank is not None:
         _positive("--stages-per-rank", num_stages_per_rank)
     v = resolve_stages_per_rank(spec, num_stages_per_rank)
-    limits.check_work(limits.estimate_named(spec.name, num_ranks, num_microbatches, v), allow_large=allow_large)
+    estimate = limits.estimate_named(spec.name, num_ranks, num_microbatches, v)
+    limits.check_work(estimate, allow_large=allow_large)
+    if figure:
+        limits.check_figure(estimate.what, estimate.num_ranks, estimate.num_actions, allow_large=allow_large)
     return get_schedule(spec.name, num_ranks, num_microbatches, num_stages_per_rank)
 
 
@@ -158,13 +166,15 @@ def _load_file(
     num_pipelines: int,
     allow_large: bool,
     check: bool,
+    figure: bool,
 ) -> LoadedSchedule:
     path = str(source)
-    sf = read_schedule_file(path, allow_large=allow_large)
+    sf = read_schedule_file(path, allow_large=allow_large, figure=figure)
     schedule = schedule_from_rows(sf.rows, name=Path(path).stem, num_pipelines=num_pipelines)
     limits.check_work(
         limits.WorkEstimate(path, schedule.num_ranks, sum(1 for _ in schedule.iter_computations())),
         allow_large=allow_large,
+        max_actions=limits.MAX_FILE_ACTIONS,
     )
     _check_given(path, "--ranks", "-r", num_ranks, schedule.num_ranks, "rows (one per rank)")
     _check_given(path, "--mb", "-m", num_microbatches, schedule.num_microbatches, "microbatches")

@@ -46,11 +46,33 @@ def user_errors(func: F) -> F:
 
 
 def build_schedule(
-    schedule: str, ranks: int | None, mb: int | None, v: int | None = None, directions: int = 1
+    schedule: str,
+    ranks: int | None,
+    mb: int | None,
+    v: int | None = None,
+    directions: int = 1,
+    *,
+    allow_large: bool = False,
+    figure: bool = False,
 ) -> Schedule:
-    from ppsim.schedules import load_schedule
+    """The schedule to use, through :func:`ppsim.load.load`: bounded (figure limits for plot/report), sizes from a
+    file, files validated."""
+    from ppsim.load import load
 
-    return load_schedule(schedule, ranks, mb, v, num_pipelines=directions)
+    loaded = load(
+        schedule, num_ranks=ranks, num_microbatches=mb, num_stages_per_rank=v, num_pipelines=directions,
+        allow_large=allow_large, figure=figure,
+    )
+    for note in loaded.notes:
+        typer.echo(f"note: {note}", err=True)
+    return loaded.schedule
+
+
+def check_figure(sched: Schedule, *, allow_large: bool = False) -> None:
+    """Refuse a figure too big to draw within the limits (:func:`ppsim.limits.check_figure`)."""
+    from ppsim.limits import check_figure as check
+
+    check(sched.name, sched.num_ranks, sched.num_actions, allow_large=allow_large)
 
 
 def build_costs(costs: str | None, profile: Path | None) -> CostModel:

@@ -10,6 +10,7 @@ import typer
 from ppsim.cli._app import app
 from ppsim.cli.common import build_costs, build_schedule, console, echo_json, run_simulation, user_errors
 from ppsim.cli.options import (
+    AllowLargeOpt,
     CostScope,
     CostScopeOpt,
     CostsOpt,
@@ -66,11 +67,12 @@ def show_cmd(
     mb: MbOpt = None,
     stages_per_rank: VOpt = None,
     directions: DirectionsOpt = 1,
+    allow_large: AllowLargeOpt = False,
 ) -> None:
     """The order as a text grid, one row per rank."""
     from ppsim.formats import to_text_grid
 
-    sched = build_schedule(schedule, ranks, mb, stages_per_rank, directions)
+    sched = build_schedule(schedule, ranks, mb, stages_per_rank, directions, allow_large=allow_large)
     typer.echo(
         f"{sched.name}: {sched.num_ranks} ranks, {sched.num_microbatches} microbatches, "
         f"{sched.num_stages} stages ({sched.num_stages_per_rank} per rank)"
@@ -84,25 +86,28 @@ def validate_cmd(
     file: Annotated[Path, typer.Argument(help="Schedule CSV in torch's format (compute-only or compute+comms).")],
     mb: MbOpt = None,
     directions: DirectionsOpt = 1,
+    allow_large: AllowLargeOpt = False,
 ) -> None:
     """Check a schedule file; exit 0 and `valid`, or exit 1 with one line per problem."""
-    from ppsim.formats import read_schedule_file, schedule_from_rows
+    from ppsim.formats import ScheduleStructureError
+    from ppsim.load import load_for_validation
     from ppsim.validate import Problem, validate
 
-    sf = read_schedule_file(file)
-    if sf.dropped_note:
-        typer.echo(f"note: {sf.dropped_note}", err=True)
     try:
-        sched = schedule_from_rows(sf.rows, name=file.stem, num_microbatches=mb, num_pipelines=directions)
+        sf, sched = load_for_validation(file, num_microbatches=mb, num_pipelines=directions, allow_large=allow_large)
+    except ScheduleStructureError as exc:
+        sf, sched = None, None
+        problems = [Problem(None, None, None, str(exc))]  # placement: a problem of the file, not of the command line
+    if sf is not None and sf.dropped_note:
+        typer.echo(f"note: {sf.dropped_note}", err=True)
+    if sched is not None:
         problems = validate(sched)
-    except PPSimError as exc:  # placement problems are problems of the file, not of the command line
-        problems = [Problem(None, None, None, str(exc))]
     if not problems:
         typer.echo("valid")
         return
     for p in problems:
         typer.echo(str(p))
-    if directions == 1 and any("deadlock" in p.message for p in problems) and len(sf.rows) > 1:
+    if directions == 1 and any("deadlock" in p.message for p in problems) and sched is not None and sched.num_ranks > 1:
         typer.echo("hint: a DualPipe file (two independent pipelines) needs --directions 2", err=True)
     raise typer.Exit(code=1)
 
@@ -121,10 +126,11 @@ def export_cmd(
     costs: CostsOpt = None,
     profile: ProfileOpt = None,
     directions: DirectionsOpt = 1,
+    allow_large: AllowLargeOpt = False,
     cost_scope: CostScopeOpt = CostScope.stage,
 ) -> None:
     """Write the schedule as torch's compute-only CSV, timed JSON, or a Chrome/Perfetto trace."""
-    sched = build_schedule(schedule, ranks, mb, stages_per_rank, directions)
+    sched = build_schedule(schedule, ranks, mb, stages_per_rank, directions, allow_large=allow_large)
     check_writable(output)
     if fmt is ExportFormat.csv:
         from ppsim.formats import write_csv

@@ -11,6 +11,7 @@ from ppsim.cli._app import app
 from ppsim.cli.common import (
     build_costs,
     build_schedule,
+    check_figure,
     console,
     echo_json,
     run_simulation,
@@ -20,6 +21,7 @@ from ppsim.cli.common import (
     warn_if_not_comparable,
 )
 from ppsim.cli.options import (
+    AllowLargeOpt,
     CostScope,
     CostScopeOpt,
     CostsOpt,
@@ -52,6 +54,7 @@ def simulate_cmd(
     memory_cap: MemCapOpt = None,
     json_out: JsonOpt = False,
     directions: DirectionsOpt = 1,
+    allow_large: AllowLargeOpt = False,
     cost_scope: CostScopeOpt = CostScope.stage,
 ) -> None:
     """Discrete-event replay; with -s A,B,C simulates several and ranks them by makespan."""
@@ -62,7 +65,7 @@ def simulate_cmd(
     results: list[SimResult] = []
     for name in names:
         try:
-            sched = build_schedule(name, ranks, mb, stages_per_rank, directions)
+            sched = build_schedule(name, ranks, mb, stages_per_rank, directions, allow_large=allow_large)
         except PPSimError as exc:
             if len(names) == 1:
                 raise
@@ -132,10 +135,12 @@ def plot_cmd(
     comm: Annotated[bool, typer.Option("--comm", help="Draw p2p hand-offs between ranks as arrows.")] = False,
     memory_cap: MemCapOpt = None,
     directions: DirectionsOpt = 1,
+    allow_large: AllowLargeOpt = False,
     cost_scope: CostScopeOpt = CostScope.stage,
 ) -> None:
     """Gantt chart like the DualPipe figure (default file <schedule>_r<R>_m<M>.png); prints its path."""
-    sched = build_schedule(schedule, ranks, mb, stages_per_rank, directions)
+    sched = build_schedule(schedule, ranks, mb, stages_per_rank, directions, allow_large=allow_large, figure=True)
+    check_figure(sched, allow_large=allow_large)
     if output is None:
         output = Path(f"{sched.name}_r{sched.num_ranks}_m{sched.num_microbatches}.png")
     if output.suffix.lower() not in PLOT_FORMATS:
@@ -165,6 +170,7 @@ def report_cmd(
     profile: ProfileOpt = None,
     memory_cap: MemCapOpt = None,
     directions: DirectionsOpt = 1,
+    allow_large: AllowLargeOpt = False,
     cost_scope: CostScopeOpt = CostScope.stage,
 ) -> None:
     """One self-contained HTML page comparing schedules: ranking, Gantts, memory, bubbles."""
@@ -179,7 +185,10 @@ def report_cmd(
     entries: list[tuple[str, SimResult | str]] = []
     for name in split_names(schedule):
         try:
-            sched = build_schedule(name, ranks, mb, stages_per_rank, directions)
+            sched = build_schedule(
+                name, ranks, mb, stages_per_rank, directions, allow_large=allow_large, figure=True
+            )
+            check_figure(sched, allow_large=allow_large)
             entries.append((sched.name, run_simulation(sched, cost_model, cost_scope, cap)))
         except PPSimError as exc:
             entries.append((name, str(exc)))
