@@ -208,9 +208,10 @@ def check_schedule(schedule: Schedule, *, path: str, num_pipelines: int = 1) -> 
     if not problems:
         return
     hint = ""
-    if num_pipelines == 1 and schedule.num_ranks > 1 and all("deadlock" in p for p in problems):
+    dualpipe_shape = schedule.num_stages == 2 * schedule.num_ranks
+    if num_pipelines == 1 and dualpipe_shape and schedule.num_ranks > 1 and all("deadlock" in p for p in problems):
         hint = " (a DualPipe file, two independent pipelines, needs --directions 2)"
-    more = f" (and {len(problems) - 1:,} more problems)" if len(problems) > 1 else ""
+    more = f" (and {len(problems) - 1:,} more problem{'s' if len(problems) > 2 else ''})" if len(problems) > 1 else ""
     raise InvalidScheduleError(
         f"{path} is not a valid schedule: {problems[0]}{more}{hint}; run `ppsim validate {path}` for every problem",
         problems,
