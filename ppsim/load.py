@@ -179,7 +179,7 @@ def _load_file(
     _check_given(path, "--ranks", "-r", num_ranks, schedule.num_ranks, "rows (one per rank)")
     _check_given(path, "--mb", "-m", num_microbatches, schedule.num_microbatches, "microbatches")
     _check_given(
-        path, "--stages-per-rank", "-v", num_stages_per_rank, schedule.num_stages_per_rank, "stages per rank"
+        path, "--stages-per-rank", "-v", num_stages_per_rank, schedule.num_stages_per_rank, "stage(s) per rank"
     )
     if check:
         check_schedule(schedule, path=path, num_pipelines=num_pipelines)
