@@ -59,7 +59,11 @@ def read_schedule_file(
     text = _read_text(p, allow_large=allow_large)
     rows: list[tuple[Action | None, ...]] = []
     dropped: Counter[str] = Counter()
-    count = 0
+    count = num_cells = 0
+    if not allow_large:
+        num_cells = text.count(",") + text.count("\n")  # counted before csv splits one huge line into a list
+        _check_cells(p, num_cells, action_limit)
+        num_cells = 0
     try:
         for r, cells in enumerate(csv.reader(io.StringIO(text))):
             row: list[Action | None] = []
@@ -73,6 +77,9 @@ def read_schedule_file(
                     continue
                 row.append(action)
             count += sum(1 for a in row if a is not None)
+            num_cells += len(cells)
+            if not allow_large:
+                _check_cells(p, num_cells, action_limit)
             if not allow_large and (count > action_limit or r >= rank_limit):
                 over = count > action_limit
                 what = f"{count:,} actions" if over else f"{r + 1:,} rows (ranks)"
@@ -90,6 +97,15 @@ def read_schedule_file(
     if not rows:
         raise ScheduleFormatError(f"schedule file {str(p)!r} is empty: expected one row of actions per rank, e.g. 0F0,0B0")
     return ScheduleFile(str(p), tuple(rows), tuple(sorted(dropped.items())))
+
+
+def _check_cells(p: Path, num_cells: int, action_limit: int) -> None:
+    if num_cells > 4 * action_limit:
+        raise limits.WorkLimitError(
+            f"schedule file {str(p)!r} has more than {num_cells:,} cells, beyond the limit of {4 * action_limit:,} "
+            f"cells (4 per action, idle cells included); pass a smaller file, or {limits.OVERRIDE_FLAG} to go ahead "
+            "anyway"
+        )
 
 
 def _read_text(p: Path, *, allow_large: bool) -> str:
