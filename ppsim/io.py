@@ -81,7 +81,9 @@ def check_writable(path: str | os.PathLike[str], *, option: str = "-o", example:
     if st is not None and not stat.S_ISREG(st.st_mode):
         return  # a device or FIFO is written into directly; its folder need not be writable
     if st is not None and not os.access(real, os.W_OK):
-        raise OutputPathError(f"{option} {_show(target)}: the file is read-only; make it writable or choose another path")
+        raise OutputPathError(
+            f"{option} {_show(target)}: the file is read-only; make it writable or choose another path"
+        )
     parent = real.parent
     if not parent.is_dir():
         raise OutputPathError(

@@ -8,19 +8,28 @@ from typing import Annotated
 import typer
 
 from ppsim.cli._app import app
-from ppsim.cli.common import build_costs, build_schedule, console, echo_json, run_simulation, user_errors
+from ppsim.cli.common import (
+    build_costs,
+    build_schedule,
+    console,
+    echo_json,
+    one_schedule,
+    run_simulation,
+    user_errors,
+)
 from ppsim.cli.options import (
     AllowLargeOpt,
-    CostScope,
     CostScopeOpt,
     CostsOpt,
     DirectionsOpt,
     ExportFormat,
     JsonOpt,
+    LayersPerStageOpt,
     MbOpt,
     ProfileOpt,
     RanksOpt,
     ScheduleOpt,
+    SplitOpt,
     VOpt,
 )
 from ppsim.errors import PPSimError
@@ -66,13 +75,13 @@ def show_cmd(
     ranks: RanksOpt = None,
     mb: MbOpt = None,
     stages_per_rank: VOpt = None,
-    directions: DirectionsOpt = 1,
+    directions: DirectionsOpt = None,
     allow_large: AllowLargeOpt = False,
 ) -> None:
     """The order as a text grid, one row per rank."""
     from ppsim.formats import to_text_grid
 
-    sched = build_schedule(schedule, ranks, mb, stages_per_rank, directions, allow_large=allow_large)
+    sched = build_schedule(one_schedule(schedule), ranks, mb, stages_per_rank, directions, allow_large=allow_large)
     typer.echo(
         f"{sched.name}: {sched.num_ranks} ranks, {sched.num_microbatches} microbatches, "
         f"{sched.num_stages} stages ({sched.num_stages_per_rank} per rank)"
@@ -85,7 +94,7 @@ def show_cmd(
 def validate_cmd(
     file: Annotated[Path, typer.Argument(help="Schedule CSV in torch's format (compute-only or compute+comms).")],
     mb: MbOpt = None,
-    directions: DirectionsOpt = 1,
+    directions: DirectionsOpt = None,
     allow_large: AllowLargeOpt = False,
 ) -> None:
     """Check a schedule file; exit 0 and `valid`, or exit 1 with one line per problem."""
@@ -93,21 +102,24 @@ def validate_cmd(
     from ppsim.load import load_for_validation
     from ppsim.validate import Problem, validate
 
+    sched = None
     try:
-        sf, sched = load_for_validation(file, num_microbatches=mb, num_pipelines=directions, allow_large=allow_large)
-    except ScheduleStructureError as exc:
-        sf, sched = None, None
-        problems = [Problem(None, None, None, str(exc))]  # placement: a problem of the file, not of the command line
-    if sf is not None and sf.dropped_note:
-        typer.echo(f"note: {sf.dropped_note}", err=True)
-    if sched is not None:
+        sf, sched = load_for_validation(
+            file, num_microbatches=mb, num_pipelines=directions or 1, allow_large=allow_large
+        )
+    except ScheduleStructureError as exc:  # placement problems are problems of the file, not of the command line
+        problems = [Problem(None, None, None, str(exc))]
+    else:
+        if sf.dropped_note:
+            typer.echo(f"note: {sf.dropped_note}", err=True)
         problems = validate(sched)
     if not problems:
         typer.echo("valid")
         return
     for p in problems:
         typer.echo(str(p))
-    if directions == 1 and any("deadlock" in p.message for p in problems) and sched is not None and sched.num_ranks > 1:
+    if (directions in (None, 1) and any("deadlock" in p.message for p in problems) and sched is not None
+            and sched.num_stages == 2 * sched.num_ranks > 2):
         typer.echo("hint: a DualPipe file (two independent pipelines) needs --directions 2", err=True)
     raise typer.Exit(code=1)
 
@@ -125,21 +137,26 @@ def export_cmd(
     ] = ExportFormat.csv,
     costs: CostsOpt = None,
     profile: ProfileOpt = None,
-    directions: DirectionsOpt = 1,
+    directions: DirectionsOpt = None,
     allow_large: AllowLargeOpt = False,
-    cost_scope: CostScopeOpt = CostScope.stage,
+    cost_scope: CostScopeOpt = None,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
 ) -> None:
     """Write the schedule as torch's compute-only CSV, timed JSON, or a Chrome/Perfetto trace."""
-    sched = build_schedule(schedule, ranks, mb, stages_per_rank, directions, allow_large=allow_large)
+    sched = build_schedule(one_schedule(schedule), ranks, mb, stages_per_rank, directions, allow_large=allow_large)
     check_writable(output)
     if fmt is ExportFormat.csv:
         from ppsim.formats import write_csv
 
+        if split is not None or layers_per_stage is not None:
+            typer.echo("warning: --split/--layers-per-stage only change timings; a csv export has none, so they "
+                       "are ignored", err=True)
         path = write_csv(sched, output)
     else:
         from ppsim import export
 
-        result = run_simulation(sched, build_costs(costs, profile), cost_scope)
+        result = run_simulation(sched, build_costs(costs, profile, split, layers_per_stage), cost_scope)
         writer = export.write_json_timeline if fmt is ExportFormat.json else export.write_chrome_trace
         path = writer(result, output)
     typer.echo(str(path))

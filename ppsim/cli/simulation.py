@@ -1,4 +1,4 @@
-"""Simulation commands: `ppsim simulate`, `plot`, `report`."""
+"""Simulation commands: `ppsim simulate`, `plot`, `report`. Comparing several schedules is ppsim.compare's job."""
 
 from __future__ import annotations
 
@@ -9,30 +9,32 @@ import typer
 
 from ppsim.cli._app import app
 from ppsim.cli.common import (
-    build_costs,
+    build_inputs,
     build_schedule,
     check_figure,
     console,
     echo_json,
+    one_schedule,
     run_simulation,
-    split_names,
     user_errors,
     warn_cap_without_bytes,
-    warn_if_not_comparable,
+    warn_comparison,
 )
 from ppsim.cli.options import (
     AllowLargeOpt,
-    CostScope,
     CostScopeOpt,
     CostsOpt,
     DirectionsOpt,
     JsonOpt,
+    LayersPerStageOpt,
+    MaybeScheduleOpt,
+    MaybeSchedulesOpt,
     MbOpt,
     MemCapOpt,
     ProfileOpt,
     RanksOpt,
-    ScheduleOpt,
-    SchedulesOpt,
+    SplitOpt,
+    TorchtitanConfigOpt,
     VOpt,
 )
 from ppsim.errors import PPSimError
@@ -41,11 +43,11 @@ from ppsim.io import check_writable, fmt_bytes, parse_bytes
 if TYPE_CHECKING:
     from ppsim.result import SimResult
 
-# --- simulate / plot / report -------------------------------------------------------------------------------------
+
 @app.command("simulate")
 @user_errors
 def simulate_cmd(
-    schedule: SchedulesOpt,
+    schedule: MaybeSchedulesOpt = None,
     ranks: RanksOpt = None,
     mb: MbOpt = None,
     stages_per_rank: VOpt = None,
@@ -53,34 +55,33 @@ def simulate_cmd(
     profile: ProfileOpt = None,
     memory_cap: MemCapOpt = None,
     json_out: JsonOpt = False,
-    directions: DirectionsOpt = 1,
+    directions: DirectionsOpt = None,
     allow_large: AllowLargeOpt = False,
-    cost_scope: CostScopeOpt = CostScope.stage,
+    cost_scope: CostScopeOpt = None,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
+    torchtitan_config: TorchtitanConfigOpt = None,
 ) -> None:
-    """Discrete-event replay; with -s A,B,C simulates several and ranks them by makespan."""
-    names = split_names(schedule)
-    cost_model = build_costs(costs, profile)
+    """Discrete-event replay; with -s A,B,C (or -s A -s B) simulates several and ranks them by makespan."""
+    from ppsim.compare import compare
+
+    inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
+    names, cost_model = inputs.names, inputs.cost_model
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
-    results: list[SimResult] = []
-    for name in names:
-        try:
-            sched = build_schedule(name, ranks, mb, stages_per_rank, directions, allow_large=allow_large)
-        except PPSimError as exc:
-            if len(names) == 1:
-                raise
-            typer.echo(f"skipped {name}: {exc}", err=True)
-            continue
-        results.append(run_simulation(sched, cost_model, cost_scope, cap))
-    if not results:
-        raise PPSimError(f"--schedule {schedule!r}: none of these schedules can run this configuration (see above)")
-    results.sort(key=lambda r: r.makespan)
-    warn_if_not_comparable([(r.schedule.name, len(r.schedule.pipelines[0])) for r in results], cost_model, cost_scope)
+    comparison = compare(
+        names, builder=lambda name: build_schedule(
+            name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions, allow_large=allow_large
+        ),
+        costs=cost_model, scope=cost_scope, memory_cap_bytes=cap,
+    )
+    warn_comparison(comparison, several=len(names) > 1)
+    results = list(comparison.results)
     if json_out:
         echo_json(results[0].to_dict() if len(names) == 1 else [r.to_dict() for r in results])
         return
     print_results(results)
-
 
 def print_results(results: list[SimResult]) -> None:
     from rich.table import Table
@@ -115,13 +116,11 @@ def print_results(results: list[SimResult]) -> None:
         con.print(table)
 
 
-PLOT_FORMATS = (".png", ".svg", ".pdf", ".html")
-
 
 @app.command("plot")
 @user_errors
 def plot_cmd(
-    schedule: ScheduleOpt,
+    schedule: MaybeScheduleOpt = None,
     ranks: RanksOpt = None,
     mb: MbOpt = None,
     stages_per_rank: VOpt = None,
@@ -134,12 +133,22 @@ def plot_cmd(
     memory: Annotated[bool, typer.Option("--memory", help="Add a memory-over-time panel per rank.")] = False,
     comm: Annotated[bool, typer.Option("--comm", help="Draw p2p hand-offs between ranks as arrows.")] = False,
     memory_cap: MemCapOpt = None,
-    directions: DirectionsOpt = 1,
+    directions: DirectionsOpt = None,
     allow_large: AllowLargeOpt = False,
-    cost_scope: CostScopeOpt = CostScope.stage,
+    cost_scope: CostScopeOpt = None,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
+    torchtitan_config: TorchtitanConfigOpt = None,
 ) -> None:
     """Gantt chart like the DualPipe figure (default file <schedule>_r<R>_m<M>.png); prints its path."""
-    sched = build_schedule(schedule, ranks, mb, stages_per_rank, directions, allow_large=allow_large, figure=True)
+    from ppsim.viz import PLOT_FORMATS
+
+    if schedule:
+        one_schedule(schedule)
+    inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
+    sched = build_schedule(one_schedule(inputs.names), inputs.ranks, inputs.mb, inputs.stages_per_rank, directions,
+                           allow_large=allow_large, figure=True)
     check_figure(sched, allow_large=allow_large)
     if output is None:
         output = Path(f"{sched.name}_r{sched.num_ranks}_m{sched.num_microbatches}.png")
@@ -150,7 +159,7 @@ def plot_cmd(
     check_writable(output, example="out.png")
     from ppsim.viz import plot_to_file
 
-    cost_model = build_costs(costs, profile)
+    cost_model = inputs.cost_model
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
     result = run_simulation(sched, cost_model, cost_scope, cap)
@@ -161,42 +170,41 @@ def plot_cmd(
 @app.command("report")
 @user_errors
 def report_cmd(
-    schedule: SchedulesOpt,
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write (self-contained, offline).")],
+    schedule: MaybeSchedulesOpt = None,
     ranks: RanksOpt = None,
     mb: MbOpt = None,
     stages_per_rank: VOpt = None,
     costs: CostsOpt = None,
     profile: ProfileOpt = None,
     memory_cap: MemCapOpt = None,
-    directions: DirectionsOpt = 1,
+    directions: DirectionsOpt = None,
     allow_large: AllowLargeOpt = False,
-    cost_scope: CostScopeOpt = CostScope.stage,
+    cost_scope: CostScopeOpt = None,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
+    torchtitan_config: TorchtitanConfigOpt = None,
 ) -> None:
     """One self-contained HTML page comparing schedules: ranking, Gantts, memory, bubbles."""
     if output.suffix.lower() not in (".html", ".htm"):
         raise PPSimError(f"-o {output}: a report is an HTML page; use a name ending in .html")
     check_writable(output, example="report.html")
+    from ppsim.compare import compare
     from ppsim.viz.report import write_report
 
-    cost_model = build_costs(costs, profile)
+    inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
+    names, cost_model = inputs.names, inputs.cost_model
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
-    entries: list[tuple[str, SimResult | str]] = []
-    for name in split_names(schedule):
-        try:
-            sched = build_schedule(
-                name, ranks, mb, stages_per_rank, directions, allow_large=allow_large, figure=True
-            )
-            check_figure(sched, allow_large=allow_large)
-            entries.append((sched.name, run_simulation(sched, cost_model, cost_scope, cap)))
-        except PPSimError as exc:
-            entries.append((name, str(exc)))
-    warn_if_not_comparable(
-        [(r.schedule.name, len(r.schedule.pipelines[0])) for _, r in entries if not isinstance(r, str)],
-        cost_model, cost_scope,
+    comparison = compare(
+        names, builder=lambda name: build_schedule(
+            name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions, allow_large=allow_large, figure=True
+        ),
+        costs=cost_model, scope=cost_scope, memory_cap_bytes=cap,
     )
-    path = write_report(entries, output, costs=cost_model, memory_cap_bytes=cap)
+    warn_comparison(comparison, several=len(names) > 1)
+    path = write_report(comparison, output, memory_cap_bytes=cap)
     typer.echo(str(path))
 
 
