@@ -154,7 +154,7 @@ def _read_text(p: Path, *, allow_large: bool) -> str:
 def _os_reason(exc: OSError) -> str:
     """One line for an OS refusal to read a path."""
     if exc.errno == errno.ENAMETOOLONG:
-        return "the name is longer than the operating system allows (255 bytes per name); use a shorter path"
+        return "the file name is longer than the file system allows (255 bytes per name); choose a shorter name"
     if isinstance(exc, PermissionError):
         return "permission denied; make the file readable or copy it somewhere you can read"
     return f"cannot be read ({exc.strerror or exc}); check the path"
