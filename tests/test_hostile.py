@@ -162,9 +162,9 @@ WRONG_ANSWERS = [
     Case("--memory-cap 0.5 is not a 0-byte cap",
          ("simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--memory-cap", "0.5"), 2, "--memory-cap"),
     Case("report with every name bad exits 2",
-         ("report", "-s", "Nope,Zilch", "-r", "2", "-m", "2", "-o", "r.html"), 2, "Nope", needs="cli"),
+         ("report", "-s", "Nope,Zilch", "-r", "2", "-m", "2", "-o", "r.html"), 2, "Nope"),
     Case("--directions 2 on a named schedule is not silent",
-         ("show", "-s", "1F1B", "-r", "2", "-m", "2", "--directions", "2"), 0, "--directions", needs="cli"),
+         ("show", "-s", "1F1B", "-r", "2", "-m", "2", "--directions", "2"), 0, "--directions"),
 ]
 
 
@@ -173,7 +173,6 @@ def test_wrong_answers_become_errors(case: Case, files: Path) -> None:
     check(case, files)
 
 
-@pytest.mark.xfail(strict=False, reason="needs cli")
 def test_repeated_schedule_option_keeps_both(files: Path) -> None:
     code, out, err = invoke(["simulate", "-s", "1F1B", "-s", "ZBH1", "-r", "2", "-m", "2", "--json"], files)
     assert "Traceback" not in out + err
@@ -325,11 +324,7 @@ PROFILES = {
 }
 
 
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.xfail(strict=False, reason="needs profile"))
-     if n in ("digits.json", "deep.json") else n for n in sorted(PROFILES)],
-)
+@pytest.mark.parametrize("name", sorted(PROFILES))
 def test_hostile_profiles_give_one_line(name: str, tmp_path: Path) -> None:
     path = tmp_path / name
     path.write_bytes(PROFILES[name].encode("latin-1" if name.startswith("latin1") else "utf-8"))
@@ -384,7 +379,7 @@ UNBOUNDED = [
     Case("show -m 1000000000", ("show", "-s", "GPipe", "-r", "2", "-m", "1000000000"), 2, "--allow-large"),
     Case("export -r 100000", ("export", "-s", "1F1B", "-r", "100000", "-m", "1", "-o", "x.csv"), 2, "--allow-large"),
     Case("report -m 1000000000", ("report", "-s", "1F1B", "-r", "2", "-m", "1000000000", "-o", "r.html"), 2,
-         "--allow-large", needs="cli"),
+         "--allow-large"),
     Case("plot -r 2000", ("plot", "-s", "1F1B", "-r", "2000", "-m", "4"), 2, "1,000 ranks"),
     Case("plot of 80,000 actions", ("plot", "-s", "1F1B", "-r", "4", "-m", "10000"), 2, "50,000 actions"),
     Case("plot of a 52,000-action file", ("plot", "-s", "wide.csv"), 2, "for a figure"),
@@ -441,7 +436,6 @@ def test_calibrate_refuses_an_absurd_sequence_length(tmp_path: Path) -> None:
 
 
 # --- first contact ---------------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=False, reason="needs cli")
 def test_version_option(tmp_path: Path) -> None:
     proc = _cli(["--version"], tmp_path)
     assert proc.returncode == 0 and "ppsim" in proc.stdout.lower()
