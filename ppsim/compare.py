@@ -93,10 +93,10 @@ def build(
     """A schedule by name or CSV file, and a warning for each given option it ignores.
 
     ``num_pipelines`` (``--directions``) is read from CSV files only; ``num_stages_per_rank`` (``-v``) must match
-    a CSV file's placement. Loading goes through :func:`ppsim.load.load` (work bounded, ``figure`` for the stricter
-    figure limits; a file's sizes read from it and the file validated).
+    a CSV file's placement. Loading goes through :func:`ppsim.schedules.loading.load` (work bounded, ``figure``
+    for the stricter figure limits; a file's sizes read from it and the file validated).
     """
-    from ppsim.load import load
+    from ppsim.schedules.loading import load
 
     is_file = name_or_path.lower().endswith(".csv")
     notes: list[str] = []

@@ -11,6 +11,7 @@ import csv
 import errno
 import io
 import os
+import re
 import stat
 from collections import Counter
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ from ppsim import limits
 from ppsim.errors import ScheduleFormatError
 from ppsim.io import write_atomic  # noqa: F401  (re-exported: the one atomic writer lives in ppsim.io)
 from ppsim.ir import Action, Schedule, parse_action
+
+
+_COMPUTE_TOKEN = re.compile(r"(?<![0-9A-Za-z_])[0-9]+[FBIW][0-9]*(?![0-9A-Za-z_])", re.ASCII)
 
 
 class ScheduleStructureError(ScheduleFormatError):
@@ -64,6 +68,13 @@ def read_schedule_file(
         num_cells = text.count(",") + text.count("\n")  # counted before csv splits one huge line into a list
         _check_cells(p, num_cells, action_limit)
         num_cells = 0
+        num_compute = sum(1 for _ in _COMPUTE_TOKEN.finditer(text))  # ~0.1 s per million, before parsing
+        if num_compute > action_limit:
+            raise limits.WorkLimitError(
+                f"schedule file {str(p)!r} holds about {num_compute:,} compute actions, beyond the limit of "
+                f"{action_limit:,}{' for a figure' if figure else ''}; pass a smaller file, or "
+                f"{limits.OVERRIDE_FLAG} to go ahead anyway"
+            )
     try:
         for r, cells in enumerate(csv.reader(io.StringIO(text))):
             row: list[Action | None] = []

@@ -99,7 +99,7 @@ def validate_cmd(
 ) -> None:
     """Check a schedule file; exit 0 and `valid`, or exit 1 with one line per problem."""
     from ppsim.formats import ScheduleStructureError
-    from ppsim.load import load_for_validation
+    from ppsim.schedules.loading import load_for_validation
     from ppsim.validate import Problem, validate
 
     sched = None

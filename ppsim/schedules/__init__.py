@@ -159,9 +159,12 @@ def load_schedule(
     num_pipelines: int = 1,
     allow_large: bool = False,
 ) -> Schedule:
-    """A schedule by registry name, or read from a torch CSV file: :func:`ppsim.load.load_schedule` (bounded work,
-    sizes read from the file, files validated)."""
-    from ppsim.load import load_schedule as load
+    """A schedule by registry name, or read from a torch CSV file (anything ending in ``.csv``).
+
+    :func:`ppsim.schedules.loading.load_schedule`: work bounded by :mod:`ppsim.limits`, a file's sizes read from it,
+    the file validated.
+    """
+    from ppsim.schedules.loading import load_schedule as load
 
     return load(
         name_or_path,
