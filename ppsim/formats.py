@@ -106,7 +106,9 @@ def read_schedule_file(
     while rows and not any(a is not None for a in rows[-1]):
         rows.pop()  # trailing blank lines
     if not rows:
-        raise ScheduleFormatError(f"schedule file {str(p)!r} is empty: expected one row of actions per rank, e.g. 0F0,0B0")
+        raise ScheduleFormatError(
+            f"schedule file {str(p)!r} is empty: expected one row of actions per rank, e.g. 0F0,0B0"
+        )
     return ScheduleFile(str(p), tuple(rows), tuple(sorted(dropped.items())))
 
 
@@ -125,7 +127,9 @@ def _read_text(p: Path, *, allow_large: bool) -> str:
     try:
         st = p.stat()
     except FileNotFoundError:
-        raise ScheduleFormatError(f"schedule file {shown!r} not found: check the path (a CSV with one row per rank)") from None
+        raise ScheduleFormatError(
+            f"schedule file {shown!r} not found: check the path (a CSV with one row per rank)"
+        ) from None
     except OSError as exc:
         raise ScheduleFormatError(f"schedule file {shown!r}: {_os_reason(exc)}") from None
     if stat.S_ISDIR(st.st_mode):

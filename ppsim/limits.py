@@ -1,8 +1,8 @@
 """Bounded work: estimate what a command will do before doing it, and refuse beyond documented limits.
 
 Every command should finish within about 10 s and 2 GB on a laptop unless the user asks for more. The limits
-below are sized for that (the simulator replays about 0.5-1 M actions/s and holds about 300 bytes per action; a CSV is also parsed and
-validated, about 10 us per action, hence its lower limit);
+below are sized for that (the simulator replays about 0.5-1 M actions/s and holds about 300 bytes per action; a CSV
+is also parsed and validated, about 10 us per action, hence its lower limit);
 the perf target ``simulate -s Interleaved1F1B -r 128 -m 1024 -v 4`` (about 1 M actions) runs without an override.
 A refusal names the estimate, the limit and the override (``--allow-large`` on the command line,
 ``allow_large=True`` in the library).

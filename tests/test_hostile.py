@@ -275,7 +275,7 @@ def test_unwritable_output_names_the_users_path(files: Path) -> None:
     assert "/proc/x.json" in err and ".tmp" not in err
 
 
-# --- tracebacks: each must become one line -----------------------------------------------------------------------------
+# --- tracebacks: each must become one line --------------------------------------------------------------------------
 LONG = "a" * 300 + ".csv"
 TRACEBACKS = [
     *(Case(f"{cmd} on a {kind} file", (cmd, *(("-s",) if cmd != "validate" else ()), f"{kind}.csv"), 2, says)

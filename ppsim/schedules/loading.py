@@ -190,7 +190,8 @@ def _load_file(
 def _check_given(path: str, option: str, short: str, given: int | None, found: int, what: str) -> None:
     if given is not None and given != found:
         raise ScheduleConfigError(
-            f"{option} {given}: {path} has {found} {what}; drop {short} (it is read from the file) or pass {short} {found}"
+            f"{option} {given}: {path} has {found} {what}; drop {short} (it is read from the file) "
+            f"or pass {short} {found}"
         )
 
 
