@@ -82,7 +82,7 @@ def read_schedule_file(
                 try:
                     action = parse_action(cell)
                 except ScheduleFormatError as exc:
-                    raise ScheduleFormatError(f"{p}: rank {r}, position {c}: {exc}") from None
+                    raise ScheduleFormatError(f"{display_path(p)}: rank {r}, position {c}: {exc}") from None
                 if action is not None and not action.is_compute:
                     dropped[action.type.value] += 1
                     continue
@@ -102,7 +102,7 @@ def read_schedule_file(
                 )
             rows.append(tuple(row))
     except csv.Error as exc:
-        raise ScheduleFormatError(f"{p}: not a CSV file ({exc}); pass torch's schedule CSV, one row per rank") from None
+        raise ScheduleFormatError(f"{display_path(p)}: not a CSV file ({exc}); pass torch's schedule CSV, one row per rank") from None
     while rows and not any(a is not None for a in rows[-1]):
         rows.pop()  # trailing blank lines
     if not rows:
@@ -110,6 +110,12 @@ def read_schedule_file(
             f"schedule file {str(p)!r} is empty: expected one row of actions per rank, e.g. 0F0,0B0"
         )
     return ScheduleFile(str(p), tuple(rows), tuple(sorted(dropped.items())))
+
+
+def display_path(path: str | os.PathLike[str], limit: int = 120) -> str:
+    """A path for a one-line message: control characters escaped, very long names shortened."""
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(path))
+    return text if len(text) <= limit else f"{text[:60]}...{text[-30:]}"
 
 
 def _check_cells(p: Path, num_cells: int, action_limit: int) -> None:

@@ -458,3 +458,26 @@ def test_bad_integer_is_rejected_without_importing_torch() -> None:
 def test_readme_images_are_not_ignored_by_git(image: str) -> None:
     proc = subprocess.run(["git", "check-ignore", "-q", image], cwd=REPO, capture_output=True, timeout=60)
     assert proc.returncode == 1, f"{image} is ignored by .gitignore"
+
+
+# --- the library entry ---------------------------------------------------------------------------------------------
+def test_load_schedule_reads_sizes_from_the_file_and_validates_it(files: Path) -> None:
+    from ppsim.schedules.loading import InvalidScheduleError, load, load_schedule
+
+    sched = load_schedule(files / "six.csv")
+    assert (sched.num_ranks, sched.num_microbatches, sched.num_stages_per_rank) == (2, 6, 1)
+    with pytest.raises(InvalidScheduleError) as err:
+        load_schedule(files / "missing_w.csv")
+    assert "missing backward 0W9" in str(err.value) and err.value.problems
+    loaded = load(files / "missing_w.csv", check=False)
+    assert loaded.from_file and loaded.schedule.num_microbatches == 10
+
+
+def test_load_schedule_limits_lift_with_allow_large(files: Path) -> None:
+    from ppsim.schedules.loading import load_schedule
+
+    with pytest.raises(limits.WorkLimitError, match="2,048 ranks"):
+        load_schedule("1F1B", num_ranks=2100, num_microbatches=1)
+    assert load_schedule("1F1B", num_ranks=2100, num_microbatches=1, allow_large=True).num_ranks == 2100
+    with pytest.raises(limits.WorkLimitError, match="2,048 ranks"):
+        load_schedule(files / "ranks3000.csv")

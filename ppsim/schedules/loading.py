@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ppsim import limits
-from ppsim.errors import PPSimError, ScheduleConfigError, ScheduleFormatError
-from ppsim.formats import ScheduleFile, read_schedule_file, schedule_from_rows
+from ppsim.errors import ScheduleConfigError, ScheduleFormatError
+from ppsim.formats import ScheduleFile, display_path, read_schedule_file, schedule_from_rows
 from ppsim.ir import ActionType, Schedule
 
 
@@ -119,11 +119,11 @@ def load_for_validation(
         _positive("--mb", num_microbatches)
         num_stages = len({c.stage for row in sf.rows for a in row if a is not None for c in a.computations})
         estimate = limits.WorkEstimate(
-            f"{path} -m {num_microbatches}", len(sf.rows), num_stages * -(-num_microbatches // num_pipelines) * 2
+            f"{display_path(path)} -m {num_microbatches}", len(sf.rows), num_stages * -(-num_microbatches // num_pipelines) * 2
         )
         limits.check_work(estimate, allow_large=allow_large, max_actions=limits.MAX_FILE_ACTIONS)
     schedule = schedule_from_rows(
-        sf.rows, name=Path(path).stem, num_microbatches=num_microbatches, num_pipelines=num_pipelines
+        sf.rows, name=display_path(Path(path).stem), num_microbatches=num_microbatches, num_pipelines=num_pipelines
     )
     return sf, schedule
 
@@ -168,9 +168,9 @@ def _load_file(
     check: bool,
     figure: bool,
 ) -> LoadedSchedule:
-    path = str(source)
-    sf = read_schedule_file(path, allow_large=allow_large, figure=figure)
-    schedule = schedule_from_rows(sf.rows, name=Path(path).stem, num_pipelines=num_pipelines)
+    sf = read_schedule_file(source, allow_large=allow_large, figure=figure)
+    path = display_path(source)
+    schedule = schedule_from_rows(sf.rows, name=display_path(Path(source).stem), num_pipelines=num_pipelines)
     limits.check_work(
         limits.WorkEstimate(path, schedule.num_ranks, sum(1 for _ in schedule.iter_computations())),
         allow_large=allow_large,
@@ -222,7 +222,6 @@ def check_schedule(schedule: Schedule, *, path: str, num_pipelines: int = 1) -> 
 __all__ = [
     "InvalidScheduleError",
     "LoadedSchedule",
-    "PPSimError",
     "check_schedule",
     "is_schedule_file",
     "load",
