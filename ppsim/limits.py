@@ -13,6 +13,7 @@ A refusal names the estimate, the limit and the override (``--allow-large`` on t
 | :data:`MAX_RANKS` | 2,048 ranks | every schedule |
 | :data:`MAX_FILE_ACTIONS` | 500,000 computations | a schedule CSV (it is parsed and validated too) |
 | :data:`MAX_FILE_BYTES` | 16 MiB | a schedule CSV read from disk |
+| :data:`MAX_TIMELINE_ACTIONS` | 200,000 actions | ``export --format json`` / ``chrome`` (~140 / 420 bytes per action) |
 | :data:`MAX_FIGURE_ACTIONS` | 50,000 computations | ``plot`` and each schedule in ``report`` |
 | :data:`MAX_FIGURE_RANKS` | 1,000 ranks | ``plot`` and ``report`` |
 """
@@ -27,6 +28,7 @@ MAX_ACTIONS = 2_000_000
 MAX_RANKS = 2_048
 MAX_FILE_ACTIONS = 500_000
 MAX_FILE_BYTES = 16 * 2**20
+MAX_TIMELINE_ACTIONS = 200_000
 MAX_FIGURE_ACTIONS = 50_000
 MAX_FIGURE_RANKS = 1_000
 
@@ -106,6 +108,21 @@ def check_figure(what: str, num_ranks: int, num_actions: int, *, allow_large: bo
             f"use `ppsim simulate` or `export --format chrome` for big schedules, fewer ranks/microbatches, or pass "
             f"{OVERRIDE_FLAG} to draw it anyway"
         )
+
+
+_TIMELINE_BYTES_PER_ACTION = {"json": 140, "chrome": 420}
+
+
+def check_timeline(what: str, num_actions: int, *, fmt: str, allow_large: bool = False) -> None:
+    """Refuse a timed export (JSON timeline, Chrome trace) of more than :data:`MAX_TIMELINE_ACTIONS` actions."""
+    if allow_large or num_actions <= MAX_TIMELINE_ACTIONS:
+        return
+    size = _fmt_bytes(num_actions * _TIMELINE_BYTES_PER_ACTION.get(fmt, 420))
+    raise WorkLimitError(
+        f"{what}: a {fmt} timeline of {num_actions:,} actions (~{size} to write) is beyond the limit of "
+        f"{MAX_TIMELINE_ACTIONS:,} actions; export --format csv (the order, small), use fewer ranks or microbatches, "
+        f"or pass {OVERRIDE_FLAG} to write it anyway"
+    )
 
 
 def check_file_size(path: str, num_bytes: int, *, allow_large: bool = False) -> None:

@@ -388,6 +388,8 @@ UNBOUNDED = [
     Case("plot -r 2000", ("plot", "-s", "1F1B", "-r", "2000", "-m", "4"), 2, "1,000 ranks"),
     Case("plot of 80,000 actions", ("plot", "-s", "1F1B", "-r", "4", "-m", "10000"), 2, "50,000 actions"),
     Case("plot of a 52,000-action file", ("plot", "-s", "wide.csv"), 2, "for a figure"),
+    Case("export chrome of 1M actions", ("export", "-s", "Interleaved1F1B", "-r", "128", "-m", "1024", "-v", "4",
+                                          "--format", "chrome", "-o", "t.json"), 2, "limit of 200,000 actions"),
     Case("validate -m 1000000000", ("validate", "good.csv", "-m", "1000000000"), 2, "--allow-large"),
     Case("a 3,000-rank file", ("validate", "ranks3000.csv"), 2, "2,048 ranks"),
     Case("a line of 3,000,000 empty cells", ("simulate", "-s", "commas.csv"), 2, "cells"),

@@ -87,8 +87,8 @@ AllowLargeOpt = Annotated[
     bool,
     typer.Option(
         "--allow-large",
-        help="Go beyond ppsim's size limits (2M actions, 2048 ranks; CSV files 500k actions, 16 MiB; figures 50k "
-        "actions, 1000 ranks), which can take minutes and gigabytes.",
+        help="Go beyond ppsim's size limits (2M actions, 2048 ranks; CSV files 500k actions, 16 MiB; json/chrome "
+        "exports 200k actions; figures 50k actions, 1000 ranks), which can take minutes and gigabytes.",
     ),
 ]
 

@@ -155,7 +155,9 @@ def export_cmd(
         path = write_csv(sched, output)
     else:
         from ppsim import export
+        from ppsim.limits import check_timeline
 
+        check_timeline(sched.name, sched.num_actions, fmt=fmt.value, allow_large=allow_large)
         result = run_simulation(sched, build_costs(costs, profile, split, layers_per_stage), cost_scope)
         writer = export.write_json_timeline if fmt is ExportFormat.json else export.write_chrome_trace
         path = writer(result, output)
