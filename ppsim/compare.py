@@ -89,6 +89,7 @@ def build(
     num_pipelines: int | None = None,
     allow_large: bool = False,
     figure: bool = False,
+    check: bool = True,
 ) -> tuple[Schedule, list[str]]:
     """A schedule by name or CSV file, and a warning for each given option it ignores.
 
@@ -106,7 +107,7 @@ def build(
     loaded = load(
         name_or_path, num_ranks=num_ranks, num_microbatches=num_microbatches,
         num_stages_per_rank=None if is_file else num_stages_per_rank,
-        num_pipelines=(num_pipelines or 1) if is_file else 1, allow_large=allow_large, figure=figure,
+        num_pipelines=(num_pipelines or 1) if is_file else 1, allow_large=allow_large, figure=figure, check=check,
     )
     schedule = loaded.schedule
     notes.extend(f"note: {note}" for note in loaded.notes)

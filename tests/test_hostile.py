@@ -129,6 +129,8 @@ WRONG_ANSWERS = [
     Case("simulate -m 4 on a 6-microbatch file", ("simulate", "-s", "six.csv", "-m", "4"), 2, "pass -m 6"),
     Case("simulate -m 2 on an 8-microbatch file", ("simulate", "-s", "eight.csv", "-m", "2"), 2, "has 8 microbatches"),
     Case("show -m 2 on an 8-microbatch file", ("show", "-s", "eight.csv", "-m", "2"), 2, "has 8 microbatches"),
+    Case("show an invalid file with a warning", ("show", "-s", "missing_w.csv"), 0, "warning: missing_w.csv is not a "
+         "valid schedule"),
     Case("plot -m 2 on an 8-microbatch file", ("plot", "-s", "eight.csv", "-m", "2"), 2, "has 8 microbatches"),
     Case("export json -m 8 on a 6-microbatch file",
          ("export", "-s", "six.csv", "-m", "8", "--format", "json", "-o", "x.json"), 2, "has 6 microbatches"),

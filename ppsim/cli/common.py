@@ -103,11 +103,15 @@ def build_schedule(
     *,
     allow_large: bool = False,
     figure: bool = False,
+    check: bool = True,
 ) -> Schedule:
-    """Build one schedule (bounded, a file validated; ``figure`` for plot/report); warnings go to stderr."""
+    """Build one schedule (bounded, a file validated unless ``check=False``; ``figure`` for plot/report); warnings
+    go to stderr."""
     from ppsim.compare import build
 
-    sched, notes = build(schedule, ranks, mb, v, num_pipelines=directions, allow_large=allow_large, figure=figure)
+    sched, notes = build(
+        schedule, ranks, mb, v, num_pipelines=directions, allow_large=allow_large, figure=figure, check=check
+    )
     warn(notes)
     return sched
 

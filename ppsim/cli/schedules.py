@@ -80,8 +80,15 @@ def show_cmd(
 ) -> None:
     """The order as a text grid, one row per rank."""
     from ppsim.formats import to_text_grid
+    from ppsim.schedules.loading import InvalidScheduleError, check_schedule, is_schedule_file
 
-    sched = build_schedule(one_schedule(schedule), ranks, mb, stages_per_rank, directions, allow_large=allow_large)
+    name = one_schedule(schedule)
+    sched = build_schedule(name, ranks, mb, stages_per_rank, directions, allow_large=allow_large, check=False)
+    if is_schedule_file(name):
+        try:  # showing an invalid file helps to fix it: say so, then show it
+            check_schedule(sched, path=name, num_pipelines=directions or 1)
+        except InvalidScheduleError as exc:
+            typer.echo(f"warning: {exc}", err=True)
     typer.echo(
         f"{sched.name}: {sched.num_ranks} ranks, {sched.num_microbatches} microbatches, "
         f"{sched.num_stages} stages ({sched.num_stages_per_rank} per rank)"
