@@ -515,7 +515,7 @@ def search(
             sched = fitting[0][1]
             starts.append((sched, costs_for(costs, sched, scope=cost_scope)))
         starts.sort(key=lambda x: simulate(x[0], x[1]).makespan)
-        if use_cpsat and starts and time.perf_counter() < deadline:
+        if use_cpsat and starts and deadline - time.perf_counter() > 0.3:
             # Phase 2a: CP-SAT from the best order, its answer re-simulated with the exact costs.
             sched, tcosts = starts[0]
             prob = next((p for t, _, p in problems if t.stage_to_rank == sched.stage_to_rank), None)

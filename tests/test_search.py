@@ -282,3 +282,9 @@ def test_lower_bound_never_exceeds_any_named_schedule_that_fits(placement: str, 
             for named, _, _ in _named(templates, ranks, mb, costs, cap, "stage"):
                 if named.fits:
                     assert lb <= named.makespan + 1e-9, (named.name, ranks, mb, cap_count)
+
+
+def test_cli_refuses_a_search_too_large_without_allow_large() -> None:
+    res = runner.invoke(app, ["search", "-r", "64", "-m", "1000", "--memory-cap", "8act"])
+    assert res.exit_code == 2
+    assert "--allow-large" in res.output

@@ -9,7 +9,7 @@ import typer
 
 from ppsim.cli._app import app
 from ppsim.cli.common import build_costs, console, echo_json, user_errors
-from ppsim.cli.options import CostScopeOpt, CostsOpt, JsonOpt, ProfileOpt
+from ppsim.cli.options import AllowLargeOpt, CostScopeOpt, CostsOpt, JsonOpt, ProfileOpt
 from ppsim.errors import PPSimError
 from ppsim.io import check_writable, fmt_bytes
 from ppsim.search import SEARCH_NAME, Placement, Solver
@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from ppsim.costs import CostModel
     from ppsim.ir import Schedule
     from ppsim.search import Progress, SearchResult
+
+
+MAX_SEARCH_ACTIONS = 100_000
+"""Largest order `ppsim search` takes without --allow-large (about 20 ms per list-scheduling pass)."""
 
 
 @app.command("search")
@@ -57,9 +61,16 @@ def search_cmd(
     cost_scope: CostScopeOpt = None,
     json_out: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines on stderr.")] = False,
+    allow_large: AllowLargeOpt = False,
 ) -> None:
     """Search for the order with the smallest simulated makespan that fits the memory cap on every rank."""
+    from ppsim.limits import WorkEstimate, check_work
     from ppsim.search import search
+
+    # the search builds and simulates thousands of orders: bound one order's size well below the one-shot limit
+    v = 2 if placement is not Placement.loop else (stages_per_rank or 1)
+    check_work(WorkEstimate(f"search -r {ranks} -m {mb} -v {v}", ranks, max(ranks, 0) * v * max(mb, 0) * 3),
+               allow_large=allow_large, max_actions=MAX_SEARCH_ACTIONS)
 
     if output is not None:
         check_writable(output, example="best.csv")
