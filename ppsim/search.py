@@ -487,6 +487,8 @@ def search(
         for k, (tpl, tcosts, prob) in enumerate(problems):
             allow_pairs = _is_v(tpl) and _pairs_help(tcosts, tpl)
             for rule in _fixed_rules(prob, allow_pairs=allow_pairs):
+                if best.schedule is not None and time.perf_counter() >= phase1_end:
+                    break
                 out = list_schedule(prob, rule)
                 evaluations += 1
                 if out is not None and max(out[2]) <= cap.amount + 1e-9:
