@@ -288,3 +288,30 @@ def test_cli_refuses_a_search_too_large_without_allow_large() -> None:
     res = runner.invoke(app, ["search", "-r", "64", "-m", "1000", "--memory-cap", "8act"])
     assert res.exit_code == 2
     assert "--allow-large" in res.output
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_rules_give_valid_orders_the_simulator_times_alike(seed: int) -> None:
+    import random
+
+    from ppsim.search import _random_rule
+
+    rng = random.Random(seed)
+    costs = parse_costs(rng.choice(["F=1,B=2,I=1,W=1,FB=2.5,comm=0.1", "F=1,B=2.5,I=1.5,W=1,FB=3", "F=2,B=3,comm=0.3"]))
+    for _ in range(8):
+        ranks, mb = rng.choice([2, 3, 4, 5]), rng.choice([1, 2, 5, 8, 11])
+        v = rng.choice([1, 2, 3])
+        placement = v_placement(ranks) if v == 2 and rng.random() < 0.5 else loop_placement(ranks, v)
+        tpl = make_schedule("t", [[] for _ in range(ranks)], placement, mb, v)
+        cap = rng.choice([v, v + 1, 2 * v + 1, ranks * v, 10**6])
+        problem = make_problem(tpl, costs, cap)
+        out = list_schedule(problem, _random_rule(rng, problem, allow_pairs=placement == v_placement(ranks)))
+        if out is None:  # a rule's limits may stall; the search then drops it
+            continue
+        orders, makespan, peak = out
+        sched = tpl.with_actions(orders)
+        assert validate(sched) == []
+        sim = simulate(sched, costs)
+        assert sim.makespan == pytest.approx(makespan)
+        assert max(p.peak_activations for p in sim.per_rank) <= cap
+        assert [p.peak_activations for p in sim.per_rank] == [int(x) for x in peak]

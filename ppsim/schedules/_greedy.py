@@ -252,7 +252,7 @@ def list_schedule(problem: Problem, rule: Rule) -> tuple[tuple[tuple[Action, ...
         kind, s = choice
         if kind == "f":
             mb = next_f[s]
-            start = max(t, f_ready(s, mb))
+            start = max(st.free, f_ready(s, mb))
             pair_b = None
             if rule.pairs and ready_b:
                 bs = _pick(ready_b, rng)
@@ -282,14 +282,14 @@ def list_schedule(problem: Problem, rule: Rule) -> tuple[tuple[tuple[Action, ...
             end_f[s][mb] = end
         elif kind == "b":
             mb = next_b[s]
-            start = max(t, b_ready(s, mb))
+            start = max(st.free, b_ready(s, mb))
             end = start + (b[s] if use_b[s] else i_cost[s])
             st.order.append(backward(st, s, mb))
             end_b[s][mb] = end
             left -= 1
         else:
             s, mb = st.pending_w.popleft()
-            start = t
+            start = st.free
             end = start + w[s]
             st.held -= act[s] - freed[s]
             released[s] += 1
