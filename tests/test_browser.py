@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from ppsim.costs import parse_costs
 from ppsim.schedules import get_schedule
 from ppsim.simulate import simulate
 from ppsim.viz import plot_to_file
@@ -84,3 +86,22 @@ def test_screenshot_shows_the_gantt_colours(pages, tmp_path, page):
     assert shot.is_file(), run.stderr[-2000:]
     counts = colour_counts(shot)
     assert counts["orange"] > 2000 and counts["green"] > 2000 and counts["blue"] > 300, counts
+
+
+def bar_labels(dom: str) -> list[tuple[str, bool]]:
+    """``(text, shown)`` for every label plotly drew inside a bar (a hidden one is scaled to 0)."""
+    found = re.findall(r'<text class="bartext[^"]*"[^>]*?transform="([^"]*)"[^>]*>(?:<tspan[^>]*>)?([^<]*)', dom)
+    return [(text, "scale(0)" not in transform) for transform, text in found]
+
+
+def test_report_at_1600_px_shows_two_digit_microbatch_labels(tmp_path):
+    # ZBV and DualPipeV cells on the shared time axis are too narrow for "10".."15" at the default size
+    costs = parse_costs(None)
+    entries = [(n, simulate(get_schedule(n, 4, 16), costs)) for n in ("1F1B", "ZBVZeroBubble", "DualPipeV")]
+    page = write_report(entries, tmp_path / "report.html", costs=costs)
+    run = chromium(tmp_path, page, "--dump-dom", "--window-size=1600,1200")
+    labels = bar_labels(run.stdout)
+    num_cells = sum(len(a.computations) for _, r in entries for row in r.schedule.actions for a in row)
+    assert len(labels) == num_cells
+    assert [text for text, shown in labels if not shown] == []
+    assert {text for text, _ in labels} >= {str(m) for m in range(10, 16)}

@@ -18,6 +18,7 @@ from ppsim.ir import ActionType
 from ppsim.schedules import get_schedule
 from ppsim.simulate import simulate
 from ppsim.viz import gantt, plot_to_file
+from ppsim.viz._data import cells as cells_of
 from viz_helpers import profile_like_costs
 
 ORANGE, GREEN, BLUE = "#f1b238", "#7fd650", "#77befa"
@@ -143,6 +144,22 @@ def test_every_cell_shows_its_microbatch_second_chunk_in_white(dualpipev):
                 white = comp.stage >= s.num_ranks  # DualPipeV: rank r holds stage r and the V's return 2R-1-r
                 want[rank, str(comp.microbatch), "#ffffff" if white else "#000000"] += 1
     assert got == want
+
+
+def test_two_digit_labels_in_narrow_cells_are_set_smaller_not_dropped():
+    # W costs half a forward: a W cell is half a unit wide, too narrow for "12" at the chart's label size
+    result = simulate(get_schedule("DualPipeV", 4, 16), parse_costs("F=1,B=2,I=1.5,W=0.5,FB=2.5"))
+    fig = gantt.plot_gantt(result)
+    labels = collection(fig, "labels")
+    num_cells = sum(len(a.computations) for row in result.schedule.actions for a in row)
+    assert len(labels.texts) == num_cells  # every cell keeps its microbatch id
+    w_cells = {(round((c.start + c.end) / 2, 6), c.rank) for c in cells_of(result) if c.group == "W"}
+    sizes = {}
+    for (x, y), text, size in zip(labels.get_offsets(), labels.texts, labels.fontsizes):
+        if (round(x, 6), int(y)) in w_cells:
+            sizes.setdefault(len(text), set()).add(size)
+    assert max(sizes[2]) < labels.fontsize and min(sizes[2]) >= gantt.MIN_CELL_LABEL_FONT
+    assert max(sizes[1]) > max(sizes[2])  # one digit needs less room than two
 
 
 def test_legend_below_names_kinds_and_digit_colours(dualpipev):

@@ -10,6 +10,7 @@ memory panel's lines with gid ``memory``: tests and users can find each part by 
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -44,7 +45,8 @@ UNIT_WIDTH = 0.26
 MIN_WIDTH = 5.0
 MAX_WIDTH = 60.0
 LABEL_FONT = 10.0
-MIN_LABEL_FONT = 5.0
+MIN_LABEL_FONT = 5.0  # below this for the typical cell a chart gets no digits
+MIN_CELL_LABEL_FONT = 4.0  # a label shrunk to fit a narrow cell is dropped only below this
 ROW_LABEL_FONT = 10.0
 EDGE_WIDTH = 0.8
 FONT_FAMILY = ["Helvetica", "Arial", "Liberation Sans", "DejaVu Sans"]
@@ -125,28 +127,36 @@ class LabelCollection(PathCollection):
     """Microbatch ids drawn as glyph outlines, one artist for all of them (thousands of Text artists are slow).
 
     ``texts`` holds the strings in drawing order, aligned with ``get_offsets()`` (cell centres in data coordinates)
-    and ``get_facecolors()`` (black or white digits); ``fontsize`` is in points.
+    and ``get_facecolors()`` (black or white digits); ``fontsizes`` the size of each in points (a label too long
+    for its cell is set smaller rather than dropped) and ``fontsize`` the largest.
     """
 
-    def __init__(self, paths: list[Path_], texts: list[str], *, fontsize: float, **kwargs: Any) -> None:
+    def __init__(
+        self, paths: list[Path_], texts: list[str], *, fontsizes: list[float], **kwargs: Any
+    ) -> None:
         super().__init__(paths, **kwargs)
         self.texts = tuple(texts)
-        self.fontsize = fontsize
+        self.fontsizes = tuple(fontsizes)
+        self.fontsize = max(fontsizes, default=0.0)
 
     @classmethod
-    def for_cells(cls, ax: Axes, cells: list[_data.Cell], *, fontsize: float) -> LabelCollection:
-        prop = FontProperties(size=fontsize)
-        zero = TextPath((0, 0), "0", size=fontsize, prop=prop).get_extents()
-        glyphs: dict[str, Path_] = {}
+    def for_cells(
+        cls, ax: Axes, cells: list[_data.Cell], *, fontsize: float, fontsizes: list[float] | None = None
+    ) -> LabelCollection:
+        sizes = [fontsize] * len(cells) if fontsizes is None else fontsizes
+        glyphs: dict[tuple[str, float], Path_] = {}
         texts = [str(c.microbatch) for c in cells]
-        for text in set(texts):  # centred on the ink horizontally, on a digit's height vertically
-            path = TextPath((0, 0), text, size=fontsize, prop=prop)
+        for key in set(zip(texts, sizes)):  # centred on the ink horizontally, on a digit's height vertically
+            text, size = key
+            prop = FontProperties(size=size)
+            zero = TextPath((0, 0), "0", size=size, prop=prop).get_extents()
+            path = TextPath((0, 0), text, size=size, prop=prop)
             ext = path.get_extents()
-            glyphs[text] = path.transformed(Affine2D().translate(-(ext.x0 + ext.x1) / 2, -(zero.y0 + zero.y1) / 2))
+            glyphs[key] = path.transformed(Affine2D().translate(-(ext.x0 + ext.x1) / 2, -(zero.y0 + zero.y1) / 2))
         return cls(
-            [glyphs[t] for t in texts],
+            [glyphs[k] for k in zip(texts, sizes)],
             texts,
-            fontsize=fontsize,
+            fontsizes=sizes,
             offsets=np.array([((c.start + c.end) / 2, c.rank) for c in cells], dtype=float),
             offset_transform=ax.transData,
             transform=Affine2D().scale(1 / 72) + ax.figure.dpi_scale_trans,  # glyphs in points
@@ -241,12 +251,22 @@ def draw_gantt(
             fs = min(fs, (unit_pt - 2.0) / (ndig * DIGIT_WIDTH_EM))
         if fs >= MIN_LABEL_FONT or labels is True:
             fs = max(fs, 1.0)
-            def fits(c: _data.Cell) -> bool:
-                return (c.end - c.start) * pt_per_time >= len(str(c.microbatch)) * DIGIT_WIDTH_EM * fs + 1.5
 
-            shown = [c for c in cells if labels is True or fits(c)]
+            def fitted(c: _data.Cell) -> float:
+                """The label size for this cell: ``fs``, or smaller where its digits would overflow the cell."""
+                room = (c.end - c.start) * pt_per_time - 1.5
+                return min(fs, room / (len(str(c.microbatch)) * DIGIT_WIDTH_EM))
+
+            # a label too long for its cell (two digits in a narrow one) is set smaller, down to a legible floor,
+            # and rounded to a quarter point so a chart needs only a few glyph sizes
+            sized = [(c, fs if labels is True else math.floor(fitted(c) * 4) / 4) for c in cells]
+            shown = [(c, size) for c, size in sized if labels is True or size >= MIN_CELL_LABEL_FONT]
             if shown:
-                ax.add_collection(LabelCollection.for_cells(ax, shown, fontsize=fs), autolim=False)
+                ax.add_collection(
+                    LabelCollection.for_cells(ax, [c for c, _ in shown], fontsize=fs,
+                                              fontsizes=[size for _, size in shown]),
+                    autolim=False,
+                )
 
     if comm:
         _draw_comm(result, ax)
