@@ -199,6 +199,54 @@ def test_title_names_schedule_size_makespan_and_bubble(dualpipev):
         assert part in text
 
 
+def title_of(fig: Figure):
+    return next(t for t in fig.texts if t.get_gid() == "title")
+
+
+def two_rank_csv(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    path.write_text("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n", encoding="utf-8")
+    return path
+
+
+def test_a_long_schedule_name_wraps_and_stays_inside_a_short_chart(tmp_path):
+    name = "sweep_ranks2_mb2_interleaved_variant_with_a_very_long_descriptive_file_name_final_v3.csv"
+    fig = gantt.plot_gantt(simulate(read_csv(two_rank_csv(tmp_path, name))))
+    fig.canvas.draw()
+    title = title_of(fig)
+    box, figure_box = title.get_window_extent(), fig.bbox
+    assert box.x0 >= figure_box.x0 and box.x1 <= figure_box.x1 and box.y1 <= figure_box.y1
+    assert box.y0 > fig.axes[0].get_window_extent().y1  # above the chart, not over it
+    lines = title.get_text().split("\n")
+    assert len(lines) == 2 and lines[1].startswith("2 ranks, 2 microbatches, makespan")
+    assert lines[0].startswith("sweep_ranks2") and lines[0].endswith("final_v3:")
+
+
+def test_a_short_title_stays_one_line_at_full_size(dualpipev):
+    title = title_of(gantt.plot_gantt(dualpipev))
+    assert "\n" not in title.get_text() and title.get_fontsize() == 11
+
+
+def test_a_name_in_a_script_the_fonts_lack_draws_without_a_warning(tmp_path):
+    import warnings
+
+    from ppsim.viz import _text
+
+    name = "流水线.csv"
+    result = simulate(read_csv(two_rank_csv(tmp_path, name)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns "Glyph ... missing from font(s)" when it draws boxes
+        fig = gantt.plot_gantt(result)
+        plot_to_file(result, tmp_path / "cjk.png")
+        plot_to_file(result, tmp_path / "cjk.svg")
+    text = title_of(fig).get_text()
+    if all(_text._fallback_for(ord(ch)) for ch in "流水线"):  # a CJK font is installed: drawn with it
+        assert text.startswith("流水线")
+    else:  # none is: written as escapes, never as boxes
+        assert text.startswith("\\u6d41\\u6c34\\u7ebf")
+    assert (tmp_path / "cjk.png").stat().st_size > 0
+
+
 def test_draws_into_a_given_axes_and_returns_its_figure(dualpipev):
     fig = Figure(figsize=(12, 3))
     ax = fig.add_subplot()

@@ -22,7 +22,7 @@ import matplotlib as mpl
 import numpy as np
 from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.figure import Figure
-from matplotlib.font_manager import FontProperties, fontManager
+from matplotlib.font_manager import FontProperties
 from matplotlib.legend_handler import HandlerBase
 from matplotlib.patches import Rectangle
 from matplotlib.path import Path as Path_
@@ -31,7 +31,7 @@ from matplotlib.textpath import TextPath
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 from matplotlib.transforms import Affine2D, ScaledTranslation
 
-from ppsim.viz import _data
+from ppsim.viz import _data, _text
 from ppsim.viz._data import COLORS, DIGIT_COLORS, GROUP_KIND, GROUPS, IDLE_EDGE, LEGEND_LABELS
 
 if TYPE_CHECKING:
@@ -49,15 +49,12 @@ MIN_LABEL_FONT = 5.0  # below this for the typical cell a chart gets no digits
 MIN_CELL_LABEL_FONT = 4.0  # a label shrunk to fit a narrow cell is dropped only below this
 ROW_LABEL_FONT = 10.0
 EDGE_WIDTH = 0.8
-FONT_FAMILY = ["Helvetica", "Arial", "Liberation Sans", "DejaVu Sans"]
 DIGIT_WIDTH_EM = 0.62  # width of one digit in ems (Helvetica/Arial/DejaVu: 0.556-0.636)
 
 
 def _rc() -> dict[str, Any]:
-    available = {f.name for f in fontManager.ttflist}
-    family = [f for f in FONT_FAMILY if f in available] or ["sans-serif"]
     return {
-        "font.family": family,
+        "font.family": list(_text.base_families()),
         "svg.fonttype": "none",  # text stays text in SVG (editable, small)
         "pdf.fonttype": 42,  # TrueType in PDF (publishers reject Type 3)
         "ps.fonttype": 42,
@@ -416,7 +413,10 @@ def plot_gantt(
             if legend:
                 add_legend(result, ax, cells=cells)
             if title:
-                ax.set_title(title if isinstance(title, str) else _data.title(result), loc="left", fontsize=11)
+                width_pt = ax.get_position().width * ax.figure.get_figwidth() * 72.0
+                fitted = _text.fit_title(title if isinstance(title, str) else _data.title(result), width_pt)
+                ax.set_title(fitted.text, loc="left", fontsize=fitted.fontsize, fontfamily=list(fitted.families),
+                             parse_math=False)
             return ax.figure  # type: ignore[return-value]
         return _own_figure(result, memory=memory, comm=comm, labels=labels, legend=legend, title=title,
                            row_label=row_label, width=width, time_max=time_max)
@@ -435,7 +435,10 @@ def _own_figure(
     entries = legend_entries(result, cells)
     ncol = _legend_columns(entries, axes_w + left, 10.0)
     legend_rows = -(-len(entries.labels) // ncol) if legend else 0
-    title_h = 0.42 if title else 0.1
+    fitted = None
+    if title:  # from the axes' left edge to the figure's right edge, wrapped or set smaller when it is long
+        fitted = _text.fit_title(title if isinstance(title, str) else _data.title(result), (fig_w - left - 0.1) * 72)
+    title_h = 0.42 + (fitted.num_lines - 1) * fitted.fontsize * 1.25 / 72 if fitted else 0.1
     gantt_h = n * ROW_HEIGHT
     ticks_h = 0.45
     legend_h = 0.36 * legend_rows + (0.12 if legend else 0.0)
@@ -448,9 +451,9 @@ def _own_figure(
     draw_gantt(result, ax, labels=labels, comm=comm, row_label=row_label, time_max=time_max, cells=cells)
     if legend:
         add_legend(result, ax, ncol=ncol, cells=cells)
-    if title:
-        fig.text(left / fig_w, 1 - 0.14 / fig_h, title if isinstance(title, str) else _data.title(result),
-                 ha="left", va="top", fontsize=11)
+    if fitted:
+        fig.text(left / fig_w, 1 - 0.14 / fig_h, fitted.text, ha="left", va="top", fontsize=fitted.fontsize,
+                 fontfamily=list(fitted.families), parse_math=False, gid="title")
     if memory:
         mem_ax = fig.add_axes((left / fig_w, mem_ticks / fig_h, axes_w / fig_w, mem_h / fig_h))
         draw_memory(result, mem_ax, row_label=row_label, time_max=time_max)
