@@ -283,6 +283,40 @@ def test_thousands_of_cells_per_row_drop_labels_and_borders():
     assert collection(fig, "pair-borders") is None
 
 
+def test_beyond_the_drawn_cell_limit_rows_are_one_image_of_what_runs_when(monkeypatch):
+    result = simulate(get_schedule("ZBH1", 4, 8))
+    monkeypatch.setattr(gantt, "MAX_DRAWN_CELLS", 10)
+    fig = gantt.plot_gantt(result)
+    ax = fig.axes[0]
+    assert [c.get_gid() for c in ax.collections] == []  # no rectangles, no digits
+    (image,) = [im for im in ax.images if im.get_gid() == "cells:dense"]
+    pixels = np.asarray(image.get_array())
+    columns = pixels.shape[1]
+    assert pixels.shape[0] == 4 and columns >= 100
+    assert image.get_extent() == pytest.approx([0, result.makespan, 3.5, -0.5])
+    colour = {to_hex(tuple(px[:3] / 255)) for px in pixels.reshape(-1, 4)}
+    assert colour == {ORANGE, GREEN, BLUE, "#ffffff"}
+    dt = result.makespan / columns
+    for rank, row in enumerate(result.schedule.actions):  # the pixel column at each action's middle has its colour
+        for pos, action in enumerate(row):
+            mid = (result.starts[rank][pos] + result.ends[rank][pos]) / 2
+            px = pixels[rank, int(mid / dt)]
+            assert to_hex(tuple(px[:3] / 255)) == KIND_COLOR[action.type.value]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["Forward", "Backward for input", "Backward for weights"]
+
+
+def test_many_ranks_get_a_bounded_figure_with_thinned_row_labels():
+    result = simulate(get_schedule("1F1B", 200, 2))
+    fig = gantt.plot_gantt(result, labels=False, legend=False)
+    assert fig.get_figheight() <= gantt.MAX_GANTT_HEIGHT + 2
+    ticks = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert ticks[0] == "Device 0" and 10 < len(ticks) < 200
+    dpi = gantt.bounded_dpi(fig, 200)
+    w, h = fig.get_size_inches()
+    assert w * h * dpi**2 <= gantt.MAX_PIXELS * 1.001 and dpi < 200
+
+
 def test_memory_panel_has_a_line_per_rank_peaking_at_peak_activations(dualpipev):
     fig = gantt.plot_gantt(dualpipev, memory=True)
     assert len(fig.axes) == 2
