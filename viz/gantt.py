@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import matplotlib as mpl
 import numpy as np
+
+from ppsim.viz import _mpl  # noqa: F401  (first: imports matplotlib's figure modules quickly)
 from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
