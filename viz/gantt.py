@@ -10,12 +10,13 @@ memory panel's lines with gid ``memory``: tests and users can find each part by 
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 import matplotlib as mpl
 import numpy as np
@@ -567,8 +568,9 @@ def save_figure(fig: Figure, path: str | os.PathLike[str], *, dpi: int = 200) ->
         "pdf": {"metadata": {"CreationDate": None}},
     }[fmt]
 
-    def draw(fh: BinaryIO) -> None:
-        with mpl.rc_context(_rc()):
-            fig.savefig(fh, format=fmt, dpi=dpi, facecolor="white", **extra)
-
-    return write_atomic(path, draw)
+    # rendered in memory first, so the hidden temporary file lives for the write alone (milliseconds, not the
+    # seconds a big figure takes to draw): a process killed outright (SIGKILL) rarely leaves one behind
+    buffer = io.BytesIO()
+    with mpl.rc_context(_rc()):
+        fig.savefig(buffer, format=fmt, dpi=dpi, facecolor="white", **extra)
+    return write_atomic(path, buffer.getvalue())
