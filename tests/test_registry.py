@@ -73,6 +73,8 @@ ACCEPTS = {
     "InterleavedZeroBubble": splits_into_rounds,
     "DualPipeV": lambda r, mb: mb >= 2 * r,
     "DualPipe": lambda r, mb: r % 2 == 0 and mb % 2 == 0 and mb >= 2 * r,
+    "V-Min": lambda r, mb: True,
+    "V-Half": lambda r, mb: True,
 }
 
 
