@@ -141,13 +141,13 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
             "ts": us(h_start[c]), "dur": us(h_end[c] - h_start[c]), "args": args,
         })
 
-    prod, cons, delay, nbytes = t.transfers
-    end_ns = [ns(x) for x in t.end.tolist()]
+    prod, cons, send_at, arrive_at, nbytes = t.transfers
     hops = []
-    for k, (p, q, d, b) in enumerate(zip(prod.tolist(), cons.tolist(), delay.tolist(), nbytes.tolist())):
+    for k, (p, q, send, arrive, b) in enumerate(
+        zip(prod.tolist(), cons.tolist(), send_at.tolist(), arrive_at.tolist(), nbytes.tolist())
+    ):
         src, dst = rank_of_action[c_owner[p]], rank_of_action[c_owner[q]]
-        send = end_ns[c_owner[p]]
-        hops.append((src, dst, send, ns(t.end[c_owner[p]] + d), p, q, b, k))
+        hops.append((src, dst, ns(send), ns(arrive), p, q, b, k))
     timed = [h for h in hops if h[3] > h[2]]
     lane_names: dict[tuple[int, int], str] = {}
     for (src, dst, send, arrive, p, q, b, _), (tid, name) in zip(timed, _comm_lanes(timed)):

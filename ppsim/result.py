@@ -60,6 +60,7 @@ class Trace:
     # rank-crossing hand-offs, in parts of (producer computation, consumer computation, delay, upstream stage)
     xfer_parts: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
     stage_out_bytes: np.ndarray  # per stage: bytes of the boundary tensor after it (NaN without a profile)
+    consumer_posting: bool = False  # hand-offs leave at max(producer end, end of the consumer's previous action)
 
     @cached_property
     def comp_half_start(self) -> np.ndarray:
@@ -76,15 +77,23 @@ class Trace:
         return half_end
 
     @cached_property
-    def transfers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(producer, consumer, delay, bytes)`` of every rank-crossing hand-off, one row per consumer input."""
+    def transfers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(producer, consumer, send, arrive, bytes)`` of every rank-crossing hand-off, one row per consumer input.
+
+        ``send`` is when the hand-off leaves: its producer's end, or with consumer posting the later of that and
+        the end of the consumer rank's previous action."""
         import numpy as np
 
         if not self.xfer_parts:
             empty = np.zeros(0, dtype=np.int64)
-            return empty, empty, np.zeros(0), np.zeros(0)
+            return empty, empty, np.zeros(0), np.zeros(0), np.zeros(0)
         prod, cons, delay, upstream = (np.concatenate(col) for col in zip(*self.xfer_parts))
-        return prod, cons, delay, self.stage_out_bytes[upstream]
+        send = self.end[self.comp_owner[prod]]
+        if self.consumer_posting:
+            consumer = self.comp_owner[cons]
+            previous = np.where(np.isin(consumer, self.offsets[:-1]), 0.0, self.end[np.maximum(consumer - 1, 0)])
+            send = np.maximum(send, previous)
+        return prod, cons, send, send + delay, self.stage_out_bytes[upstream]
 
 
 @dataclass(frozen=True)
@@ -173,12 +182,11 @@ class SimResult:
         import pandas as pd
 
         t = self.trace
-        prod, cons, delay, nbytes = t.transfers
+        prod, cons, send, arrive, nbytes = t.transfers
         p_owner, c_owner = t.comp_owner[prod], t.comp_owner[cons]
         src = np.searchsorted(t.offsets, p_owner, side="right") - 1
         dst = np.searchsorted(t.offsets, c_owner, side="right") - 1
         names = _names(t.comp_stage, t.comp_type, t.comp_mb)
-        send = t.end[p_owner]
         return pd.DataFrame(
             {
                 "src_rank": src,
@@ -187,7 +195,7 @@ class SimResult:
                 "consumer": names[cons].astype(object),
                 "kind": np.where(t.comp_type[prod] == 0, "F", "B").astype(object),
                 "send": send,
-                "arrive": send + delay,
+                "arrive": arrive,
                 "bytes": nbytes,
                 "src_position": p_owner - t.offsets[src],
                 "dst_position": c_owner - t.offsets[dst],

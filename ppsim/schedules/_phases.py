@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from itertools import islice
 
 from ppsim.errors import ScheduleConfigError
-from ppsim.ir import Action, ActionType, Schedule, require
+from ppsim.ir import Action, ActionType, Schedule, make_action, require
 
 F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 
@@ -104,7 +104,7 @@ def grouped(stages: Sequence[int], kind: ActionType, num_microbatches: int, grou
     every microbatch on each stage in turn.
     """
     return [
-        Action(s, kind, mb)
+        make_action(s, kind, mb)
         for start in range(0, num_microbatches, group_size)
         for s in stages
         for mb in range(start, min(start + group_size, num_microbatches))

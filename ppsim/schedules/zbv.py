@@ -6,7 +6,7 @@ of the missing microbatches are dropped (as torch does).
 
 from __future__ import annotations
 
-from ppsim.ir import Action, ActionType, Schedule
+from ppsim.ir import Action, ActionType, Schedule, make_action
 from ppsim.schedules import ScheduleSpec, register
 from ppsim.schedules._phases import F, I, W, make_schedule, require_sizes, v_placement
 
@@ -21,7 +21,7 @@ def _rank_actions(rank: int, num_ranks: int, num_microbatches: int) -> list[Acti
 
     def add(stage: int, kind: ActionType, mb: int) -> None:
         if mb < m:
-            out.append(Action(stage, kind, mb))
+            out.append(make_action(stage, kind, mb))
 
     f0 = 2 * R - r - 1  # first-stage forwards in warm-up
     # Warm-up 1: first-stage forwards.
