@@ -31,7 +31,7 @@ import numpy as np
 from ppsim import deps
 from ppsim.costs import CostModel, parse_costs
 from ppsim.errors import CostError, DeadlockError, ScheduleFormatError
-from ppsim.ir import Action, ActionType, Schedule, overlap
+from ppsim.ir import Action, ActionType, Schedule, make_action, overlap
 from ppsim.result import RankStats, SimResult, Trace, safe_ratio
 
 _KINDS = (ActionType.F, ActionType.B, ActionType.I, ActionType.W)  # computation codes 0..3
@@ -310,40 +310,43 @@ class _Rules:
 
     def __init__(self, schedule: Schedule, costs: CostModel) -> None:
         num_stages = schedule.num_stages
-        reqs: list[list[tuple[int, int]]] = []
-        for s in range(num_stages):
-            for kind in _KINDS:
-                got = deps.requires(schedule, Action(s, kind, 1))
-                assert all(k[1] == 1 for k in got), "the simulator assumes inputs of the same microbatch"
-                assert sum(k[0] != s for k in got) <= 1, "the simulator assumes one input from another stage"
-                reqs.append([(k[0], k[2]) for k in got])
+        requires, rank = deps.requires, schedule.stage_to_rank
+        reqs = [requires(schedule, make_action(s, kind, 1)) for s in range(num_stages) for kind in _KINDS]
+        width = max(map(len, reqs), default=0)
+        cells = max(len(reqs), 1)
+        stages = [[num_stages] * cells for _ in range(width)]
+        phases = [[0] * cells for _ in range(width)]
+        delays = [[0.0] * cells for _ in range(width)]
+        delay_of: dict[tuple[int, int], float] = {}  # (producer stage, consumer stage) -> CostModel.comm_delay
+        for i, got in enumerate(reqs):
+            consumer = i // 4
+            assert len(got) < 2 or (len(got) == 2 and consumer in (got[0][0], got[1][0])), "one input from elsewhere"
+            for j, (st, mb, ph) in enumerate(got):
+                assert mb == 1, "the simulator assumes inputs of the same microbatch"
+                stages[j][i] = st
+                phases[j][i] = ph
+                if rank[st] != rank[consumer]:
+                    d = delay_of.get((st, consumer))
+                    if d is None:
+                        d = delay_of[(st, consumer)] = costs.comm_delay(schedule, st, consumer)
+                    delays[j][i] = d
+        self.req_stage = [np.array(col, dtype=np.int64) for col in stages]
+        self.req_phase = [np.array(col, dtype=np.int64) for col in phases]
+        self.req_delay = [np.array(col, dtype=np.float64) for col in delays]
+        for col in self.req_delay:
+            if not np.isfinite(col).all():
+                i = int(np.flatnonzero(~np.isfinite(col))[0])
+                _refuse_non_finite(costs, f"a hand-off to stage {i // 4} takes {float(col[i])}")
         provs: list[list[int]] = []
         for kind in _KINDS:
             made = deps.provides(Action(0, kind, 1))
             assert all(k[0] == 0 and k[1] == 1 for k in made), "a computation provides its own keys"
             provs.append([k[2] for k in made])
-        width = max((len(r) for r in reqs), default=0)
-        cells = max(len(reqs), 1)
-        self.req_stage = [np.full(cells, num_stages, dtype=np.int64) for _ in range(width)]
-        self.req_phase = [np.zeros(cells, dtype=np.int64) for _ in range(width)]
-        self.req_delay = [np.zeros(cells, dtype=np.float64) for _ in range(width)]
-        rank = schedule.stage_to_rank
-        for i, r in enumerate(reqs):
-            consumer = i // 4
-            for j, (st, ph) in enumerate(r):
-                self.req_stage[j][i] = st
-                self.req_phase[j][i] = ph
-                if rank[st] != rank[consumer]:
-                    self.req_delay[j][i] = costs.comm_delay(schedule, st, consumer)
-        for delays in self.req_delay:
-            if not np.isfinite(delays).all():
-                i = int(np.flatnonzero(~np.isfinite(delays))[0])
-                _refuse_non_finite(costs, f"a hand-off to stage {i // 4} takes {float(delays[i])}")
         self.prov_phase = [np.full(6, -1, dtype=np.int8) for _ in range(max(len(p) for p in provs))]
-        for k, phases in enumerate(provs):
-            for j, ph in enumerate(phases):
+        for k, made_phases in enumerate(provs):
+            for j, ph in enumerate(made_phases):
                 self.prov_phase[j][k] = ph
-        self.num_phases = 1 + max([ph for p in provs for ph in p] + [ph for r in reqs for _, ph in r])
+        self.num_phases = 1 + max([ph for p in provs for ph in p] + [k[2] for r in reqs for k in r])
 
 
 def _dense_microbatches(c_mb: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

@@ -9,14 +9,15 @@ Rules (dependencies from :mod:`ppsim.deps`):
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
-from ppsim import deps
+from ppsim.costs import CostModel
 from ppsim.errors import DeadlockError
-from ppsim.ir import Action, ActionType, Schedule
+from ppsim.ir import ActionType, Schedule
+from ppsim.simulate import compile_schedule, run
 
 F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
+_MAX_MISSING = 100  # missing computations listed one by one
 
 
 @dataclass(frozen=True)
@@ -97,69 +98,41 @@ def validate(schedule: Schedule) -> list[Problem]:
                         problems.append(
                             Problem(rank, col, str(action), f"pair overlaps {comp} with its own forward")
                         )
-    for s in range(schedule.num_stages):
+    # each (stage, microbatch) visited is complete (two actions present) or listed: the loop stays linear in actions
+    listed = 0
+    for s, mb in ((s, mb) for s in range(schedule.num_stages) for mb in range(per_pipeline)):
+        if listed == _MAX_MISSING:
+            problems.append(Problem(None, None, None, f"more computations are missing (listed the first "
+                                    f"{_MAX_MISSING}); check the microbatch count and the stages"))
+            break
         rank = schedule.stage_to_rank[s]
-        for mb in range(per_pipeline):
-            has = {t for t in (F, B, I, W) if (s, mb, t) in seen}
-            if F not in has:
-                problems.append(Problem(rank, None, f"{s}F{mb}", f"missing forward {s}F{mb}"))
-            if B in has and (I in has or W in has):
-                problems.append(Problem(rank, None, f"{s}B{mb}", f"stage {s} microbatch {mb} has both B and I/W"))
-            elif B not in has and not (I in has and W in has):
-                what = f"{s}W{mb}" if I in has else (f"{s}I{mb}" if W in has else f"{s}B{mb} (or {s}I{mb} and {s}W{mb})")
-                problems.append(Problem(rank, None, what.split(" ")[0], f"missing backward {what}"))
+        before = len(problems)
+        has = {t for t in (F, B, I, W) if (s, mb, t) in seen}
+        if F not in has:
+            problems.append(Problem(rank, None, f"{s}F{mb}", f"missing forward {s}F{mb}"))
+        if B in has and (I in has or W in has):
+            problems.append(Problem(rank, None, f"{s}B{mb}", f"stage {s} microbatch {mb} has both B and I/W"))
+        elif B not in has and not (I in has and W in has):
+            what = f"{s}W{mb}" if I in has else (f"{s}I{mb}" if W in has else f"{s}B{mb} (or {s}I{mb} and {s}W{mb})")
+            problems.append(Problem(rank, None, what.split(" ")[0], f"missing backward {what}"))
+        listed += len(problems) > before
     if not problems:
         try:
             check_progress(schedule)
         except DeadlockError as exc:
             for rank, (head, waits) in sorted(exc.blocked.items()):
-                pos = [str(a) for a in schedule.actions[rank]].index(head)
+                pos = [str(a) for a in schedule.actions[rank]].index(head)  # each blocked rank's row once: linear
                 problems.append(Problem(rank, _positions(schedule, rank)[pos], head, f"deadlock: waits for {waits}"))
     return problems
 
 
 def check_progress(schedule: Schedule) -> None:
-    """Run every rank's order in sequence, ignoring time; raise :class:`DeadlockError` if none can advance."""
-    done: set[deps.Key] = set()
-    heads = [0] * schedule.num_ranks
-    rows = schedule.actions
-    waiting = {r for r in range(schedule.num_ranks) if rows[r]}
-    reqs_cache: dict[Action, tuple[deps.Key, ...]] = {}
+    """Raise :class:`DeadlockError` unless every rank can run its order front to back (time plays no part).
 
-    def needs(action: Action) -> tuple[deps.Key, ...]:
-        out = reqs_cache.get(action)
-        if out is None:
-            own = {k for c in action.computations for k in deps.provides(c)}
-            out = tuple(k for c in action.computations for k in deps.requires(schedule, c) if k not in own)
-            reqs_cache[action] = out
-        return out
+    This is the simulator's own engine (:func:`ppsim.simulate.compile_schedule` and :func:`ppsim.simulate.run`) on
+    zero costs, not a second replay: progress does not depend on durations, and the engine is linear in actions.
+    Call it on a schedule without format problems (``validate`` does)."""
+    run(compile_schedule(schedule, _UNTIMED))
 
-    while waiting:
-        progressed = False
-        for r in list(waiting):
-            row = rows[r]
-            i = heads[r]
-            while i < len(row):
-                action = row[i]
-                if any(k not in done for k in needs(action)):
-                    break
-                for c in action.computations:
-                    done.update(deps.provides(c))
-                i += 1
-            if i != heads[r]:
-                progressed = True
-                heads[r] = i
-            if i == len(row):
-                waiting.discard(r)
-        if waiting and not progressed:
-            blocked: dict[int, tuple[str, str]] = {}
-            for r in sorted(waiting):
-                head = rows[r][heads[r]]
-                missing = next(k for k in needs(head) if k not in done)
-                blocked[r] = (str(head), deps.describe(missing))
-            detail = "; ".join(f"rank {r} at {h} waits for {w}" for r, (h, w) in blocked.items())
-            raise DeadlockError(
-                f"schedule {schedule.name!r} deadlocks under in-order execution: {detail}; reorder so each "
-                "producer runs before the actions its rank must finish first",
-                blocked,
-            )
+
+_UNTIMED = CostModel(F=(0.0,), B=(0.0,), I=(0.0,), W=(0.0,), FB=(0.0,), comm=0.0, source="untimed")

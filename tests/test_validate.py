@@ -83,12 +83,12 @@ def test_cross_rank_deadlock_names_every_blocked_head(tmp_path: Path) -> None:
     sched = read_csv(write(tmp_path, text))
     with pytest.raises(DeadlockError) as err:
         check_progress(sched)
-    assert err.value.blocked == {0: ("0B0", "1B/I0"), 1: ("1F1", "0F1")}
+    assert err.value.blocked == {0: ("0B0", "1B0 (on rank 1)"), 1: ("1F1", "0F1 (on rank 0)")}
     assert "\n" not in str(err.value)
     out = [str(p) for p in validate(sched)]
     assert out == [
-        "rank 0, position 1, action 0B0: deadlock: waits for 1B/I0",
-        "rank 1, position 0, action 1F1: deadlock: waits for 0F1",
+        "rank 0, position 1, action 0B0: deadlock: waits for 1B0 (on rank 1)",
+        "rank 1, position 0, action 1F1: deadlock: waits for 0F1 (on rank 0)",
     ]
     result = runner.invoke(app, ["validate", str(write(tmp_path, text))])
     assert result.exit_code == 1 and "deadlock" in result.stdout
