@@ -7,7 +7,7 @@ backward. Each module computes those and hands them to :func:`one_f_one_b`, the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice
 
 from ppsim.errors import ScheduleConfigError
@@ -43,6 +43,19 @@ def make_schedule(
     )
 
 
+def loop_schedule(
+    name: str,
+    num_ranks: int,
+    num_microbatches: int,
+    num_stages_per_rank: int,
+    rank_order: Callable[[int, range], list[Action]],
+) -> Schedule:
+    """A schedule in loop placement: ``rank_order(rank, stages of the rank, first chunk first)`` per rank."""
+    actions = [rank_order(r, rank_stages(r, num_ranks, num_stages_per_rank)) for r in range(num_ranks)]
+    placement = loop_placement(num_ranks, num_stages_per_rank)
+    return make_schedule(name, actions, placement, num_microbatches, num_stages_per_rank)
+
+
 def require_sizes(
     name: str,
     num_ranks: int,
@@ -51,7 +64,10 @@ def require_sizes(
     *,
     fixed_stages_per_rank: int | None = None,
 ) -> None:
-    """Refuse counts no schedule can use, and a stages-per-rank the schedule's placement does not allow."""
+    """Refuse counts no schedule can use, and a stages-per-rank the schedule's placement does not allow.
+
+    Registered builders need not call this: the registry checks sizes before building
+    (:func:`ppsim.schedules.checked_sizes`); it stays for builders used outside the registry."""
     require(num_ranks >= 1, f"--ranks {num_ranks}: {name} needs at least 1 rank; pass -r 1 or more")
     require(
         num_microbatches >= 1, f"--mb {num_microbatches}: {name} needs at least 1 microbatch; pass -m 1 or more"
