@@ -57,9 +57,10 @@ class Trace:
     comp_mb: np.ndarray
     pair_first: np.ndarray  # (pairs,) computation index of each overlapped pair's forward half
     pair_mid: np.ndarray  # (pairs,) when its forward half ends (the pair's start plus the forward share)
-    # rank-crossing hand-offs, in parts of (producer computation, consumer computation, delay, upstream stage)
-    xfer_parts: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+    # rank-crossing hand-offs, in parts of (producer computation, consumer computation, delay)
+    xfer_parts: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]
     stage_out_bytes: np.ndarray  # per stage: bytes of the boundary tensor after it (NaN without a profile)
+    stage_position: np.ndarray  # per stage: its position in its chain
     consumer_posting: bool = False  # hand-offs leave at max(producer end, end of the consumer's previous action)
 
     @cached_property
@@ -87,7 +88,10 @@ class Trace:
         if not self.xfer_parts:
             empty = np.zeros(0, dtype=np.int64)
             return empty, empty, np.zeros(0), np.zeros(0), np.zeros(0)
-        prod, cons, delay, upstream = (np.concatenate(col) for col in zip(*self.xfer_parts))
+        prod, cons, delay = (np.concatenate(col) for col in zip(*self.xfer_parts))
+        # the tensor crossing is the output of the upstream stage of the two (a gradient has the same size)
+        ps, cs = self.comp_stage[prod], self.comp_stage[cons]
+        upstream = np.where(self.stage_position[ps] < self.stage_position[cs], ps, cs)
         send = self.end[self.comp_owner[prod]]
         if self.consumer_posting:
             consumer = self.comp_owner[cons]

@@ -91,8 +91,8 @@ class Program:
     input_b: np.ndarray
     delay_b: np.ndarray
     post_delay: np.ndarray | None  # with recv_posting="consumer": the largest delay of the action's inputs
-    # rank-crossing hand-offs, in parts of (producer computation, consumer computation, delay, upstream stage)
-    xfer_parts: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+    # rank-crossing hand-offs, in parts of (producer computation, consumer computation, delay)
+    xfer_parts: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]
     stage_out_bytes: np.ndarray
     # key lookup for messages: provider[(stage * M + dense mb) * P + phase]
     provider: np.ndarray
@@ -426,12 +426,10 @@ def _wire(
     # first action of each action's rank; entry n (an input nobody provides) is on no rank
     rank_lo = np.repeat(np.append(offsets[:-1], -1), np.append(lengths, 1))
     owner_ext = np.append(c_owner, [n, -1])  # provider entry -> producer action (C: nobody -> n; -1: no input)
-    provider_owner = owner_ext[provider]
     wait = np.full(num_comps, -1, dtype=np.int64)
     wait_delay = np.zeros(num_comps, dtype=np.float64)
     xfers: list[list[tuple[np.ndarray, ...]]] = [[] for _ in rules.req_stage]
     step = num_mb * rules.num_phases
-    positions = _positions(schedule)
     for lo in range(0, num_comps, _CHUNK):
         part = slice(lo, lo + _CHUNK)
         owner = c_owner[part]
@@ -442,31 +440,31 @@ def _wire(
         for slot, (req_stage, req_phase, req_delay) in enumerate(zip(rules.req_stage, rules.req_phase, rules.req_delay)):
             keys = (req_stage * step + req_phase)[cell]
             keys += mb_part
-            po = provider_owner[keys]
+            prod = provider[keys]
+            po = owner_ext[prod]
             # same-rank inputs produced earlier in the order are free; anything else must be waited for
             w = np.flatnonzero((po >= 0) & ((po < own_lo) | (po >= owner)))
             pw = po[w]
             cross = rank_lo[pw] != own_lo[w]
             cross &= pw < n
-            delay = np.where(cross, req_delay[cell[w]], 0.0)
-            # a blocking same-stage input (delay 0, never arriving) wins over the input from another stage
-            keep = (wait[w + lo] < 0) | ~cross
-            wait[w[keep] + lo] = pw[keep]
-            wait_delay[w[keep] + lo] = delay[keep]
-            cw = w[cross]
-            prod = provider[keys[cw]]
-            ps = req_stage[cell[cw]]
-            cs = c_stage[part][cw]
-            upstream = np.where(positions[ps] < positions[cs], ps, cs)
-            xfers[slot].append(
-                (prod.astype(np.int32), (cw + lo).astype(np.int32), delay[cross], upstream.astype(np.int32))
-            )
-    input_a = np.full(n, -1, dtype=np.int64)
-    delay_a = np.zeros(n, dtype=np.float64)
+            delay = req_delay[cell[w]]
+            delay[~cross] = 0.0
+            if slot:  # a blocking same-stage input (never arriving) wins over the input from another stage
+                keep = (wait[w + lo] < 0) | ~cross
+                w, pw, delay, cross = w[keep], pw[keep], delay[keep], cross[keep]
+            wait[w + lo] = pw
+            wait_delay[w + lo] = delay
+            cw = np.flatnonzero(cross)
+            xfers[slot].append((prod[w[cw]].astype(np.int32), (w[cw] + lo).astype(np.int32), delay[cw]))
+    if len(single_idx) == n:  # every action is one computation: the arrays are the per-action ones
+        input_a, delay_a = wait, wait_delay
+    else:
+        input_a = np.full(n, -1, dtype=np.int64)
+        delay_a = np.zeros(n, dtype=np.float64)
+        input_a[single_idx] = wait[single_comp]
+        delay_a[single_idx] = wait_delay[single_comp]
     input_b = np.full(n, -1, dtype=np.int64)
     delay_b = np.zeros(n, dtype=np.float64)
-    input_a[single_idx] = wait[single_comp]
-    delay_a[single_idx] = wait_delay[single_comp]
     if len(pair_idx):
         a, b = wait[pair_first], wait[pair_first + 1]
         da, db = wait_delay[pair_first], wait_delay[pair_first + 1]
@@ -716,6 +714,7 @@ def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_byt
         pair_mid=pair_mid,
         xfer_parts=program.xfer_parts,
         stage_out_bytes=program.stage_out_bytes,
+        stage_position=_positions(schedule),
         consumer_posting=program.post_delay is not None,
     )
     return SimResult(
