@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gc
 import math
-from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
@@ -38,7 +37,9 @@ _KINDS = (ActionType.F, ActionType.B, ActionType.I, ActionType.W)  # computation
 _PAIR = 4
 _OTHER = 5  # SEND/RECV/UNSHARD/...: no compute, no inputs, zero time
 # kind code of every action type (ActionType hashes as its str value: lookups run at C speed)
-_CODE_OF = {t: _KINDS.index(t) if t in _KINDS else (_PAIR if t is ActionType.OVERLAP_F_B else _OTHER) for t in ActionType}
+_CODE_OF = {
+    t: _KINDS.index(t) if t in _KINDS else (_PAIR if t is ActionType.OVERLAP_F_B else _OTHER) for t in ActionType
+}
 _NUM_COMPS = np.array([1, 1, 1, 1, 2, 0], dtype=np.int64)  # computations per action, by code
 _CHUNK = 1 << 16  # computations wired at once (temporaries stay cache-sized)
 _COUNT_STEP = (1, -1, 0, -1)  # held activations: F adds one, B or W releases one, I releases none
@@ -91,6 +92,7 @@ class Program:
     input_b: np.ndarray
     delay_b: np.ndarray
     post_delay: np.ndarray | None  # with recv_posting="consumer": the largest delay of the action's inputs
+    next_general: np.ndarray  # per action: the first action from it on (same rank) that needs the general path
     # rank-crossing hand-offs, in parts of (producer computation, consumer computation, delay)
     xfer_parts: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]
     stage_out_bytes: np.ndarray
@@ -164,6 +166,14 @@ def compile_schedule(schedule: Schedule, costs: CostModel) -> Program:
         np.maximum(post_delay, np.where(input_b >= 0, delay_b, 0.0), out=post_delay)
     elif costs.recv_posting != "early":
         raise CostError(f"recv_posting {costs.recv_posting!r} is unknown; use 'early' or 'consumer'")
+    # the engine's general path: a second input, or a hand-off posted by the consumer; the rest take the fast path
+    general = np.flatnonzero((input_b >= 0) | ((input_a >= 0) & (post_delay is not None)))
+    rank_stop = np.repeat(offsets[1:], np.diff(offsets))
+    if len(general):
+        first_general = np.append(general, int(offsets[-1]))[np.searchsorted(general, np.arange(len(rank_stop)))]
+        next_general = np.minimum(first_general, rank_stop)
+    else:
+        next_general = rank_stop
     stage_out_bytes = np.full(num_stages + 1, np.nan)
     if costs.output_bytes is not None:
         for st in range(num_stages):
@@ -187,6 +197,7 @@ def compile_schedule(schedule: Schedule, costs: CostModel) -> Program:
         input_b=input_b,
         delay_b=delay_b,
         post_delay=post_delay,
+        next_general=next_general,
         xfer_parts=xfer_parts,
         stage_out_bytes=stage_out_bytes,
         provider=provider,
@@ -437,7 +448,8 @@ def _wire(
         cell += c_code[part]
         mb_part = mb[part] * rules.num_phases
         own_lo = rank_lo[owner]
-        for slot, (req_stage, req_phase, req_delay) in enumerate(zip(rules.req_stage, rules.req_phase, rules.req_delay)):
+        slots = zip(rules.req_stage, rules.req_phase, rules.req_delay)
+        for slot, (req_stage, req_phase, req_delay) in enumerate(slots):
             keys = (req_stage * step + req_phase)[cell]
             keys += mb_part
             prod = provider[keys]
@@ -508,6 +520,7 @@ def run(program: Program) -> tuple[np.ndarray, np.ndarray]:
         # producer (one on the same rank lies later there, so that action never runs): one shared float
         delay_a = delay_b = [float(program.costs.comm)] * n  # type: ignore[assignment]
     dur = memoryview(program.duration)
+    next_general = memoryview(program.next_general)
     consumer_posting = program.post_delay is not None
     post = memoryview(program.post_delay) if program.post_delay is not None else dur
     # rank of each action; action n (an input nobody computes) gets an extra rank that never runs
@@ -531,27 +544,44 @@ def run(program: Program) -> tuple[np.ndarray, np.ndarray]:
         t = end[i - 1] if i > firsts[r] else 0.0  # the rank is free when its previous action ends
         d = -1
         while i < stop:
-            d = input_a[i]
-            if d >= 0:
-                if consumer_posting:
-                    # posted after the rank's previous action: max(producer end, t) + delay, for the slowest input
-                    t += post[i]
-                e = end[d]
-                if e < 0.0:
-                    break
-                e += delay_a[i]
-                if e > t:
-                    t = e
-                d = input_b[i]
+            # fast path: actions with at most one input, posted when its producer ends
+            lim = next_general[i]
+            while i < lim:
+                d = input_a[i]
                 if d >= 0:
                     e = end[d]
                     if e < 0.0:
                         break
-                    e += delay_b[i]
+                    e += delay_a[i]
                     if e > t:
                         t = e
-            start[i] = t
-            t += dur[i]
+                start[i] = t
+                t += dur[i]
+                end[i] = t
+                i += 1
+            if i < lim or i == stop:
+                break
+            # general path: a pair waiting for two ranks, or hand-offs posted after the rank's previous action
+            # (max(producer end, t) + delay = max(producer end + delay, t + delay), for the slowest input)
+            s = t + post[i] if consumer_posting else t
+            d = input_a[i]
+            if d >= 0:
+                e = end[d]
+                if e < 0.0:
+                    break
+                e += delay_a[i]
+                if e > s:
+                    s = e
+            d = input_b[i]
+            if d >= 0:
+                e = end[d]
+                if e < 0.0:
+                    break
+                e += delay_b[i]
+                if e > s:
+                    s = e
+            start[i] = s
+            t = s + dur[i]
             end[i] = t
             i += 1
         ptr[r] = i

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from ppsim import get_schedule, simulate
 from ppsim.cli import app
-from ppsim.costs import CostModel, parse_costs
+from ppsim.costs import parse_costs
 from ppsim.errors import CostError
 from ppsim.ir import Action, ActionType, Schedule
 from ppsim.validate import validate
