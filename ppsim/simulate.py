@@ -233,9 +233,12 @@ def _read_computations(schedule: Schedule, offsets: np.ndarray) -> _Comps:
             f"{_where(schedule, offsets, a)}: {flat[a]} must hold exactly two actions; write it as "
             "(sF m;sB m)OVERLAP_F_B"
         )
-    single_comp = comp_start[single_idx]
+    if len(single_idx) == n:  # one computation per action: one index array serves as all three
+        single_comp = c_owner = single_idx
+    else:
+        single_comp = comp_start[single_idx]
+        c_owner = np.repeat(np.arange(n, dtype=np.int64), per_action)
     pair_first = comp_start[pair_idx]
-    c_owner = np.repeat(np.arange(n, dtype=np.int64), per_action)
     if len(pair_idx) == 0:  # every computation is a single: the arrays are read in place
         c_stage = _ints([a.stage for a in singles])
         c_code = code[single_idx] if len(single_idx) != n else code
@@ -375,7 +378,8 @@ def _index_providers(
     key nobody provides, and the extra stage S (no input) maps to -1."""
     c_owner, c_stage, c_code = comps[0], comps[1], comps[2]
     num_stages, num_phases, num_comps = schedule.num_stages, rules.num_phases, len(c_owner)
-    provider = np.full((num_stages + 1) * num_mb * num_phases, num_comps, dtype=np.int64)
+    index_type = np.int32 if num_comps < 2**31 - 1 else np.int64
+    provider = np.full((num_stages + 1) * num_mb * num_phases, num_comps, dtype=index_type)
     provider[num_stages * num_mb * num_phases :] = -1
 
     def provided() -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -475,23 +479,25 @@ def _wire(
         delay_a = np.zeros(n, dtype=np.float64)
         input_a[single_idx] = wait[single_comp]
         delay_a[single_idx] = wait_delay[single_comp]
+    if not len(pair_idx):  # only pairs can wait for two actions: a read-only view of "none" costs no memory
+        empty_b = np.broadcast_to(np.int64(-1), (n,)), np.broadcast_to(np.float64(0.0), (n,))
+        return input_a, delay_a, empty_b[0], empty_b[1], tuple(chain.from_iterable(xfers))
     input_b = np.full(n, -1, dtype=np.int64)
     delay_b = np.zeros(n, dtype=np.float64)
-    if len(pair_idx):
-        a, b = wait[pair_first], wait[pair_first + 1]
-        da, db = wait_delay[pair_first], wait_delay[pair_first + 1]
-        take_b = a < 0  # the forward half needs nothing: the backward half's input alone
-        both = (a >= 0) & (b >= 0)
-        if bool((duration >= 0.0).all()):
-            same = both & (rank_lo[a] == rank_lo[b]) & (a < n) & (b < n)
-            b_decides = same & (a <= b) & (da <= db)
-            a_decides = same & ~b_decides & (b <= a) & (db <= da)
-            take_b |= b_decides
-            both &= ~(a_decides | b_decides)
-        input_a[pair_idx] = np.where(take_b, b, a)
-        delay_a[pair_idx] = np.where(take_b, db, da)
-        input_b[pair_idx] = np.where(both, b, -1)
-        delay_b[pair_idx] = np.where(both, db, 0.0)
+    a, b = wait[pair_first], wait[pair_first + 1]
+    da, db = wait_delay[pair_first], wait_delay[pair_first + 1]
+    take_b = a < 0  # the forward half needs nothing: the backward half's input alone
+    both = (a >= 0) & (b >= 0)
+    if bool((duration >= 0.0).all()):
+        same = both & (rank_lo[a] == rank_lo[b]) & (a < n) & (b < n)
+        b_decides = same & (a <= b) & (da <= db)
+        a_decides = same & ~b_decides & (b <= a) & (db <= da)
+        take_b |= b_decides
+        both &= ~(a_decides | b_decides)
+    input_a[pair_idx] = np.where(take_b, b, a)
+    delay_a[pair_idx] = np.where(take_b, db, da)
+    input_b[pair_idx] = np.where(both, b, -1)
+    delay_b[pair_idx] = np.where(both, db, 0.0)
     xfer_parts = tuple(chain.from_iterable(xfers))
     return input_a, delay_a, input_b, delay_b, xfer_parts
 
@@ -525,10 +531,11 @@ def run(program: Program) -> tuple[np.ndarray, np.ndarray]:
     post = memoryview(program.post_delay) if program.post_delay is not None else dur
     # rank of each action; action n (an input nobody computes) gets an extra rank that never runs
     rank_of = memoryview(np.repeat(np.arange(num_ranks + 1, dtype=np.int64), np.append(np.diff(program.offsets), 1)))
-    # -1: not yet; slot n stands for an input no rank computes. Lists, not arrays: reading a float back from a list
-    # allocates nothing, and the loop reads ends of other ranks at random
+    # -1: not yet; slot n stands for an input no rank computes. A list, not an array: reading a float back from a
+    # list allocates nothing, and the loop reads ends of other ranks at random
     end = [-1.0] * (n + 1)
-    start = [0.0] * n
+    starts = np.empty(n, dtype=np.float64)
+    start = memoryview(starts)  # written once per action, in place
     ptr = offsets[:-1].copy()
     stops = offsets[1:]
     firsts = offsets[:-1]
@@ -608,7 +615,7 @@ def run(program: Program) -> tuple[np.ndarray, np.ndarray]:
     stuck = [r for r in range(num_ranks) if ptr[r] < stops[r]]
     if stuck:
         _raise_deadlock(program, end, stuck, ptr)
-    return np.fromiter(start, dtype=np.float64, count=n), np.fromiter(end, dtype=np.float64, count=n)
+    return starts, np.fromiter(end, dtype=np.float64, count=n)
 
 
 def _raise_deadlock(program: Program, end: list[float], stuck: list[int], ptr: list[int]) -> None:
