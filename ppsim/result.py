@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ppsim.costs import CostModel
 from ppsim.ir import Schedule
 
 if TYPE_CHECKING:
-    import numpy as np
     import pandas
 
 #: Computation codes used in :class:`Trace` arrays (index = code).
@@ -83,7 +84,6 @@ class Trace:
 
         ``send`` is when the hand-off leaves: its producer's end, or with consumer posting the later of that and
         the end of the consumer rank's previous action."""
-        import numpy as np
 
         if not self.xfer_parts:
             empty = np.zeros(0, dtype=np.int64)
@@ -141,7 +141,6 @@ class SimResult:
 
     def timeline(self) -> pandas.DataFrame:
         """One row per single computation (a pair gives two rows), in rank / position order."""
-        import numpy as np
         import pandas as pd
 
         t = self.trace
@@ -182,7 +181,6 @@ class SimResult:
 
     def transfers(self) -> pandas.DataFrame:
         """Rank-crossing hand-offs: activations (kind "F") and gradients (kind "B"), one row per consumer input."""
-        import numpy as np
         import pandas as pd
 
         t = self.trace
@@ -214,7 +212,6 @@ class SimResult:
         its forward half's end (its new activation held, the backward half's not yet freed). ``bytes`` is NaN
         without a profile.
         """
-        import numpy as np
         import pandas as pd
 
         t = self.trace
@@ -285,7 +282,6 @@ class SimResult:
 
 def stage_tables(schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
     """Per stage: its chunk (index among its rank's stages) and its direction (chain index)."""
-    import numpy as np
 
     chunk = np.zeros(max(schedule.num_stages, 1), dtype=np.int64)
     direction = np.zeros(max(schedule.num_stages, 1), dtype=np.int64)
@@ -300,7 +296,6 @@ def stage_tables(schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
 
 def _names(stage: np.ndarray, code: np.ndarray, mb: np.ndarray) -> np.ndarray:
     """Action strings (``2F0``) of single computations, vectorised."""
-    import numpy as np
 
     letters = np.asarray(COMP_TYPES)[code]
     return np.char.add(np.char.add(stage.astype(str), letters), mb.astype(str))
