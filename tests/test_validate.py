@@ -142,3 +142,28 @@ def test_torch_1f1b_export_is_reported_invalid(tmp_path: Path) -> None:
     assert f"rank {last}, action {last}F0: missing forward {last}F0" in out
     result = runner.invoke(app, ["validate", str(path), "-m", str(m)])
     assert result.exit_code == 1 and f"missing forward {last}F0" in result.stdout
+
+
+def test_a_huge_microbatch_id_lists_a_bounded_number_of_missing_computations() -> None:
+    from ppsim.ir import Action, ActionType, Schedule
+
+    F, B = ActionType.F, ActionType.B
+    big = 999_999_999
+    rows = ((Action(0, F, 0), Action(0, B, 0), Action(0, F, big), Action(0, B, big)),
+            (Action(1, F, 0), Action(1, B, 0), Action(1, F, big), Action(1, B, big)))
+    problems = [str(p) for p in validate(Schedule("sparse", rows, (0, 1), big + 1))]
+    assert 0 < len(problems) <= 2 * 100 + 1  # at most two per (stage, microbatch) listed, then one summary
+    assert problems[0] == "rank 0, action 0F1: missing forward 0F1"
+    assert problems[-1].startswith("more computations are missing")
+
+
+def test_a_deadlock_of_many_ranks_names_a_few_in_one_line_and_keeps_them_all() -> None:
+    from ppsim import get_schedule
+
+    base = get_schedule("1F1B", 40, 1)
+    swapped = base.with_actions([row[::-1] for row in base.actions])  # every rank starts with its backward
+    with pytest.raises(DeadlockError) as info:
+        check_progress(swapped)
+    assert len(info.value.blocked) == 40
+    message = str(info.value)
+    assert "\n" not in message and "and 28 more ranks" in message
