@@ -143,7 +143,18 @@ def compile_schedule(schedule: Schedule, costs: CostModel) -> Program:
     costs.check(schedule)
     offsets = np.zeros(schedule.num_ranks + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, schedule.actions), dtype=np.int64, count=schedule.num_ranks), out=offsets[1:])
-    comps = _read_computations(schedule, offsets)
+    try:
+        comps = _read_computations(schedule, offsets)
+    except OverflowError:  # a stage or microbatch id beyond 64 bits
+        a = next(
+            i
+            for i, action in enumerate(chain.from_iterable(schedule.actions))
+            if any(not (-(2**63) <= v < 2**63) for c in action.computations for v in (c.stage, c.microbatch or 0))
+        )
+        raise ScheduleFormatError(
+            f"{_where(schedule, offsets, a)}: {_action_at(schedule, offsets, a)} has an id beyond 64 bits; number "
+            "stages and microbatches from 0"
+        ) from None
     c_owner, c_stage, c_code, c_mb, single_idx, single_comp, pair_idx, pair_first = comps
     num_stages = schedule.num_stages
     if len(c_stage) and (int(c_stage.min()) < 0 or int(c_stage.max()) >= num_stages or int(c_mb.min()) < 0):
@@ -267,12 +278,6 @@ def _microbatches(schedule: Schedule, offsets: np.ndarray, comps: list[Action], 
         raise ScheduleFormatError(
             f"{_where(schedule, offsets, a)}: {_action_at(schedule, offsets, a)} has no microbatch; write "
             "computations as [stage][type][microbatch], e.g. 2F0"
-        ) from None
-    except OverflowError:
-        a = int(owners[next(k for k, c in enumerate(comps) if abs(c.microbatch) >= 2**62)])
-        raise ScheduleFormatError(
-            f"{_where(schedule, offsets, a)}: {_action_at(schedule, offsets, a)} has a microbatch id beyond "
-            "2**62; number microbatches from 0"
         ) from None
 
 

@@ -91,3 +91,11 @@ def test_twenty_thousand_ranks_simulate_and_validate() -> None:
     schedule = get_schedule("1F1B", 20_000, 1)
     assert validate(schedule) == []
     assert simulate(schedule).makespan == 3.0 * 20_000
+
+
+def test_an_id_beyond_64_bits_is_a_format_error() -> None:
+    from ppsim.errors import ScheduleFormatError
+
+    rows = ((Action(0, F, 0), Action(0, B, 0)), (Action(1, F, 2**70), Action(1, B, 0)))
+    with pytest.raises(ScheduleFormatError, match="rank 1 position 0: 1F1180591620717411303424 has an id beyond"):
+        simulate(Schedule("huge", rows, (0, 1), 1))
