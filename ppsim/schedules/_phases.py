@@ -8,7 +8,6 @@ backward. Each module computes those and hands them to :func:`one_f_one_b`, the 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import islice
 
 from ppsim.errors import ScheduleConfigError
 from ppsim.ir import Action, ActionType, Schedule, make_action, require
@@ -145,24 +144,32 @@ def one_f_one_b(
     """
     num = len(forwards)
     assert len(backwards) == num and (not weights or len(weights) == num), "one backward (and W) per forward"
-    num_warmup = min(num_warmup, num)
+    warm = min(num_warmup, num)
+    steady = num - warm
     lag = weight_lag if weights else num
-    fwd, bwd, wgt = iter(forwards), iter(backwards), iter(weights)
-    order: list[Action] = []
-    append = order.append
     # Step 1: warm-up, forwards only
-    order.extend(islice(fwd, num_warmup))
-    # Step 2: steady state, 1F1B (plus the W of the backward `weight_lag` before)
-    for k in range(num - num_warmup):
-        append(next(fwd))
-        append(next(bwd))
-        if k >= lag:
-            append(next(wgt))
+    order = list(forwards[:warm])
+    # Step 2: steady state, 1F1B: forward warm + k with backward k (plus the W of backward k - lag once k >= lag);
+    # the phases are laid out by slice assignment, one interleaving per stretch
+    plain = min(lag, steady)
+    order += _interleave(forwards[warm : warm + plain], backwards[:plain])
+    order += _interleave(
+        forwards[warm + plain :], backwards[plain:steady], weights[max(plain - lag, 0) : max(steady - lag, 0)]
+    )
     # Step 3: cool-down, the backwards left (plus lagged W)
-    for k in range(num - num_warmup, num):
-        append(next(bwd))
-        if k >= lag:
-            append(next(wgt))
+    first_w = max(steady, lag)
+    order += backwards[steady:first_w]
+    order += _interleave(backwards[first_w:], weights[max(first_w - lag, 0) : max(num - lag, 0)])
     # Step 4: the W still pending
-    order.extend(wgt)
+    order += weights[max(num - lag, 0) :]
     return order
+
+
+def _interleave(*parts: Sequence[Action]) -> list[Action]:
+    """``a0 b0 c0 a1 b1 c1 ...`` from equally long ``a, b, c`` (C-speed slice assignment)."""
+    width, count = len(parts), len(parts[0])
+    assert all(len(p) == count for p in parts), "stretches of equal length"
+    out: list[Action] = [None] * (width * count)  # type: ignore[list-item]
+    for k, part in enumerate(parts):
+        out[k::width] = part
+    return out
