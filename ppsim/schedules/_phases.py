@@ -2,7 +2,9 @@
 
 The 1F1B family (GPipe, 1F1B, ZB-H1, ZB-H2, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble) differs only in
 which forwards and backwards a rank runs, in what order, and how many forwards it runs before its first
-backward. Each module computes those and hands them to :func:`one_f_one_b`, the one place the phases are laid out.
+backward. Each module writes one rank's order with :func:`one_f_one_b` (the one place the phases are laid out) and
+hands it to :func:`loop_schedule` (loop placement, one call per rank). Sizes (ranks, microbatches, stages per rank)
+are checked once, by the registry, before any builder runs.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from ppsim.errors import ScheduleConfigError
 from ppsim.ir import Action, ActionType, Schedule, make_action, require
 
 F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
+
 
 def loop_placement(num_ranks: int, num_stages_per_rank: int) -> tuple[int, ...]:
     """Stage s on rank s % R (Megatron interleaving, LoopedBFS, torch's default)."""
