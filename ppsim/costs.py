@@ -36,6 +36,9 @@ COST_KEYS = ("F", "B", "I", "W", "FB", "comm")
 _OP_KEYS = ("F", "B", "I", "W", "FB")
 _DEFAULT_F = 1.0
 _DEFAULT_B = 2.0
+MAX_COST = 1e12
+"""Largest time one op (or ``comm``) may take in a cost string: a step sums millions of them, and beyond this
+results lose precision and eventually overflow to inf/NaN."""
 
 
 @dataclass(frozen=True)
@@ -289,19 +292,26 @@ def parse_costs(text: str | None) -> CostModel:
         if not item:
             continue
         if "=" not in item:
-            raise CostError(f"--costs item {item!r} has no '='; write KEY=VALUE pairs, e.g. \"F=1,B=2,comm=0.1\"")
+            raise CostError(f"--costs item {item[:40]!r} has no '='; write KEY=VALUE pairs, e.g. \"F=1,B=2,comm=0.1\"")
         raw_key, raw_value = (part.strip() for part in item.split("=", 1))
         key = canonical.get(raw_key.lower())
         if key is None:
-            raise CostError(f"--costs key {raw_key!r} is unknown; use one of {', '.join(COST_KEYS)}")
+            raise CostError(f"--costs key {raw_key[:40]!r} is unknown; use one of {', '.join(COST_KEYS)}")
         if key in given:
             raise CostError(f"--costs key {key} is given twice; give each key once")
         try:
+            if not raw_value.isascii() or "_" in raw_value:
+                raise ValueError(raw_value)  # float() also reads Arabic-Indic digits and 1_000
             value = float(raw_value)
         except ValueError:
-            raise CostError(f"--costs {key}={raw_value!r} is not a number; write e.g. {key}=1.5") from None
+            raise CostError(f"--costs {key}={raw_value[:40]!r} is not a number; write e.g. {key}=1.5") from None
         if not math.isfinite(value) or value < 0:
-            raise CostError(f"--costs {key}={raw_value} must be a finite number >= 0; write e.g. {key}=1.5")
+            raise CostError(f"--costs {key}={raw_value[:40]} must be a finite number >= 0; write e.g. {key}=1.5")
+        if value > MAX_COST:
+            raise CostError(
+                f"--costs {key}={raw_value[:40]} is above the limit of {MAX_COST:g} per op (sums of such times over a "
+                "step lose precision or overflow); express the times in a larger unit (e.g. ms instead of ns)"
+            )
         given[key] = value
     f = given.get("F", _DEFAULT_F)
     i, w = given.get("I"), given.get("W")
@@ -322,6 +332,9 @@ def parse_costs(text: str | None) -> CostModel:
         raise CostError(f"--costs I={i:g}, W={w:g}: with B={b:g} the missing part of B = I + W would be negative; "
                         "give B, I and W consistently")
     fb = given.get("FB", f + b)
+    if max(f, b, i, w, fb) == 0:
+        raise CostError(f"--costs {text.strip()[:60]!r}: every op takes 0, so the makespan and bubble would be "
+                        "meaningless; give the ops positive times, e.g. F=1,B=2")
     return CostModel(
         F=(f,), B=(b,), I=(i,), W=(w,), FB=(fb,), comm=given.get("comm", 0.0), unit="unit", source=text.strip()
     )

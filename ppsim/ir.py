@@ -40,10 +40,15 @@ class ActionType(str, Enum):
         return self in COMPUTE_TYPES
 
 
+_TYPES = {t.value: t for t in ActionType}
 COMPUTE_TYPES = frozenset({ActionType.F, ActionType.B, ActionType.I, ActionType.W, ActionType.OVERLAP_F_B})
 BACKWARD_TYPES = frozenset({ActionType.B, ActionType.I})
 
-_ACTION_RE = re.compile(r"(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)")
+# ASCII digits only: ``\d`` and ``str.isdigit`` also accept Arabic-Indic and other Unicode digits (``٠F٠``).
+_ACTION_RE = re.compile(r"([0-9]+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)([0-9]*)", re.ASCII)
+MAX_ID = 2**31 - 1
+"""Largest stage or microbatch id an action string may carry (torch stores them as C ints)."""
+_MAX_ID_DIGITS = len(str(MAX_ID))
 _PAIR_RE = re.compile(r"\(([^()]*)\)(OVERLAP_F_B)")
 
 
@@ -121,25 +126,44 @@ def parse_action(text: str) -> Action | None:
         m = _PAIR_RE.fullmatch(s)
         if m is None:
             raise ScheduleFormatError(
-                f"malformed overlapped pair {s!r}: expected (sFm;sBm)OVERLAP_F_B, e.g. (0F7;7B3)OVERLAP_F_B"
+                f"malformed overlapped pair {_shown(s)}: expected (sFm;sBm)OVERLAP_F_B, e.g. (0F7;7B3)OVERLAP_F_B"
             )
         halves = [parse_action(part) for part in m.group(1).split(";")]
         if len(halves) != 2 or any(h is None for h in halves):
             raise ScheduleFormatError(
-                f"overlapped pair {s!r} must hold exactly two actions, e.g. (0F7;7B3)OVERLAP_F_B"
+                f"overlapped pair {_shown(s)} must hold exactly two actions, e.g. (0F7;7B3)OVERLAP_F_B"
             )
         try:
             return overlap(halves[0], halves[1])  # type: ignore[arg-type]
         except ScheduleFormatError as exc:
-            raise ScheduleFormatError(f"malformed overlapped pair {s!r}: {exc}") from None
+            raise ScheduleFormatError(f"malformed overlapped pair {_shown(s)}: {exc}") from None
     m = _ACTION_RE.fullmatch(s)
     if m is None:
+        ascii_note = "" if s.isascii() else " (it has non-ASCII characters: ids are ASCII digits 0-9)"
         raise ScheduleFormatError(
-            f"malformed action {s!r}: expected [stage][type][microbatch] with type one of "
+            f"malformed action {_shown(s)}{ascii_note}: expected [stage][type][microbatch] with type one of "
             "F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, UNSHARD, RESHARD, REDUCE_GRAD (e.g. 2F0)"
         )
     stage, kind, mb = m.groups()
-    return Action(int(stage), ActionType(kind), int(mb) if mb else None)
+    st = int(stage) if len(stage) < _MAX_ID_DIGITS else _id(stage, "stage", s)
+    mbi = (int(mb) if len(mb) < _MAX_ID_DIGITS else _id(mb, "microbatch", s)) if mb else None
+    return Action(st, _TYPES[kind], mbi)
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """``repr`` of a cell for a message, cut to ``limit`` characters (a cell can be megabytes long)."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text):,} characters)"
+
+
+def _id(digits: str, what: str, text: str) -> int:
+    """An id from ASCII digits, refusing ones beyond :data:`MAX_ID` before converting (no 5,000-digit ints)."""
+    if len(digits) > _MAX_ID_DIGITS or int(digits) > MAX_ID:
+        shown = digits if len(digits) <= 20 else f"{digits[:12]}... ({len(digits)} digits)"
+        raise ScheduleFormatError(
+            f"action {_shown(text)}: {what} id {shown} exceeds the limit {MAX_ID:,}; ids count stages and "
+            "microbatches from 0, so use small ids"
+        )
+    return int(digits)
 
 
 @dataclass(frozen=True)

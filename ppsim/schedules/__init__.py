@@ -169,19 +169,20 @@ def load_schedule(
     num_stages_per_rank: int | None = None,
     *,
     num_pipelines: int = 1,
+    allow_large: bool = False,
 ) -> Schedule:
-    """A schedule by registry name, or read from a torch CSV file (anything ending in ``.csv``)."""
-    if name_or_path.lower().endswith(".csv"):
-        from ppsim.formats import read_csv
+    """A schedule by registry name, or read from a torch CSV file (anything ending in ``.csv``).
 
-        schedule = read_csv(name_or_path, num_microbatches=num_microbatches, num_pipelines=num_pipelines)
-        if num_ranks is not None and num_ranks != schedule.num_ranks:
-            raise ScheduleConfigError(
-                f"--ranks {num_ranks}: {name_or_path} has {schedule.num_ranks} rows (one per rank); "
-                f"drop --ranks or pass -r {schedule.num_ranks}"
-            )
-        return schedule
-    if num_ranks is None or num_microbatches is None:
-        missing = "--ranks/-r" if num_ranks is None else "--mb/-m"
-        raise ScheduleConfigError(f"{missing} is required with schedule name {name_or_path!r}; e.g. -r 4 -m 8")
-    return get_schedule(name_or_path, num_ranks, num_microbatches, num_stages_per_rank)
+    :func:`ppsim.schedules.loading.load_schedule`: work bounded by :mod:`ppsim.limits`, a file's sizes read from it,
+    the file validated.
+    """
+    from ppsim.schedules.loading import load_schedule as load
+
+    return load(
+        name_or_path,
+        num_ranks=num_ranks,
+        num_microbatches=num_microbatches,
+        num_stages_per_rank=num_stages_per_rank,
+        num_pipelines=num_pipelines,
+        allow_large=allow_large,
+    )
