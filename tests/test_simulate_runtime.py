@@ -63,10 +63,14 @@ def test_unknown_recv_posting_is_refused() -> None:
         simulate(get_schedule("1F1B", 2, 2), costs)
 
 
-@pytest.mark.parametrize("text", ["F=1e308,B=1e308", "comm=1e308", "F=1e308"])
-def test_costs_that_overflow_the_step_are_refused_with_one_line(text: str) -> None:
+@pytest.mark.parametrize(
+    "fields", [{"F": (1e308,), "B": (1e308,)}, {"comm": 1e308}, {"F": (1e308,)}, {"FB": (float("inf"),)}]
+)
+def test_costs_that_overflow_the_step_are_refused_with_one_line(fields: dict) -> None:
+    # built directly: `--costs` refuses such values up front, a library caller or a profile may not
+    costs = dataclasses.replace(parse_costs(None), **fields)
     with pytest.raises(CostError) as info:
-        simulate(get_schedule("1F1B", 4, 8), parse_costs(text))
+        simulate(get_schedule("DualPipeV" if "FB" in fields else "1F1B", 4, 8), costs)
     message = str(info.value)
     assert "\n" not in message and "costs must keep the step finite" in message and "smaller units" in message
 
@@ -76,7 +80,7 @@ def test_cli_refuses_a_non_finite_makespan_instead_of_printing_nan() -> None:
                                       "--json"])
     assert result.exit_code == 2
     assert "NaN" not in result.stdout and "Infinity" not in result.stdout
-    assert "finite" in result.stderr
+    assert result.stderr.strip().count("\n") == 0
 
 
 def test_a_huge_microbatch_id_sizes_tables_by_count_not_by_id() -> None:
