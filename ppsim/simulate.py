@@ -144,7 +144,7 @@ def compile_schedule(schedule: Schedule, costs: CostModel) -> Program:
     offsets = np.zeros(schedule.num_ranks + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, schedule.actions), dtype=np.int64, count=schedule.num_ranks), out=offsets[1:])
     try:
-        comps = _read_computations(schedule, offsets)
+        comps = read_computations(schedule, offsets)
     except OverflowError:  # a stage or microbatch id beyond 64 bits
         a = next(
             i
@@ -221,7 +221,7 @@ def compile_schedule(schedule: Schedule, costs: CostModel) -> Program:
 _Comps = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
-def _read_computations(schedule: Schedule, offsets: np.ndarray) -> _Comps:
+def read_computations(schedule: Schedule, offsets: np.ndarray) -> _Comps:
     """Per computation its owner action, stage, kind code and microbatch; which actions are singles and pairs.
 
     Fields are read one per pass with list comprehensions over a flat list (CPython specialises their slot reads),

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ppsim.cli import app
@@ -167,3 +169,41 @@ def test_a_deadlock_of_many_ranks_names_a_few_in_one_line_and_keeps_them_all() -
     assert len(info.value.blocked) == 40
     message = str(info.value)
     assert "\n" not in message and "and 28 more ranks" in message
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_array_check_agrees_with_the_walk_on_mutated_orders(data: st.DataObject) -> None:
+    from ppsim import get_schedule
+    from ppsim.errors import ScheduleConfigError
+    from ppsim.ir import Action, ActionType
+    from ppsim.validate import _sound, _walk
+
+    name = data.draw(st.sampled_from(["1F1B", "ZBH1", "Interleaved1F1B", "DualPipeV", "DualPipe", "ZBVZeroBubble"]))
+    try:
+        schedule = get_schedule(name, data.draw(st.integers(1, 4)), data.draw(st.integers(1, 9)))
+    except ScheduleConfigError:
+        return
+    rows = [list(row) for row in schedule.actions]
+    for _ in range(data.draw(st.integers(0, 2))):
+        r = data.draw(st.integers(0, len(rows) - 1))
+        if not rows[r]:
+            continue
+        p = data.draw(st.integers(0, len(rows[r]) - 1))
+        a = rows[r][p]
+        how = data.draw(st.sampled_from(["drop", "duplicate", "swap", "microbatch", "move", "split"]))
+        if how == "drop":
+            del rows[r][p]
+        elif how == "duplicate":
+            rows[r].insert(p, a)
+        elif how == "swap":
+            q = data.draw(st.integers(0, len(rows[r]) - 1))
+            rows[r][p], rows[r][q] = rows[r][q], a
+        elif how == "microbatch" and not a.sub_actions:
+            rows[r][p] = Action(a.stage, a.type, (a.microbatch or 0) + data.draw(st.integers(-1, 2)))
+        elif how == "move":
+            rows[(r + 1) % len(rows)].append(rows[r].pop(p))
+        elif how == "split" and a.type is ActionType.B:
+            rows[r][p : p + 1] = [Action(a.stage, ActionType.W, a.microbatch), Action(a.stage, ActionType.I, a.microbatch)]
+    mutated = schedule.with_actions(rows)
+    assert _sound(mutated) == (_walk(mutated) == [])
