@@ -141,20 +141,21 @@ class CostModel:
         """Index into the cost tables for ``stage``: its position in its chain (0 for uniform costs)."""
         if self.num_positions is None:
             return 0
-        return schedule.pipelines[schedule.direction(stage)].index(stage)
+        return schedule.position(stage)
 
     def op_cost(self, schedule: Schedule, stage: int, kind: ActionType) -> float:
         """Time of one single computation ``kind`` (F, B, I or W) of ``stage``."""
         return _op(self, kind, self.position(schedule, stage))
 
     def duration(self, schedule: Schedule, action: Action) -> float:
-        """Time of one action: a single computation, or an overlapped pair (see the module docstring)."""
+        """Time of one action: a single computation, or an overlapped pair (see the module docstring), its op cost
+        times ``compute_scale`` plus ``dispatch_s`` per computation (a pair holds two)."""
         if action.type is ActionType.OVERLAP_F_B:
             f, b = action.sub_actions
-            return self.pair_duration(schedule, f.stage, b.stage, b.type)
+            return self.pair_duration(schedule, f.stage, b.stage, b.type) * self.compute_scale + 2 * self.dispatch_s
         if not action.is_compute:
             return 0.0
-        return self.op_cost(schedule, action.stage, action.type)
+        return self.op_cost(schedule, action.stage, action.type) * self.compute_scale + self.dispatch_s
 
     def pair_split(self, schedule: Schedule, f_stage: int, b_stage: int, b_kind: ActionType) -> tuple[float, float]:
         """``(duration, forward share)`` of an overlapped pair; the forward half is drawn first, in that share."""
@@ -180,9 +181,10 @@ class CostModel:
         """Delay from the producer's end to the consumer's earliest start (0 on the same rank)."""
         if schedule.stage_to_rank[producer_stage] == schedule.stage_to_rank[consumer_stage]:
             return 0.0
-        chain = schedule.pipelines[schedule.direction(producer_stage)]
         upstream = producer_stage
-        if consumer_stage in chain and chain.index(consumer_stage) < chain.index(producer_stage):
+        if schedule.direction(consumer_stage) == schedule.direction(producer_stage) and schedule.position(
+            consumer_stage
+        ) < schedule.position(producer_stage):
             upstream = consumer_stage
         return self.boundary_delay(schedule, upstream)
 

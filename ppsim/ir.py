@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from ppsim.errors import ScheduleConfigError, ScheduleFormatError
 
@@ -82,6 +82,31 @@ class Action:
         return self.sub_actions if self.sub_actions else (self,)
 
 
+class _ActionMaker:
+    """Builds an :class:`Action` at a quarter of the frozen dataclass's cost (schedule builders make millions).
+
+    The frozen ``__init__`` fills each slot through ``object.__setattr__``; this class has the same slots, fills
+    them by plain assignment, then turns the instance into an ``Action`` (an identical layout, so the assignment of
+    ``__class__`` is allowed). The result is an ordinary, immutable ``Action``.
+    """
+
+    __slots__ = ("stage", "type", "microbatch", "sub_actions")
+
+    def __init__(
+        self, stage: int, type: ActionType, microbatch: int | None = None, sub_actions: tuple[Action, ...] = ()
+    ) -> None:
+        self.stage = stage
+        self.type = type
+        self.microbatch = microbatch
+        self.sub_actions = sub_actions
+        self.__class__ = Action  # type: ignore[assignment]
+
+
+#: ``make_action(stage, type, microbatch)``: the same as ``Action(stage, type, microbatch)``, faster.
+make_action: Callable[..., Action] = _ActionMaker  # type: ignore[assignment]
+assert type(make_action(0, ActionType.F, 0)) is Action and make_action(0, ActionType.F, 0) == Action(0, ActionType.F, 0)
+
+
 def overlap(forward: Action, backward: Action) -> Action:
     """An overlapped forward/backward pair, forward half first (torch's ``OVERLAP_F_B``)."""
     if forward.type is not ActionType.F or backward.type not in BACKWARD_TYPES:
@@ -89,7 +114,7 @@ def overlap(forward: Action, backward: Action) -> Action:
             f"overlapped pair ({forward};{backward}) must be a forward then a backward (B or I); "
             "write it as (sF m;sB m)OVERLAP_F_B"
         )
-    return Action(-1, ActionType.OVERLAP_F_B, None, (forward, backward))
+    return make_action(-1, ActionType.OVERLAP_F_B, None, (forward, backward))
 
 
 def parse_action(text: str) -> Action | None:
@@ -180,18 +205,28 @@ class Schedule:
         return self.num_microbatches // len(self.pipelines)
 
     @cached_property
-    def _links(self) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
+    def _links(self) -> tuple[dict[int, int], dict[int, int], dict[int, int], dict[int, int]]:
         prev: dict[int, int] = {}
         nxt: dict[int, int] = {}
         direction: dict[int, int] = {}
+        position: dict[int, int] = {}
         for d, chain in enumerate(self.pipelines):
             for i, s in enumerate(chain):
                 direction[s] = d
+                position[s] = i
                 if i > 0:
                     prev[s] = chain[i - 1]
                 if i + 1 < len(chain):
                     nxt[s] = chain[i + 1]
-        return prev, nxt, direction
+        return prev, nxt, direction, position
+
+    @cached_property
+    def _stages_by_rank(self) -> tuple[tuple[int, ...], ...]:
+        by_rank: list[list[int]] = [[] for _ in range(self.num_ranks)]
+        for s, r in enumerate(self.stage_to_rank):
+            if 0 <= r < len(by_rank):
+                by_rank[r].append(s)
+        return tuple(tuple(stages) for stages in by_rank)
 
     def prev_stage(self, stage: int) -> int | None:
         """The stage whose forward output feeds ``stage`` (``None`` for a chain's first stage)."""
@@ -205,13 +240,16 @@ class Schedule:
         """Which chain (DualPipe direction / model copy) ``stage`` belongs to."""
         return self._links[2][stage]
 
+    def position(self, stage: int) -> int:
+        """Index of ``stage`` in its chain (``pipelines[direction(stage)].index(stage)``, in constant time)."""
+        return self._links[3][stage]
+
     def chunk(self, stage: int) -> int:
         """Index of ``stage`` among the stages its rank holds, in stage order (0 = first chunk)."""
-        rank = self.stage_to_rank[stage]
-        return sorted(s for s, r in enumerate(self.stage_to_rank) if r == rank).index(stage)
+        return self._stages_by_rank[self.stage_to_rank[stage]].index(stage)
 
     def stages_of(self, rank: int) -> list[int]:
-        return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
+        return list(self._stages_by_rank[rank]) if 0 <= rank < self.num_ranks else []
 
     def iter_computations(self) -> Iterator[tuple[int, int, Action]]:
         """Yield ``(rank, position, single computation)`` with overlapped pairs expanded."""

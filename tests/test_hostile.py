@@ -200,7 +200,6 @@ def test_simulate_json_is_strict_json_for_extreme_but_allowed_costs(files: Path)
     assert json.loads(out, parse_constant=refuse)["makespan"] > 0
 
 
-@pytest.mark.xfail(strict=False, reason="needs sim")
 def test_simulator_refuses_non_finite_results() -> None:
     from ppsim.costs import CostModel
     from ppsim.simulate import simulate
@@ -457,7 +456,6 @@ def test_bad_integer_is_rejected_without_importing_torch() -> None:
     assert proc.stdout.strip() == "False"
 
 
-@pytest.mark.xfail(strict=False, reason="needs tests (README images committed, docs/**/*.png not ignored)")
 @pytest.mark.parametrize("image", ["docs/img/dualpipev_r4_m10.png", "docs/img/report.png"])
 def test_readme_images_are_not_ignored_by_git(image: str) -> None:
     proc = subprocess.run(["git", "check-ignore", "-q", image], cwd=REPO, capture_output=True, timeout=60)

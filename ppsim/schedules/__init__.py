@@ -25,7 +25,8 @@ class ScheduleSpec:
     """
 
     name: str
-    build: Callable[[int, int, int], Schedule]
+    build: Callable[..., Schedule]
+    """``build(num_ranks, num_microbatches, num_stages_per_rank)``; registered, it checks the sizes first."""
     description: str
     constraints: str
     fixed_stages_per_rank: int | None = None
@@ -67,9 +68,26 @@ def paused_gc(build: _Build) -> _Build:
 
 
 
+def checked_sizes(spec: ScheduleSpec, build: _Build) -> _Build:
+    """``build`` refusing counts no schedule can use and a stages-per-rank ``spec`` does not allow: the one place
+    sizes are checked (builders assume them)."""
+
+    @functools.wraps(build)
+    def run(num_ranks: int, num_microbatches: int, num_stages_per_rank: int | None = None) -> Schedule:
+        if num_ranks < 1:
+            raise ScheduleConfigError(f"--ranks {num_ranks}: {spec.name} needs at least 1 rank; pass -r 1 or more")
+        if num_microbatches < 1:
+            raise ScheduleConfigError(
+                f"--mb {num_microbatches}: {spec.name} needs at least 1 microbatch; pass -m 1 or more"
+            )
+        return build(num_ranks, num_microbatches, resolve_stages_per_rank(spec, num_stages_per_rank))
+
+    return run  # type: ignore[return-value]
+
+
 def register(spec: ScheduleSpec) -> ScheduleSpec:
-    """Add a schedule to the registry; its builder runs with the cyclic garbage collector paused."""
-    spec = replace(spec, build=paused_gc(spec.build))
+    """Add a schedule to the registry; its builder checks sizes first and runs with the garbage collector paused."""
+    spec = replace(spec, build=checked_sizes(spec, paused_gc(spec.build)))
     for key in (spec.name, *spec.aliases):
         assert key.lower() not in _REGISTRY, f"schedule name {key} registered twice"
         _REGISTRY[key.lower()] = spec
@@ -120,13 +138,7 @@ def get_schedule(
     name: str, num_ranks: int, num_microbatches: int, num_stages_per_rank: int | None = None
 ) -> Schedule:
     """Build a named schedule for ``num_ranks`` ranks and ``num_microbatches`` microbatches per step."""
-    spec = get_spec(name)
-    if num_ranks < 1:
-        raise ScheduleConfigError(f"--ranks {num_ranks}: need at least 1 rank; pass -r 1 or more")
-    if num_microbatches < 1:
-        raise ScheduleConfigError(f"--mb {num_microbatches}: need at least 1 microbatch; pass -m 1 or more")
-    v = resolve_stages_per_rank(spec, num_stages_per_rank)
-    return spec.build(num_ranks, num_microbatches, v)
+    return get_spec(name).build(num_ranks, num_microbatches, num_stages_per_rank)
 
 
 _LOADED = False
