@@ -99,7 +99,7 @@ def check_limits(opts: CalibrationOptions) -> None:
     """Refuse, in one line with the estimate, a calibration this machine cannot hold or finish in an hour."""
     if opts.override_limits:
         return
-    from ppsim.calibrate.run import available_memory_bytes
+    from ppsim.calibrate.launch import available_memory_bytes
 
     seconds, need = estimate(opts.config, device=opts.device, reps=opts.reps, warmup=opts.warmup)
     shape = (f"hidden {opts.config.hidden}, ffn {opts.config.ffn}, vocab {opts.config.vocab}, "

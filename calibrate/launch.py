@@ -91,6 +91,18 @@ def init_world(*, backend: str, timeout_s: float, init_method: str = "env://", s
     )
 
 
+def available_memory_bytes() -> int | None:
+    """This host's available memory (``MemAvailable``), ``None`` where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -250,6 +250,8 @@ def check_machine(options: RunOptions, schedule: Schedule, model: ModelConfig) -
 
         print(f"note: {ranks} computing ranks share {cores} CPU core(s); the run's timings include that sharing "
               "(the profile's compute scale was measured for at most 2 ranks)", file=sys.stderr, flush=True)
+    from ppsim.calibrate.launch import available_memory_bytes
+
     need = estimate_run_bytes(model, schedule, synthetic=options.synthetic)
     have = available_memory_bytes()
     if have is not None and need > MEMORY_SHARE * have:
@@ -275,17 +277,6 @@ def estimate_run_bytes(model: ModelConfig, schedule: Schedule, *, synthetic: boo
     runtime = 300 << 20
     m = schedule.num_microbatches
     return schedule.num_ranks * runtime + 2 * (2 * weights) + 2 * m * per_mb
-
-
-def available_memory_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def _gib(n: float) -> str:
