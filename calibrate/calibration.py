@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 OPS = ("F", "B", "I", "W", "FB")
 #: Layers in the multi-layer unit (fewer when the model has fewer).
 K_LAYERS = 4
-#: Work and memory limits of one calibration (``--override-limits`` lifts them).
+#: Work and memory limits of one calibration (``--allow-large`` lifts them).
 MAX_CALIBRATION_S = 3600.0
 CPU_FLOPS = 2e10
 GPU_FLOPS = 1e14
@@ -109,13 +109,13 @@ def check_limits(opts: CalibrationOptions) -> None:
         raise PPSimError(
             f"calibrating the {opts.config.preset} model ({shape}) needs about {need / 2**30:.1f} GiB but "
             f"{have / 2**30:.1f} GiB is available; lower --seq-len or --mb-size, use a smaller --preset, or pass "
-            "--override-limits"
+            "--allow-large"
         )
     if seconds > MAX_CALIBRATION_S:
         raise PPSimError(
             f"calibrating the {opts.config.preset} model ({shape}) on {opts.device} would take about "
             f"{seconds / 3600:.1f} h (limit {MAX_CALIBRATION_S / 3600:g} h); lower --seq-len, --reps or use a "
-            "smaller --preset, calibrate on a GPU, or pass --override-limits"
+            "smaller --preset, calibrate on a GPU, or pass --allow-large"
         )
 
 

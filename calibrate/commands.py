@@ -97,7 +97,7 @@ def calibrate_command(
         float, typer.Option("--init-timeout", help="Seconds to wait for the other ranks to join.")
     ] = 60.0,
     override_limits: Annotated[
-        bool, typer.Option("--override-limits", help="Run even when the memory or time estimate exceeds the limits.")
+        bool, typer.Option("--allow-large", help="Run even when the memory or time estimate exceeds the limits.")
     ] = False,
 ) -> None:
     """Measure the model's blocks (embedding, layer, head), the per-stage overhead, p2p cost and the runtime's
@@ -259,7 +259,7 @@ def run_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and the batch.")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="Stop the processes after this many seconds.")] = 600.0,
     override_limits: Annotated[
-        bool, typer.Option("--override-limits", help="Run even beyond the work, rank and memory limits.")
+        bool, typer.Option("--allow-large", help="Run even beyond the work, rank and memory limits.")
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the run JSON instead of the table.")] = False,
 ) -> None:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 DEFAULT_STEPS = 5
 DEFAULT_WARMUP = 3
 DEFAULT_TIME_UNIT_S = 0.01
-#: Work limits (``--override-limits`` lifts them): actions in one step, and ranks per CPU core for real ranks.
+#: Work limits (``--allow-large`` lifts them): actions in one step, and ranks per CPU core for real ranks.
 MAX_ACTIONS = 100_000
 MAX_REAL_RANKS_PER_CORE = 4
 MAX_SYNTHETIC_RANKS = 64
@@ -180,7 +180,7 @@ def load_checked_schedule(options: RunOptions) -> Schedule:
         if estimate > MAX_ACTIONS:
             raise PPSimError(
                 f"-r {r} -m {m}: about {estimate:,} actions per step (limit {MAX_ACTIONS:,}): every action runs and "
-                "is timed; use fewer microbatches or ranks, or pass --override-limits"
+                "is timed; use fewer microbatches or ranks, or pass --allow-large"
             )
     schedule = load_schedule(options.schedule, r, m, v)
     refusal = schedule_refusal(schedule)
@@ -189,7 +189,7 @@ def load_checked_schedule(options: RunOptions) -> Schedule:
     actions = sum(len(row) for row in schedule.actions)
     if actions > MAX_ACTIONS and not options.override_limits:
         raise PPSimError(f"{options.schedule}: {actions:,} actions per step (limit {MAX_ACTIONS:,}); use fewer "
-                         "microbatches or ranks, or pass --override-limits")
+                         "microbatches or ranks, or pass --allow-large")
     problems = validate(schedule)
     if problems:
         first = str(problems[0])
@@ -239,11 +239,11 @@ def check_machine(options: RunOptions, schedule: Schedule, model: ModelConfig) -
     if options.synthetic:
         if ranks > MAX_SYNTHETIC_RANKS:
             raise PPSimError(f"-r {ranks}: {ranks} synthetic rank processes on this host (limit "
-                             f"{MAX_SYNTHETIC_RANKS}); use fewer ranks or pass --override-limits")
+                             f"{MAX_SYNTHETIC_RANKS}); use fewer ranks or pass --allow-large")
     elif options.backend == "gloo" and ranks > MAX_REAL_RANKS_PER_CORE * cores:
         raise PPSimError(
             f"-r {ranks}: {ranks} computing ranks on {cores} CPU core(s) (limit {MAX_REAL_RANKS_PER_CORE} per core); "
-            "timings would say little; use fewer ranks, --synthetic, torchrun across hosts, or --override-limits"
+            "timings would say little; use fewer ranks, --synthetic, torchrun across hosts, or --allow-large"
         )
     elif options.backend == "gloo" and ranks > cores:
         import sys
@@ -258,7 +258,7 @@ def check_machine(options: RunOptions, schedule: Schedule, model: ModelConfig) -
         raise PPSimError(
             f"{schedule.name} -r {ranks} -m {schedule.num_microbatches}: needs about {_gib(need)} of memory "
             f"(weights, gradients and every microbatch's activations of {ranks} ranks, plus a reference copy) but "
-            f"{_gib(have)} is available; use fewer microbatches, a smaller model, or pass --override-limits"
+            f"{_gib(have)} is available; use fewer microbatches, a smaller model, or pass --allow-large"
         )
 
 

@@ -285,8 +285,8 @@ def test_resume_with_other_options_is_refused(tmp_path: Path) -> None:
         (["--preset", "70b"], "unknown preset"),
         (["--mb-size", "0"], "--mb-size 0"),
         (["--init-timeout", "0"], "--init-timeout"),
-        (["--seq-len", "10000000"], "--override-limits"),
-        (["--preset", "8b"], "--override-limits"),
+        (["--seq-len", "10000000"], "--allow-large"),
+        (["--preset", "8b"], "--allow-large"),
     ],
 )
 def test_bad_options_give_one_line(tmp_path: Path, args: list[str], expected: str) -> None:

@@ -386,10 +386,10 @@ def test_a_deadlocking_csv_is_refused_before_anything_runs(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["-s", "1F1B", "-r", "2", "-m", "1000000000"], "--override-limits"),
+        (["-s", "1F1B", "-r", "2", "-m", "1000000000"], "--allow-large"),
         (["-s", "1F1B", "-r", "2", "-m", "4", "--synthetic", "--costs", "F=1e308,B=1e308"], "F=1e308"),
         (["-s", "1F1B", "-r", "2", "-m", "4", "--synthetic", "--costs", "F=1e9", "--time-unit", "1"], "sleep"),
-        (["-s", "1F1B", "-r", "500", "-m", "500", "--synthetic"], "--override-limits"),
+        (["-s", "1F1B", "-r", "500", "-m", "500", "--synthetic"], "--allow-large"),
         (["-s", "1F1B", "-r", "2", "-m", "2", "--timeout", "nan"], "--timeout"),
     ],
 )
