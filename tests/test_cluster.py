@@ -1,0 +1,160 @@
+"""The Slurm recipe for real: `calibrate/slurm/calibrate-cpu.sbatch` submitted with `sbatch` to a running cluster.
+
+Needs `sbatch` on PATH and a cluster whose node answers `sinfo` (`scripts/slurm-local.sh start` brings up a one-node
+cluster on this machine; `.ci/run` does that before the test command). Without one every test here is skipped with
+the reason; the tests never start or stop a cluster themselves. They check what a user relies on — the job writes a
+profile that loads and is complete; a job cancelled half-way and resubmitted with RESUME=1 completes and keeps what
+was already measured — not the profile's fields, so they survive changes to the profile format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ppsim.profile import load_profile
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = REPO / "calibrate" / "slurm" / "calibrate-cpu.sbatch"
+JOB_TIMEOUT_S = 420.0
+"""Generous: the node's two CPUs are shared with the rest of the suite, and a job may wait behind another one."""
+KNOBS = ("PRESET", "STAGES", "OUT", "REPS", "RESUME", "EXTRA", "PYTHON", "MASTER_ADDR", "MASTER_PORT")
+"""The recipe's environment interface."""
+RUNNING = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING",
+           "STAGE_OUT"}
+
+
+def _cluster_problem() -> str | None:
+    """Why the Slurm tests cannot run here, or None when a cluster answers."""
+    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        return ("Slurm is not installed (no sbatch/sinfo on PATH); install slurm-wlm and munge and run "
+                "scripts/slurm-local.sh start")
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return "no Slurm controller answered sinfo within 20 s; start one with scripts/slurm-local.sh start"
+    if out.returncode != 0:
+        first = (out.stderr.strip().splitlines() or ["no output"])[0]
+        return f"no Slurm cluster is running (sinfo: {first}); start one with scripts/slurm-local.sh start"
+    states = out.stdout.split()
+    if not any(s.rstrip("*~#").startswith(("idle", "mix", "alloc")) for s in states):
+        return f"the Slurm cluster has no usable node (sinfo states: {' '.join(states) or 'none'})"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster() -> None:
+    problem = _cluster_problem()
+    if problem:
+        pytest.skip(problem)
+
+
+def submit(tmp_path: Path, out: Path, **env: str) -> str:
+    """sbatch the CPU recipe from tmp_path; returns the job id."""
+    job_env = {k: v for k, v in os.environ.items() if k not in KNOBS}  # only the knobs given here
+    job_env.update(OUT=str(out), PYTHON=sys.executable, **env)
+    cmd = ["sbatch", "--parsable", "--time=00:10:00", f"--chdir={tmp_path}", f"--output={tmp_path}/job-%j.log",
+           str(RECIPE)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=job_env, timeout=60)
+    assert res.returncode == 0, f"sbatch failed: {res.stderr.strip()}"
+    return res.stdout.strip().split(";")[0]
+
+
+def job_state(job: str) -> str:
+    res = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=30)
+    match = re.search(r"\bJobState=(\S+)", res.stdout)
+    if res.returncode != 0 or not match:
+        return "GONE"  # no longer known to the controller (older than MinJobAge): finished
+    return match.group(1)
+
+
+def log_of(tmp_path: Path, job: str) -> str:
+    path = tmp_path / f"job-{job}.log"
+    return path.read_text(errors="replace")[-4000:] if path.exists() else f"(no log at {path})"
+
+
+def wait(tmp_path: Path, job: str, *, until: Any = None, timeout: float = JOB_TIMEOUT_S) -> str:
+    """Poll until the job leaves the queue (returns its final state) or ``until()`` is true (returns "")."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if until is not None and until():
+            return ""
+        state = job_state(job)
+        if state not in RUNNING:
+            return state
+        time.sleep(0.1 if until is not None else 0.5)
+    subprocess.run(["scancel", job], timeout=30)
+    pytest.fail(f"job {job} did not finish within {timeout:.0f} s; log:\n{log_of(tmp_path, job)}")
+
+
+def float_lists(node: Any) -> list[list[float]]:
+    """Every list of two or more numbers in a JSON document (the raw samples of each measurement)."""
+    if isinstance(node, dict):
+        return [x for v in node.values() for x in float_lists(v)]
+    if isinstance(node, list):
+        if len(node) >= 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in node):
+            return [node]
+        return [x for v in node for x in float_lists(v)]
+    return []
+
+
+def test_cpu_recipe_writes_a_complete_profile(cluster: None, tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    job = submit(tmp_path, out, PRESET="tiny", STAGES="2", REPS="3", EXTRA="--warmup 1")
+    state = wait(tmp_path, job)
+    assert state in ("COMPLETED", "GONE"), f"job {job} ended {state}; log:\n{log_of(tmp_path, job)}"
+    profile = load_profile(out)
+    assert profile.complete and profile.num_stages == 2, log_of(tmp_path, job)
+
+
+def test_cancelled_job_resumes_with_resume_1(cluster: None, tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    # Eight stages on two ranks are four rounds of measurements; the profile is rewritten after each, so there is
+    # room to cancel the job after the first round and before the end.
+    same = {"PRESET": "tiny", "STAGES": "8", "REPS": "6", "EXTRA": "--warmup 1"}
+    job = submit(tmp_path, out, **same)
+
+    def partly_done() -> bool:
+        try:
+            profile = load_profile(out, allow_incomplete=True)
+        except Exception:  # noqa: BLE001 - not written yet
+            return False
+        return bool(profile.done) and not profile.complete
+
+    state = wait(tmp_path, job, until=partly_done)
+    assert state == "", f"job {job} ended {state} before any measurement was saved; log:\n{log_of(tmp_path, job)}"
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    state = wait(tmp_path, job)
+    assert state == "CANCELLED", f"job {job} ended {state}, not cancelled; log:\n{log_of(tmp_path, job)}"
+
+    killed_text = out.read_text()
+    killed = load_profile(out, allow_incomplete=True)
+    assert not killed.complete and killed.done, f"the cancelled job left {killed.done}, complete={killed.complete}"
+    with pytest.raises(Exception, match="complete"):
+        load_profile(out)  # an unfinished profile is refused without allow_incomplete
+
+    again = submit(tmp_path, out, RESUME="1", **same)
+    state = wait(tmp_path, again)
+    assert state in ("COMPLETED", "GONE"), f"resumed job {again} ended {state}; log:\n{log_of(tmp_path, again)}"
+    resumed = load_profile(out)
+    assert resumed.complete, log_of(tmp_path, again)
+    # The finished measurements were kept, not measured again: same order first, no key twice, samples unchanged.
+    assert list(resumed.done[: len(killed.done)]) == list(killed.done)
+    assert len(set(resumed.done)) == len(resumed.done), resumed.done
+    resumed_lists = float_lists(json.loads(out.read_text()))
+    kept = float_lists(json.loads(killed_text))
+    assert kept, "the cancelled job's profile holds no samples"
+    missing = [samples for samples in kept if samples not in resumed_lists]
+    assert not missing, f"{len(missing)} of {len(kept)} sample lists of the cancelled job changed on resume"
