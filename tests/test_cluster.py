@@ -28,9 +28,11 @@ pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "calibrate" / "slurm" / "calibrate-cpu.sbatch"
+GPU_RECIPE = REPO / "calibrate" / "slurm" / "calibrate.sbatch"
 JOB_TIMEOUT_S = 420.0
 """Generous: the node's two CPUs are shared with the rest of the suite, and a job may wait behind another one."""
-KNOBS = ("PRESET", "STAGES", "OUT", "REPS", "RESUME", "EXTRA", "PYTHON", "MASTER_ADDR", "MASTER_PORT")
+KNOBS = ("PRESET", "STAGES", "OUT", "REPS", "RESUME", "EXTRA", "PYTHON", "MASTER_ADDR", "MASTER_PORT", "DEVICE",
+         "GPUS_PER_NODE")
 """The recipe's environment interface."""
 RUNNING = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING",
            "STAGE_OUT"}
@@ -46,8 +48,8 @@ def _cluster_problem() -> str | None:
     except subprocess.TimeoutExpired:
         return "no Slurm controller answered sinfo within 20 s; start one with scripts/slurm-local.sh start"
     if out.returncode != 0:
-        first = (out.stderr.strip().splitlines() or ["no output"])[0]
-        return f"no Slurm cluster is running (sinfo: {first}); start one with scripts/slurm-local.sh start"
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"no Slurm cluster is running (sinfo: {last}); start one with scripts/slurm-local.sh start"
     states = out.stdout.split()
     if not any(s.rstrip("*~#").startswith(("idle", "mix", "alloc")) for s in states):
         return f"the Slurm cluster has no usable node (sinfo states: {' '.join(states) or 'none'})"
@@ -61,12 +63,12 @@ def cluster() -> None:
         pytest.skip(problem)
 
 
-def submit(tmp_path: Path, out: Path, **env: str) -> str:
-    """sbatch the CPU recipe from tmp_path; returns the job id."""
+def submit(tmp_path: Path, out: Path, *, recipe: Path = RECIPE, options: tuple[str, ...] = (), **env: str) -> str:
+    """sbatch a recipe (the CPU one by default) from tmp_path; returns the job id."""
     job_env = {k: v for k, v in os.environ.items() if k not in KNOBS}  # only the knobs given here
     job_env.update(OUT=str(out), PYTHON=sys.executable, **env)
     cmd = ["sbatch", "--parsable", "--time=00:10:00", f"--chdir={tmp_path}", f"--output={tmp_path}/job-%j.log",
-           str(RECIPE)]
+           *options, str(recipe)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=job_env, timeout=60)
     assert res.returncode == 0, f"sbatch failed: {res.stderr.strip()}"
     return res.stdout.strip().split(";")[0]
@@ -113,6 +115,17 @@ def float_lists(node: Any) -> list[list[float]]:
 def test_cpu_recipe_writes_a_complete_profile(cluster: None, tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     job = submit(tmp_path, out, PRESET="tiny", STAGES="2", REPS="3", EXTRA="--warmup 1")
+    state = wait(tmp_path, job)
+    assert state in ("COMPLETED", "GONE"), f"job {job} ended {state}; log:\n{log_of(tmp_path, job)}"
+    profile = load_profile(out)
+    assert profile.complete and profile.num_stages == 2, log_of(tmp_path, job)
+
+
+def test_gpu_recipe_launch_runs_on_cpus(cluster: None, tmp_path: Path) -> None:
+    """The GPU recipe's launch (srun, one torchrun per node, c10d rendezvous) with DEVICE=cpu and no GPUs."""
+    out = tmp_path / "profile.json"
+    job = submit(tmp_path, out, recipe=GPU_RECIPE, options=("--nodes=1", "--gpus-per-node=0", "--cpus-per-task=2"),
+                 DEVICE="cpu", GPUS_PER_NODE="2", PRESET="tiny", REPS="3", EXTRA="--warmup 1")
     state = wait(tmp_path, job)
     assert state in ("COMPLETED", "GONE"), f"job {job} ended {state}; log:\n{log_of(tmp_path, job)}"
     profile = load_profile(out)
