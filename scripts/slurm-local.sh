@@ -211,7 +211,7 @@ stop() {
         local jobs
         jobs=$(squeue -h -o '%i' 2>/dev/null || true)
         if [[ -n $jobs ]]; then
-            say "cancelling jobs: $(echo $jobs)"
+            say "cancelling jobs: $(tr '\n' ' ' <<<"$jobs")"
             # shellcheck disable=SC2086
             scancel $jobs 2>/dev/null || true
             for _ in $(seq 1 60); do
@@ -229,7 +229,7 @@ stop() {
 }
 
 status() {
-    local name up=1
+    local name pid up=1
     for name in munged slurmctld slurmd; do
         if pid=$(alive_pid "$DIR/run/$name.pid" "$name"); then
             say "$name running (pid $pid)"
