@@ -34,6 +34,9 @@ JOB_TIMEOUT_S = 420.0
 KNOBS = ("PRESET", "STAGES", "OUT", "REPS", "RESUME", "EXTRA", "PYTHON", "MASTER_ADDR", "MASTER_PORT", "DEVICE",
          "GPUS_PER_NODE")
 """The recipe's environment interface."""
+LOCAL_CLUSTER = "ppsim-local"
+"""ClusterName in scripts/slurm-local.sh's slurm.conf: other clusters only with PPSIM_CLUSTER_TESTS=1."""
+SUBMITTED: list[str] = []
 RUNNING = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING",
            "STAGE_OUT"}
 
@@ -53,6 +56,12 @@ def _cluster_problem() -> str | None:
     states = out.stdout.split()
     if not any(s.rstrip("*~#").startswith(("idle", "mix", "alloc")) for s in states):
         return f"the Slurm cluster has no usable node (sinfo states: {' '.join(states) or 'none'})"
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=20).stdout
+    name = re.search(r"^ClusterName\s*=\s*(\S+)", config, re.MULTILINE)
+    if (name.group(1) if name else "?") != LOCAL_CLUSTER and os.environ.get("PPSIM_CLUSTER_TESTS") != "1":
+        return (f"the Slurm cluster here is '{name.group(1) if name else '?'}', not the local one of "
+                f"scripts/slurm-local.sh; set PPSIM_CLUSTER_TESTS=1 to submit test jobs to it (pytest's --basetemp "
+                "must then be on a file system its nodes share)")
     return None
 
 
@@ -63,6 +72,16 @@ def cluster() -> None:
         pytest.skip(problem)
 
 
+@pytest.fixture(autouse=True)
+def _cancel_leftover_jobs() -> Any:
+    """A test that fails or is interrupted leaves no job of its own running."""
+    yield
+    for job in SUBMITTED:
+        if job_state(job) in RUNNING:
+            subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    SUBMITTED.clear()
+
+
 def submit(tmp_path: Path, out: Path, *, recipe: Path = RECIPE, options: tuple[str, ...] = (), **env: str) -> str:
     """sbatch a recipe (the CPU one by default) from tmp_path; returns the job id."""
     job_env = {k: v for k, v in os.environ.items() if k not in KNOBS}  # only the knobs given here
@@ -71,7 +90,9 @@ def submit(tmp_path: Path, out: Path, *, recipe: Path = RECIPE, options: tuple[s
            *options, str(recipe)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=job_env, timeout=60)
     assert res.returncode == 0, f"sbatch failed: {res.stderr.strip()}"
-    return res.stdout.strip().split(";")[0]
+    job = res.stdout.strip().split(";")[0]
+    SUBMITTED.append(job)
+    return job
 
 
 def job_state(job: str) -> str:
