@@ -82,10 +82,12 @@ def _cancel_leftover_jobs() -> Any:
     SUBMITTED.clear()
 
 
-def submit(tmp_path: Path, out: Path, *, recipe: Path = RECIPE, options: tuple[str, ...] = (), **env: str) -> str:
+def submit(tmp_path: Path, out: Path | None, *, recipe: Path = RECIPE, options: tuple[str, ...] = (), **env: str) -> str:
     """sbatch a recipe (the CPU one by default) from tmp_path; returns the job id."""
     job_env = {k: v for k, v in os.environ.items() if k not in KNOBS}  # only the knobs given here
-    job_env.update(OUT=str(out), PYTHON=sys.executable, **env)
+    job_env.update(PYTHON=sys.executable, **env)
+    if out is not None:
+        job_env["OUT"] = str(out)
     cmd = ["sbatch", "--parsable", "--time=00:10:00", f"--chdir={tmp_path}", f"--output={tmp_path}/job-%j.log",
            *options, str(recipe)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=job_env, timeout=60)
@@ -192,3 +194,10 @@ def test_cancelled_job_resumes_with_resume_1(cluster: None, tmp_path: Path) -> N
     assert kept, "the cancelled job's profile holds no samples"
     missing = [samples for samples in kept if samples not in resumed_lists]
     assert not missing, f"{len(missing)} of {len(kept)} sample lists of the cancelled job changed on resume"
+
+
+def test_resume_without_out_is_refused(cluster: None, tmp_path: Path) -> None:
+    job = submit(tmp_path, None, RESUME="1")
+    state = wait(tmp_path, job)
+    assert state == "FAILED" and "RESUME=1 needs OUT=" in log_of(tmp_path, job), f"{state}: {log_of(tmp_path, job)}"
+    assert not list(tmp_path.glob("*.json")), "nothing was measured"
