@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     ok = summarize(rows)
     if args.output is not None:
-        from ppsim.formats import write_atomic
+        from ppsim.io import write_atomic
 
         payload = [{"group": c.group, "label": c.label, **d} for c, d in rows]
         write_atomic(args.output, json.dumps(payload, indent=1) + "\n")

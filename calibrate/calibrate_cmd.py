@@ -474,7 +474,7 @@ def print_summary(profile: Profile) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ppsim.cli import fmt_bytes
+    from ppsim.io import fmt_bytes
 
     wall = profile.method.wall_s if profile.method else None
     table = Table(title=f"{profile.num_stages} stages of the {profile.model.preset} model on {profile.device_name}"
@@ -517,12 +517,8 @@ def _cpu_name() -> str:
 
 
 def _check_writable(path: Path) -> None:
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise PPSimError(f"-o {path}: is a directory; give a file name such as {path / 'profile.json'}")
-    if not parent.is_dir():
-        raise PPSimError(f"-o {path}: folder {parent} does not exist; create it or choose another path")
-    if not os.access(parent, os.W_OK):
-        raise PPSimError(f"-o {path}: folder {parent} is not writable; choose another path")
+    from ppsim.io import check_writable
+
+    check_writable(path, example="profile.json")
     if path.suffix.lower() != ".json":
         raise PPSimError(f"-o {path}: a profile is JSON; use a name ending in .json")

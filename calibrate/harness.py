@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight
 
-from ppsim.calibrate.model import ModelConfig, build_stage, loss_fn, split_layers, stage_input
+from ppsim.calibrate.model import DTYPES, ModelConfig, build_stage, loss_fn, split_layers, stage_input
 from ppsim.errors import PPSimError
 
 Tick = Callable[[], None]
@@ -144,7 +144,7 @@ class StageBench:
         else:
             self.targets = None
             self.output_grad = (
-                torch.randn(config.boundary_shape, generator=gen).to(device=device, dtype=config.torch_dtype) * 1e-3
+                torch.randn(config.boundary_shape, generator=gen).to(device=device, dtype=DTYPES[config.dtype]) * 1e-3
             )
 
     # --- the runtime's actions ----------------------------------------------------------------------------------

@@ -10,8 +10,6 @@ with the same seed hold identical weights, whatever the split.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,111 +17,15 @@ from torch import nn
 from torch.nn import functional as F
 
 from ppsim.errors import PPSimError
+from ppsim.model_config import (  # noqa: F401 - re-exported: one model config for core and calibrate
+    MODEL_FIELDS, PRESETS, TINY_VALUES, ModelConfig, get_preset, split_layers,
+)
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-MODEL_FIELDS = ("hidden", "heads", "ffn", "layers", "vocab", "seq_len", "mb_size")
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shapes of the model; ``preset`` names where they came from ("custom" when options changed a preset)."""
-
-    preset: str
-    hidden: int
-    heads: int
-    ffn: int
-    layers: int
-    vocab: int
-    seq_len: int
-    mb_size: int
-    dtype: str = "float32"
-
-    def __post_init__(self) -> None:
-        for name in MODEL_FIELDS:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                opt = name.replace("_", "-")
-                raise PPSimError(f"--{opt} {value!r}: must be a positive integer; e.g. --{opt} {TINY_VALUES[name]}")
-        if self.hidden % self.heads:
-            raise PPSimError(
-                f"--hidden {self.hidden} with --heads {self.heads}: hidden must be divisible by heads; "
-                f"e.g. --heads {_divisor_near(self.hidden, self.heads)}"
-            )
-        if self.dtype not in DTYPES:
-            raise PPSimError(f"--dtype {self.dtype!r}: unknown dtype; use one of {', '.join(DTYPES)}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
-    @property
-    def boundary_shape(self) -> tuple[int, int, int]:
-        """Shape of the activation passed between stages for one microbatch."""
-        return (self.mb_size, self.seq_len, self.hidden)
-
-    @property
-    def boundary_bytes(self) -> int:
-        return self.mb_size * self.seq_len * self.hidden * self.torch_dtype.itemsize
-
-    def to_dict(self) -> dict[str, Any]:
-        """The profile's ``model`` object."""
-        return dataclasses.asdict(self)
-
-    def replace(self, **changes: Any) -> ModelConfig:
-        return dataclasses.replace(self, **changes)
-
-
-TINY_VALUES = {"hidden": 128, "heads": 4, "ffn": 352, "layers": 8, "vocab": 1024, "seq_len": 128, "mb_size": 4}
-
-PRESETS: dict[str, ModelConfig] = {
-    # Calibrates on a 2-core CPU in well under a minute.
-    "tiny": ModelConfig(preset="tiny", dtype="float32", **TINY_VALUES),
-    # Layer shapes of Llama-3.2-1B-class models (full multi-head attention; no grouped KV heads).
-    "1b": ModelConfig(
-        preset="1b", hidden=2048, heads=32, ffn=8192, layers=16, vocab=128256, seq_len=2048, mb_size=1,
-        dtype="bfloat16",
-    ),
-    # Layer shapes of Llama-3-8B-class models.
-    "8b": ModelConfig(
-        preset="8b", hidden=4096, heads=32, ffn=14336, layers=32, vocab=128256, seq_len=4096, mb_size=1,
-        dtype="bfloat16",
-    ),
-}
-
-
-def _divisor_near(n: int, target: int) -> int:
-    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - target), d))
-
-
-def get_preset(name: str) -> ModelConfig:
-    try:
-        return PRESETS[name.lower()]
-    except KeyError:
-        raise PPSimError(f"--preset {name!r}: unknown preset; use one of {', '.join(PRESETS)}") from None
-
-
-def split_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
-    """Layer ranges ``[first, last_exclusive)`` per stage, as even as possible; earlier stages take the extra
-    layers (the last stage also carries the LM head)."""
-    if num_stages < 1:
-        raise PPSimError(f"--stages {num_stages}: must be at least 1")
-    if num_stages > num_layers:
-        raise PPSimError(
-            f"--stages {num_stages} with --layers {num_layers}: every stage needs at least one layer; "
-            f"use --layers {num_stages} or more, or fewer stages"
-        )
-    base, extra = divmod(num_layers, num_stages)
-    ranges: list[tuple[int, int]] = []
-    first = 0
-    for s in range(num_stages):
-        last = first + base + (1 if s < extra else 0)
-        ranges.append((first, last))
-        first = last
-    return ranges
+def torch_dtype(config: ModelConfig) -> torch.dtype:
+    return DTYPES[config.dtype]
 
 
 class Attention(nn.Module):
@@ -207,7 +109,7 @@ def _seeded(seed: int, component: int, make: Any) -> Any:
 
 
 def _place(module: nn.Module, config: ModelConfig, device: str | torch.device) -> nn.Module:
-    return module.to(device=torch.device(device), dtype=config.torch_dtype)
+    return module.to(device=torch.device(device), dtype=torch_dtype(config))
 
 
 def build_stage(
@@ -264,4 +166,4 @@ def stage_input(
     if stage == 0:
         return torch.randint(0, config.vocab, (config.mb_size, config.seq_len), generator=gen).to(device)
     x = torch.randn(config.boundary_shape, generator=gen)
-    return x.to(device=torch.device(device), dtype=config.torch_dtype)
+    return x.to(device=torch.device(device), dtype=torch_dtype(config))

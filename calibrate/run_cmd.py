@@ -190,7 +190,7 @@ def run_command(
     if report is None:  # a torchrun rank other than 0
         return
     if output is not None:
-        from ppsim.formats import write_atomic
+        from ppsim.io import write_atomic
 
         write_atomic(output, json.dumps(report.data, indent=1, allow_nan=False) + "\n")
     if plot is not None:
@@ -214,13 +214,9 @@ def run_command(
 
 
 def _check_writable(path: Path, what: str) -> None:
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise PPSimError(f"{what} {path}: is a directory; give a file name")
-    if not parent.is_dir():
-        raise PPSimError(f"{what} {path}: folder {parent} does not exist; create it or choose another path")
-    if not os.access(parent, os.W_OK):
-        raise PPSimError(f"{what} {path}: folder {parent} is not writable; choose another path")
+    from ppsim.io import check_writable
+
+    check_writable(path, option=what, example="run.json")
 
 
 # --- orchestration ----------------------------------------------------------------------------------------------
@@ -779,14 +775,6 @@ def _plotly_html(measured: Bars, predicted: Bars, num_ranks: int, title: str) ->
 
 
 def _write_bytes(path: Path, payload: bytes) -> Path:
-    """Atomic binary write (temporary file in the same folder, then rename)."""
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    from ppsim.io import write_atomic
+
+    return write_atomic(path, payload, option="--plot")

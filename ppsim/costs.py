@@ -7,6 +7,11 @@ parameter bytes and a p2p model ``alpha + bytes / beta``).
 Profile tables are indexed by a stage's *position in its chain* (``schedule.pipelines[d].index(stage)``), so the
 second model copy of DualPipe (stage ``R + j``) uses the profile's stage ``j``.
 
+A version-1 profile gives fixed per-stage tables. A version-2 profile gives per-block costs; :func:`costs_for`
+composes the tables for a schedule's chain length (:func:`compose`): the chain is split as :mod:`ppsim.split` says,
+a stage costs the sum of its blocks plus the profile's fixed ``stage_overhead``, and the profile's ``runtime``
+section sets ``compute_scale``, ``dispatch_s``, ``recv_posting`` and the hand-off latency.
+
 An overlapped pair ``(sF m; tB n)OVERLAP_F_B`` takes ``(F[s] + X[t]) * r`` where ``X`` is the backward half's cost
 (B or I) and ``r`` is the mean of the two stages' overlap ratios ``FB / (F + B)``. With one stage and a full B this is
 exactly ``FB``; with uniform costs and a full B it is ``FB`` for every pair.
@@ -15,12 +20,17 @@ exactly ``FB``; with uniform costs and a full B it is ``FB`` for every pair.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ppsim.errors import CostError
 from ppsim.ir import Action, ActionType, Schedule
+from ppsim.split import SplitError, SplitSpec, check_split, format_split, resolve_split, stage_blocks
+
+if TYPE_CHECKING:
+    from ppsim.profile import Profile
 
 COST_KEYS = ("F", "B", "I", "W", "FB", "comm")
 _OP_KEYS = ("F", "B", "I", "W", "FB")
@@ -61,65 +71,42 @@ class CostModel:
     """``"early"``: a cross-rank hand-off leaves when its producer ends. ``"consumer"``: it leaves at the later of the
     producer's end and the end of the consumer rank's previous action (torch's lowering posts the receive just before
     the computation that needs it, and gloo/NCCL transfer only once both sides are posted)."""
+    # -- per-block profiles (version 2) -----------------------------------------------------------------------------
+    blocks: Profile | None = None
+    """A version-2 profile whose blocks the tables are composed from, per schedule (:func:`costs_for`)."""
+    split: SplitSpec = SplitSpec()
+    """How the chain is cut into stages when composing from ``blocks``."""
+    split_counts: tuple[int, ...] | None = None
+    """Layers per stage of the composed tables; ``None`` until composed (or for version-1 / cost-string costs)."""
 
     # -- construction -------------------------------------------------------------------------------------------
 
     @classmethod
-    def from_profile(cls, profile: Any, *, source: str = "profile") -> CostModel:
-        """Costs from a calibration profile: a mapping in the profile JSON schema, or an object with ``to_dict()``."""
-        data: Any = profile.to_dict() if hasattr(profile, "to_dict") else profile
-        if not isinstance(data, Mapping):
-            raise CostError(f"profile {source}: expected a JSON object, got {type(data).__name__}; "
-                            "pass a file written by `ppsim calibrate`")
-        if data.get("schema", "ppsim.profile") != "ppsim.profile":
-            raise CostError(f"profile {source}: schema {data.get('schema')!r} is not 'ppsim.profile'; "
-                            "pass a file written by `ppsim calibrate`")
-        stages = data.get("stages")
-        if not isinstance(stages, list) or not stages:
-            raise CostError(f"profile {source}: no 'stages' list; re-run `ppsim calibrate`")
-        num_stages = data.get("num_stages", len(stages))
-        if num_stages != len(stages):
-            raise CostError(f"profile {source}: num_stages is {num_stages} but {len(stages)} stages are listed; "
-                            "re-run `ppsim calibrate`")
-        ordered = sorted(stages, key=lambda st: _get(st, "stage", source, int))
-        if [_get(st, "stage", source, int) for st in ordered] != list(range(len(stages))):
-            raise CostError(f"profile {source}: stage indices must be 0..{len(stages) - 1}; re-run `ppsim calibrate`")
-        ops = {key: tuple(_stat_median(st, key, source) for st in ordered) for key in _OP_KEYS}
-        act = tuple(_get(st, "activation_bytes", source, int) for st in ordered)
-        freed = tuple(_get(st, "activation_bytes_freed_by_I", source, int) for st in ordered)
-        for i, (a, f) in enumerate(zip(act, freed)):
-            if not 0 <= f <= a:
-                raise CostError(f"profile {source}: stage {i} frees {f} bytes at I but holds {a}; "
-                                "activation_bytes_freed_by_I must lie in [0, activation_bytes]")
-        static = tuple(
-            sum(_get(st, key, source, int) for key in ("param_bytes", "grad_bytes", "optimizer_bytes"))
-            for st in ordered
-        )
-        out = tuple(_get(st, "output_bytes", source, int) for st in ordered)
-        p2p = data.get("p2p")
-        notes: list[str] = []
-        alpha: float | None = None
-        beta: float | None = None
-        if p2p is None:
-            notes.append("profile has no p2p measurement: cross-rank hand-offs cost 0")
-        else:
-            alpha = _number(p2p.get("alpha_s"), f"profile {source}: p2p.alpha_s")
-            beta = _number(p2p.get("beta_bytes_per_s"), f"profile {source}: p2p.beta_bytes_per_s")
-            if beta <= 0:
-                raise CostError(f"profile {source}: p2p.beta_bytes_per_s is {beta}; bandwidth must be > 0")
-        return cls(
-            **ops,
-            comm=0.0,
-            p2p_alpha=alpha,
-            p2p_beta=beta,
-            output_bytes=out,
-            activation_bytes=act,
-            activation_bytes_freed_by_I=freed,
-            static_bytes=static,
-            unit="s",
-            source=source,
-            notes=tuple(notes),
-        )
+    def from_profile(cls, profile: Profile | Mapping[str, Any], *, source: str = "profile",
+                     split: SplitSpec | None = None) -> CostModel:
+        """Costs from a parsed profile (:class:`ppsim.profile.Profile`, not validated again); a mapping in the
+        profile JSON schema is first read by :meth:`Profile.from_dict` (the one schema reader).
+
+        A version-1 profile gives fixed per-stage tables; a version-2 profile gives costs that :func:`costs_for`
+        composes for each schedule (``split`` says how, torchtitan's default spread when ``None``).
+        """
+        from ppsim.profile import Profile
+
+        if not isinstance(profile, Profile):
+            profile = Profile.from_dict(profile, source=source)
+        spec = split or SplitSpec()
+        if profile.blocks is not None:
+            if spec.split is not None:
+                check_split(spec.split, profile.num_layers)
+            notes = [] if profile.p2p is not None or _runtime_handoff(profile) is not None else [
+                "profile has no p2p measurement: cross-rank hand-offs cost 0"]
+            return cls(unit="s", source=source, blocks=profile, split=spec, notes=tuple(notes))
+        if not spec.is_default:
+            raise SplitError(
+                f"profile {source} is version 1 (measured for {profile.num_stages} fixed stages): "
+                f"{spec.describe()} needs a per-block profile; re-run `ppsim calibrate` with this ppsim"
+            )
+        return _from_stage_table(cls, profile, source)
 
     # -- lookups ------------------------------------------------------------------------------------------------
 
@@ -134,6 +121,9 @@ class CostModel:
 
     def check(self, schedule: Schedule) -> None:
         """Raise :class:`CostError` unless the tables fit ``schedule``'s chains."""
+        if self.blocks is not None and self.split_counts is None:
+            raise CostError(f"costs from per-block profile {self.source} are not composed for {schedule.name}; "
+                            "pass them through ppsim.costs.costs_for(costs, schedule) first")
         n = self.num_positions
         if n is None:
             return
@@ -214,7 +204,11 @@ class CostModel:
         def table(values: tuple[float, ...]) -> float | list[float]:
             return values[0] if self.num_positions is None else list(values)
 
+        if self.blocks is not None and self.split_counts is None:
+            return _blocks_dict(self)
         out: dict[str, Any] = {"unit": self.unit, "source": self.source}
+        if self.split_counts is not None:
+            out["split"] = list(self.split_counts)
         for key in _OP_KEYS:
             out[key] = table(getattr(self, key))
         if self.p2p_alpha is None:
@@ -226,6 +220,9 @@ class CostModel:
             out["activation_bytes"] = list(self.activation_bytes)
             out["activation_bytes_freed_by_I"] = list(self.activation_bytes_freed_by_I or ())
             out["static_bytes"] = list(self.static_bytes or ())
+        if self.compute_scale != 1.0 or self.dispatch_s != 0.0 or self.recv_posting != "early":
+            out["runtime"] = {"compute_scale": self.compute_scale, "dispatch_s": self.dispatch_s,
+                              "recv_posting": self.recv_posting}
         if self.notes:
             out["notes"] = list(self.notes)
         return out
@@ -244,6 +241,11 @@ def costs_for(costs: CostModel, schedule: Schedule, *, scope: str = "stage") -> 
     """
     if scope not in COST_SCOPES:
         raise CostError(f"--cost-scope {scope!r} is unknown; use one of {', '.join(COST_SCOPES)}")
+    if costs.blocks is not None:
+        if scope == "rank":
+            raise CostError("--cost-scope rank applies to --costs; a per-block profile composes each schedule's "
+                            "stages from the same model already, drop --cost-scope")
+        return compose(costs, schedule)
     if scope == "stage":
         return costs
     if costs.num_positions is not None:
@@ -323,40 +325,202 @@ def parse_costs(text: str | None) -> CostModel:
     )
 
 
-def load_costs(costs: str | None = None, profile: str | Path | None = None) -> CostModel:
-    """The one entry the CLI uses: a cost string, or a profile file, or the defaults."""
+def load_costs(costs: str | None = None, profile: str | Path | None = None, *,
+               split: SplitSpec | Sequence[int] | str | None = None, layers_per_stage: int | None = None) -> CostModel:
+    """The one entry every command uses: a cost string, or a profile file, or the defaults.
+
+    ``split`` (counts per stage, ``"3,4,4,3"`` or a :class:`SplitSpec`) and ``layers_per_stage`` choose how a
+    per-block (version 2) profile is cut into stages; :func:`costs_for` then composes the tables per schedule.
+    """
+    from ppsim.split import parse_split
+
     if costs is not None and profile is not None:
         raise CostError("--costs and --profile both given: a profile replaces the cost string; pass only one")
+    if isinstance(split, SplitSpec):
+        if layers_per_stage is not None:
+            raise SplitError("give layers_per_stage inside the SplitSpec, not beside it")
+        spec = split
+    else:
+        counts = parse_split(split) if isinstance(split, str) else None if split is None else tuple(split)
+        spec = SplitSpec(split=counts, layers_per_stage=layers_per_stage)
     if profile is None:
+        if not spec.is_default:
+            option = "--split" if spec.split is not None else "--layers-per-stage"
+            raise SplitError(f"{option} needs a per-block profile (--profile FILE.json from `ppsim calibrate`); "
+                             "--costs give every stage the same cost whatever its layers")
         return parse_costs(costs)
     from ppsim.profile import load_profile  # only profile users pay for the schema module
 
     path = Path(profile)
-    data = load_profile(path)
-    return CostModel.from_profile(data, source=str(path))
+    return CostModel.from_profile(load_profile(path), source=str(path), split=spec)
 
 
-def _get(entry: Any, key: str, source: str, kind: type) -> Any:
-    if not isinstance(entry, Mapping) or key not in entry:
-        raise CostError(f"profile {source}: a stage entry lacks {key!r}; re-run `ppsim calibrate`")
-    value = entry[key]
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise CostError(f"profile {source}: {key}={value!r} must be an integer >= 0; re-run `ppsim calibrate`")
-        return value
-    return _number(value, f"profile {source}: {key}")
+def compose(costs: CostModel, schedule: Schedule) -> CostModel:
+    """Tables for ``schedule`` from a per-block profile: split the chain, sum each stage's blocks, add the fixed
+    stage overhead, apply the runtime overheads. Costs that are not per-block come back unchanged."""
+    profile = costs.blocks
+    if profile is None:
+        return costs
+    num_stages = len(schedule.pipelines[0])
+    if costs.split_counts is not None and len(costs.split_counts) == num_stages:
+        return costs
+    counts = resolve_split(costs.split, profile.num_layers, num_stages,
+                           schedule=f"{schedule.name} with {schedule.num_ranks} ranks")
+    blocks = profile.blocks
+    assert blocks is not None and profile.stage_overhead is not None
+    overhead = {op: _median(getattr(profile.stage_overhead, op)) for op in _OP_KEYS}
+    tables: dict[str, list[float]] = {op: [] for op in _OP_KEYS}
+    act: list[int] = []
+    freed: list[int] = []
+    static: list[int] = []
+    out: list[int] = []
+    for s, names in enumerate(stage_blocks(profile.layout, counts)):
+        members = [blocks[n] for n in names]
+        op = {key: sum(_median(getattr(b, key)) for b in members) + overhead[key] for key in _OP_KEYS}
+        held = sum(b.activation_bytes or 0 for b in members)
+        freed_by_i = sum(b.activation_bytes_freed_by_I or 0 for b in members)
+        if s == 0:
+            # torch's runtime: stage 0's input (token ids) needs no gradient, so I runs nothing there and W runs
+            # the whole backward; nothing is released at I.
+            op["I"] = _median(blocks[names[0]].I) + overhead["I"]
+            op["W"] = op["B"]
+            freed_by_i = 0
+        for key in _OP_KEYS:
+            tables[key].append(op[key])
+        act.append(held)
+        freed.append(freed_by_i)
+        static.append(sum(b.param_bytes + b.grad_bytes + b.optimizer_bytes for b in members))
+        out.append(members[-1].output_bytes)
+    notes = list(costs.notes)
+    notes.append(f"{num_stages} stages composed from blocks: {costs.split.describe()} -> layers per stage "
+                 f"{format_split(counts)}")
+    check = _against_measured_stages(profile, counts, tables)
+    if check:
+        notes.append(check)
+    alpha = beta = None
+    comm = 0.0
+    if profile.p2p is not None:
+        alpha, beta = profile.p2p.alpha_s, profile.p2p.beta_bytes_per_s
+    handoff = _runtime_handoff(profile)
+    runtime = profile.runtime
+    scale, dispatch, posting = 1.0, 0.0, "early"
+    if runtime is None:
+        notes.append("profile has no runtime overheads (no probe run): compute_scale 1, no dispatch cost, "
+                     "hand-offs at the p2p fit")
+    else:
+        scale, how = pick_compute_scale(runtime.compute_scale, schedule.num_ranks)
+        notes.append(f"compute_scale {scale:.4g} for {schedule.num_ranks} ranks computing at once ({how})")
+        dispatch, posting = runtime.dispatch_s, runtime.recv_posting
+        if handoff is not None:
+            if alpha is not None:
+                notes.append(f"hand-off latency {handoff:.3g} s from the probe run replaces the p2p alpha "
+                             f"{alpha:.3g} s (bandwidth kept)")
+                alpha = handoff
+            else:
+                notes.append(f"hand-off latency {handoff:.3g} s from the probe run (no p2p fit: no size term)")
+                comm = handoff
+    return replace(
+        costs,
+        **{key: tuple(tables[key]) for key in _OP_KEYS},
+        comm=comm, p2p_alpha=alpha, p2p_beta=beta,
+        output_bytes=tuple(out), activation_bytes=tuple(act), activation_bytes_freed_by_I=tuple(freed),
+        static_bytes=tuple(static),
+        compute_scale=scale, dispatch_s=dispatch, recv_posting=posting,
+        split_counts=counts, notes=tuple(notes),
+    )
 
 
-def _stat_median(entry: Any, key: str, source: str) -> float:
-    stat = entry.get(key) if isinstance(entry, Mapping) else None
-    if isinstance(stat, Mapping):
-        stat = stat.get("median")
-    if stat is None:
-        raise CostError(f"profile {source}: a stage entry lacks {key}.median; re-run `ppsim calibrate`")
-    return _number(stat, f"profile {source}: {key}.median")
+def _against_measured_stages(profile: Profile, counts: tuple[int, ...], tables: Mapping[str, list[float]]) -> str:
+    """A note comparing the composed F and B with whole stages the profile measured for the same split, if any."""
+    measured = profile.stages
+    if len(measured) != len(counts) or any(st.F is None or st.B is None for st in measured):
+        return ""
+    if tuple(st.layers[1] - st.layers[0] for st in measured) != counts:
+        return ""
+    worst = 0.0
+    for op in ("F", "B"):
+        for s, st in enumerate(measured):
+            value = _median(getattr(st, op))
+            if value > 0:
+                worst = max(worst, abs(tables[op][s] - value) / value)
+    return f"composed F and B are within {worst:.1%} of the stages measured whole for this split"
 
 
-def _number(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise CostError(f"{what} is {value!r}; it must be a finite number >= 0 (re-run `ppsim calibrate`)")
-    return float(value)
+def pick_compute_scale(table: Mapping[int, float], num_ranks: int) -> tuple[float, str]:
+    """The slowdown for ``num_ranks`` ranks computing at once, and how it was found.
+
+    A measured entry is used as is. Between two measured counts the factor is interpolated linearly; beyond the
+    largest it stays at the largest count's factor (the brief's ``min(num_ranks, measured)``); below the smallest
+    it takes the smallest count's factor (never less than measured: conservative).
+    """
+    if num_ranks in table:
+        return table[num_ranks], "measured"
+    keys = sorted(table)
+    if num_ranks > keys[-1]:
+        return table[keys[-1]], f"not measured: the largest measured count ({keys[-1]} ranks) is used"
+    if num_ranks < keys[0]:
+        return table[keys[0]], f"not measured: the smallest measured count ({keys[0]} ranks) is used"
+    lo = max(k for k in keys if k < num_ranks)
+    hi = min(k for k in keys if k > num_ranks)
+    value = table[lo] + (table[hi] - table[lo]) * (num_ranks - lo) / (hi - lo)
+    return value, f"not measured: interpolated between {lo} and {hi} ranks"
+
+
+def _runtime_handoff(profile: Profile) -> float | None:
+    return None if profile.runtime is None else profile.runtime.handoff_s
+
+
+def _median(stat: Any) -> float:
+    return 0.0 if stat is None else float(stat.median)
+
+
+def _from_stage_table(cls: type[CostModel], profile: Profile, source: str) -> CostModel:
+    """Fixed per-stage tables of a version-1 profile (already validated by its reader)."""
+    stages = profile.stages
+    if not stages:
+        raise CostError(f"profile {source}: no stages; re-run `ppsim calibrate`")
+    if any(st.activation_bytes is None or st.activation_bytes_freed_by_I is None for st in stages):
+        raise CostError(f"profile {source}: some stages are not measured; "
+                        f"finish it with `ppsim calibrate --resume -o {source}`")
+    ops = {key: tuple(_median(getattr(st, key)) for st in stages) for key in _OP_KEYS}
+    notes: list[str] = []
+    alpha = beta = None
+    if profile.p2p is None:
+        notes.append("profile has no p2p measurement: cross-rank hand-offs cost 0")
+    else:
+        alpha, beta = profile.p2p.alpha_s, profile.p2p.beta_bytes_per_s
+    return cls(
+        **ops,
+        comm=0.0,
+        p2p_alpha=alpha,
+        p2p_beta=beta,
+        output_bytes=tuple(st.output_bytes for st in stages),
+        activation_bytes=tuple(st.activation_bytes or 0 for st in stages),
+        activation_bytes_freed_by_I=tuple(st.activation_bytes_freed_by_I or 0 for st in stages),
+        static_bytes=tuple(st.param_bytes + st.grad_bytes + st.optimizer_bytes for st in stages),
+        unit="s",
+        source=source,
+        notes=tuple(notes),
+    )
+
+
+def _blocks_dict(costs: CostModel) -> dict[str, Any]:
+    """What an uncomposed per-block cost model holds: per-block medians, the overhead and the split rule."""
+    profile = costs.blocks
+    assert profile is not None and profile.blocks is not None
+    out: dict[str, Any] = {"unit": costs.unit, "source": costs.source, "split": costs.split.describe()}
+    for key in _OP_KEYS:
+        out[key] = {name: _median(getattr(b, key)) for name, b in profile.blocks.items()}
+        if profile.stage_overhead is not None:
+            out[key]["stage_overhead"] = _median(getattr(profile.stage_overhead, key))
+    if profile.p2p is not None:
+        out["p2p"] = {"alpha_s": profile.p2p.alpha_s, "beta_bytes_per_s": profile.p2p.beta_bytes_per_s}
+    if profile.runtime is not None:
+        rt = profile.runtime
+        out["runtime"] = {
+            **{f"compute_scale[{k}]": v for k, v in sorted(rt.compute_scale.items())},
+            "dispatch_s": rt.dispatch_s, "handoff_s": rt.handoff_s, "recv_posting": rt.recv_posting,
+        }
+    if costs.notes:
+        out["notes"] = list(costs.notes)
+    return out

@@ -33,3 +33,11 @@ class DeadlockError(PPSimError):
     def __init__(self, message: str, blocked: dict[int, tuple[str, str]] | None = None) -> None:
         super().__init__(message)
         self.blocked: dict[int, tuple[str, str]] = dict(blocked or {})
+
+
+class OutputPathError(PPSimError):
+    """An output path cannot be written (a directory, a missing or read-only folder, a name too long)."""
+
+
+class SizeError(PPSimError):
+    """A size such as ``--memory-cap`` is malformed, not positive, or beyond what can be represented."""

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ppsim.formats import write_atomic
+from ppsim.io import write_atomic
 from ppsim.result import COMP_TYPES, SimResult, stage_tables
 
 US_PER_UNIT = {"s": 1e6, "unit": 1e3}

@@ -9,12 +9,12 @@ from __future__ import annotations
 import csv
 import io
 import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from ppsim.errors import ScheduleFormatError
+from ppsim.io import write_atomic  # noqa: F401  (re-exported: the one atomic writer lives in ppsim.io)
 from ppsim.ir import Action, Schedule, parse_action
 
 
@@ -33,24 +33,6 @@ class ScheduleFile:
             return None
         kinds = ", ".join(f"{n} {kind}" for kind, n in self.dropped)
         return f"{self.path}: kept compute actions only, dropped {kinds}"
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` via a temporary file and rename, so a crash never leaves half a file."""
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the permissions open() would
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
 
 
 def read_schedule_file(path: str | os.PathLike[str]) -> ScheduleFile:

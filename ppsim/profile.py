@@ -4,6 +4,10 @@ Plain Python (no torch). :func:`load_profile` turns every malformed file into on
 the file, the field and the fix; :func:`save_profile` writes atomically, so a killed calibration never leaves half
 a file. A profile in progress has ``complete: false``, ``null`` for what is not measured yet and lists the finished
 measurement keys in ``done`` (what ``--resume`` skips).
+
+Version 2 stores the model's building blocks (embedding, a transformer layer, the head) instead of whole stages,
+so one profile serves any stage count (:mod:`ppsim.split` composes stages from blocks); version 1 files (fixed
+stages) still load. This module is the only place the schema is validated.
 """
 
 from __future__ import annotations
@@ -16,14 +20,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ppsim.errors import CostError
-from ppsim.formats import write_atomic
+from ppsim.errors import CostError, PPSimError
+from ppsim.io import write_atomic
+from ppsim.model_config import DTYPE_BYTES, MODEL_KEYS, ModelConfig
 
 SCHEMA = "ppsim.profile"
-VERSION = 1
+VERSION = 2
+"""The version :func:`save_profile` writes for a profile with ``blocks``; version 1 (fixed stages) still loads."""
+VERSIONS = (1, 2)
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("gloo", "nccl")
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DTYPE_NAMES = tuple(DTYPE_BYTES)
+RECV_POSTINGS = ("early", "consumer")
+BLOCK_EMBED = "embed"
+BLOCK_LAYER = "layer"
+BLOCK_HEAD = "head"
+MAX_PROFILE_BYTES = 64 * 1024 * 1024
+"""Largest profile file read (a tiny-model profile with 20 samples per timing is a few tens of kB)."""
+MAX_INT = 2**63 - 1
+"""Largest byte count or count accepted (int64, what torch reports)."""
 OPS = ("F", "B", "I", "W", "FB")
 """Timed operations per stage: forward, full backward, backward-for-input, backward-for-weights, one F&B pair."""
 
@@ -61,22 +76,103 @@ class Stat:
         return {"median": self.median, "p10": self.p10, "p90": self.p90, "samples": list(self.samples), "n": self.n}
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    """The model the profile was measured on (``ppsim.calibrate.model.ModelConfig`` as plain data)."""
+ModelInfo = ModelConfig
+"""The profile's ``model`` object: :class:`ppsim.model_config.ModelConfig` (the old name stays importable)."""
 
-    preset: str
-    hidden: int
-    heads: int
-    ffn: int
-    layers: int
-    vocab: int
-    seq_len: int
-    mb_size: int
-    dtype: str
+
+@dataclass(frozen=True)
+class Block:
+    """One building block of the model (version 2): the embedding, one transformer layer, or the head (final norm,
+    LM head and the loss). Timings and activation bytes are ``None`` until measured."""
+
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    output_bytes: int
+    """Tensor this block hands to the next one per microbatch (0 for the head, which ends the model)."""
+    F: Stat | None = None
+    B: Stat | None = None
+    I: Stat | None = None  # noqa: E741 - the schedule's name for backward-for-input
+    W: Stat | None = None
+    FB: Stat | None = None
+    activation_bytes: int | None = None
+    activation_bytes_freed_by_I: int | None = None
+    activation_bytes_allocator: int | None = None
+    peak_bytes_allocator: int | None = None
+
+    @property
+    def is_measured(self) -> bool:
+        return all(getattr(self, op) is not None for op in OPS) and self.activation_bytes is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in _MODEL_KEYS}
+        out: dict[str, Any] = {}
+        for op in OPS:
+            stat = getattr(self, op)
+            out[op] = None if stat is None else stat.to_dict()
+        for key in _STAGE_INT_KEYS + _STAGE_OPTIONAL_INT_KEYS:
+            out[key] = getattr(self, key)
+        return out
+
+
+@dataclass(frozen=True)
+class StageOverhead:
+    """Fixed cost of one stage that its blocks do not hold (hooks, boundary handling, ...), per operation."""
+
+    F: Stat | None = None
+    B: Stat | None = None
+    I: Stat | None = None  # noqa: E741
+    W: Stat | None = None
+    FB: Stat | None = None
+
+    @property
+    def is_measured(self) -> bool:
+        return all(getattr(self, op) is not None for op in OPS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {op: None if getattr(self, op) is None else getattr(self, op).to_dict() for op in OPS}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The fixed reference run the runtime overheads were measured on."""
+
+    schedule: str
+    ranks: int
+    microbatches: int
+    steps: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schedule": self.schedule, "ranks": self.ranks, "microbatches": self.microbatches,
+                "steps": self.steps}
+
+
+@dataclass(frozen=True)
+class RuntimeOverheads:
+    """What executing under torch's pipeline runtime adds to the op costs, measured by a probe run.
+
+    ``compute_scale`` maps the number of ranks computing at once on one host to the factor every computation is
+    slowed by (``{1: 1.0, 2: 1.6}``); ``dispatch_s`` is added per computation; ``handoff_s`` is the latency of one
+    cross-rank hand-off (replaces the p2p fit's alpha when simulating); ``recv_posting`` is ``"early"`` or
+    ``"consumer"`` (see :class:`ppsim.costs.CostModel`). ``synthetic`` holds the same for synthetic sleeping stages.
+    ``samples`` keeps raw measurements by name (e.g. ``"dispatch_s"``, ``"compute_scale.2"``).
+    """
+
+    compute_scale: Mapping[int, float]
+    dispatch_s: float
+    handoff_s: float | None = None
+    recv_posting: str = "early"
+    synthetic: RuntimeOverheads | None = None
+    probe: Probe | None = None
+    samples: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "compute_scale": {str(k): v for k, v in sorted(self.compute_scale.items())},
+            "dispatch_s": self.dispatch_s, "handoff_s": self.handoff_s, "recv_posting": self.recv_posting,
+            "synthetic": None if self.synthetic is None else self.synthetic.to_dict(),
+            "probe": None if self.probe is None else self.probe.to_dict(),
+            "samples": {k: list(v) for k, v in self.samples.items()},
+        }
 
 
 @dataclass(frozen=True)
@@ -193,6 +289,10 @@ class Method:
 
 @dataclass(frozen=True)
 class Profile:
+    """A calibration profile. Version 2 (``blocks`` set): per-block costs, a ``layout`` of block kinds, a fixed
+    ``stage_overhead``, ``runtime`` overheads and optionally directly measured ``stages`` to check the composition
+    against. Version 1 (``blocks`` is ``None``): ``num_stages`` fixed ``stages``."""
+
     created: str
     device: str
     device_name: str
@@ -200,25 +300,49 @@ class Profile:
     host: str
     world_size: int
     backend: str | None
-    model: ModelInfo
-    num_stages: int
-    stages: tuple[StageProfile, ...]
-    p2p: P2PProfile | None
-    complete: bool
+    model: ModelConfig
+    num_stages: int = 0
+    stages: tuple[StageProfile, ...] = ()
+    p2p: P2PProfile | None = None
+    complete: bool = False
     done: tuple[str, ...] = ()
     method: Method | None = None
     notes: tuple[str, ...] = field(default=())
+    blocks: Mapping[str, Block] | None = None
+    """Version 2: ``{"embed": ..., "layer": ..., "head": ...}`` (several layer kinds as ``"layer.<kind>"``)."""
+    layout: tuple[str, ...] = ()
+    """Version 2: the block kind at each model position, in order: ``("embed", "layer", ..., "layer", "head")``."""
+    stage_overhead: StageOverhead | None = None
+    runtime: RuntimeOverheads | None = None
+
+    @property
+    def version(self) -> int:
+        return 1 if self.blocks is None else 2
+
+    @property
+    def num_layers(self) -> int:
+        """Transformer layers between the embedding and the head (version 2 layout; version 1: ``model.layers``)."""
+        return len(self.layout) - 2 if self.blocks is not None else self.model.layers
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA, "version": VERSION, "created": self.created, "device": self.device,
+        out: dict[str, Any] = {
+            "schema": SCHEMA, "version": self.version, "created": self.created, "device": self.device,
             "device_name": self.device_name, "torch_version": self.torch_version, "host": self.host,
             "world_size": self.world_size, "backend": self.backend, "model": self.model.to_dict(),
-            "num_stages": self.num_stages, "stages": [s.to_dict() for s in self.stages],
+        }
+        if self.blocks is not None:
+            out["blocks"] = {name: block.to_dict() for name, block in self.blocks.items()}
+            out["layout"] = list(self.layout)
+            out["stage_overhead"] = None if self.stage_overhead is None else self.stage_overhead.to_dict()
+            out["runtime"] = None if self.runtime is None else self.runtime.to_dict()
+        out["num_stages"] = self.num_stages if self.blocks is None else len(self.stages)
+        out["stages"] = [s.to_dict() for s in self.stages]
+        out.update({
             "p2p": None if self.p2p is None else self.p2p.to_dict(),
             "complete": self.complete, "done": list(self.done),
             "method": None if self.method is None else self.method.to_dict(), "notes": list(self.notes),
-        }
+        })
+        return out
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "profile", allow_incomplete: bool = False) -> Profile:
@@ -229,22 +353,51 @@ class Profile:
 def load_profile(path: str | os.PathLike[str], *, allow_incomplete: bool = False) -> Profile:
     """Read a profile file. Unless ``allow_incomplete``, a profile still being measured is an error."""
     p = Path(path)
-    if p.is_dir():
-        raise CostError(f"profile {p}: is a directory; pass the JSON file written by `ppsim calibrate -o FILE.json`")
     try:
-        text = p.read_text(encoding="utf-8")
+        if p.is_dir():
+            raise CostError(
+                f"profile {p}: is a directory; pass the JSON file written by `ppsim calibrate -o FILE.json`")
+        if p.exists() and not p.is_file():
+            raise CostError(f"profile {p}: is not a regular file; pass the JSON file written by `ppsim calibrate`")
+        size = p.stat().st_size
+        if size > MAX_PROFILE_BYTES:
+            raise CostError(f"profile {p}: {size} bytes is more than a profile can hold ({MAX_PROFILE_BYTES} bytes); "
+                            "pass a file written by `ppsim calibrate`")
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_PROFILE_BYTES + 1)
+        if len(raw) > MAX_PROFILE_BYTES:
+            raise CostError(f"profile {p}: more than {MAX_PROFILE_BYTES} bytes is more than a profile can hold; "
+                            "pass a file written by `ppsim calibrate`")
+        text = raw.decode("utf-8")
+    except CostError:
+        raise
     except FileNotFoundError:
         raise CostError(f"profile {p}: file not found; write one with `ppsim calibrate -o {p}`") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise CostError(f"profile {p}: cannot be read ({exc}); pass a file written by `ppsim calibrate`") from None
+    return Profile.from_dict(parse_json(text, source=str(p)), source=str(p), allow_incomplete=allow_incomplete)
+
+
+def parse_json(text: str, *, source: str) -> Any:
+    """``json.loads`` that refuses NaN/Infinity and turns every failure (huge integers, deep nesting) into one line."""
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a number JSON allows")
+
     try:
-        data = json.loads(text)
+        return json.loads(text, parse_constant=no_constant)
     except json.JSONDecodeError as exc:
         raise CostError(
-            f"profile {p}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+            f"profile {source}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
             "pass a file written by `ppsim calibrate`"
         ) from None
-    return Profile.from_dict(data, source=str(p), allow_incomplete=allow_incomplete)
+    except RecursionError:
+        raise CostError(f"profile {source}: nested too deeply to be a profile; "
+                        "pass a file written by `ppsim calibrate`") from None
+    except ValueError as exc:  # integers past Python's digit limit, NaN / Infinity literals
+        reason = str(exc).split(";")[0].split("\n")[0]
+        raise CostError(f"profile {source}: not a valid profile ({reason}); "
+                        "pass a file written by `ppsim calibrate`") from None
 
 
 def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
@@ -253,7 +406,7 @@ def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
 
 
 # --- validation -------------------------------------------------------------------------------------------------
-_MODEL_KEYS = ("preset", "hidden", "heads", "ffn", "layers", "vocab", "seq_len", "mb_size", "dtype")
+_MODEL_KEYS = MODEL_KEYS
 _STAGE_INT_KEYS = ("activation_bytes", "activation_bytes_freed_by_I", "param_bytes", "grad_bytes",
                    "optimizer_bytes", "output_bytes")
 _STAGE_OPTIONAL_INT_KEYS = ("activation_bytes_allocator", "peak_bytes_allocator")
@@ -284,24 +437,28 @@ class _Reader:
 
     def int_(self, value: Any, where: str, *, minimum: int = 0) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.fail(where, f"must be an integer >= {minimum}, got {value!r}")
+            raise self.fail(where, f"must be an integer >= {minimum}, got {_shown(value)}")
+        if value > MAX_INT:
+            raise self.fail(where, f"is {_shown(value)}, more than the largest count accepted ({MAX_INT})")
         return value
 
     def num(self, value: Any, where: str, *, positive: bool = False) -> float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not ok or value < 0 or (positive and value == 0):
-            raise self.fail(where, f"must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and isinstance(value, int) and abs(value) > MAX_INT:
+            ok = False
+        if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise self.fail(where, f"must be a finite number {'> 0' if positive else '>= 0'}, got {_shown(value)}")
         return float(value)
 
     def str_(self, value: Any, where: str, choices: tuple[str, ...] | None = None) -> str:
         if not isinstance(value, str) or (choices is not None and value not in choices):
             expected = f"one of {', '.join(choices)}" if choices else "a string"
-            raise self.fail(where, f"must be {expected}, got {value!r}")
+            raise self.fail(where, f"must be {expected}, got {_shown(value)}")
         return value
 
     def bool_(self, value: Any, where: str) -> bool:
         if not isinstance(value, bool):
-            raise self.fail(where, f"must be true or false, got {value!r}")
+            raise self.fail(where, f"must be true or false, got {_shown(value)}")
         return value
 
     def list_(self, value: Any, where: str) -> list[Any]:
@@ -326,7 +483,7 @@ class _Reader:
             raise self.fail(where, f"needs p10 <= median <= p90, got {stat.p10}, {stat.median}, {stat.p90}")
         return stat
 
-    def model(self, value: Any) -> ModelInfo:
+    def model(self, value: Any) -> ModelConfig:
         d = self.obj(value, "model")
         kwargs: dict[str, Any] = {}
         for key in _MODEL_KEYS:
@@ -337,23 +494,14 @@ class _Reader:
                 kwargs[key] = self.str_(raw, "model.dtype", DTYPE_NAMES)
             else:
                 kwargs[key] = self.int_(raw, f"model.{key}", minimum=1)
-        return ModelInfo(**kwargs)
+        try:
+            return ModelConfig(**kwargs)
+        except PPSimError as exc:
+            raise self.fail("model", f"is inconsistent ({exc})") from None
 
-    def stage(self, value: Any, index: int, *, allow_incomplete: bool) -> StageProfile:
-        where = f"stages[{index}]"
-        d = self.obj(value, where)
-        pre = f"{where}."
-        layers = self.list_(self.get(d, "layers", pre), f"{pre}layers")
-        if len(layers) != 2:
-            raise self.fail(f"{pre}layers", f"must be [first, last_exclusive], got {layers!r}")
-        first = self.int_(layers[0], f"{pre}layers[0]")
-        last = self.int_(layers[1], f"{pre}layers[1]", minimum=first + 1)
-        kwargs: dict[str, Any] = {
-            "stage": self.int_(self.get(d, "stage", pre), f"{pre}stage"),
-            "layers": (first, last),
-            "has_embedding": self.bool_(self.get(d, "has_embedding", pre), f"{pre}has_embedding"),
-            "has_head": self.bool_(self.get(d, "has_head", pre), f"{pre}has_head"),
-        }
+    def measured(self, d: Mapping[str, Any], pre: str, *, allow_incomplete: bool) -> dict[str, Any]:
+        """Timings and byte counts shared by a block and a stage."""
+        kwargs: dict[str, Any] = {}
         for op in OPS:
             raw = self.get(d, op, pre)
             if raw is None and not allow_incomplete:
@@ -371,7 +519,110 @@ class _Reader:
         act, freed = kwargs["activation_bytes"], kwargs["activation_bytes_freed_by_I"]
         if act is not None and freed is not None and freed > act:
             raise self.fail(f"{pre}activation_bytes_freed_by_I", f"is {freed}, more than activation_bytes {act}")
-        return StageProfile(**kwargs)
+        return kwargs
+
+    def stage(self, value: Any, index: int, *, allow_incomplete: bool) -> StageProfile:
+        where = f"stages[{index}]"
+        d = self.obj(value, where)
+        pre = f"{where}."
+        layers = self.list_(self.get(d, "layers", pre), f"{pre}layers")
+        if len(layers) != 2:
+            raise self.fail(f"{pre}layers", f"must be [first, last_exclusive], got {_shown(layers)}")
+        first = self.int_(layers[0], f"{pre}layers[0]")
+        last = self.int_(layers[1], f"{pre}layers[1]", minimum=first + 1)
+        return StageProfile(
+            stage=self.int_(self.get(d, "stage", pre), f"{pre}stage"),
+            layers=(first, last),
+            has_embedding=self.bool_(self.get(d, "has_embedding", pre), f"{pre}has_embedding"),
+            has_head=self.bool_(self.get(d, "has_head", pre), f"{pre}has_head"),
+            **self.measured(d, pre, allow_incomplete=allow_incomplete),
+        )
+
+    def block(self, value: Any, name: str, *, allow_incomplete: bool) -> Block:
+        where = f"blocks.{name}"
+        return Block(**self.measured(self.obj(value, where), f"{where}.", allow_incomplete=allow_incomplete))
+
+    def stage_overhead(self, value: Any, *, allow_incomplete: bool) -> StageOverhead | None:
+        if value is None:
+            if allow_incomplete:
+                return None
+            raise self.fail("stage_overhead", "is not measured (null); it may be zero but must be stored")
+        d = self.obj(value, "stage_overhead")
+        kwargs: dict[str, Stat | None] = {}
+        for op in OPS:
+            raw = self.get(d, op, "stage_overhead.")
+            if raw is None and not allow_incomplete:
+                raise self.fail(f"stage_overhead.{op}", "is not measured (null)")
+            kwargs[op] = None if raw is None else self.stat(raw, f"stage_overhead.{op}")
+        return StageOverhead(**kwargs)
+
+    def runtime(self, value: Any, where: str = "runtime", *, nested: bool = False) -> RuntimeOverheads | None:
+        if value is None:
+            return None
+        d = self.obj(value, where)
+        pre = f"{where}."
+        raw_scale = self.obj(self.get(d, "compute_scale", pre), f"{pre}compute_scale")
+        scale: dict[int, float] = {}
+        for key, factor in raw_scale.items():
+            if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 6 and int(key) >= 1):
+                raise self.fail(f"{pre}compute_scale", f"key {_shown(key)} must be a rank count >= 1 such as \"2\"")
+            scale[int(key)] = self.num(factor, f"{pre}compute_scale.{key}", positive=True)
+        if not scale:
+            raise self.fail(f"{pre}compute_scale", "is empty; give at least {\"1\": 1.0}")
+        handoff = self.get(d, "handoff_s", pre, optional=True)
+        synthetic = self.get(d, "synthetic", pre, optional=True)
+        if nested and synthetic is not None:
+            raise self.fail(f"{pre}synthetic", "must be null inside runtime.synthetic")
+        probe_raw = self.get(d, "probe", pre, optional=True)
+        probe = None
+        if probe_raw is not None:
+            pd = self.obj(probe_raw, f"{pre}probe")
+            probe = Probe(
+                schedule=self.str_(self.get(pd, "schedule", f"{pre}probe."), f"{pre}probe.schedule"),
+                ranks=self.int_(self.get(pd, "ranks", f"{pre}probe."), f"{pre}probe.ranks", minimum=1),
+                microbatches=self.int_(self.get(pd, "microbatches", f"{pre}probe."), f"{pre}probe.microbatches",
+                                       minimum=1),
+                steps=self.int_(self.get(pd, "steps", f"{pre}probe."), f"{pre}probe.steps", minimum=1),
+            )
+        samples_raw = self.obj(self.get(d, "samples", pre, optional=True) or {}, f"{pre}samples")
+        samples = {
+            self.str_(k, f"{pre}samples"): tuple(
+                self.num(x, f"{pre}samples.{k}[{i}]") for i, x in enumerate(self.list_(v, f"{pre}samples.{k}")))
+            for k, v in samples_raw.items()
+        }
+        return RuntimeOverheads(
+            compute_scale=scale,
+            dispatch_s=self.num(self.get(d, "dispatch_s", pre), f"{pre}dispatch_s"),
+            handoff_s=None if handoff is None else self.num(handoff, f"{pre}handoff_s"),
+            recv_posting=self.str_(self.get(d, "recv_posting", pre), f"{pre}recv_posting", RECV_POSTINGS),
+            synthetic=None if synthetic is None else self.runtime(synthetic, f"{pre}synthetic", nested=True),
+            probe=probe,
+            samples=samples,
+        )
+
+    def layout(self, value: Any, blocks: Mapping[str, Block], model: ModelConfig) -> tuple[str, ...]:
+        names = tuple(self.str_(x, f"layout[{i}]") for i, x in enumerate(self.list_(value, "layout")))
+        if len(names) < 3 or names[0] != BLOCK_EMBED or names[-1] != BLOCK_HEAD:
+            raise self.fail("layout", f"must be [{BLOCK_EMBED!r}, {BLOCK_LAYER!r} x layers, {BLOCK_HEAD!r}], "
+                                      f"got {len(names)} entries starting {_shown(list(names[:2]))}")
+        for i, name in enumerate(names):
+            if name not in blocks:
+                raise self.fail(f"layout[{i}]", f"names block {name!r}, which 'blocks' does not hold")
+            if 0 < i < len(names) - 1 and not _is_layer(name):
+                raise self.fail(f"layout[{i}]", f"is {name!r}; between embed and head only 'layer' or "
+                                                f"'layer.<kind>' blocks may stand")
+        if len(names) - 2 != model.layers:
+            raise self.fail("layout", f"holds {len(names) - 2} layers but model.layers is {model.layers}")
+        return names
+
+    def blocks(self, value: Any, *, allow_incomplete: bool) -> dict[str, Block]:
+        d = self.obj(value, "blocks")
+        out: dict[str, Block] = {}
+        for name, raw in d.items():
+            if name not in (BLOCK_EMBED, BLOCK_HEAD) and not _is_layer(name):
+                raise self.fail("blocks", f"key {_shown(name)} must be 'embed', 'head', 'layer' or 'layer.<kind>'")
+            out[name] = self.block(raw, name, allow_incomplete=allow_incomplete)
+        return out
 
     def sample(self, value: Any, where: str) -> P2PSample:
         d = self.obj(value, where)
@@ -440,10 +691,10 @@ class _Reader:
                 "pass a file written by `ppsim calibrate`"
             )
         version = d.get("version", _MISSING)
-        if version != VERSION:
-            shown = "no version" if version is _MISSING else f"version {version!r}"
+        if isinstance(version, bool) or version not in VERSIONS:
+            shown = "no version" if version is _MISSING else f"version {_shown(version)}"
             raise CostError(
-                f"profile {self.source}: {shown} is not supported (this ppsim reads version {VERSION}); "
+                f"profile {self.source}: {shown} is not supported (this ppsim reads versions 1 and 2); "
                 "re-run `ppsim calibrate` with this ppsim"
             )
         complete = self.bool_(self.get(d, "complete", ""), "complete")
@@ -453,11 +704,27 @@ class _Reader:
                 f"profile {self.source}: calibration is incomplete ({len(done)} measurements done); "
                 f"finish it with `ppsim calibrate --resume -o {self.source}` and the same options"
             )
-        num_stages = self.int_(self.get(d, "num_stages", ""), "num_stages", minimum=1)
-        stages = self.list_(self.get(d, "stages", ""), "stages")
+        partial_ok = allow_incomplete or not complete
+        model = self.model(self.get(d, "model", ""))
+        extra: dict[str, Any] = {}
+        if version == 1:
+            num_stages = self.int_(self.get(d, "num_stages", ""), "num_stages", minimum=1)
+            stages = self.list_(self.get(d, "stages", ""), "stages")
+        else:
+            stages = self.list_(self.get(d, "stages", "", optional=True) or [], "stages")
+            num_stages = self.int_(d.get("num_stages", len(stages)), "num_stages")
+            blocks = self.blocks(self.get(d, "blocks", ""), allow_incomplete=partial_ok)
+            extra = {
+                "blocks": blocks,
+                "layout": self.layout(self.get(d, "layout", ""), blocks, model),
+                "stage_overhead": self.stage_overhead(self.get(d, "stage_overhead", ""), allow_incomplete=partial_ok),
+                "runtime": self.runtime(self.get(d, "runtime", "")),
+            }
+            if complete and not (all(b.is_measured for b in blocks.values())
+                                 and extra["stage_overhead"] is not None and extra["stage_overhead"].is_measured):
+                raise self.fail("complete", "is true but some block or stage_overhead measurements are null")
         if len(stages) != num_stages:
             raise self.fail("stages", f"lists {len(stages)} stages but num_stages is {num_stages}")
-        partial_ok = allow_incomplete or not complete
         parsed = tuple(self.stage(s, i, allow_incomplete=partial_ok) for i, s in enumerate(stages))
         for i, st in enumerate(parsed):
             if st.stage != i:
@@ -475,7 +742,7 @@ class _Reader:
             host=self.str_(self.get(d, "host", ""), "host"),
             world_size=world,
             backend=None if backend is None else self.str_(backend, "backend", BACKENDS),
-            model=self.model(self.get(d, "model", "")),
+            model=model,
             num_stages=num_stages,
             stages=parsed,
             p2p=self.p2p(self.get(d, "p2p", "")),
@@ -483,6 +750,7 @@ class _Reader:
             done=done,
             method=self.method(d.get("method")),
             notes=tuple(self.str_(n, f"notes[{i}]") for i, n in enumerate(self.list_(d.get("notes") or [], "notes"))),
+            **extra,
         )
 
 
@@ -490,3 +758,15 @@ def _kind(value: Any) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
         type(value), type(value).__name__
     )
+
+
+def _is_layer(name: str) -> bool:
+    return name == BLOCK_LAYER or (name.startswith(BLOCK_LAYER + ".") and len(name) > len(BLOCK_LAYER) + 1)
+
+
+def _shown(value: Any) -> str:
+    """``repr`` cut to a readable length (a hostile file may hold a 4,000-digit number)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

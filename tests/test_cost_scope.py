@@ -43,13 +43,18 @@ def test_rank_scope_halves_each_chunk_of_a_v_schedule() -> None:
     assert per_rank.makespan == pytest.approx(66.0)  # the worked case, per chunk F=1, B=2, FB=3
 
 
-def test_ranking_different_stage_counts_at_stage_scope_warns() -> None:
+def test_ranking_different_stage_counts_defaults_to_rank_scope_and_says_so() -> None:
     result = runner.invoke(app, ["simulate", "-s", "1F1B,DualPipeV", "-r", "4", "-m", "8", "--json"])
     assert result.exit_code == 0
-    assert "--cost-scope rank" in result.stderr and "1F1B: 4" in result.stderr and "DualPipeV: 8" in result.stderr
-    quiet = runner.invoke(app, ["simulate", "-s", "1F1B,DualPipeV", "-r", "4", "-m", "8", "--json",
-                                "--cost-scope", "rank"])
-    assert quiet.exit_code == 0 and "note:" not in quiet.stderr
+    assert "cost scope: rank" in result.stderr and "1F1B: 4" in result.stderr and "DualPipeV: 8" in result.stderr
+    explicit = runner.invoke(app, ["simulate", "-s", "1F1B,DualPipeV", "-r", "4", "-m", "8", "--json",
+                                   "--cost-scope", "rank"])
+    assert explicit.exit_code == 0 and "warning:" not in explicit.stderr
+    assert json.loads(explicit.stdout) == json.loads(result.stdout)
+    per_chunk = runner.invoke(app, ["simulate", "-s", "1F1B,DualPipeV", "-r", "4", "-m", "8", "--json",
+                                    "--cost-scope", "stage"])
+    assert per_chunk.exit_code == 0 and "warning: --cost-scope stage" in per_chunk.stderr
+    assert "chunks differ in size" in per_chunk.stderr
 
 
 def test_rank_scope_with_a_profile_is_refused(tmp_path: Path) -> None:

@@ -196,3 +196,151 @@ def test_profile_freeing_more_at_i_than_held_is_refused() -> None:
 def test_non_compute_actions_take_no_time() -> None:
     s = get_schedule("1F1B", 2, 2)
     assert parse_costs(None).duration(s, Action(0, ActionType.SEND_F, 0)) == 0.0
+
+
+# -- per-block profiles (version 2): stages composed per schedule ---------------------------------------------------
+
+
+def _v2_costs(**kw: Any) -> CostModel:
+    from profile_v2 import make_v2_profile
+
+    return CostModel.from_profile(make_v2_profile(**{k: v for k, v in kw.items() if k != "split"}), source="v2.json",
+                                  split=kw.get("split"))
+
+
+def test_one_v2_profile_drives_2_4_and_8_stage_schedules() -> None:
+    from ppsim.costs import costs_for
+    from ppsim.simulate import simulate
+
+    base = _v2_costs()
+    seen = {}
+    for name, ranks in (("1F1B", 2), ("Interleaved1F1B", 2), ("ZBVZeroBubble", 2), ("DualPipeV", 4), ("1F1B", 8)):
+        sched = get_schedule(name, ranks, 8)
+        costs = costs_for(base, sched)
+        result = simulate(sched, costs)
+        stages = len(sched.pipelines[0])
+        assert costs.num_positions == stages and sum(costs.split_counts or ()) == 8
+        assert result.makespan > 0
+        seen[stages] = costs.split_counts
+    assert seen == {2: (4, 4), 4: (2, 3, 2, 1), 8: (1, 2, 1, 1, 1, 1, 1, 0)}
+
+
+def test_composed_stage_is_the_sum_of_its_blocks_plus_the_stage_overhead() -> None:
+    from profile_v2 import EMBED, HEAD, LAYER, OVERHEAD
+
+    from ppsim.costs import costs_for
+
+    costs = costs_for(_v2_costs(), get_schedule("1F1B", 2, 4))
+    assert costs.split_counts == (4, 4)
+    approx = pytest.approx
+    assert costs.F[0] == approx(EMBED["F"] + 4 * LAYER["F"] + OVERHEAD["F"])
+    assert costs.F[1] == approx(4 * LAYER["F"] + HEAD["F"] + OVERHEAD["F"])
+    for op in ("B", "I", "W", "FB"):
+        assert getattr(costs, op)[1] == approx(4 * LAYER[op] + HEAD[op] + OVERHEAD[op])
+    # stage 0: its input needs no gradient, so I runs nothing and W is the whole backward
+    assert costs.I[0] == approx(EMBED["I"] + OVERHEAD["I"])
+    assert costs.W[0] == approx(costs.B[0])
+    assert costs.activation_bytes == (1000 + 4 * 5000, 4 * 5000 + 7000)
+    assert costs.activation_bytes_freed_by_I == (0, 4 * 2000 + 3000)
+    assert costs.output_bytes == (8 * 4 * 1 * 4, 0)
+    assert costs.static_bytes == (4 * (32 * 8 * 4) + 4 * 4 * 1000, 4 * 4 * 1000 + 4 * (32 * 8 * 4 + 32))
+
+
+def test_runtime_overheads_reach_the_cost_model() -> None:
+    from ppsim.costs import costs_for
+
+    two = costs_for(_v2_costs(), get_schedule("1F1B", 2, 4))
+    assert (two.compute_scale, two.dispatch_s, two.recv_posting) == (1.5, 1e-3, "consumer")
+    assert two.p2p_alpha == 4e-3 and two.p2p_beta == 1e9  # hand-off latency replaces alpha, bandwidth kept
+    assert any("compute_scale 1.5 for 2 ranks" in n and "measured" in n for n in two.notes)
+    four = costs_for(_v2_costs(), get_schedule("1F1B", 4, 4))
+    assert four.compute_scale == 1.5 and any("largest measured count (2 ranks)" in n for n in four.notes)
+    assert two.to_dict()["runtime"] == {"compute_scale": 1.5, "dispatch_s": 1e-3, "recv_posting": "consumer"}
+
+
+def test_compute_scale_between_measured_counts_is_interpolated() -> None:
+    from ppsim.costs import pick_compute_scale
+
+    table = {1: 1.0, 2: 1.5, 4: 2.5}
+    assert pick_compute_scale(table, 3) == (2.0, "not measured: interpolated between 2 and 4 ranks")
+    assert pick_compute_scale(table, 4)[0] == 2.5
+    assert pick_compute_scale({2: 1.6}, 1)[0] == 1.6  # below the smallest: never less than measured
+
+
+def test_v2_profile_without_runtime_says_no_overheads_apply() -> None:
+    from ppsim.costs import costs_for
+
+    costs = costs_for(_v2_costs(runtime=False), get_schedule("1F1B", 2, 4))
+    assert (costs.compute_scale, costs.dispatch_s, costs.recv_posting, costs.p2p_alpha) == (1.0, 0.0, "early", 1e-4)
+    assert any("no runtime overheads" in n for n in costs.notes)
+
+
+def test_v2_handoff_without_p2p_becomes_the_flat_comm() -> None:
+    from ppsim.costs import costs_for
+
+    costs = costs_for(_v2_costs(p2p=False), get_schedule("1F1B", 2, 4))
+    assert costs.p2p_alpha is None and costs.comm == 4e-3
+
+
+def test_uncomposed_v2_costs_are_refused_by_check_with_the_fix() -> None:
+    with pytest.raises(CostError, match="costs_for"):
+        _v2_costs().check(get_schedule("1F1B", 2, 4))
+
+
+def test_v2_costs_to_dict_lists_blocks_and_the_split_rule() -> None:
+    data = _v2_costs().to_dict()
+    assert data["F"]["layer"] == pytest.approx(1e-3) and "stage_overhead" in data["F"]
+    assert "torchtitan" in data["split"]
+
+
+def test_explicit_split_and_layers_per_stage_reach_the_composition(tmp_path: Path) -> None:
+    from profile_v2 import make_v2_profile
+
+    from ppsim.costs import costs_for
+    from ppsim.profile import save_profile
+
+    path = save_profile(make_v2_profile(), tmp_path / "v2.json")
+    sched = get_schedule("Interleaved1F1B", 2, 4)
+    assert costs_for(load_costs(profile=path, split="1,3,3,1"), sched).split_counts == (1, 3, 3, 1)
+    assert costs_for(load_costs(profile=path, layers_per_stage=3), sched).split_counts == (2, 3, 2, 1)
+    with pytest.raises(CostError, match="covers 7 layers but the model has 8"):
+        load_costs(profile=path, split="1,3,3")
+    with pytest.raises(CostError, match="--layers-per-stage 3"):
+        costs_for(load_costs(profile=path, layers_per_stage=4), sched)
+    with pytest.raises(CostError, match="--cost-scope rank"):
+        costs_for(load_costs(profile=path), sched, scope="rank")
+
+
+def test_split_with_a_version_1_profile_or_a_cost_string_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(make_profile(4)))
+    with pytest.raises(CostError, match="version 1"):
+        load_costs(profile=path, split="1,1,1,1")
+    with pytest.raises(CostError, match="per-block profile"):
+        load_costs("F=1", layers_per_stage=2)
+
+
+def test_version_1_profile_object_and_dict_give_the_same_tables() -> None:
+    from ppsim.profile import Profile
+
+    data = make_profile(4)
+    assert CostModel.from_profile(Profile.from_dict(data)) == CostModel.from_profile(data)
+
+
+def test_composition_is_compared_with_stages_measured_whole() -> None:
+    from profile_v2 import make_v2_profile, stat
+
+    from ppsim.costs import costs_for
+    from ppsim.profile import StageProfile
+
+    base = costs_for(_v2_costs(), get_schedule("1F1B", 2, 4))
+    ops = ("F", "B", "I", "W", "FB")
+    stages = tuple(
+        StageProfile(stage=s, layers=(4 * s, 4 * s + 4), has_embedding=s == 0, has_head=s == 1, param_bytes=0,
+                     grad_bytes=0, optimizer_bytes=0, output_bytes=0,
+                     **{op: stat(getattr(base, op)[s] * (1.1 if op == "F" else 1.0)) for op in ops},
+                     activation_bytes=0, activation_bytes_freed_by_I=0)
+        for s in range(2)
+    )
+    costs = costs_for(CostModel.from_profile(make_v2_profile(stages=stages)), get_schedule("1F1B", 2, 4))
+    assert any("within 9.1% of the stages measured whole" in n for n in costs.notes)

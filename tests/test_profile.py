@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from profile_v2 import make_v2_profile
 
 from ppsim.costs import CostModel, load_costs
 from ppsim.errors import CostError
@@ -73,7 +74,7 @@ def test_saved_profile_loads_back_equal(tmp_path: Path) -> None:
     path = save_profile(profile, tmp_path / "p.json")
     assert load_profile(path) == profile
     data = json.loads(path.read_text())
-    assert data["schema"] == "ppsim.profile" and data["version"] == VERSION
+    assert data["schema"] == "ppsim.profile" and data["version"] == 1
 
 
 def test_json_keys_follow_the_agreed_schema(tmp_path: Path) -> None:
@@ -162,3 +163,126 @@ def test_failed_save_keeps_the_previous_file(tmp_path: Path, monkeypatch: pytest
         save_profile(make_profile(), path)
     assert path.read_text() == before
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"]
+
+
+# -- version 2: blocks ---------------------------------------------------------------------------------------------
+
+
+def test_v2_profile_saves_and_loads_back_equal(tmp_path: Path) -> None:
+    profile = make_v2_profile()
+    path = save_profile(profile, tmp_path / "p2.json")
+    data = json.loads(path.read_text())
+    assert data["version"] == 2 and set(data["blocks"]) == {"embed", "layer", "head"}
+    assert data["layout"] == ["embed"] + ["layer"] * 8 + ["head"]
+    assert data["runtime"]["compute_scale"] == {"1": 1.0, "2": 1.5}
+    loaded = load_profile(path)
+    assert loaded == profile and loaded.version == 2 and loaded.num_layers == 8
+
+
+def test_v2_incomplete_profile_loads_only_for_resume(tmp_path: Path) -> None:
+    path = save_profile(make_v2_profile(complete=False), tmp_path / "p2.json")
+    assert "incomplete" in load_error(path)
+    assert load_profile(path, allow_incomplete=True).blocks["layer"].F is None
+
+
+def _v2_dict() -> dict[str, Any]:
+    return make_v2_profile().to_dict()
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda d: d["layout"].pop(), "layout"),
+        (lambda d: d["layout"].insert(1, "layer"), "holds 9 layers but model.layers is 8"),
+        (lambda d: d["layout"].__setitem__(2, "head"), "layout[2]"),
+        (lambda d: d["layout"].__setitem__(2, "layer.moe"), "which 'blocks' does not hold"),
+        (lambda d: d["blocks"].__setitem__("mlp", d["blocks"]["layer"]), "'mlp'"),
+        (lambda d: d["blocks"]["layer"].pop("F"), "blocks.layer.F is missing"),
+        (lambda d: d.__setitem__("stage_overhead", None), "stage_overhead is not measured"),
+        (lambda d: d["runtime"].__setitem__("recv_posting", "late"), "runtime.recv_posting"),
+        (lambda d: d["runtime"]["compute_scale"].__setitem__("two", 1.5), "key 'two'"),
+        (lambda d: d["runtime"]["compute_scale"].__setitem__("2", 0), "compute_scale.2"),
+        (lambda d: d["runtime"].__setitem__("dispatch_s", -1), "runtime.dispatch_s"),
+        (lambda d: d["runtime"]["synthetic"].__setitem__("synthetic", copy.deepcopy(d["runtime"]["synthetic"])),
+         "must be null"),
+        (lambda d: d["runtime"]["probe"].__setitem__("ranks", 0), "runtime.probe.ranks"),
+        (lambda d: d.__setitem__("version", 3), "version 3 is not supported"),
+        (lambda d: d.__setitem__("version", True), "version True is not supported"),
+    ],
+)
+def test_bad_v2_profiles_are_one_line_errors(tmp_path: Path, change: Any, needle: str) -> None:
+    data = _v2_dict()
+    change(data)
+    assert needle in load_error(write_json(tmp_path, data))
+
+
+def test_v2_profile_may_keep_directly_measured_stages(tmp_path: Path) -> None:
+    stages = make_profile(2).stages
+    profile = make_v2_profile(stages=stages)
+    loaded = load_profile(save_profile(profile, tmp_path / "p.json"))
+    assert loaded.stages == stages and loaded.num_stages == 2 and loaded.version == 2
+
+
+def test_v2_profile_without_runtime_loads() -> None:
+    assert Profile.from_dict(make_v2_profile(runtime=False).to_dict()).runtime is None
+
+
+# -- hostile files: one line, never a traceback -------------------------------------------------------------------
+
+
+def test_a_5000_digit_integer_is_one_line(tmp_path: Path) -> None:
+    text = json.dumps(_v2_dict()).replace('"activation_bytes": 5000', '"activation_bytes": ' + "9" * 5000, 1)
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    message = load_error(path)
+    assert len(message) < 400
+
+
+def test_a_4000_digit_integer_is_refused_with_its_size(tmp_path: Path) -> None:
+    text = json.dumps(_v2_dict()).replace('"activation_bytes": 5000', '"activation_bytes": ' + "9" * 4000, 1)
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    message = load_error(path)
+    assert "4000 digits" in message and len(message) < 400
+
+
+def test_a_10000_deep_array_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text("[" * 10_000 + "]" * 10_000)
+    assert "nested too deeply" in load_error(path)
+
+
+def test_activation_bytes_beyond_int64_are_refused(tmp_path: Path) -> None:
+    data = _v2_dict()
+    data["blocks"]["layer"]["activation_bytes"] = 2**63
+    assert "largest count accepted" in load_error(write_json(tmp_path, data))
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_literals_are_refused(tmp_path: Path, literal: str) -> None:
+    text = json.dumps(_v2_dict()).replace('"dispatch_s": 0.001', f'"dispatch_s": {literal}', 1)
+    assert literal in text
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    assert literal in load_error(path)
+
+
+def test_a_float_overflowing_to_infinity_is_refused(tmp_path: Path) -> None:
+    text = json.dumps(_v2_dict()).replace('"dispatch_s": 0.001', '"dispatch_s": 1e400', 1)
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    assert "runtime.dispatch_s" in load_error(path)
+
+
+def test_a_huge_file_is_refused_before_parsing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ppsim.profile as profile_module
+
+    monkeypatch.setattr(profile_module, "MAX_PROFILE_BYTES", 1000)
+    path = write_json(tmp_path, _v2_dict())
+    assert "more than a profile can hold" in load_error(path)
+
+
+def test_a_huge_string_value_is_cut_in_the_message(tmp_path: Path) -> None:
+    data = _v2_dict()
+    data["runtime"]["recv_posting"] = "x" * 100_000
+    assert len(load_error(write_json(tmp_path, data))) < 400

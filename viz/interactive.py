@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import plotly.graph_objects as go
 
-from ppsim.formats import write_atomic
+from ppsim.io import write_atomic
 from ppsim.viz import _data
 from ppsim.viz._data import COLORS, DIGIT_COLORS, GROUP_KIND, GROUPS, LEGEND_LABELS, PAIR_LABEL
 

@@ -15,10 +15,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ppsim.formats import write_atomic
+from ppsim.io import fmt_bytes, write_atomic
 from ppsim.viz import _data
 
 if TYPE_CHECKING:
+    from ppsim.compare import Comparison
     from ppsim.costs import CostModel
     from ppsim.result import SimResult
 
@@ -64,13 +65,7 @@ def _versions() -> dict[str, str]:
 
 
 def _bytes(n: float | None) -> str:
-    if n is None:
-        return "–"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
+    return "–" if n is None else fmt_bytes(n)
 
 
 def _per_rank(values: Sequence[Any]) -> str:
@@ -147,9 +142,12 @@ def _costs_table(costs: CostModel) -> str:
 
 
 def ranked(entries: Sequence[Entry]) -> list[tuple[str, SimResult]]:
-    """The schedules that ran, fastest first."""
-    ok = [(n, r) for n, r in entries if not isinstance(r, str)]
-    return sorted(ok, key=lambda e: e[1].makespan)  # type: ignore[union-attr,return-value]
+    """The schedules that ran, fastest first (ranked by :func:`ppsim.compare.rank`)."""
+    from ppsim.compare import rank
+
+    ok = {id(r): n for n, r in entries if not isinstance(r, str)}
+    results = [r for _, r in entries if not isinstance(r, str)]
+    return [(ok[id(r)], r) for r in rank(results)]  # type: ignore[arg-type]
 
 
 def gantt_figures(results: Sequence[tuple[str, SimResult]]) -> list[Any]:
@@ -202,9 +200,9 @@ def _div(fig: Any, div_id: str) -> str:
 
 
 def render_report(
-    entries: Sequence[Entry], *, costs: CostModel, memory_cap_bytes: int | None = None
+    entries: Sequence[Entry], *, costs: CostModel, memory_cap_bytes: int | None = None, scope: str | None = None
 ) -> str:
-    """The report page as one HTML string."""
+    """The report page as one HTML string; ``scope`` is the line saying how the costs were read."""
     from plotly.offline import get_plotlyjs
 
     results = ranked(entries)
@@ -245,6 +243,8 @@ def render_report(
         parts.extend(f"<li><b>{html.escape(n)}</b>: {html.escape(str(why))}</li>" for n, why in failed)
         parts.append("</ul>")
     parts.append("<h2>Costs used</h2>")
+    if scope is not None:
+        parts.append(f'<p class="meta" id="cost-scope">{html.escape(scope)}</p>')
     parts.append(_costs_table(costs))
     parts.append("<h2>Versions</h2>")
     parts.append('<table id="versions"><tbody>' + "".join(
@@ -255,11 +255,20 @@ def render_report(
 
 
 def write_report(
-    entries: list[tuple[str, SimResult | str]],
+    entries: Comparison | Sequence[Entry],
     path: str | os.PathLike[str],
     *,
-    costs: CostModel,
+    costs: CostModel | None = None,
     memory_cap_bytes: int | None = None,
 ) -> Path:
-    """Write the report page; an entry whose value is a string is a schedule that could not be built (the why)."""
-    return write_atomic(Path(path), render_report(entries, costs=costs, memory_cap_bytes=memory_cap_bytes))
+    """Write the report page for a :class:`ppsim.compare.Comparison` (its costs and scope are stated on the page),
+    or for ``(name, result or why)`` entries, where a string is the reason a schedule could not be built."""
+    from ppsim.compare import Comparison
+
+    scope = None
+    if isinstance(entries, Comparison):
+        costs, scope, entries = entries.costs, entries.scope_text, entries.entries()
+    if costs is None:
+        raise TypeError("write_report needs costs= with a list of entries")
+    page = render_report(entries, costs=costs, memory_cap_bytes=memory_cap_bytes, scope=scope)
+    return write_atomic(Path(path), page)

@@ -1,0 +1,63 @@
+"""The `ppsim` command line (typer). Commands and options follow ../shared/cli-contract.md.
+
+One module per command group registers its commands on the one ``app`` (``_app.py``): ``schedules`` (list, show,
+validate, export), ``simulation`` (simulate, plot, report), ``torch_cmds`` (calibrate, run). Options used by several
+commands are declared once in ``options.py``. The CLI is the only layer that may import every other one.
+
+User mistakes (:class:`ppsim.errors.PPSimError`, missing or unwritable files) print one line on stderr and exit 2;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from ppsim.cli import schedules, simulation, torch_cmds  # noqa: F401  (importing registers the commands)
+from ppsim.cli._app import app
+from ppsim.cli.common import os_error_line
+from ppsim.io import check_writable, fmt_bytes, parse_bytes
+
+__all__ = ["app", "main", "check_writable", "fmt_bytes", "parse_bytes"]
+
+
+def main() -> None:
+    """Console entry point: parse errors, OS errors, an unencodable terminal and Ctrl-C each become one line."""
+    _tolerate_any_encoding()
+    if len(sys.argv) == 1:
+        sys.argv.append("--help")
+    try:
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # bad option values, unknown commands
+        ctx = getattr(exc, "ctx", None)
+        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        typer.echo(f"Error: {message}{where}", err=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("Interrupted.", err=True)
+        sys.exit(130)
+    except BrokenPipeError:  # `ppsim list | head`: the reader left; nothing more to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(141)
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        typer.echo(f"Error: {os_error_line(exc)}", err=True)
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _tolerate_any_encoding() -> None:
+    """Characters the terminal's encoding lacks (PYTHONIOENCODING=ascii) print as '?' instead of crashing."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="replace")
+            except (ValueError, OSError):
+                pass
+

@@ -1,0 +1,201 @@
+"""Helpers the command modules share: error handling, building schedules and costs, printing."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+import typer
+
+from ppsim.compare import CostScope
+from ppsim.errors import PPSimError
+
+if TYPE_CHECKING:
+    from ppsim.compare import Comparison
+    from ppsim.costs import CostModel
+    from ppsim.ir import Schedule
+    from ppsim.result import SimResult
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str) -> typer.Exit:
+    """Print one error line and return the exit to raise (code 2)."""
+    typer.echo(f"Error: {message}", err=True)
+    return typer.Exit(code=2)
+
+
+def os_error_line(exc: OSError) -> str:
+    """One line for an OSError a user caused (a missing file, a name too long...), naming the file."""
+    name = exc.filename if exc.filename is not None else ""
+    text = str(name)
+    if len(text) > 120:
+        text = f"{text[:60]}...{text[-30:]}"
+    reasons = {
+        errno.ENOENT: "file not found; check the path",
+        errno.EACCES: "permission denied; choose a path you can read or write",
+        errno.EISDIR: "is a directory; give a file name",
+        errno.ENAMETOOLONG: "the file name is longer than the file system allows; choose a shorter name",
+        errno.ENOTDIR: "a part of the path is not a folder; check the path",
+        errno.ELOOP: "too many levels of symbolic links; fix the link",
+    }
+    reason = reasons.get(exc.errno or 0, f"{exc.strerror or exc}; check the path")
+    return f"{text}: {reason}" if text else reason
+
+
+def user_errors(func: F) -> F:
+    """Turn user mistakes into one line on stderr and exit code 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except PPSimError as exc:
+            raise fail(str(exc)) from None
+        except OSError as exc:
+            if exc.filename is None:
+                raise
+            raise fail(os_error_line(exc)) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def one_schedule(values: str | list[str]) -> str:
+    """The one schedule a single-schedule command takes; a repeated -s is an error, never 'the last one wins'."""
+    values = [values] if isinstance(values, str) else values
+    if len(values) != 1:
+        raise PPSimError(
+            f"--schedule given {len(values)} times ({', '.join(values)}): this command takes one schedule; "
+            "pass one -s, or use `ppsim simulate` or `ppsim report` to compare several"
+        )
+    if "," in values[0] and not values[0].lower().endswith(".csv"):
+        raise PPSimError(
+            f"--schedule {values[0]!r}: this command takes one schedule; pass one name, or use `ppsim simulate` or "
+            "`ppsim report` to compare several"
+        )
+    return values[0]
+
+
+def split_names(values: str | list[str]) -> list[str]:
+    """Schedule names from one or more -s values, each possibly a comma-separated list."""
+    values = [values] if isinstance(values, str) else values
+    names = [n.strip() for text in values for n in text.split(",") if n.strip()]
+    if not names:
+        raise PPSimError(f"--schedule {','.join(values)!r}: give at least one schedule name, e.g. -s DualPipeV")
+    return names
+
+
+def warn(lines: Any) -> None:
+    for line in lines:
+        typer.echo(line, err=True)
+
+
+def build_schedule(
+    schedule: str, ranks: int | None, mb: int | None, v: int | None = None, directions: int | None = None
+) -> Schedule:
+    """Build one schedule; warnings for options it ignores go to stderr."""
+    from ppsim.compare import build
+
+    sched, notes = build(schedule, ranks, mb, v, num_pipelines=directions)
+    warn(notes)
+    return sched
+
+
+def build_costs(
+    costs: str | None, profile: Path | None, split: str | None = None, layers_per_stage: int | None = None
+) -> CostModel:
+    from ppsim.costs import load_costs
+
+    return load_costs(costs, profile, split=split, layers_per_stage=layers_per_stage)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a simulation command runs: schedule names, ranks, microbatches, stages per rank and the cost model."""
+
+    names: list[str]
+    ranks: int | None
+    mb: int | None
+    stages_per_rank: int | None
+    cost_model: CostModel
+
+
+def build_inputs(
+    schedule: list[str] | str | None,
+    ranks: int | None,
+    mb: int | None,
+    stages_per_rank: int | None,
+    *,
+    costs: str | None,
+    profile: Path | None,
+    split: str | None = None,
+    layers_per_stage: int | None = None,
+    torchtitan_config: Path | None = None,
+) -> Inputs:
+    """Schedules and costs from the options, or from a torchtitan job config (which must agree with them)."""
+    cost_model = build_costs(costs, profile, split, layers_per_stage)
+    given = None if not schedule else split_names(schedule)
+    if torchtitan_config is None:
+        if given is None:
+            raise PPSimError("--schedule/-s is required (or --torchtitan-config job.toml); e.g. -s 1F1B -r 4 -m 8")
+        return Inputs(given, ranks, mb, stages_per_rank, cost_model)
+    from dataclasses import replace
+
+    from ppsim.split import parse_split
+    from ppsim.torchtitan import load_torchtitan_job
+
+    if given is not None and len(given) > 1:
+        raise PPSimError(f"--schedule {','.join(given)!r} with --torchtitan-config: the job config runs one "
+                         "schedule; drop -s or give that one")
+    blocks = cost_model.blocks
+    job = load_torchtitan_job(
+        torchtitan_config,
+        num_layers=None if blocks is None else blocks.num_layers,
+        model=None if blocks is None else blocks.model,
+        schedule=None if given is None else given[0], num_ranks=ranks, num_microbatches=mb,
+        stages_per_rank=stages_per_rank, layers_per_stage=layers_per_stage,
+        split=None if split is None else parse_split(split),
+    )
+    warn(f"warning: {line}" for line in job.warnings)
+    if blocks is not None:
+        cost_model = replace(cost_model, split=job.split)
+    return Inputs([job.schedule], job.num_ranks, job.num_microbatches, job.stages_per_rank, cost_model)
+
+
+def run_simulation(
+    sched: Schedule, cost_model: CostModel, scope: CostScope | None, cap: int | None = None
+) -> SimResult:
+    from ppsim.costs import costs_for
+    from ppsim.simulate import simulate
+
+    chosen = CostScope.stage if scope is None else scope
+    return simulate(sched, costs_for(cost_model, sched, scope=chosen.value), memory_cap_bytes=cap)
+
+
+def warn_comparison(comparison: Comparison, *, several: bool) -> None:
+    """Skipped schedules, ignored options and (for a comparison) the cost scope used, on stderr."""
+    for s in comparison.skipped:
+        typer.echo(f"skipped {s.name}: {s.reason}", err=True)
+    warn(comparison.notes)
+    if several:
+        typer.echo(comparison.scope_text, err=True)
+
+
+def warn_cap_without_bytes(cap: int | None, cost_model: CostModel) -> None:
+    if cap is not None and not cost_model.has_memory:
+        typer.echo("warning: --memory-cap needs byte sizes from --profile; without one no rank can be flagged",
+                   err=True)
+
+
+def echo_json(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=2))
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    return Console()

@@ -1,0 +1,91 @@
+"""Options shared by several commands, each declared once as an ``Annotated`` type.
+
+An option used by several commands is one type here; a command takes it as ``name: XOpt = default``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ppsim.compare import CostScope
+
+ScheduleOpt = Annotated[
+    list[str],
+    typer.Option("--schedule", "-s", help="Schedule name (case-insensitive, see `ppsim list`) or a .csv file."),
+]
+"""One schedule; a list only so that a repeated -s is an error instead of silently keeping the last."""
+SchedulesOpt = Annotated[
+    list[str],
+    typer.Option("--schedule", "-s", help="One schedule, or several: A,B,C or -s A -s B."),
+]
+MaybeScheduleOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--schedule", "-s", help="Schedule name (case-insensitive, see `ppsim list`) or a .csv file "
+                 "(optional with --torchtitan-config)."),
+]
+MaybeSchedulesOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--schedule", "-s", help="One schedule, or several: A,B,C or -s A -s B; optional with "
+                 "--torchtitan-config."),
+]
+RanksOpt = Annotated[Optional[int], typer.Option("--ranks", "-r", help="Pipeline ranks (devices).")]
+MbOpt = Annotated[Optional[int], typer.Option("--mb", "-m", help="Microbatches per step.")]
+VOpt = Annotated[
+    Optional[int],
+    typer.Option("--stages-per-rank", "-v", help="Virtual stages per rank (interleaved/looped schedules; default 2)."),
+]
+DirectionsOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--directions",
+        help="For .csv files: independent pipelines the stages form (2 for DualPipe files, see formulas.md).",
+        min=1,
+        max=2,
+    ),
+]
+CostsOpt = Annotated[
+    Optional[str],
+    typer.Option("--costs", help='Per-op times in one unit, e.g. "F=1,B=2,I=1,W=1,FB=2.5,comm=0.1".'),
+]
+ProfileOpt = Annotated[
+    Optional[Path], typer.Option("--profile", help="Profile JSON from `ppsim calibrate` (replaces --costs).")
+]
+SplitOpt = Annotated[
+    Optional[str],
+    typer.Option("--split", metavar="N,N,...", help="Layers per stage of one chain for a per-block profile, e.g. "
+                 "3,4,4,3 (default: torchtitan's even spread, embedding and head weighing one layer each)."),
+]
+LayersPerStageOpt = Annotated[
+    Optional[int],
+    typer.Option("--layers-per-stage", min=1, help="Layers per stage as torchtitan's "
+                 "pipeline_parallel_layers_per_stage: stages = ceil((layers + 2) / K), which must be the "
+                 "schedule's chain length (per-block profile)."),
+]
+TorchtitanConfigOpt = Annotated[
+    Optional[Path],
+    typer.Option("--torchtitan-config", help="torchtitan job TOML: simulate the pipeline it would run "
+                 "([parallelism] pipeline_parallel_*, [training] local_batch_size)."),
+]
+MemCapOpt = Annotated[
+    Optional[str], typer.Option("--memory-cap", help="Flag ranks whose peak memory exceeds BYTES (e.g. 80e9, 80GiB).")
+]
+CostScopeOpt = Annotated[
+    Optional[CostScope],
+    typer.Option(
+        "--cost-scope",
+        case_sensitive=False,
+        help="What --costs times describe: one stage chunk or one rank's share of the model. Default: per chunk, "
+        "except that schedules with different stage counts are compared per rank share (the same model).",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
+
+
+class ExportFormat(str, Enum):
+    csv = "csv"
+    json = "json"
+    chrome = "chrome"

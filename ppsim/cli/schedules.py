@@ -1,0 +1,154 @@
+"""Schedule commands: `ppsim list`, `show`, `validate`, `export`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ppsim.cli._app import app
+from ppsim.cli.common import (
+    build_costs,
+    build_schedule,
+    console,
+    echo_json,
+    one_schedule,
+    run_simulation,
+    user_errors,
+)
+from ppsim.cli.options import (
+    CostScopeOpt,
+    CostsOpt,
+    DirectionsOpt,
+    ExportFormat,
+    JsonOpt,
+    LayersPerStageOpt,
+    MbOpt,
+    ProfileOpt,
+    RanksOpt,
+    ScheduleOpt,
+    SplitOpt,
+    VOpt,
+)
+from ppsim.errors import PPSimError
+from ppsim.io import check_writable
+
+# --- list / show / validate / export ----------------------------------------------------------------------------
+@app.command("list")
+@user_errors
+def list_cmd(json_out: JsonOpt = False) -> None:
+    """Every schedule with its stages per rank, constraints and a one-line description."""
+    from ppsim.schedules import all_specs
+
+    specs = all_specs()
+    rows = [
+        {
+            "name": s.name,
+            "aliases": list(s.aliases),
+            "stages_per_rank": s.stages_per_rank_text,
+            "constraints": s.constraints,
+            "description": s.description,
+            "torch": s.torch_name,
+        }
+        for s in specs
+    ]
+    if json_out:
+        echo_json(rows)
+        return
+    from rich.table import Table
+
+    table = Table(title="ppsim schedules")
+    for col in ("schedule", "stages/rank", "constraints", "description"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        name = r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else "")
+        table.add_row(name, r["stages_per_rank"], r["constraints"], r["description"])
+    console().print(table)
+
+
+@app.command("show")
+@user_errors
+def show_cmd(
+    schedule: ScheduleOpt,
+    ranks: RanksOpt = None,
+    mb: MbOpt = None,
+    stages_per_rank: VOpt = None,
+    directions: DirectionsOpt = None,
+) -> None:
+    """The order as a text grid, one row per rank."""
+    from ppsim.formats import to_text_grid
+
+    sched = build_schedule(one_schedule(schedule), ranks, mb, stages_per_rank, directions)
+    typer.echo(
+        f"{sched.name}: {sched.num_ranks} ranks, {sched.num_microbatches} microbatches, "
+        f"{sched.num_stages} stages ({sched.num_stages_per_rank} per rank)"
+    )
+    typer.echo(to_text_grid(sched))
+
+
+@app.command("validate")
+@user_errors
+def validate_cmd(
+    file: Annotated[Path, typer.Argument(help="Schedule CSV in torch's format (compute-only or compute+comms).")],
+    mb: MbOpt = None,
+    directions: DirectionsOpt = None,
+) -> None:
+    """Check a schedule file; exit 0 and `valid`, or exit 1 with one line per problem."""
+    from ppsim.formats import read_schedule_file, schedule_from_rows
+    from ppsim.validate import Problem, validate
+
+    sf = read_schedule_file(file)
+    if sf.dropped_note:
+        typer.echo(f"note: {sf.dropped_note}", err=True)
+    try:
+        sched = schedule_from_rows(sf.rows, name=file.stem, num_microbatches=mb, num_pipelines=directions or 1)
+        problems = validate(sched)
+    except PPSimError as exc:  # placement problems are problems of the file, not of the command line
+        problems = [Problem(None, None, None, str(exc))]
+    if not problems:
+        typer.echo("valid")
+        return
+    for p in problems:
+        typer.echo(str(p))
+    if directions in (None, 1) and any("deadlock" in p.message for p in problems) and len(sf.rows) > 1:
+        typer.echo("hint: a DualPipe file (two independent pipelines) needs --directions 2", err=True)
+    raise typer.Exit(code=1)
+
+
+@app.command("export")
+@user_errors
+def export_cmd(
+    schedule: ScheduleOpt,
+    output: Annotated[Path, typer.Option("--output", "-o", help="File to write.")],
+    ranks: RanksOpt = None,
+    mb: MbOpt = None,
+    stages_per_rank: VOpt = None,
+    fmt: Annotated[
+        ExportFormat, typer.Option("--format", case_sensitive=False, help="csv (torch), json (timed), chrome (trace).")
+    ] = ExportFormat.csv,
+    costs: CostsOpt = None,
+    profile: ProfileOpt = None,
+    directions: DirectionsOpt = None,
+    cost_scope: CostScopeOpt = None,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
+) -> None:
+    """Write the schedule as torch's compute-only CSV, timed JSON, or a Chrome/Perfetto trace."""
+    sched = build_schedule(one_schedule(schedule), ranks, mb, stages_per_rank, directions)
+    check_writable(output)
+    if fmt is ExportFormat.csv:
+        from ppsim.formats import write_csv
+
+        if split is not None or layers_per_stage is not None:
+            typer.echo("warning: --split/--layers-per-stage only change timings; a csv export has none, so they "
+                       "are ignored", err=True)
+        path = write_csv(sched, output)
+    else:
+        from ppsim import export
+
+        result = run_simulation(sched, build_costs(costs, profile, split, layers_per_stage), cost_scope)
+        writer = export.write_json_timeline if fmt is ExportFormat.json else export.write_chrome_trace
+        path = writer(result, output)
+    typer.echo(str(path))
+

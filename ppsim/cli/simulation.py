@@ -1,0 +1,199 @@
+"""Simulation commands: `ppsim simulate`, `plot`, `report`. Comparing several schedules is ppsim.compare's job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from ppsim.cli._app import app
+from ppsim.cli.common import (
+    build_inputs,
+    build_schedule,
+    console,
+    echo_json,
+    one_schedule,
+    run_simulation,
+    user_errors,
+    warn_cap_without_bytes,
+    warn_comparison,
+)
+from ppsim.cli.options import (
+    CostScopeOpt,
+    CostsOpt,
+    DirectionsOpt,
+    JsonOpt,
+    LayersPerStageOpt,
+    MaybeScheduleOpt,
+    MaybeSchedulesOpt,
+    MbOpt,
+    MemCapOpt,
+    ProfileOpt,
+    RanksOpt,
+    SplitOpt,
+    TorchtitanConfigOpt,
+    VOpt,
+)
+from ppsim.errors import PPSimError
+from ppsim.io import check_writable, fmt_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from ppsim.result import SimResult
+
+
+@app.command("simulate")
+@user_errors
+def simulate_cmd(
+    schedule: MaybeSchedulesOpt = None,
+    ranks: RanksOpt = None,
+    mb: MbOpt = None,
+    stages_per_rank: VOpt = None,
+    costs: CostsOpt = None,
+    profile: ProfileOpt = None,
+    memory_cap: MemCapOpt = None,
+    json_out: JsonOpt = False,
+    directions: DirectionsOpt = None,
+    cost_scope: CostScopeOpt = None,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
+    torchtitan_config: TorchtitanConfigOpt = None,
+) -> None:
+    """Discrete-event replay; with -s A,B,C (or -s A -s B) simulates several and ranks them by makespan."""
+    from ppsim.compare import compare
+
+    inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
+    names, cost_model = inputs.names, inputs.cost_model
+    cap = parse_bytes(memory_cap)
+    warn_cap_without_bytes(cap, cost_model)
+    comparison = compare(
+        names, builder=lambda name: build_schedule(name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions),
+        costs=cost_model, scope=cost_scope, memory_cap_bytes=cap,
+    )
+    warn_comparison(comparison, several=len(names) > 1)
+    results = list(comparison.results)
+    if json_out:
+        echo_json(results[0].to_dict() if len(names) == 1 else [r.to_dict() for r in results])
+        return
+    print_results(results)
+
+def print_results(results: list[SimResult]) -> None:
+    from rich.table import Table
+
+    con = console()
+    unit = results[0].unit
+    if len(results) > 1:
+        table = Table(title=f"ranked by makespan ({unit})")
+        for col in ("#", "schedule", "makespan", "bubble", "peak act.", "peak bytes"):
+            table.add_column(col, justify="right" if col not in ("schedule",) else "left")
+        for i, r in enumerate(results, 1):
+            peak_b = [p.peak_memory_bytes for p in r.per_rank if p.peak_memory_bytes is not None]
+            table.add_row(
+                str(i), r.schedule.name, f"{r.makespan:.6g}", f"{r.bubble_ratio:.1%}",
+                str(max(p.peak_activations for p in r.per_rank)), fmt_bytes(max(peak_b)) if peak_b else "-",
+            )
+        con.print(table)
+    for r in results:
+        s = r.schedule
+        table = Table(
+            title=f"{s.name}: {s.num_ranks} ranks, {s.num_microbatches} microbatches, {s.num_stages} stages — "
+            f"makespan {r.makespan:.6g} {unit}, bubble {r.bubble_ratio:.1%}"
+        )
+        for col in ("rank", "busy", "idle", "bubble", "peak act.", "peak bytes"):
+            table.add_column(col, justify="right")
+        for p in r.per_rank:
+            peak = fmt_bytes(p.peak_memory_bytes) if p.peak_memory_bytes is not None else "-"
+            if p.over_memory_cap:
+                peak = f"[bold red]{peak} > cap[/]"
+            table.add_row(str(p.rank), f"{p.busy:.6g}", f"{p.idle:.6g}", f"{p.bubble_ratio:.1%}",
+                          str(p.peak_activations), peak)
+        con.print(table)
+
+
+
+@app.command("plot")
+@user_errors
+def plot_cmd(
+    schedule: MaybeScheduleOpt = None,
+    ranks: RanksOpt = None,
+    mb: MbOpt = None,
+    stages_per_rank: VOpt = None,
+    costs: CostsOpt = None,
+    profile: ProfileOpt = None,
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", help="png/svg/pdf (static) or html (interactive).")
+    ] = None,
+    dpi: Annotated[int, typer.Option("--dpi", help="Resolution of png output.", min=20, max=1200)] = 200,
+    memory: Annotated[bool, typer.Option("--memory", help="Add a memory-over-time panel per rank.")] = False,
+    comm: Annotated[bool, typer.Option("--comm", help="Draw p2p hand-offs between ranks as arrows.")] = False,
+    memory_cap: MemCapOpt = None,
+    directions: DirectionsOpt = None,
+    cost_scope: CostScopeOpt = None,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
+    torchtitan_config: TorchtitanConfigOpt = None,
+) -> None:
+    """Gantt chart like the DualPipe figure (default file <schedule>_r<R>_m<M>.png); prints its path."""
+    from ppsim.viz import PLOT_FORMATS
+
+    if schedule:
+        one_schedule(schedule)
+    inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
+    sched = build_schedule(one_schedule(inputs.names), inputs.ranks, inputs.mb, inputs.stages_per_rank, directions)
+    if output is None:
+        output = Path(f"{sched.name}_r{sched.num_ranks}_m{sched.num_microbatches}.png")
+    if output.suffix.lower() not in PLOT_FORMATS:
+        raise PPSimError(
+            f"-o {output}: unknown extension {output.suffix or '(none)'!r}; use one of {', '.join(PLOT_FORMATS)}"
+        )
+    check_writable(output, example="out.png")
+    from ppsim.viz import plot_to_file
+
+    cost_model = inputs.cost_model
+    cap = parse_bytes(memory_cap)
+    warn_cap_without_bytes(cap, cost_model)
+    result = run_simulation(sched, cost_model, cost_scope, cap)
+    path = plot_to_file(result, output, dpi=dpi, memory=memory, comm=comm)
+    typer.echo(str(path))
+
+
+@app.command("report")
+@user_errors
+def report_cmd(
+    output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write (self-contained, offline).")],
+    schedule: MaybeSchedulesOpt = None,
+    ranks: RanksOpt = None,
+    mb: MbOpt = None,
+    stages_per_rank: VOpt = None,
+    costs: CostsOpt = None,
+    profile: ProfileOpt = None,
+    memory_cap: MemCapOpt = None,
+    directions: DirectionsOpt = None,
+    cost_scope: CostScopeOpt = None,
+    split: SplitOpt = None,
+    layers_per_stage: LayersPerStageOpt = None,
+    torchtitan_config: TorchtitanConfigOpt = None,
+) -> None:
+    """One self-contained HTML page comparing schedules: ranking, Gantts, memory, bubbles."""
+    if output.suffix.lower() not in (".html", ".htm"):
+        raise PPSimError(f"-o {output}: a report is an HTML page; use a name ending in .html")
+    check_writable(output, example="report.html")
+    from ppsim.compare import compare
+    from ppsim.viz.report import write_report
+
+    inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
+    names, cost_model = inputs.names, inputs.cost_model
+    cap = parse_bytes(memory_cap)
+    warn_cap_without_bytes(cap, cost_model)
+    comparison = compare(
+        names, builder=lambda name: build_schedule(name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions),
+        costs=cost_model, scope=cost_scope, memory_cap_bytes=cap,
+    )
+    warn_comparison(comparison, several=len(names) > 1)
+    path = write_report(comparison, output, memory_cap_bytes=cap)
+    typer.echo(str(path))
+
+

@@ -1,0 +1,198 @@
+"""Comparing schedules: build several, skip (with the reason) those that cannot run, simulate, rank by makespan.
+
+The comparability rule lives here. ``--costs`` times are per stage chunk by default (as in the DualPipe figures), so
+schedules that cut the model into different numbers of stages (1F1B: R, Interleaved1F1B and DualPipeV: 2R) would
+describe different models. Unless the caller names a scope, such a comparison reads the costs as one rank's share of
+one model copy (``scope="rank"``), which ranks the schedules on the same model; an explicit ``"stage"`` is honoured
+with a warning. A profile is measured per stage and is used as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+
+from ppsim.errors import PPSimError
+
+if TYPE_CHECKING:
+    from ppsim.costs import CostModel
+    from ppsim.ir import Schedule
+    from ppsim.result import SimResult
+
+
+class CostScope(str, Enum):
+    """What ``--costs`` times describe: one stage chunk, or one rank's share of one model copy."""
+
+    stage = "stage"
+    rank = "rank"
+
+
+class NothingToCompareError(PPSimError):
+    """None of the requested schedules can run the configuration."""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A requested schedule that cannot run the configuration, and why (the one-line error)."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Simulated schedules, fastest first, the ones skipped, and the cost scope they were compared at."""
+
+    results: tuple[SimResult, ...]
+    skipped: tuple[Skipped, ...]
+    costs: CostModel
+    scope: CostScope
+    scope_reason: str
+    """Why this scope: ``"default"``, ``"given"``, ``"same stage count"``, ``"profile"``, or the stage counts."""
+    notes: tuple[str, ...] = ()
+    """Warnings for the user (one line each): options a schedule ignores, an unfair comparison asked for."""
+
+    @property
+    def best(self) -> SimResult:
+        return self.results[0]
+
+    @property
+    def scope_text(self) -> str:
+        """One line for people: which scope was used and why."""
+        if not _uniform(self.costs):
+            return "costs from the profile (measured or composed per stage)"
+        what = {CostScope.stage: "per stage chunk", CostScope.rank: "per rank share of one model copy"}[self.scope]
+        return f"cost scope: {self.scope.value} (--costs times {what}; {self.scope_reason})"
+
+    def entries(self) -> list[tuple[str, SimResult | str]]:
+        """``(name, result)`` fastest first, then ``(name, reason)`` for each schedule skipped."""
+        return [(r.schedule.name, r) for r in self.results] + [(s.name, s.reason) for s in self.skipped]
+
+
+def _uniform(costs: CostModel) -> bool:
+    """Costs from a ``--costs`` string (the same for every stage), not a profile (per stage, or per block)."""
+    return costs.num_positions is None and getattr(costs, "blocks", None) is None
+
+
+def rank(results: Iterable[SimResult]) -> list[SimResult]:
+    """Results fastest first (by makespan; ties keep their order)."""
+    return sorted(results, key=lambda r: r.makespan)
+
+
+def build(
+    name_or_path: str,
+    num_ranks: int | None,
+    num_microbatches: int | None,
+    num_stages_per_rank: int | None = None,
+    *,
+    num_pipelines: int | None = None,
+) -> tuple[Schedule, list[str]]:
+    """A schedule by name or CSV file, and a warning for each given option it ignores.
+
+    ``num_pipelines`` (``--directions``) is read from CSV files only; ``num_stages_per_rank`` (``-v``) must match
+    a CSV file's placement.
+    """
+    from ppsim.schedules import load_schedule
+
+    is_file = name_or_path.lower().endswith(".csv")
+    notes: list[str] = []
+    if not is_file and num_pipelines not in (None, 1):
+        notes.append(f"warning: --directions {num_pipelines} applies to .csv files only; {name_or_path} builds its "
+                     "own pipelines, so it is ignored")
+    schedule = load_schedule(
+        name_or_path, num_ranks, num_microbatches, None if is_file else num_stages_per_rank,
+        num_pipelines=(num_pipelines or 1) if is_file else 1,
+    )
+    if is_file and num_stages_per_rank is not None and num_stages_per_rank != schedule.num_stages_per_rank:
+        raise PPSimError(
+            f"--stages-per-rank {num_stages_per_rank}: {name_or_path} places {schedule.num_stages_per_rank} "
+            f"stage(s) per rank; drop -v (a file fixes its own placement) or pass -v {schedule.num_stages_per_rank}"
+        )
+    return schedule, notes
+
+
+def resolve_scope(
+    schedules: Sequence[Schedule], costs: CostModel, scope: CostScope | str | None
+) -> tuple[CostScope, str, list[str]]:
+    """The scope to simulate ``schedules`` at, why, and warnings (see the module docstring for the rule)."""
+    counts = [(s.name, len(s.pipelines[0])) for s in schedules]
+    differ = len({n for _, n in counts}) > 1
+    detail = ", ".join(f"{name}: {n}" for name, n in counts)
+    if scope is not None:
+        chosen = CostScope(scope)
+        notes = []
+        if chosen is CostScope.stage and differ and _uniform(costs):
+            notes.append(
+                f"warning: --cost-scope stage: these schedules cut the model into different numbers of stages "
+                f"({detail}) and every chunk costs the same, so the chunks differ in size and the schedules "
+                "describe different models; drop --cost-scope to compare them on the same model"
+            )
+        return chosen, "given", notes
+    if not _uniform(costs):
+        return CostScope.stage, "profile", []
+    if differ:
+        return CostScope.rank, f"the schedules cut the model into different numbers of stages ({detail}), so they " \
+                               "are compared on the same model; pass --cost-scope stage to time each chunk as given", []
+    return CostScope.stage, "default", []
+
+
+def compare(
+    names: Sequence[str],
+    *,
+    num_ranks: int | None = None,
+    num_microbatches: int | None = None,
+    num_stages_per_rank: int | None = None,
+    num_pipelines: int | None = None,
+    costs: CostModel | None = None,
+    scope: CostScope | str | None = None,
+    memory_cap_bytes: int | None = None,
+    builder: Callable[[str], Schedule] | None = None,
+) -> Comparison:
+    """Build each schedule in ``names``, skip those that cannot run (reasons kept), simulate the rest, rank them.
+
+    A single name that cannot be built raises its error; when none of several can, raises
+    :class:`NothingToCompareError` listing why. ``scope=None`` applies the comparability rule (module docstring).
+    ``builder`` replaces :func:`build` (and the ranks/microbatches/stages/pipelines arguments): it builds one
+    schedule from a name, raising :class:`PPSimError` for one that cannot run; the CLI passes its own loader.
+    """
+    from ppsim.costs import costs_for, parse_costs
+    from ppsim.simulate import simulate
+
+    if not names:
+        raise PPSimError("--schedule: give at least one schedule name, e.g. -s DualPipeV")
+    cost_model = parse_costs(None) if costs is None else costs
+    built: list[Schedule] = []
+    skipped: list[Skipped] = []
+    notes: list[str] = []
+    for name in names:
+        try:
+            if builder is None:
+                schedule, ignored = build(name, num_ranks, num_microbatches, num_stages_per_rank,
+                                          num_pipelines=num_pipelines)
+            else:
+                schedule, ignored = builder(name), []
+        except PPSimError as exc:
+            if len(names) == 1:
+                raise
+            skipped.append(Skipped(name, str(exc)))
+            continue
+        built.append(schedule)
+        notes.extend(n for n in ignored if n not in notes)
+    if not built:
+        reasons = "; ".join(f"{s.name}: {s.reason}" for s in skipped)
+        raise NothingToCompareError(
+            f"--schedule {','.join(names)!r}: none of these schedules can run this configuration ({reasons})"
+        )
+    chosen, reason, scope_notes = resolve_scope(built, cost_model, scope)
+    results = [
+        simulate(s, costs_for(cost_model, s, scope=chosen.value), memory_cap_bytes=memory_cap_bytes) for s in built
+    ]
+    return Comparison(
+        results=tuple(rank(results)),
+        skipped=tuple(skipped),
+        costs=cost_model,
+        scope=chosen,
+        scope_reason=reason,
+        notes=tuple(notes + scope_notes),
+    )

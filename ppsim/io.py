@@ -1,0 +1,265 @@
+"""Files and sizes: the one atomic writer, the writability check, byte sizes in and out.
+
+``write_atomic`` never leaves half a file under the user's name and never destroys what is not ppsim's: a symlink
+is written through to its target, a device, FIFO or socket is written into as it is (no rename), a directory is
+refused, an existing file keeps its mode (and, for root, its owner), a new file gets the mode ``open()`` would give.
+The temporary file lives beside the target and is removed on every exit path (errors, Ctrl-C, SIGTERM). Errors name
+the path the user gave, never the temporary name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import signal
+import stat
+import tempfile
+import threading
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator, Union
+
+from ppsim.errors import OutputPathError, SizeError
+
+Content = Union[str, bytes, Callable[[BinaryIO], object]]
+"""What to write: text (UTF-8), bytes, or a function that writes into a binary file object."""
+
+MAX_BYTES = 2**63 - 1
+"""The largest size ``parse_bytes`` accepts (int64, what the simulator's memory arithmetic holds)."""
+
+_LIVE_TEMPS: set[str] = set()
+
+
+# --- writing ----------------------------------------------------------------------------------------------------
+def write_atomic(path: str | os.PathLike[str], content: Content, *, option: str = "-o") -> Path:
+    """Write ``content`` to ``path`` so that no reader ever sees half a file; returns ``path`` as given.
+
+    ``option`` names the command-line option the path came from, for error messages (``-o``, ``--plot``).
+    """
+    target = Path(path)
+    real, st = _inspect(target, option)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        # A device (/dev/null), FIFO or socket: renaming over it would replace it, so write into it as it is.
+        try:
+            with open(real, "wb") as fh:
+                _emit(fh, content)
+        except OSError as exc:
+            raise _output_error(target, exc, option) from None
+        return target
+    directory = real.parent
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{real.name[:40]}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise _output_error(target, exc, option) from None
+    try:
+        with _removed_on_sigterm(tmp):
+            with os.fdopen(fd, "wb") as fh:
+                _emit(fh, content)
+            if st is None:
+                os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the mode open() would
+            else:
+                os.chmod(tmp, stat.S_IMODE(st.st_mode))
+                if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (os.getuid(), os.getgid()):
+                    os.chown(tmp, st.st_uid, st.st_gid)
+            os.replace(tmp, real)
+    except OSError as exc:
+        _unlink_quietly(tmp)
+        raise _output_error(target, exc, option) from None
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    return target
+
+
+def check_writable(path: str | os.PathLike[str], *, option: str = "-o", example: str = "out.csv") -> None:
+    """Refuse, before any work is done, an output path that ``write_atomic`` could not write."""
+    target = Path(path)
+    real, st = _inspect(target, option, example=example)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return  # a device or FIFO is written into directly; its folder need not be writable
+    if st is not None and not os.access(real, os.W_OK):
+        raise OutputPathError(
+            f"{option} {_show(target)}: the file is read-only; make it writable or choose another path"
+        )
+    parent = real.parent
+    if not parent.is_dir():
+        raise OutputPathError(
+            f"{option} {_show(target)}: folder {_show(parent)} does not exist; create it or choose another path"
+        )
+    if not os.access(parent, os.W_OK):
+        raise OutputPathError(f"{option} {_show(target)}: folder {_show(parent)} is not writable; choose another path")
+    try:
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    if len(os.fsencode(real.name)) > name_max:
+        raise OutputPathError(
+            f"{option} {_show(target)}: the file name is longer than this file system allows ({name_max} bytes); "
+            "choose a shorter name"
+        )
+
+
+def _inspect(target: Path, option: str, *, example: str = "out.csv") -> tuple[Path, os.stat_result | None]:
+    """The real path behind ``target`` (symlinks followed) and its status, or None when nothing is there yet."""
+    if str(target) in ("", "."):
+        raise OutputPathError(f"{option} {str(target)!r}: give a file name such as {example}")
+    try:
+        real = Path(os.path.realpath(target))
+        st = os.stat(real)
+    except FileNotFoundError:
+        return real, None
+    except OSError as exc:
+        raise _output_error(target, exc, option) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise OutputPathError(
+            f"{option} {_show(target)}: is a directory; give a file name such as {_show(target / example)}"
+        )
+    return real, st
+
+
+def _emit(fh: BinaryIO, content: Content) -> None:
+    if isinstance(content, str):
+        fh.write(content.encode("utf-8"))
+    elif isinstance(content, (bytes, bytearray, memoryview)):
+        fh.write(content)
+    else:
+        content(fh)
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+@contextlib.contextmanager
+def _removed_on_sigterm(tmp: str) -> Iterator[None]:
+    """Remove ``tmp`` if SIGTERM arrives meanwhile (only where no one else handles SIGTERM)."""
+    _LIVE_TEMPS.add(tmp)
+    installed = False
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _on_sigterm)
+                installed = True
+    try:
+        yield
+    finally:
+        _LIVE_TEMPS.discard(tmp)
+        if installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    for tmp in list(_LIVE_TEMPS):
+        _unlink_quietly(tmp)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)  # die of the signal, as without the handler
+
+
+def _show(path: Path | str, limit: int = 120) -> str:
+    text = str(path)
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 4:]}"
+
+
+def _output_error(target: Path, exc: OSError, option: str) -> OSError | OutputPathError:
+    """A one-line user error for the usual causes; any other OSError again, naming the user's path."""
+    where = f"{option} {_show(target)}"
+    parent = _show(target.parent if str(target.parent) else Path("."))
+    reasons = {
+        errno.ENAMETOOLONG: "the file name is longer than the file system allows; choose a shorter name",
+        errno.EACCES: "permission denied; choose a path you can write to",
+        errno.EPERM: "operation not permitted; choose a path you can write to",
+        errno.ENOENT: f"folder {parent} does not exist; create it or choose another path",
+        errno.ENOTDIR: f"{parent} is not a folder; choose another path",
+        errno.EISDIR: "is a directory; give a file name",
+        errno.EROFS: "the file system is read-only; choose another path",
+        errno.ENOSPC: "no space left on the device; free some space or choose another folder",
+        errno.EDQUOT: "disk quota exceeded; free some space or choose another folder",
+        errno.ELOOP: "too many levels of symbolic links; fix the link or choose another path",
+        errno.ENXIO: "cannot be opened for writing (a socket, or a device without a reader); choose a file",
+    }
+    reason = reasons.get(exc.errno or 0)
+    if reason is None:
+        return OSError(exc.errno, exc.strerror or str(exc), str(target))
+    return OutputPathError(f"{where}: {reason}")
+
+
+# --- sizes ------------------------------------------------------------------------------------------------------
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
+_SIZE_RE = re.compile(r"^\s*([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)\s*(?:([kmgtp]i?)b?|(b))?\s*$",
+                      re.IGNORECASE | re.ASCII)
+_ACT_RE = re.compile(r"^\s*([0-9]+)\s*acts?\s*$", re.IGNORECASE | re.ASCII)
+
+
+@dataclass(frozen=True)
+class ActivationCap:
+    """A memory cap counted in stage-chunk activations held per rank (``8act``), the ``peak_activations`` unit."""
+
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.count}act"
+
+
+def parse_bytes(text: str | None, *, option: str = "--memory-cap") -> int | None:
+    """A size in bytes from ``80GiB``, ``512MB``, ``1.5e9`` or ``80000000000`` (``None`` passes through).
+
+    Refuses (one line) anything malformed, non-finite, negative, zero, under one byte, or above ``MAX_BYTES``.
+    """
+    if text is None:
+        return None
+    fix = "give a positive size in bytes such as 80000000000, 80GB or 80GiB"
+    m = _SIZE_RE.match(text)
+    if m is None:
+        raise SizeError(f"{option} {text!r}: not a size; {fix}")
+    try:
+        value = Decimal(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
+    except InvalidOperation:
+        raise SizeError(f"{option} {text!r}: not a size; {fix}") from None
+    if not value.is_finite() or value > MAX_BYTES:
+        raise SizeError(f"{option} {text!r}: larger than {MAX_BYTES} bytes (8 EiB), the largest size ppsim "
+                        f"represents; {fix}")
+    if value <= 0:
+        raise SizeError(f"{option} {text!r}: must be positive; {fix}")
+    if value < 1:
+        raise SizeError(f"{option} {text!r}: less than one byte; {fix}")
+    return int(value)
+
+
+def parse_memory_cap(text: str | None, *, option: str = "--memory-cap") -> int | ActivationCap | None:
+    """A cap in bytes (see :func:`parse_bytes`) or in activations per rank, written ``8act``."""
+    if text is None:
+        return None
+    m = _ACT_RE.match(text)
+    if m is None:
+        return parse_bytes(text, option=option)
+    count = int(m.group(1))
+    if count < 1:
+        raise SizeError(f"{option} {text!r}: an activation cap must be at least 1act; e.g. 8act")
+    return ActivationCap(count)
+
+
+def fmt_bytes(n: float) -> str:
+    """``1536`` -> ``1.50 KiB``: binary units, two decimals (bytes below 1 KiB as a whole number)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
