@@ -141,7 +141,7 @@ def test_cpu_recipe_writes_a_complete_profile(cluster: None, tmp_path: Path) -> 
     state = wait(tmp_path, job)
     assert state in ("COMPLETED", "GONE"), f"job {job} ended {state}; log:\n{log_of(tmp_path, job)}"
     profile = load_profile(out)
-    assert profile.complete and profile.num_stages == 2, log_of(tmp_path, job)
+    assert profile.complete, log_of(tmp_path, job)
 
 
 def test_gpu_recipe_launch_runs_on_cpus(cluster: None, tmp_path: Path) -> None:
@@ -152,13 +152,14 @@ def test_gpu_recipe_launch_runs_on_cpus(cluster: None, tmp_path: Path) -> None:
     state = wait(tmp_path, job)
     assert state in ("COMPLETED", "GONE"), f"job {job} ended {state}; log:\n{log_of(tmp_path, job)}"
     profile = load_profile(out)
-    assert profile.complete and profile.num_stages == 2, log_of(tmp_path, job)
+    assert profile.complete, log_of(tmp_path, job)
 
 
 def test_cancelled_job_resumes_with_resume_1(cluster: None, tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
-    # Eight stages on two ranks are four rounds of measurements; the profile is rewritten after each, so there is
-    # room to cancel the job after the first round and before the end.
+    # The profile is rewritten after every finished measurement (eight stages on two ranks: four rounds, then p2p;
+    # with block calibration: the blocks, p2p, the runtime probes), so there is room to cancel the job once the file
+    # shows one finished and before the end.
     same = {"PRESET": "tiny", "STAGES": "8", "REPS": "6", "EXTRA": "--warmup 1"}
     job = submit(tmp_path, out, **same)
 
