@@ -4,10 +4,12 @@
     python bench/bench_plot.py --runs 9   # more cold starts
 
 1. Cold start of the headline command ``ppsim plot --schedule DualPipeV --ranks 4 --mb 10`` (a fresh process each
-   run; target <= 1.5 s), beside a bare ``python -c pass`` and ``import ppsim.cli`` for scale, and the slowest
+   run; target <= 1.3 s wall on an idle machine; on a shared one read the CPU seconds), beside a bare ``python -c pass`` and ``import ppsim.cli`` for scale, and the slowest
    imports of one run (``python -X importtime``), and whether torch or pandas were imported (they must not be).
 2. Interactive HTML of DualPipeV 32 ranks x 256 microbatches (20,000+ actions): seconds and MB (targets 10 s, 25 MB).
 3. Static PNGs at 8x64 and 32x256 for scale.
+4. Big static figures, each a fresh ``ppsim plot`` process (seconds and peak memory): 2,000 ranks, and a
+   1,048,576-action Interleaved1F1B (drawn as one image per row, see ``ppsim.viz.gantt.MAX_DRAWN_CELLS``).
 """
 
 from __future__ import annotations
@@ -106,6 +108,25 @@ def big_png() -> None:
             print(f"  DualPipeV {ranks}x{mb}: {time.perf_counter() - t0:.2f} s, {path.stat().st_size / 2**20:.1f} MiB")
 
 
+def big_static() -> None:
+    print("big static PNGs, fresh processes (wall s, peak RSS)")
+    cases = [
+        ["-s", "1F1B", "-r", "2000", "-m", "8"],
+        ["-s", "Interleaved1F1B", "-r", "128", "-m", "1024", "-v", "4"],
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        for args in cases:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+            t0 = time.perf_counter()
+            subprocess.run([*ppsim_command(), "plot", *args, "-o", "big.png"], cwd=tmp, check=True, capture_output=True)
+            elapsed = time.perf_counter() - t0
+            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far, in KiB
+            note = "" if peak > before else " (peak not above an earlier run's)"
+            size = (Path(tmp) / "big.png").stat().st_size
+            print(f"  plot {' '.join(args)}: {elapsed:.2f} s, peak {peak / 2**10:.0f} MiB{note}, "
+                  f"{size / 2**20:.1f} MiB png")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5, help="fresh processes per cold-start measurement")
@@ -115,6 +136,7 @@ def main() -> None:
     cold_start(args.runs)
     big_html()
     big_png()
+    big_static()
 
 
 if __name__ == "__main__":

@@ -1,18 +1,20 @@
 """Simulator benchmark: prints a table (not a test; timings depend on the machine and its load).
 
-    python bench/bench_simulator.py            # everything (about a minute; torch part only if torch is installed)
+    python bench/bench_simulator.py            # everything (about two minutes; torch part only if torch is installed)
     python bench/bench_simulator.py --quick    # skip the 1M-action CLI run and torch
 
-Reports, for each case: simulate() alone on a prebuilt schedule (first call and best of the repeats, wall and CPU
-time) in actions per second; Interleaved1F1B 64 ranks x 256 microbatches x v2 built + simulated; torch 2.13 building
-the same schedule and running its unit-step simulation on the comms-lowered order; the CLI on 1M actions; and the
-tracemalloc peak of simulate() for two sizes (memory should grow linearly with the number of actions).
+Reports, for each case: simulate() alone on a prebuilt schedule (first call, then min / median / max of the
+repeats, wall and CPU time) in actions per second; Interleaved1F1B 64 ranks x 256 microbatches x v2 built +
+simulated, against torch 2.13 building the same order (with and without comms) and running its unit-step simulation
+on the comms-lowered order; the CLI on 1M actions (target <= 2.0 s wall); validate and simulate on 1F1B with 4,000
+and 20,000 ranks (linear in actions); and the tracemalloc peak of simulate() for two sizes.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import importlib.util
 import shutil
 import subprocess
@@ -40,14 +42,13 @@ def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     return time.perf_counter() - w, time.process_time() - c, out
 
 
-def row(*cells: Any) -> str:
-    widths = (34, 10, 12, 12, 12, 12)
-    return "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+def spread(values: list[float], unit: str = "s") -> str:
+    """``min / median / max`` of a list of timings."""
+    return f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f} {unit}"
 
 
 def bench_simulate(cases: list[tuple[str, int, int, int | None]], repeats: int) -> None:
-    print("simulate() alone (schedule built beforehand; best of", repeats, "after the first call)")
-    print(row("case", "actions", "first wall", "best wall", "best CPU", "Mact/s CPU"))
+    print(f"simulate() alone (schedule built beforehand; first call, then min / median / max of {repeats})")
     for name, r, m, v in cases:
         schedule = get_schedule(name, r, m, v)
         n = schedule.num_actions
@@ -57,22 +58,22 @@ def bench_simulate(cases: list[tuple[str, int, int, int | None]], repeats: int) 
             w, c, _ = timed(lambda: simulate(schedule))
             walls.append(w)
             cpus.append(c)
-        best_c = min(cpus)
         label = f"{name} r{r} m{m}" + (f" v{v}" if v else "")
-        print(row(label, n, f"{first_wall:.3f}s", f"{min(walls):.3f}s", f"{best_c:.3f}s", f"{n / best_c / 1e6:.2f}"))
+        print(f"  {label:<32} {n:>9}  first {first_wall:.3f} s  wall {spread(walls)}  CPU {spread(cpus)}  "
+              f"({n / min(cpus) / 1e6:.2f} M actions/s CPU)")
         del schedule
         gc.collect()
 
 
-def bench_build_and_simulate(with_torch: bool) -> None:
+def bench_build_and_simulate(with_torch: bool, repeats: int, torch_repeats: int) -> None:
     name, r, m, v = "Interleaved1F1B", 64, 256, 2
-    print(f"\n{name} {r} ranks x {m} microbatches x v{v}: build + simulate (target <= 0.25 s)")
-    results = []
-    for _ in range(3):
+    print(f"\n{name} {r} ranks x {m} microbatches x v{v}: build + simulate (min / median / max of {repeats})")
+    walls, cpus = [], []
+    for _ in range(repeats):
         w, c, _ = timed(lambda: simulate(get_schedule(name, r, m, v)))
-        results.append((w, c))
-    w, c = min(results)
-    print(f"  ppsim: {w:.3f} s wall, {c:.3f} s CPU (best of 3)")
+        walls.append(w)
+        cpus.append(c)
+    print(f"  ppsim: wall {spread(walls)}, CPU {spread(cpus)}")
     if not with_torch:
         return
     if importlib.util.find_spec("torch") is None:
@@ -89,24 +90,46 @@ def bench_build_and_simulate(with_torch: bool) -> None:
         order = {k: [a for a in ops[k] if a is not None and a.computation_type not in fsdp] for k in range(r)}
         return _simulate_comms_compute(order, lambda s: s % r, r * v)
 
-    tw, tc, _ = timed(torch_run)
-    print(f"  torch 2.13 (get_schedule_ops with comms + _simulate_comms_compute): {tw:.2f} s wall, {tc:.2f} s CPU")
-    print(f"  ratio torch / ppsim: {tw / w:.0f}x wall, {tc / c:.0f}x CPU")
+    runs = [timed(torch_run)[:2] for _ in range(torch_repeats)]
+    build = [timed(lambda: get_schedule_ops(name, r, m, v, with_comms=False))[:2] for _ in range(torch_repeats)]
+    tw, tc = [w for w, _ in runs], [c for _, c in runs]
+    bw, bc = [w for w, _ in build], [c for _, c in build]
+    print(f"  torch 2.13 get_schedule_ops(with_comms=True) + _simulate_comms_compute: wall {spread(tw)}, "
+          f"CPU {spread(tc)}")
+    print(f"  torch 2.13 get_schedule_ops(with_comms=False) alone: wall {spread(bw)}, CPU {spread(bc)}")
+    print(f"  ratio torch / ppsim (median CPU): {statistics.median(tc) / statistics.median(cpus):.0f}x "
+          f"(build + space), {statistics.median(bc) / statistics.median(cpus):.0f}x (torch build alone); "
+          "target >= 20x")
 
 
-def bench_cli() -> None:
+def bench_cli(repeats: int) -> None:
     exe = shutil.which("ppsim")
     cmd = ([exe] if exe else [sys.executable, "-m", "ppsim.cli"]) + [
         "simulate", "-s", "Interleaved1F1B", "-r", "128", "-m", "1024", "-v", "4", "--json"]
-    print("\nCLI:", " ".join(cmd[1:]), "(1,048,576 actions; target <= 3 s wall)")
-    for _ in range(2):
+    print("\nCLI:", " ".join(cmd[1:]), f"(1,048,576 actions; target <= 2.0 s wall; min / median / max of {repeats})")
+    walls, cpus = [], []
+    for _ in range(repeats):
         w0 = time.perf_counter()
         usage0 = _children_cpu()
         proc = subprocess.run(cmd, capture_output=True, text=True)
-        wall = time.perf_counter() - w0
-        cpu = _children_cpu() - usage0
-        status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[:200]}"
-        print(f"  {wall:.2f} s wall, {cpu:.2f} s CPU ({status})")
+        walls.append(time.perf_counter() - w0)
+        cpus.append(_children_cpu() - usage0)
+        if proc.returncode != 0:
+            print(f"  exit {proc.returncode}: {proc.stderr.strip()[:200]}")
+            return
+    print(f"  wall {spread(walls)}, CPU (user + sys) {spread(cpus)}")
+
+
+def bench_linear() -> None:
+    from ppsim.validate import validate
+
+    print("\nlinear in actions: 1F1B with one microbatch (2 actions per rank)")
+    for ranks in (4000, 20000):
+        schedule = get_schedule("1F1B", ranks, 1)
+        vw, vc, problems = timed(lambda: validate(schedule))
+        sw, sc, _ = timed(lambda: simulate(schedule))
+        print(f"  {ranks} ranks ({schedule.num_actions} actions): validate {vw:.2f} s wall / {vc:.2f} s CPU "
+              f"({len(problems)} problems), simulate {sw:.2f} s wall / {sc:.2f} s CPU")
 
 
 def _children_cpu() -> float:
@@ -135,15 +158,18 @@ def bench_memory(sizes: list[tuple[str, int, int, int | None]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small cases only; no CLI run, no torch")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--torch-repeats", type=int, default=2)
     args = parser.parse_args()
     print(f"python {sys.version.split()[0]}, load average {_load()}")
     bench_simulate(QUICK_CASES if args.quick else CASES, args.repeats)
-    bench_build_and_simulate(with_torch=not args.quick)
+    bench_build_and_simulate(not args.quick, args.repeats, args.torch_repeats)
     if not args.quick:
-        bench_cli()
+        bench_cli(args.repeats)
+        bench_linear()
     small = ("Interleaved1F1B", 64, 256, 2)
     bench_memory([small, ("Interleaved1F1B", 64, 1024, 2) if args.quick else ("Interleaved1F1B", 128, 1024, 4)])
+    print(f"load average at the end {_load()}")
 
 
 def _load() -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ppsim.costs import CostModel, load_costs, parse_costs
 from ppsim.errors import DeadlockError, PPSimError, ScheduleConfigError, ScheduleFormatError
 from ppsim.ir import Action, ActionType, Schedule, parse_action
+from ppsim.schedules.loading import load_schedule
 from ppsim.result import RankStats, SimResult
 from ppsim.schedules import all_specs, get_schedule, get_spec
 from ppsim.simulate import simulate
@@ -25,6 +26,7 @@ __all__ = [
     "all_specs",
     "get_schedule",
     "get_spec",
+    "load_schedule",
     "parse_action",
     "__version__",
     "CostModel",

@@ -87,23 +87,30 @@ def build(
     num_stages_per_rank: int | None = None,
     *,
     num_pipelines: int | None = None,
+    allow_large: bool = False,
+    figure: bool = False,
+    check: bool = True,
 ) -> tuple[Schedule, list[str]]:
     """A schedule by name or CSV file, and a warning for each given option it ignores.
 
     ``num_pipelines`` (``--directions``) is read from CSV files only; ``num_stages_per_rank`` (``-v``) must match
-    a CSV file's placement.
+    a CSV file's placement. Loading goes through :func:`ppsim.schedules.loading.load` (work bounded, ``figure``
+    for the stricter figure limits; a file's sizes read from it and the file validated).
     """
-    from ppsim.schedules import load_schedule
+    from ppsim.schedules.loading import load
 
     is_file = name_or_path.lower().endswith(".csv")
     notes: list[str] = []
     if not is_file and num_pipelines not in (None, 1):
         notes.append(f"warning: --directions {num_pipelines} applies to .csv files only; {name_or_path} builds its "
                      "own pipelines, so it is ignored")
-    schedule = load_schedule(
-        name_or_path, num_ranks, num_microbatches, None if is_file else num_stages_per_rank,
-        num_pipelines=(num_pipelines or 1) if is_file else 1,
+    loaded = load(
+        name_or_path, num_ranks=num_ranks, num_microbatches=num_microbatches,
+        num_stages_per_rank=None if is_file else num_stages_per_rank,
+        num_pipelines=(num_pipelines or 1) if is_file else 1, allow_large=allow_large, figure=figure, check=check,
     )
+    schedule = loaded.schedule
+    notes.extend(f"note: {note}" for note in loaded.notes)
     if is_file and num_stages_per_rank is not None and num_stages_per_rank != schedule.num_stages_per_rank:
         raise PPSimError(
             f"--stages-per-rank {num_stages_per_rank}: {name_or_path} places {schedule.num_stages_per_rank} "

@@ -36,6 +36,9 @@ COST_KEYS = ("F", "B", "I", "W", "FB", "comm")
 _OP_KEYS = ("F", "B", "I", "W", "FB")
 _DEFAULT_F = 1.0
 _DEFAULT_B = 2.0
+MAX_COST = 1e12
+"""Largest time one op (or ``comm``) may take in a cost string: a step sums millions of them, and beyond this
+results lose precision and eventually overflow to inf/NaN."""
 
 
 @dataclass(frozen=True)
@@ -138,20 +141,21 @@ class CostModel:
         """Index into the cost tables for ``stage``: its position in its chain (0 for uniform costs)."""
         if self.num_positions is None:
             return 0
-        return schedule.pipelines[schedule.direction(stage)].index(stage)
+        return schedule.position(stage)
 
     def op_cost(self, schedule: Schedule, stage: int, kind: ActionType) -> float:
         """Time of one single computation ``kind`` (F, B, I or W) of ``stage``."""
         return _op(self, kind, self.position(schedule, stage))
 
     def duration(self, schedule: Schedule, action: Action) -> float:
-        """Time of one action: a single computation, or an overlapped pair (see the module docstring)."""
+        """Time of one action: a single computation, or an overlapped pair (see the module docstring), its op cost
+        times ``compute_scale`` plus ``dispatch_s`` per computation (a pair holds two)."""
         if action.type is ActionType.OVERLAP_F_B:
             f, b = action.sub_actions
-            return self.pair_duration(schedule, f.stage, b.stage, b.type)
+            return self.pair_duration(schedule, f.stage, b.stage, b.type) * self.compute_scale + 2 * self.dispatch_s
         if not action.is_compute:
             return 0.0
-        return self.op_cost(schedule, action.stage, action.type)
+        return self.op_cost(schedule, action.stage, action.type) * self.compute_scale + self.dispatch_s
 
     def pair_split(self, schedule: Schedule, f_stage: int, b_stage: int, b_kind: ActionType) -> tuple[float, float]:
         """``(duration, forward share)`` of an overlapped pair; the forward half is drawn first, in that share."""
@@ -177,9 +181,10 @@ class CostModel:
         """Delay from the producer's end to the consumer's earliest start (0 on the same rank)."""
         if schedule.stage_to_rank[producer_stage] == schedule.stage_to_rank[consumer_stage]:
             return 0.0
-        chain = schedule.pipelines[schedule.direction(producer_stage)]
         upstream = producer_stage
-        if consumer_stage in chain and chain.index(consumer_stage) < chain.index(producer_stage):
+        if schedule.direction(consumer_stage) == schedule.direction(producer_stage) and schedule.position(
+            consumer_stage
+        ) < schedule.position(producer_stage):
             upstream = consumer_stage
         return self.boundary_delay(schedule, upstream)
 
@@ -287,19 +292,26 @@ def parse_costs(text: str | None) -> CostModel:
         if not item:
             continue
         if "=" not in item:
-            raise CostError(f"--costs item {item!r} has no '='; write KEY=VALUE pairs, e.g. \"F=1,B=2,comm=0.1\"")
+            raise CostError(f"--costs item {item[:40]!r} has no '='; write KEY=VALUE pairs, e.g. \"F=1,B=2,comm=0.1\"")
         raw_key, raw_value = (part.strip() for part in item.split("=", 1))
         key = canonical.get(raw_key.lower())
         if key is None:
-            raise CostError(f"--costs key {raw_key!r} is unknown; use one of {', '.join(COST_KEYS)}")
+            raise CostError(f"--costs key {raw_key[:40]!r} is unknown; use one of {', '.join(COST_KEYS)}")
         if key in given:
             raise CostError(f"--costs key {key} is given twice; give each key once")
         try:
+            if not raw_value.isascii() or "_" in raw_value:
+                raise ValueError(raw_value)  # float() also reads Arabic-Indic digits and 1_000
             value = float(raw_value)
         except ValueError:
-            raise CostError(f"--costs {key}={raw_value!r} is not a number; write e.g. {key}=1.5") from None
+            raise CostError(f"--costs {key}={raw_value[:40]!r} is not a number; write e.g. {key}=1.5") from None
         if not math.isfinite(value) or value < 0:
-            raise CostError(f"--costs {key}={raw_value} must be a finite number >= 0; write e.g. {key}=1.5")
+            raise CostError(f"--costs {key}={raw_value[:40]} must be a finite number >= 0; write e.g. {key}=1.5")
+        if value > MAX_COST:
+            raise CostError(
+                f"--costs {key}={raw_value[:40]} is above the limit of {MAX_COST:g} per op (sums of such times over a "
+                "step lose precision or overflow); express the times in a larger unit (e.g. ms instead of ns)"
+            )
         given[key] = value
     f = given.get("F", _DEFAULT_F)
     i, w = given.get("I"), given.get("W")
@@ -320,6 +332,9 @@ def parse_costs(text: str | None) -> CostModel:
         raise CostError(f"--costs I={i:g}, W={w:g}: with B={b:g} the missing part of B = I + W would be negative; "
                         "give B, I and W consistently")
     fb = given.get("FB", f + b)
+    if max(f, b, i, w, fb) == 0:
+        raise CostError(f"--costs {text.strip()[:60]!r}: every op takes 0, so the makespan and bubble would be "
+                        "meaningless; give the ops positive times, e.g. F=1,B=2")
     return CostModel(
         F=(f,), B=(b,), I=(i,), W=(w,), FB=(fb,), comm=given.get("comm", 0.0), unit="unit", source=text.strip()
     )

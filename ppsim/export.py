@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 import json
 import os
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -31,54 +32,48 @@ def timeline_dict(result: SimResult) -> dict[str, Any]:
     s = result.schedule
     t = result.trace
     summary = result.to_dict()
-    actions: list[dict[str, Any]] = []
-    c_owner = t.comp_owner.tolist()
-    c_stage = t.comp_stage.tolist()
-    c_type = t.comp_type.tolist()
-    c_mb = t.comp_mb.tolist()
-    h_start = t.comp_half_start.tolist()
-    h_end = t.comp_half_end.tolist()
-    starts = t.start.tolist()
-    ends = t.end.tolist()
-    comps_of: dict[int, list[int]] = {}
-    for c, a in enumerate(c_owner):
-        comps_of.setdefault(a, []).append(c)
-    index = 0
-    for rank, row in enumerate(s.actions):
-        for position, action in enumerate(row):
-            entry: dict[str, Any] = {
-                "rank": rank,
-                "position": position,
-                "action": str(action),
-                "type": action.type.value,
-                "start": starts[index],
-                "end": ends[index],
-            }
-            comps = comps_of.get(index, [])
-            if action.sub_actions:
-                entry["halves"] = [
-                    {
-                        "action": f"{c_stage[c]}{COMP_TYPES[c_type[c]]}{c_mb[c]}",
-                        "type": COMP_TYPES[c_type[c]],
-                        "stage": c_stage[c],
-                        "microbatch": c_mb[c],
-                        "start": h_start[c],
-                        "end": h_end[c],
-                    }
-                    for c in comps
-                ]
-            else:
-                entry["stage"] = action.stage
-                entry["microbatch"] = action.microbatch
-            actions.append(entry)
-            index += 1
+    flat = list(chain.from_iterable(s.actions))
+    lengths = [len(row) for row in s.actions]
+    ranks = [r for r, k in enumerate(lengths) for _ in range(k)]
+    positions = [p for k in lengths for p in range(k)]
+    actions: list[dict[str, Any]] = [
+        {
+            "rank": rank,
+            "position": position,
+            "action": f"{a.stage}{a.type.value}{'' if a.microbatch is None else a.microbatch}",
+            "type": a.type.value,
+            "start": start,
+            "end": end,
+            "stage": a.stage,
+            "microbatch": a.microbatch,
+        }
+        for rank, position, a, start, end in zip(ranks, positions, flat, t.start.tolist(), t.end.tolist())
+    ]
+    if len(t.pair_first):  # overlapped pairs: their halves instead of a stage and a microbatch
+        c_stage, c_type, c_mb = t.comp_stage.tolist(), t.comp_type.tolist(), t.comp_mb.tolist()
+        h_start, h_end = t.comp_half_start.tolist(), t.comp_half_end.tolist()
+        for first, a in zip(t.pair_first.tolist(), t.comp_owner[t.pair_first].tolist()):
+            entry = actions[a]
+            actions[a] = {key: entry[key] for key in ("rank", "position")}
+            actions[a].update(action=str(flat[a]), type=entry["type"], start=entry["start"], end=entry["end"])
+            actions[a]["halves"] = [
+                {
+                    "action": f"{c_stage[c]}{COMP_TYPES[c_type[c]]}{c_mb[c]}",
+                    "type": COMP_TYPES[c_type[c]],
+                    "stage": c_stage[c],
+                    "microbatch": c_mb[c],
+                    "start": h_start[c],
+                    "end": h_end[c],
+                }
+                for c in (first, first + 1)
+            ]
     return {
         "schema": "ppsim.timeline",
         "version": 1,
         **{k: v for k, v in summary.items() if k not in ("costs", "per_rank")},
         "unit": result.unit,
         "stage_to_rank": list(s.stage_to_rank),
-        "pipelines": [list(chain) for chain in s.pipelines],
+        "pipelines": [list(chain_) for chain_ in s.pipelines],
         "throughput": result.throughput,
         "per_rank": summary["per_rank"],
         "costs": summary["costs"],
@@ -141,13 +136,13 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
             "ts": us(h_start[c]), "dur": us(h_end[c] - h_start[c]), "args": args,
         })
 
-    prod, cons, delay, nbytes = t.transfers
-    end_ns = [ns(x) for x in t.end.tolist()]
+    prod, cons, send_at, arrive_at, nbytes = t.transfers
     hops = []
-    for k, (p, q, d, b) in enumerate(zip(prod.tolist(), cons.tolist(), delay.tolist(), nbytes.tolist())):
+    for k, (p, q, send, arrive, b) in enumerate(
+        zip(prod.tolist(), cons.tolist(), send_at.tolist(), arrive_at.tolist(), nbytes.tolist())
+    ):
         src, dst = rank_of_action[c_owner[p]], rank_of_action[c_owner[q]]
-        send = end_ns[c_owner[p]]
-        hops.append((src, dst, send, ns(t.end[c_owner[p]] + d), p, q, b, k))
+        hops.append((src, dst, ns(send), ns(arrive), p, q, b, k))
     timed = [h for h in hops if h[3] > h[2]]
     lane_names: dict[tuple[int, int], str] = {}
     for (src, dst, send, arrive, p, q, b, _), (tid, name) in zip(timed, _comm_lanes(timed)):

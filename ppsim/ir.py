@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from ppsim.errors import ScheduleConfigError, ScheduleFormatError
 
@@ -40,10 +40,15 @@ class ActionType(str, Enum):
         return self in COMPUTE_TYPES
 
 
+_TYPES = {t.value: t for t in ActionType}
 COMPUTE_TYPES = frozenset({ActionType.F, ActionType.B, ActionType.I, ActionType.W, ActionType.OVERLAP_F_B})
 BACKWARD_TYPES = frozenset({ActionType.B, ActionType.I})
 
-_ACTION_RE = re.compile(r"(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)")
+# ASCII digits only: ``\d`` and ``str.isdigit`` also accept Arabic-Indic and other Unicode digits (``٠F٠``).
+_ACTION_RE = re.compile(r"([0-9]+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)([0-9]*)", re.ASCII)
+MAX_ID = 2**31 - 1
+"""Largest stage or microbatch id an action string may carry (torch stores them as C ints)."""
+_MAX_ID_DIGITS = len(str(MAX_ID))
 _PAIR_RE = re.compile(r"\(([^()]*)\)(OVERLAP_F_B)")
 
 
@@ -77,6 +82,31 @@ class Action:
         return self.sub_actions if self.sub_actions else (self,)
 
 
+class _ActionMaker:
+    """Builds an :class:`Action` at a quarter of the frozen dataclass's cost (schedule builders make millions).
+
+    The frozen ``__init__`` fills each slot through ``object.__setattr__``; this class has the same slots, fills
+    them by plain assignment, then turns the instance into an ``Action`` (an identical layout, so the assignment of
+    ``__class__`` is allowed). The result is an ordinary, immutable ``Action``.
+    """
+
+    __slots__ = ("stage", "type", "microbatch", "sub_actions")
+
+    def __init__(
+        self, stage: int, type: ActionType, microbatch: int | None = None, sub_actions: tuple[Action, ...] = ()
+    ) -> None:
+        self.stage = stage
+        self.type = type
+        self.microbatch = microbatch
+        self.sub_actions = sub_actions
+        self.__class__ = Action  # type: ignore[assignment]
+
+
+#: ``make_action(stage, type, microbatch)``: the same as ``Action(stage, type, microbatch)``, faster.
+make_action: Callable[..., Action] = _ActionMaker  # type: ignore[assignment]
+assert type(make_action(0, ActionType.F, 0)) is Action and make_action(0, ActionType.F, 0) == Action(0, ActionType.F, 0)
+
+
 def overlap(forward: Action, backward: Action) -> Action:
     """An overlapped forward/backward pair, forward half first (torch's ``OVERLAP_F_B``)."""
     if forward.type is not ActionType.F or backward.type not in BACKWARD_TYPES:
@@ -84,7 +114,7 @@ def overlap(forward: Action, backward: Action) -> Action:
             f"overlapped pair ({forward};{backward}) must be a forward then a backward (B or I); "
             "write it as (sF m;sB m)OVERLAP_F_B"
         )
-    return Action(-1, ActionType.OVERLAP_F_B, None, (forward, backward))
+    return make_action(-1, ActionType.OVERLAP_F_B, None, (forward, backward))
 
 
 def parse_action(text: str) -> Action | None:
@@ -96,25 +126,44 @@ def parse_action(text: str) -> Action | None:
         m = _PAIR_RE.fullmatch(s)
         if m is None:
             raise ScheduleFormatError(
-                f"malformed overlapped pair {s!r}: expected (sFm;sBm)OVERLAP_F_B, e.g. (0F7;7B3)OVERLAP_F_B"
+                f"malformed overlapped pair {_shown(s)}: expected (sFm;sBm)OVERLAP_F_B, e.g. (0F7;7B3)OVERLAP_F_B"
             )
         halves = [parse_action(part) for part in m.group(1).split(";")]
         if len(halves) != 2 or any(h is None for h in halves):
             raise ScheduleFormatError(
-                f"overlapped pair {s!r} must hold exactly two actions, e.g. (0F7;7B3)OVERLAP_F_B"
+                f"overlapped pair {_shown(s)} must hold exactly two actions, e.g. (0F7;7B3)OVERLAP_F_B"
             )
         try:
             return overlap(halves[0], halves[1])  # type: ignore[arg-type]
         except ScheduleFormatError as exc:
-            raise ScheduleFormatError(f"malformed overlapped pair {s!r}: {exc}") from None
+            raise ScheduleFormatError(f"malformed overlapped pair {_shown(s)}: {exc}") from None
     m = _ACTION_RE.fullmatch(s)
     if m is None:
+        ascii_note = "" if s.isascii() else " (it has non-ASCII characters: ids are ASCII digits 0-9)"
         raise ScheduleFormatError(
-            f"malformed action {s!r}: expected [stage][type][microbatch] with type one of "
+            f"malformed action {_shown(s)}{ascii_note}: expected [stage][type][microbatch] with type one of "
             "F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, UNSHARD, RESHARD, REDUCE_GRAD (e.g. 2F0)"
         )
     stage, kind, mb = m.groups()
-    return Action(int(stage), ActionType(kind), int(mb) if mb else None)
+    st = int(stage) if len(stage) < _MAX_ID_DIGITS else _id(stage, "stage", s)
+    mbi = (int(mb) if len(mb) < _MAX_ID_DIGITS else _id(mb, "microbatch", s)) if mb else None
+    return Action(st, _TYPES[kind], mbi)
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """``repr`` of a cell for a message, cut to ``limit`` characters (a cell can be megabytes long)."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text):,} characters)"
+
+
+def _id(digits: str, what: str, text: str) -> int:
+    """An id from ASCII digits, refusing ones beyond :data:`MAX_ID` before converting (no 5,000-digit ints)."""
+    if len(digits) > _MAX_ID_DIGITS or int(digits) > MAX_ID:
+        shown = digits if len(digits) <= 20 else f"{digits[:12]}... ({len(digits)} digits)"
+        raise ScheduleFormatError(
+            f"action {_shown(text)}: {what} id {shown} exceeds the limit {MAX_ID:,}; ids count stages and "
+            "microbatches from 0, so use small ids"
+        )
+    return int(digits)
 
 
 @dataclass(frozen=True)
@@ -156,18 +205,28 @@ class Schedule:
         return self.num_microbatches // len(self.pipelines)
 
     @cached_property
-    def _links(self) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
+    def _links(self) -> tuple[dict[int, int], dict[int, int], dict[int, int], dict[int, int]]:
         prev: dict[int, int] = {}
         nxt: dict[int, int] = {}
         direction: dict[int, int] = {}
+        position: dict[int, int] = {}
         for d, chain in enumerate(self.pipelines):
             for i, s in enumerate(chain):
                 direction[s] = d
+                position[s] = i
                 if i > 0:
                     prev[s] = chain[i - 1]
                 if i + 1 < len(chain):
                     nxt[s] = chain[i + 1]
-        return prev, nxt, direction
+        return prev, nxt, direction, position
+
+    @cached_property
+    def _stages_by_rank(self) -> tuple[tuple[int, ...], ...]:
+        by_rank: list[list[int]] = [[] for _ in range(self.num_ranks)]
+        for s, r in enumerate(self.stage_to_rank):
+            if 0 <= r < len(by_rank):
+                by_rank[r].append(s)
+        return tuple(tuple(stages) for stages in by_rank)
 
     def prev_stage(self, stage: int) -> int | None:
         """The stage whose forward output feeds ``stage`` (``None`` for a chain's first stage)."""
@@ -181,13 +240,16 @@ class Schedule:
         """Which chain (DualPipe direction / model copy) ``stage`` belongs to."""
         return self._links[2][stage]
 
+    def position(self, stage: int) -> int:
+        """Index of ``stage`` in its chain (``pipelines[direction(stage)].index(stage)``, in constant time)."""
+        return self._links[3][stage]
+
     def chunk(self, stage: int) -> int:
         """Index of ``stage`` among the stages its rank holds, in stage order (0 = first chunk)."""
-        rank = self.stage_to_rank[stage]
-        return sorted(s for s, r in enumerate(self.stage_to_rank) if r == rank).index(stage)
+        return self._stages_by_rank[self.stage_to_rank[stage]].index(stage)
 
     def stages_of(self, rank: int) -> list[int]:
-        return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
+        return list(self._stages_by_rank[rank]) if 0 <= rank < self.num_ranks else []
 
     def iter_computations(self) -> Iterator[tuple[int, int, Action]]:
         """Yield ``(rank, position, single computation)`` with overlapped pairs expanded."""

@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ppsim.costs import CostModel
 from ppsim.ir import Schedule
 
 if TYPE_CHECKING:
-    import numpy as np
     import pandas
 
 #: Computation codes used in :class:`Trace` arrays (index = code).
@@ -57,9 +58,11 @@ class Trace:
     comp_mb: np.ndarray
     pair_first: np.ndarray  # (pairs,) computation index of each overlapped pair's forward half
     pair_mid: np.ndarray  # (pairs,) when its forward half ends (the pair's start plus the forward share)
-    # rank-crossing hand-offs, in parts of (producer computation, consumer computation, delay, upstream stage)
-    xfer_parts: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+    # rank-crossing hand-offs, in parts of (producer computation, consumer computation, delay)
+    xfer_parts: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]
     stage_out_bytes: np.ndarray  # per stage: bytes of the boundary tensor after it (NaN without a profile)
+    stage_position: np.ndarray  # per stage: its position in its chain
+    consumer_posting: bool = False  # hand-offs leave at max(producer end, end of the consumer's previous action)
 
     @cached_property
     def comp_half_start(self) -> np.ndarray:
@@ -76,15 +79,25 @@ class Trace:
         return half_end
 
     @cached_property
-    def transfers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(producer, consumer, delay, bytes)`` of every rank-crossing hand-off, one row per consumer input."""
-        import numpy as np
+    def transfers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(producer, consumer, send, arrive, bytes)`` of every rank-crossing hand-off, one row per consumer input.
+
+        ``send`` is when the hand-off leaves: its producer's end, or with consumer posting the later of that and
+        the end of the consumer rank's previous action."""
 
         if not self.xfer_parts:
             empty = np.zeros(0, dtype=np.int64)
-            return empty, empty, np.zeros(0), np.zeros(0)
-        prod, cons, delay, upstream = (np.concatenate(col) for col in zip(*self.xfer_parts))
-        return prod, cons, delay, self.stage_out_bytes[upstream]
+            return empty, empty, np.zeros(0), np.zeros(0), np.zeros(0)
+        prod, cons, delay = (np.concatenate(col) for col in zip(*self.xfer_parts))
+        # the tensor crossing is the output of the upstream stage of the two (a gradient has the same size)
+        ps, cs = self.comp_stage[prod], self.comp_stage[cons]
+        upstream = np.where(self.stage_position[ps] < self.stage_position[cs], ps, cs)
+        send = self.end[self.comp_owner[prod]]
+        if self.consumer_posting:
+            consumer = self.comp_owner[cons]
+            previous = np.where(np.isin(consumer, self.offsets[:-1]), 0.0, self.end[np.maximum(consumer - 1, 0)])
+            send = np.maximum(send, previous)
+        return prod, cons, send, send + delay, self.stage_out_bytes[upstream]
 
 
 @dataclass(frozen=True)
@@ -128,7 +141,6 @@ class SimResult:
 
     def timeline(self) -> pandas.DataFrame:
         """One row per single computation (a pair gives two rows), in rank / position order."""
-        import numpy as np
         import pandas as pd
 
         t = self.trace
@@ -169,16 +181,14 @@ class SimResult:
 
     def transfers(self) -> pandas.DataFrame:
         """Rank-crossing hand-offs: activations (kind "F") and gradients (kind "B"), one row per consumer input."""
-        import numpy as np
         import pandas as pd
 
         t = self.trace
-        prod, cons, delay, nbytes = t.transfers
+        prod, cons, send, arrive, nbytes = t.transfers
         p_owner, c_owner = t.comp_owner[prod], t.comp_owner[cons]
         src = np.searchsorted(t.offsets, p_owner, side="right") - 1
         dst = np.searchsorted(t.offsets, c_owner, side="right") - 1
         names = _names(t.comp_stage, t.comp_type, t.comp_mb)
-        send = t.end[p_owner]
         return pd.DataFrame(
             {
                 "src_rank": src,
@@ -187,7 +197,7 @@ class SimResult:
                 "consumer": names[cons].astype(object),
                 "kind": np.where(t.comp_type[prod] == 0, "F", "B").astype(object),
                 "send": send,
-                "arrive": send + delay,
+                "arrive": arrive,
                 "bytes": nbytes,
                 "src_position": p_owner - t.offsets[src],
                 "dst_position": c_owner - t.offsets[dst],
@@ -202,7 +212,6 @@ class SimResult:
         its forward half's end (its new activation held, the backward half's not yet freed). ``bytes`` is NaN
         without a profile.
         """
-        import numpy as np
         import pandas as pd
 
         t = self.trace
@@ -273,7 +282,6 @@ class SimResult:
 
 def stage_tables(schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
     """Per stage: its chunk (index among its rank's stages) and its direction (chain index)."""
-    import numpy as np
 
     chunk = np.zeros(max(schedule.num_stages, 1), dtype=np.int64)
     direction = np.zeros(max(schedule.num_stages, 1), dtype=np.int64)
@@ -288,7 +296,6 @@ def stage_tables(schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
 
 def _names(stage: np.ndarray, code: np.ndarray, mb: np.ndarray) -> np.ndarray:
     """Action strings (``2F0``) of single computations, vectorised."""
-    import numpy as np
 
     letters = np.asarray(COMP_TYPES)[code]
     return np.char.add(np.char.add(stage.astype(str), letters), mb.astype(str))

@@ -1,46 +1,49 @@
-"""Discrete-event replay of a schedule.
+"""Discrete-event replay of a schedule: a compile step and an engine.
 
 Model: each rank runs its actions in order on one compute lane. An action starts when its rank is free and every
-input it needs (rules from :mod:`ppsim.deps`) has arrived; an input from another rank arrives ``comm`` after its
-producer ends (``CostModel.comm_delay``), one from the same rank at once. Sends and receives never block compute.
-An overlapped pair waits for both halves' inputs, takes the pair's duration, and both halves end together.
+input it needs (rules from :mod:`ppsim.deps`) has arrived; an input from another rank arrives
+``CostModel.comm_delay`` after it is posted, one from the same rank at once. A hand-off is posted when its producer
+ends (``recv_posting="early"``) or, with ``recv_posting="consumer"``, at the later of that and the end of the
+consumer rank's previous action. Sends and receives never block compute. An overlapped pair waits for both halves'
+inputs, takes the pair's duration, and both halves end together.
 
-Engine: in-order list scheduling. ``start = max(rank free, inputs arrived)`` and ``end = start + duration`` define
-every time uniquely (ranks compete for nothing but their own lane), so any visiting order that respects the
-dependencies yields the same floats: the result is deterministic by construction and no ties need breaking.
-The schedule is compiled once into flat arrays (per action: its duration and the one action on another rank it
-waits for, in the common case, overlapped pairs included), then a tight loop advances a rank until it blocks, parks
-it on the action it waits for and wakes it when that action's rank has passed it. Ranks that can never advance end
-the run with :class:`~ppsim.errors.DeadlockError`. See docs/simulator.md.
+:func:`compile_schedule` turns the schedule into a :class:`Program`: flat arrays holding, per action, its duration
+(``CostModel.duration``) and at most two inputs (the action each waits for, and the delay), for single computations
+and overlapped pairs alike. :func:`run` is the engine: in-order list scheduling. ``start = max(rank free, inputs
+arrived)`` and ``end = start + duration`` define every time uniquely (ranks compete for nothing but their own lane),
+so any visiting order that respects the dependencies yields the same floats: the result is deterministic by
+construction and no ties need breaking. It advances a rank until it blocks, parks it on the action it waits for and
+wakes it when that action's rank has passed it; ranks that can never advance end the run with
+:class:`~ppsim.errors.DeadlockError`. See docs/simulator.md.
 """
 
 from __future__ import annotations
 
 import gc
-from bisect import bisect_right
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 from itertools import chain
-from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ppsim import deps
 from ppsim.costs import CostModel, parse_costs
-from ppsim.errors import DeadlockError, ScheduleFormatError
-from ppsim.ir import Action, ActionType, Schedule
+from ppsim.errors import CostError, DeadlockError, ScheduleFormatError
+from ppsim.ir import Action, ActionType, Schedule, make_action, overlap
 from ppsim.result import RankStats, SimResult, Trace, safe_ratio
 
-if TYPE_CHECKING:
-    import numpy as np
-
-_SINGLE_KINDS = (ActionType.F, ActionType.B, ActionType.I, ActionType.W)
+_KINDS = (ActionType.F, ActionType.B, ActionType.I, ActionType.W)  # computation codes 0..3
 _PAIR = 4
 _OTHER = 5  # SEND/RECV/UNSHARD/...: no compute, no inputs, zero time
 # kind code of every action type (ActionType hashes as its str value: lookups run at C speed)
 _CODE_OF = {
-    t: _SINGLE_KINDS.index(t) if t in _SINGLE_KINDS else (_PAIR if t is ActionType.OVERLAP_F_B else _OTHER)
-    for t in ActionType
+    t: _KINDS.index(t) if t in _KINDS else (_PAIR if t is ActionType.OVERLAP_F_B else _OTHER) for t in ActionType
 }
-_CHUNK = 1 << 16  # computations indexed and wired at once (temporaries stay cache-sized)
+_NUM_COMPS = np.array([1, 1, 1, 1, 2, 0], dtype=np.int64)  # computations per action, by code
+_CHUNK = 1 << 16  # computations wired at once (temporaries stay cache-sized)
 _COUNT_STEP = (1, -1, 0, -1)  # held activations: F adds one, B or W releases one, I releases none
+_MAX_DEADLOCK_PARTS = 12  # ranks named in a deadlock message (err.blocked holds them all)
 
 
 def simulate(
@@ -48,518 +51,499 @@ def simulate(
 ) -> SimResult:
     """Replay ``schedule`` under ``costs`` (default: ``parse_costs(None)``) and return the timed result."""
     costs = parse_costs(None) if costs is None else costs
-    costs.check(schedule)
     was_enabled = gc.isenabled()
     gc.disable()  # the run creates no reference cycles; collections would only rescan large lists
     try:
-        prog = _Program(schedule, costs)
-        end = _run(prog)
-        return _finish(prog, end, memory_cap_bytes)
+        program = compile_schedule(schedule, costs)
+        start, end = run(program)
+        return _finish(program, start, end, memory_cap_bytes)
     finally:
         if was_enabled:
             gc.enable()
 
 
-class _Program:
-    """The schedule compiled to flat arrays.
+@dataclass(frozen=True, eq=False)
+class Program:
+    """A schedule compiled to flat arrays (see :func:`compile_schedule`).
 
-    Actions are numbered rank by rank; computations (single F/B/I/W; a pair gives two) are numbered in action
-    order. Without pairs the two numberings coincide and the computation arrays are the action arrays.
+    Actions are numbered rank by rank (action ``offsets[r] + pos`` is ``schedule.actions[r][pos]``). Computations
+    are single F/B/I/W, numbered in action order; an overlapped pair owns two (forward half first), a
+    communication action none. Every action waits for at most two other actions: ``input_a``/``input_b`` (-1: none;
+    ``n``: an input no rank computes), each arriving ``delay_a``/``delay_b`` after it is posted.
     """
 
-    def __init__(self, schedule: Schedule, costs: CostModel) -> None:
-        self.schedule = schedule
-        self.costs = costs
-        self._read_actions()
-        self._index_providers()
-        self._durations()
-        self._assign_waits(*self._wire_inputs())
-        self._memory()
+    schedule: Schedule
+    costs: CostModel
+    offsets: np.ndarray  # (R+1,) first action of each rank
+    # computations
+    comp_owner: np.ndarray  # (C,) action index
+    comp_stage: np.ndarray
+    comp_code: np.ndarray  # index into _KINDS
+    comp_mb: np.ndarray
+    single_idx: np.ndarray  # actions that are one computation ...
+    single_comp: np.ndarray  # ... and that computation
+    pair_idx: np.ndarray  # actions that are overlapped pairs ...
+    pair_first: np.ndarray  # ... and their forward halves (the backward half follows)
+    pair_share: np.ndarray  # per pair: the forward half's share of its duration
+    # per action
+    duration: np.ndarray
+    input_a: np.ndarray
+    delay_a: np.ndarray
+    input_b: np.ndarray
+    delay_b: np.ndarray
+    post_delay: np.ndarray | None  # with recv_posting="consumer": the largest delay of the action's inputs
+    next_general: np.ndarray  # per action: the first action from it on (same rank) that needs the general path
+    # rank-crossing hand-offs, in parts of (producer computation, consumer computation, delay)
+    xfer_parts: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]
+    stage_out_bytes: np.ndarray
+    # key lookup for messages: provider[(stage * M + dense mb) * P + phase]
+    provider: np.ndarray
+    mb_ids: np.ndarray | None  # microbatch id of each dense index (None: ids are their own index)
+    num_mb: int
+    num_phases: int
 
-    def _read_actions(self) -> None:
-        """Stage, kind and microbatch of every action and computation.
-
-        Fields are read one per pass with list comprehensions over a flat list (CPython specialises their slot
-        reads), then converted by numpy."""
-        import numpy as np
-
-        rows = self.schedule.actions
-        num_ranks = len(rows)
-        self.lengths = np.fromiter(map(len, rows), dtype=np.int64, count=num_ranks)
-        self.offsets = np.zeros(num_ranks + 1, dtype=np.int64)
-        np.cumsum(self.lengths, out=self.offsets[1:])
-        n = self.n = int(self.offsets[-1])
-        flat = list(chain.from_iterable(rows))
-        self.code = np.frombuffer(bytearray([_CODE_OF[a.type] for a in flat]), dtype=np.int8)
-        self.pair_idx = np.zeros(0, dtype=np.int64)  # actions that are overlapped pairs
-        self.pair_first = np.zeros(0, dtype=np.int64)  # their forward halves' computation index
-        self.pair_shares = np.zeros(0, dtype=np.float64)
-        self.simple = n == 0 or int(self.code.max()) < _PAIR
-        if self.simple:
-            stage = _ints([a.stage for a in flat])
-            try:
-                mb = _ints([a.microbatch for a in flat])
-            except TypeError:  # a computation without a microbatch: reported by _computations
-                self.simple = False
-        if self.simple:
-            self.c_owner, self.c_stage, self.c_code, self.c_mb = np.arange(n, dtype=np.int64), stage, self.code, mb
-        else:
-            self.c_owner, self.c_stage, self.c_code, self.c_mb = self._computations(flat)
-        c_stage, c_mb = self.c_stage, self.c_mb
-        num_stages = self.schedule.num_stages
-        if len(c_stage) and (int(c_stage.min()) < 0 or int(c_stage.max()) >= num_stages or int(c_mb.min()) < 0):
-            bad = np.flatnonzero((c_stage < 0) | (c_stage >= num_stages) | (c_mb < 0))[0]
-            a = int(self.c_owner[bad])
-            raise ScheduleFormatError(
-                f"rank {self.rank_of(a)} position {self.position_of(a)}: {self.action_at(a)} needs a stage in "
-                f"0..{num_stages - 1} and a microbatch >= 0; fix the action"
-            )
-        self.num_mb = int(c_mb.max()) + 1 if len(c_mb) else 1
-
-    def _index_providers(self) -> None:
-        """``provider[(stage * M + mb) * P + phase]``: the computation that makes each key (deps.provides)."""
-        import numpy as np
-
-        req_stage, req_phase, prov_phase, num_phases = _rule_tables(self.schedule)
-        self.req_stage, self.req_phase, self.num_phases = req_stage, req_phase, num_phases
-        num_stages, num_mb, num_comps = self.schedule.num_stages, self.num_mb, len(self.c_owner)
-        # num_comps marks a key nobody provides; the extra stage S (no input) maps to -1
-        provider = np.full((num_stages + 1) * num_mb * num_phases, num_comps, dtype=np.int64)
-        provider[num_stages * num_mb * num_phases :] = -1
-
-        def provided() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-            """Per provided slot, chunk by chunk: the computations providing one and its key."""
-            for phases in prov_phase:
-                for lo in range(0, num_comps, _CHUNK):
-                    part = slice(lo, lo + _CHUNK)
-                    keys = self.c_stage[part] * num_mb
-                    keys += self.c_mb[part]
-                    keys *= num_phases
-                    ph = phases[self.c_code[part]]
-                    if int(ph.min(initial=0)) >= 0:
-                        keys += ph
-                        yield np.arange(lo, lo + len(keys)), keys
-                    else:
-                        sel = np.flatnonzero(ph >= 0)
-                        yield sel + lo, keys[sel] + ph[sel]
-
-        num_keys = 0
-        for sel, keys in provided():
-            provider[keys] = sel
-            num_keys += len(sel)
-        if np.count_nonzero(provider[: num_stages * num_mb * num_phases] != num_comps) != num_keys:
-            for sel, keys in provided():  # a key provided twice: find it
-                lost = np.flatnonzero(provider[keys] != sel)
-                if len(lost):
-                    self._raise_duplicate(int(sel[lost[0]]), int(keys[lost[0]]))
-        self.provider = provider
-
-    def _wire_inputs(self) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, ...]], np.ndarray]:
-        """Per computation input (deps.requires): the action it waits for, the delay, and the rank crossings.
-
-        Computations are wired in chunks, so that the temporaries stay small (cache-sized, and reused by the
-        allocator instead of fresh pages). Returns the arguments of :meth:`_assign_waits`; the rank crossings go
-        to ``xfer_parts``, in input-slot order."""
-        import numpy as np
-
-        schedule, costs = self.schedule, self.costs
-        num_stages = schedule.num_stages
-        # first action index of each action's rank; entry n (an input nobody provides) is on no rank
-        lo_ext = np.repeat(np.append(self.offsets[:-1], -1), np.append(self.lengths, 1))
-        owner_ext = None if self.simple else self.owner_ext
-        self.positions = _chain_positions(schedule)
-        self.boundary = np.array([costs.boundary_delay(schedule, s) for s in range(num_stages)] or [0.0])
-        num_comps = len(self.c_owner)
-        # per computation: the action it waits for (-1: none) and the delay; a second one (rare) goes to `extra`
-        wait = np.full(num_comps, -1, dtype=np.int64)
-        wait_delay = np.zeros(num_comps, dtype=np.float64)
-        extra = []
-        xfer_by_slot: list[list[tuple[np.ndarray, ...]]] = [[] for _ in self.req_stage]
-        for lo in range(0, num_comps, _CHUNK):
-            for slot, (w, pw, delay, xfer) in enumerate(self._wire_chunk(slice(lo, lo + _CHUNK), lo_ext, owner_ext)):
-                xfer_by_slot[slot].append(xfer)
-                if slot:
-                    again = wait[w] >= 0
-                    if again.any():
-                        extra.append((w[again], pw[again], delay[again]))
-                        w, pw, delay = w[~again], pw[~again], delay[~again]
-                wait[w] = pw
-                wait_delay[w] = delay
-        self.xfer_parts = tuple(chain.from_iterable(xfer_by_slot))
-        self.stage_out_bytes = np.full(num_stages + 1, np.nan)
-        if costs.output_bytes is not None:
-            for st in range(num_stages):
-                self.stage_out_bytes[st] = costs.output_bytes[costs.position(schedule, st)]
-        return wait, wait_delay, extra, lo_ext
-
-    def _wire_chunk(
-        self, part: slice, lo_ext: np.ndarray, owner_ext: np.ndarray | None
-    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]]:
-        """Per input slot, for the computations in ``part``: those that wait (computation index, action waited
-        for, delay) and the rank crossings (producer, consumer, delay, upstream stage)."""
-        import numpy as np
-
-        costs, n = self.costs, self.n
-        owner = self.c_owner[part]
-        stage = self.c_stage[part]
-        cell = stage * 4
-        cell += self.c_code[part]
-        mb_part = self.c_mb[part] * self.num_phases
-        rank_lo = lo_ext[owner]
-        for req_stage, req_phase in zip(self.req_stage, self.req_phase):
-            # provider key of the input: (stage * M + mb) * P + phase = table[cell] + mb * P
-            keys = (req_stage * (self.num_mb * self.num_phases) + req_phase)[cell]
-            keys += mb_part
-            prod = self.provider[keys]
-            po = prod if owner_ext is None else owner_ext[prod]
-            # same-rank inputs produced earlier in the order are free; anything else must be waited for
-            w = np.flatnonzero((po >= 0) & ((po < rank_lo) | (po >= owner)))
-            pw = po[w]
-            cross = lo_ext[pw] != rank_lo[w]
-            cross &= pw < n
-            cw = w[cross]
-            ps = req_stage[cell[cw]]
-            if costs.p2p_alpha is None:
-                delay = np.where(cross, costs.comm, 0.0)
-                upstream = ps
-                x_delay = np.broadcast_to(np.float64(costs.comm), (len(cw),))
-            else:
-                cs = stage[cw]
-                upstream = np.where(self.positions[ps] < self.positions[cs], ps, cs)
-                delay = np.zeros(len(w), dtype=np.float64)
-                delay[cross] = self.boundary[upstream]
-                x_delay = delay[cross]
-            xfer = (prod[cw].astype(np.int32), (cw + part.start).astype(np.int32), x_delay, upstream.astype(np.int32))
-            yield w + part.start, pw, delay, xfer
-
-    def _assign_waits(
-        self,
-        wait: np.ndarray,
-        wait_delay: np.ndarray,
-        extra: list[tuple[np.ndarray, ...]],
-        lo_ext: np.ndarray,
-    ) -> None:
-        """Per action: one input to wait for (``dep >= 0``), two (``dep = -3 - j``: group j), or more (``dep = -2``,
-        listed in ``multi``); ``dep = -1``: nothing to wait for.
-
-        ``wait``/``wait_delay``: per computation, the action it waits for and the delay; ``extra``: further waits
-        of computations that wait for more than one action; ``lo_ext``: the first action of each action's rank."""
-        import numpy as np
-
-        empty = np.zeros(0, dtype=np.int64)
-        self.group_a, self.group_b = empty, empty
-        self.group_delay_a, self.group_delay_b = np.zeros(0), np.zeros(0)
-        if self.simple:
-            dep, dep_delay = wait, wait_delay
-        else:
-            dep = np.full(self.n, -1, dtype=np.int64)
-            dep_delay = np.zeros(self.n, dtype=np.float64)
-            dep[self.single_idx] = wait[self.single_first]
-            dep_delay[self.single_idx] = wait_delay[self.single_first]
-            self._pair_waits(wait, wait_delay, dep, dep_delay, lo_ext)
-        multi: dict[int, list[tuple[int, float]]] = {}
-        if extra:
-            c_owner = self.c_owner
-            actions = np.unique(c_owner[np.concatenate([w for w, _, _ in extra])])
-            for c in np.flatnonzero(np.isin(c_owner, actions) & (wait >= 0)).tolist():
-                multi.setdefault(int(c_owner[c]), []).append((int(wait[c]), float(wait_delay[c])))
-            for w, pw, delay in extra:
-                for c, p, d in zip(w.tolist(), pw.tolist(), delay.tolist()):
-                    multi[int(c_owner[c])].append((p, d))
-            dep[actions] = -2
-        self.dep, self.dep_delay, self.multi = dep, dep_delay, multi
-
-    def _pair_waits(
-        self, wait: np.ndarray, wait_delay: np.ndarray, dep: np.ndarray, dep_delay: np.ndarray, lo_ext: np.ndarray
-    ) -> None:
-        """A pair waits for what either half waits for: one action, or a group of two.
-
-        Two producers on one rank (a pair fed by one neighbour, as in DualPipe) need no group: on a rank the later
-        action ends no earlier (durations are >= 0), so when its delay is no smaller it alone decides the start."""
-        import numpy as np
-
-        nonnegative = bool((self.duration >= 0.0).all())
-        groups = []
-        for lo in range(0, len(self.pair_idx), _CHUNK):
-            first, pairs = self.pair_first[lo : lo + _CHUNK], self.pair_idx[lo : lo + _CHUNK]
-            a, b = wait[first], wait[first + 1]
-            da, db = wait_delay[first], wait_delay[first + 1]
-            take_b = a < 0
-            both = (a >= 0) & (b >= 0)
-            if nonnegative and both.any():
-                same = both & (lo_ext[a] == lo_ext[b]) & (a < self.n) & (b < self.n)
-                b_decides = same & (a <= b) & (da <= db)
-                a_decides = same & ~b_decides & (b <= a) & (db <= da)
-                take_b |= b_decides
-                both &= ~(a_decides | b_decides)
-            dep[pairs] = np.where(take_b, b, a)
-            dep_delay[pairs] = np.where(take_b, db, da)
-            two = np.flatnonzero(both)
-            if len(two):
-                groups.append((pairs[two], a[two], b[two], da[two], db[two]))
-        if groups:
-            at, self.group_a, self.group_b, self.group_delay_a, self.group_delay_b = (
-                np.concatenate(col) for col in zip(*groups)
-            )
-            dep[at] = -3 - np.arange(len(at), dtype=np.int64)
-
-    def _durations(self) -> None:
-        """One cost per (kind, stage) from the cost model; pairs through its pair rule."""
-        import numpy as np
-
-        schedule, costs = self.schedule, self.costs
-        width = max(schedule.num_stages, 1)
-        op = np.zeros((6, width), dtype=np.float64)
-        for k, kind in enumerate(_SINGLE_KINDS):
-            op[k, : schedule.num_stages] = [costs.op_cost(schedule, s, kind) for s in range(schedule.num_stages)]
-        if costs.num_positions is None:
-            duration = op[:, 0][self.code]  # pairs and others cost 0 here
-        elif self.simple:
-            duration = op[self.c_code, self.c_stage]
-        else:
-            duration = np.zeros(self.n, dtype=np.float64)
-            at = self.single_first
-            duration[self.single_idx] = op[self.c_code[at], self.c_stage[at]]
-        if len(self.pair_idx):
-            # evaluated once per distinct (forward stage, backward stage, backward kind)
-            f = self.pair_first
-            combo = self.c_stage[f] * width
-            combo += self.c_stage[f + 1]
-            combo *= 4
-            combo += self.c_code[f + 1]
-            uniq, inverse = _distinct(combo, width * width * 4)
-            rule = costs.pair_split
-            split = np.array(
-                [rule(schedule, u // 4 // width, u // 4 % width, _SINGLE_KINDS[u % 4]) for u in uniq.tolist()],
-                dtype=np.float64,
-            ).reshape(-1, 2)
-            duration[self.pair_idx] = split[inverse, 0]
-            self.pair_shares = split[inverse, 1]
-        self.duration = duration
-
-    def _memory(self) -> None:
-        """Changes of held activations (count, and bytes with a profile) when each action ends.
-
-        An overlapped pair holds its forward half's new activation before its backward half releases one, so its
-        high point is "held before + the positive part" (``*_plus``)."""
-        import numpy as np
-
-        schedule, costs = self.schedule, self.costs
-        count_step = np.array(_COUNT_STEP, dtype=np.int8)[self.c_code]
-        self.act_delta, self.act_plus = self._per_action(count_step)
-        self.byte_delta: np.ndarray | None = None
-        self.byte_plus: np.ndarray | None = None
-        if costs.has_memory:
-            table = np.zeros((4, max(schedule.num_stages, 1)), dtype=np.int64)
-            for s in range(schedule.num_stages):
-                held, freed_by_i = costs.activation_of(schedule, s)
-                table[:, s] = (held, -held, -freed_by_i, -(held - freed_by_i))
-            self.byte_delta, self.byte_plus = self._per_action(table[self.c_code, self.c_stage])
-
-    def _computations(self, flat: list[Action]) -> tuple[np.ndarray, ...]:
-        """Computation arrays for orders with pairs (or non-compute actions): singles plus both halves of pairs.
-
-        Action ``a`` owns ``per_action[a]`` computations (single 1, pair 2, other 0) from ``c_start[a]`` on; the
-        fields of singles and of halves (read in order) fill their computations through two masks, without sorting."""
-        import numpy as np
-
-        code, n = self.code, self.n
-        single = np.flatnonzero(code < _PAIR)
-        self.pair_idx = pair_idx = np.flatnonzero(code == _PAIR)
-        pair_type = ActionType.OVERLAP_F_B
-        halves = [h for a in flat if a.type is pair_type for h in a.sub_actions]
-        if len(halves) != 2 * len(pair_idx):
-            a = next(int(a) for a in pair_idx if len(flat[a].sub_actions) != 2)
-            raise ScheduleFormatError(
-                f"rank {self.rank_of(a)} position {self.position_of(a)}: {flat[a]} must hold exactly two actions; "
-                "write it as (sF m;sB m)OVERLAP_F_B"
-            )
-        per_action = (code < _PAIR).view(np.int8) + 2 * (code == _PAIR).view(np.int8)
-        c_start = np.cumsum(per_action, dtype=np.int64)
-        c_start -= per_action
-        self.pair_first = c_start[pair_idx]
-        self.single_idx, self.single_first = single, c_start[single]
-        # owner of each computation, then n and -1: indexed by a provider entry, ``owner_ext`` gives the producer
-        # action, n for a key nobody provides (num_comps) and -1 for no input (-1)
-        self.owner_ext = np.repeat(np.arange(n + 2, dtype=np.int64), np.append(per_action, [1, 1]))
-        self.owner_ext[-1] = -1
-        c_owner = self.owner_ext[:-2]
-        in_pair = np.repeat(code == _PAIR, per_action)
-        in_single = ~in_pair
-        singles = [flat[i] for i in single.tolist()]
-        c_stage = np.empty(len(c_owner), dtype=np.int64)
-        c_code = np.empty(len(c_owner), dtype=np.int8)
-        c_mb = np.empty(len(c_owner), dtype=np.int64)
-        c_stage[in_single] = _ints([a.stage for a in singles])
-        c_code[in_single] = code[single]
-        c_mb[in_single] = self._microbatches(singles, lambda k: int(single[k]))
-        c_stage[in_pair] = _ints([h.stage for h in halves])
-        c_mb[in_pair] = self._microbatches(halves, lambda k: int(pair_idx[k // 2]))
-        half_types = [h.type for h in halves]
-        half_code = np.empty(len(halves), dtype=np.int8)
-        for half in (0, 1):
-            half_code[half::2] = _kind_codes(half_types[half::2])
-        c_code[in_pair] = half_code
-        return c_owner, c_stage, c_code, c_mb
-
-    def _microbatches(self, comps: list[Action], owner_of: Callable[[int], int]) -> np.ndarray:
-        """Microbatch of each computation; one without (``comps[k]``, in action ``owner_of(k)``) is an error."""
-        try:
-            return _ints([c.microbatch for c in comps])
-        except TypeError:
-            a = owner_of(next(k for k, c in enumerate(comps) if c.microbatch is None))
-            raise ScheduleFormatError(
-                f"rank {self.rank_of(a)} position {self.position_of(a)}: {self.action_at(a)} has no microbatch; "
-                "write computations as [stage][type][microbatch], e.g. 2F0"
-            ) from None
-
-    def _per_action(self, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Net change and positive part per action of a per-computation step."""
-        import numpy as np
-
-        if self.simple:
-            return step, np.maximum(step, 0)
-        delta = np.zeros(self.n, dtype=step.dtype)
-        plus = np.zeros(self.n, dtype=step.dtype)
-        first = self.pair_first
-        for out, part in ((delta, step), (plus, np.maximum(step, 0))):
-            out[self.single_idx] = part[self.single_first]
-            out[self.pair_idx] = part[first] + part[first + 1]
-        return delta, plus
+    @property
+    def num_actions(self) -> int:
+        return int(self.offsets[-1])
 
     # -- names for messages -------------------------------------------------------------------------------------
 
     def rank_of(self, a: int) -> int:
-        return bisect_right(self.offsets.tolist(), a) - 1
-
-    def position_of(self, a: int) -> int:
-        return a - int(self.offsets[self.rank_of(a)])
+        return _rank_of(self.offsets, a)
 
     def action_at(self, a: int) -> Action:
-        return self.schedule.actions[self.rank_of(a)][self.position_of(a)]
+        r = self.rank_of(a)
+        return self.schedule.actions[r][a - int(self.offsets[r])]
 
     def comp_str(self, c: int) -> str:
-        return f"{int(self.c_stage[c])}{_SINGLE_KINDS[int(self.c_code[c])].value}{int(self.c_mb[c])}"
+        return f"{int(self.comp_stage[c])}{_KINDS[int(self.comp_code[c])].value}{int(self.comp_mb[c])}"
 
     def producer_of(self, key: deps.Key) -> int:
         """Computation index providing ``key``; -1 when none does."""
         s, mb, phase = key
+        if self.mb_ids is not None:
+            k = int(np.searchsorted(self.mb_ids, mb))
+            mb = k if k < len(self.mb_ids) and int(self.mb_ids[k]) == mb else -1
         if not (0 <= s < self.schedule.num_stages and 0 <= mb < self.num_mb):
             return -1
         c = int(self.provider[(s * self.num_mb + mb) * self.num_phases + phase])
-        return c if c < len(self.c_owner) else -1
+        return c if c < len(self.comp_owner) else -1
 
-    def _raise_duplicate(self, comp: int, key: int) -> None:
-        phase = key % self.num_phases
-        rest = key // self.num_phases
-        what = deps.describe((rest // self.num_mb, rest % self.num_mb, phase))
-        a = int(self.c_owner[comp])
-        raise ScheduleFormatError(
-            f"rank {self.rank_of(a)} position {self.position_of(a)}: {self.action_at(a)} computes {what} a second "
-            "time; each (stage, microbatch) needs exactly one F and one B (or one I and one W)"
+
+# -- compile ----------------------------------------------------------------------------------------------------
+
+
+def compile_schedule(schedule: Schedule, costs: CostModel) -> Program:
+    """The schedule as flat arrays: computations, durations, and per action the (at most two) inputs to wait for.
+
+    Inputs come from :mod:`ppsim.deps` (tabulated per stage and kind), durations from ``CostModel.duration`` (once
+    per stage and kind, and once per distinct pair), delays from ``CostModel.comm_delay`` (once per stage, kind and
+    input). A same-rank input produced earlier in the order is dropped: the lane order already implies it.
+    """
+    costs.check(schedule)
+    offsets = np.zeros(schedule.num_ranks + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, schedule.actions), dtype=np.int64, count=schedule.num_ranks), out=offsets[1:])
+    try:
+        comps = read_computations(schedule, offsets)
+    except OverflowError:  # a stage or microbatch id beyond 64 bits
+        a = next(
+            i
+            for i, action in enumerate(chain.from_iterable(schedule.actions))
+            if any(not (-(2**63) <= v < 2**63) for c in action.computations for v in (c.stage, c.microbatch or 0))
         )
-
-
-def _distinct(values: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
-    """``numpy.unique(values, return_inverse=True)`` for values in ``[0, bound)``; a table, not a sort, when the
-    bound is small."""
-    import numpy as np
-
-    if bound > 4 * len(values) + 4096:
-        return np.unique(values, return_inverse=True)
-    seen = np.zeros(bound, dtype=bool)
-    seen[values] = True
-    uniq = np.flatnonzero(seen)
-    index = np.zeros(bound, dtype=np.int64)
-    index[uniq] = np.arange(len(uniq))
-    return uniq, index[values]
-
-
-def _ints(values: list[int]) -> np.ndarray:
-    """An int64 array from a list of ints (a list comprehension plus this beats a generator into ``fromiter``)."""
-    import numpy as np
-
-    return np.fromiter(values, dtype=np.int64, count=len(values))
-
-
-def _kind_codes(types: list[ActionType]) -> np.ndarray:
-    """Kind codes of action types; a list of one kind only (every forward half) is counted, not mapped."""
-    import numpy as np
-
-    if types and types.count(types[0]) == len(types):
-        return np.full(len(types), _CODE_OF[types[0]], dtype=np.int8)
-    return np.frombuffer(bytearray([_CODE_OF[t] for t in types]), dtype=np.int8)
-
-
-def _rule_tables(schedule: Schedule) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], int]:
-    """From :mod:`ppsim.deps`: per input slot, tables over ``stage * 4 + kind`` of the required stage (S for no
-    input) and phase, and per provided slot a table over kind of the provided phase (-1 for none)."""
-    import numpy as np
-
+        raise ScheduleFormatError(
+            f"{_where(schedule, offsets, a)}: {_action_at(schedule, offsets, a)} has an id beyond 64 bits; number "
+            "stages and microbatches from 0"
+        ) from None
+    c_owner, c_stage, c_code, c_mb, single_idx, single_comp, pair_idx, pair_first = comps
     num_stages = schedule.num_stages
-    reqs: list[list[tuple[int, int]]] = []
-    for s in range(num_stages):
-        for kind in _SINGLE_KINDS:
-            probe = Action(s, kind, 1)
-            got = deps.requires(schedule, probe)
-            assert all(k[1] == 1 for k in got), "the simulator assumes inputs of the same microbatch"
-            reqs.append([(k[0], k[2]) for k in got])
-    provs: list[list[int]] = []
-    for kind in _SINGLE_KINDS:
-        made = deps.provides(Action(0, kind, 1))
-        assert all(k[0] == 0 and k[1] == 1 for k in made), "the simulator assumes a computation provides its own keys"
-        provs.append([k[2] for k in made])
-    width = max((len(r) for r in reqs), default=0)
-    req_stage = [np.full(max(len(reqs), 1), num_stages, dtype=np.int64) for _ in range(width)]
-    req_phase = [np.zeros(max(len(reqs), 1), dtype=np.int64) for _ in range(width)]
-    for i, r in enumerate(reqs):
-        for j, (st, ph) in enumerate(r):
-            req_stage[j][i] = st
-            req_phase[j][i] = ph
-    prov_phase = [np.full(6, -1, dtype=np.int8) for _ in range(max(len(p) for p in provs))]
-    for k, phases in enumerate(provs):
-        for j, ph in enumerate(phases):
-            prov_phase[j][k] = ph
-    num_phases = 1 + max([ph for p in provs for ph in p] + [ph for r in reqs for _, ph in r])
-    return req_stage, req_phase, prov_phase, num_phases
+    if len(c_stage) and (int(c_stage.min()) < 0 or int(c_stage.max()) >= num_stages or int(c_mb.min()) < 0):
+        bad = int(np.flatnonzero((c_stage < 0) | (c_stage >= num_stages) | (c_mb < 0))[0])
+        a = int(c_owner[bad])
+        raise ScheduleFormatError(
+            f"{_where(schedule, offsets, a)}: {_action_at(schedule, offsets, a)} needs a stage in "
+            f"0..{num_stages - 1} and a microbatch >= 0; fix the action"
+        )
+    duration, pair_share = _durations(schedule, costs, offsets, comps)
+    rules = _Rules(schedule, costs)
+    mb_dense, mb_ids = _dense_microbatches(c_mb)
+    num_mb = int(mb_dense.max()) + 1 if len(mb_dense) else 1
+    provider = _index_providers(schedule, offsets, comps, rules, mb_dense, num_mb)
+    wiring = _wire(schedule, offsets, comps, rules, mb_dense, num_mb, provider, duration)
+    input_a, delay_a, input_b, delay_b, xfer_parts = wiring
+    post_delay = None
+    if costs.recv_posting == "consumer":
+        post_delay = np.where(input_a >= 0, delay_a, 0.0)
+        np.maximum(post_delay, np.where(input_b >= 0, delay_b, 0.0), out=post_delay)
+    elif costs.recv_posting != "early":
+        raise CostError(f"recv_posting {costs.recv_posting!r} is unknown; use 'early' or 'consumer'")
+    # the engine's general path: a second input, or a hand-off posted by the consumer; the rest take the fast path
+    general = np.flatnonzero((input_b >= 0) | ((input_a >= 0) & (post_delay is not None)))
+    rank_stop = np.repeat(offsets[1:], np.diff(offsets))
+    if len(general):
+        first_general = np.append(general, int(offsets[-1]))[np.searchsorted(general, np.arange(len(rank_stop)))]
+        next_general = np.minimum(first_general, rank_stop)
+    else:
+        next_general = rank_stop
+    stage_out_bytes = np.full(num_stages + 1, np.nan)
+    if costs.output_bytes is not None:
+        for st in range(num_stages):
+            stage_out_bytes[st] = costs.output_bytes[costs.position(schedule, st)]
+    return Program(
+        schedule=schedule,
+        costs=costs,
+        offsets=offsets,
+        comp_owner=c_owner,
+        comp_stage=c_stage,
+        comp_code=c_code,
+        comp_mb=c_mb,
+        single_idx=single_idx,
+        single_comp=single_comp,
+        pair_idx=pair_idx,
+        pair_first=pair_first,
+        pair_share=pair_share,
+        duration=duration,
+        input_a=input_a,
+        delay_a=delay_a,
+        input_b=input_b,
+        delay_b=delay_b,
+        post_delay=post_delay,
+        next_general=next_general,
+        xfer_parts=xfer_parts,
+        stage_out_bytes=stage_out_bytes,
+        provider=provider,
+        mb_ids=mb_ids,
+        num_mb=num_mb,
+        num_phases=rules.num_phases,
+    )
 
 
-def _chain_positions(schedule: Schedule) -> np.ndarray:
-    import numpy as np
+_Comps = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
+
+def read_computations(schedule: Schedule, offsets: np.ndarray) -> _Comps:
+    """Per computation its owner action, stage, kind code and microbatch; which actions are singles and pairs.
+
+    Fields are read one per pass with list comprehensions over a flat list (CPython specialises their slot reads),
+    then converted by numpy; pair halves are read the same way and placed after their owner's forward half."""
+    flat = list(chain.from_iterable(schedule.actions))
+    n = len(flat)
+    code = np.frombuffer(bytearray([_CODE_OF[a.type] for a in flat]), dtype=np.int8)
+    per_action = _NUM_COMPS[code]
+    comp_start = np.cumsum(per_action)
+    comp_start -= per_action
+    num_comps = int(per_action.sum())
+    single_idx = np.flatnonzero(code < _PAIR)
+    pair_idx = np.flatnonzero(code == _PAIR)
+    singles = flat if len(single_idx) == n else [flat[i] for i in single_idx.tolist()]
+    pair_type = ActionType.OVERLAP_F_B
+    halves = [h for a in flat if a.type is pair_type for h in a.sub_actions] if len(pair_idx) else []
+    if len(halves) != 2 * len(pair_idx):
+        a = next(int(a) for a in pair_idx.tolist() if len(flat[a].sub_actions) != 2)
+        raise ScheduleFormatError(
+            f"{_where(schedule, offsets, a)}: {flat[a]} must hold exactly two actions; write it as "
+            "(sF m;sB m)OVERLAP_F_B"
+        )
+    if len(single_idx) == n:  # one computation per action: one index array serves as all three
+        single_comp = c_owner = single_idx
+    else:
+        single_comp = comp_start[single_idx]
+        c_owner = np.repeat(np.arange(n, dtype=np.int64), per_action)
+    pair_first = comp_start[pair_idx]
+    if len(pair_idx) == 0:  # every computation is a single: the arrays are read in place
+        c_stage = _ints([a.stage for a in singles])
+        c_code = code[single_idx] if len(single_idx) != n else code
+        c_mb = _microbatches(schedule, offsets, singles, single_idx)
+        return c_owner, c_stage, c_code, c_mb, single_idx, single_comp, pair_idx, pair_first
+    c_stage = np.empty(num_comps, dtype=np.int64)
+    c_code = np.empty(num_comps, dtype=np.int8)
+    c_mb = np.empty(num_comps, dtype=np.int64)
+    c_stage[single_comp] = _ints([a.stage for a in singles])
+    c_code[single_comp] = code[single_idx]
+    c_mb[single_comp] = _microbatches(schedule, offsets, singles, single_idx)
+    for half in (0, 1):
+        part = halves[half::2]
+        c_stage[pair_first + half] = _ints([h.stage for h in part])
+        c_code[pair_first + half] = _kind_codes([h.type for h in part])
+        c_mb[pair_first + half] = _microbatches(schedule, offsets, part, pair_idx)
+    return c_owner, c_stage, c_code, c_mb, single_idx, single_comp, pair_idx, pair_first
+
+
+def _microbatches(schedule: Schedule, offsets: np.ndarray, comps: list[Action], owners: np.ndarray) -> np.ndarray:
+    """Microbatch of each computation; one without (``comps[k]``, in action ``owners[k]``) is an error."""
+    try:
+        return _ints([c.microbatch for c in comps])
+    except TypeError:
+        a = int(owners[next(k for k, c in enumerate(comps) if c.microbatch is None)])
+        raise ScheduleFormatError(
+            f"{_where(schedule, offsets, a)}: {_action_at(schedule, offsets, a)} has no microbatch; write "
+            "computations as [stage][type][microbatch], e.g. 2F0"
+        ) from None
+
+
+def _durations(
+    schedule: Schedule, costs: CostModel, offsets: np.ndarray, comps: _Comps
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per action its duration (``CostModel.duration``, evaluated once per stage and kind and once per distinct
+    pair of stages), and per pair its forward half's share (``CostModel.pair_split``)."""
+    c_owner, c_stage, c_code, _, single_idx, single_comp, pair_idx, pair_first = comps
+    width = max(schedule.num_stages, 1)
+    n = int(offsets[-1])
+    if costs.num_positions is None:  # uniform costs: one value per kind
+        table = np.array([costs.duration(schedule, Action(0, kind, 0)) for kind in _KINDS])
+        single = table[c_code[single_comp]]
+    else:
+        table = np.array(
+            [[costs.duration(schedule, Action(s, kind, 0)) for s in range(schedule.num_stages)] for kind in _KINDS]
+        ).reshape(len(_KINDS), -1)
+        single = table[c_code[single_comp], c_stage[single_comp]]
+    duration = np.zeros(n, dtype=np.float64)
+    duration[single_idx] = single
+    share = np.zeros(len(pair_idx), dtype=np.float64)
+    if len(pair_idx):
+        combo = c_stage[pair_first] * width
+        combo += c_stage[pair_first + 1]
+        combo *= 4
+        combo += c_code[pair_first + 1]
+        uniq, inverse = _distinct(combo, width * width * 4)
+        split = []
+        for u in uniq.tolist():
+            f_stage, b_stage, kind = u // 4 // width, u // 4 % width, _KINDS[u % 4]
+            pair = overlap(Action(f_stage, ActionType.F, 0), Action(b_stage, kind, 0))
+            split.append((costs.duration(schedule, pair), costs.pair_split(schedule, f_stage, b_stage, kind)[1]))
+        table2 = np.array(split, dtype=np.float64).reshape(-1, 2)
+        duration[pair_idx] = table2[inverse, 0]
+        share = table2[inverse, 1]
+    if len(duration) and not np.isfinite(duration).all():
+        a = int(np.flatnonzero(~np.isfinite(duration))[0])
+        _refuse_non_finite(costs, f"{_action_at(schedule, offsets, a)} takes {float(duration[a])}")
+    return duration, share
+
+
+class _Rules:
+    """:mod:`ppsim.deps` and ``CostModel.comm_delay`` tabulated over ``cell = stage * 4 + kind``.
+
+    Per input slot: the required stage (S for no input), phase and delay; per provided slot a table over kind of
+    the provided phase (-1 for none). The simulator relies on two facts of the rules, checked here: an input has
+    the consumer's microbatch, and at most one input of a computation comes from another stage."""
+
+    def __init__(self, schedule: Schedule, costs: CostModel) -> None:
+        num_stages = schedule.num_stages
+        requires, rank = deps.requires, schedule.stage_to_rank
+        reqs = [requires(schedule, make_action(s, kind, 1)) for s in range(num_stages) for kind in _KINDS]
+        width = max(map(len, reqs), default=0)
+        cells = max(len(reqs), 1)
+        stages = [[num_stages] * cells for _ in range(width)]
+        phases = [[0] * cells for _ in range(width)]
+        delays = [[0.0] * cells for _ in range(width)]
+        delay_of: dict[tuple[int, int], float] = {}  # (producer stage, consumer stage) -> CostModel.comm_delay
+        for i, got in enumerate(reqs):
+            consumer = i // 4
+            assert len(got) < 2 or (len(got) == 2 and consumer in (got[0][0], got[1][0])), "one input from elsewhere"
+            for j, (st, mb, ph) in enumerate(got):
+                assert mb == 1, "the simulator assumes inputs of the same microbatch"
+                stages[j][i] = st
+                phases[j][i] = ph
+                if rank[st] != rank[consumer]:
+                    d = delay_of.get((st, consumer))
+                    if d is None:
+                        d = delay_of[(st, consumer)] = costs.comm_delay(schedule, st, consumer)
+                    delays[j][i] = d
+        self.req_stage = [np.array(col, dtype=np.int64) for col in stages]
+        self.req_phase = [np.array(col, dtype=np.int64) for col in phases]
+        self.req_delay = [np.array(col, dtype=np.float64) for col in delays]
+        for col in self.req_delay:
+            if not np.isfinite(col).all():
+                i = int(np.flatnonzero(~np.isfinite(col))[0])
+                _refuse_non_finite(costs, f"a hand-off to stage {i // 4} takes {float(col[i])}")
+        provs: list[list[int]] = []
+        for kind in _KINDS:
+            made = deps.provides(Action(0, kind, 1))
+            assert all(k[0] == 0 and k[1] == 1 for k in made), "a computation provides its own keys"
+            provs.append([k[2] for k in made])
+        self.prov_phase = [np.full(6, -1, dtype=np.int8) for _ in range(max(len(p) for p in provs))]
+        for k, made_phases in enumerate(provs):
+            for j, ph in enumerate(made_phases):
+                self.prov_phase[j][k] = ph
+        self.num_phases = 1 + max([ph for p in provs for ph in p] + [k[2] for r in reqs for k in r])
+
+
+def _dense_microbatches(c_mb: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Microbatch ids as indices into tables sized by the number of computations, not by the largest id."""
+    if not len(c_mb) or int(c_mb.max()) < 4 * len(c_mb) + 4096:
+        return c_mb, None
+    ids, dense = np.unique(c_mb, return_inverse=True)
+    return dense.astype(np.int64), ids
+
+
+def _index_providers(
+    schedule: Schedule, offsets: np.ndarray, comps: _Comps, rules: _Rules, mb: np.ndarray, num_mb: int
+) -> np.ndarray:
+    """``provider[(stage * M + mb) * P + phase]``: the computation that makes each key (deps.provides); C marks a
+    key nobody provides, and the extra stage S (no input) maps to -1."""
+    c_owner, c_stage, c_code = comps[0], comps[1], comps[2]
+    num_stages, num_phases, num_comps = schedule.num_stages, rules.num_phases, len(c_owner)
+    index_type = np.int32 if num_comps < 2**31 - 1 else np.int64
+    provider = np.full((num_stages + 1) * num_mb * num_phases, num_comps, dtype=index_type)
+    provider[num_stages * num_mb * num_phases :] = -1
+
+    def provided() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Per provided slot, chunk by chunk: the computations providing one and its key."""
+        for phases in rules.prov_phase:
+            for lo in range(0, num_comps, _CHUNK):
+                part = slice(lo, lo + _CHUNK)
+                keys = c_stage[part] * num_mb
+                keys += mb[part]
+                keys *= num_phases
+                ph = phases[c_code[part]]
+                if int(ph.min(initial=0)) >= 0:
+                    keys += ph
+                    yield np.arange(lo, lo + len(keys)), keys
+                else:
+                    sel = np.flatnonzero(ph >= 0)
+                    yield sel + lo, keys[sel] + ph[sel]
+
+    num_keys = 0
+    for sel, keys in provided():
+        provider[keys] = sel
+        num_keys += len(sel)
+    if np.count_nonzero(provider[: num_stages * num_mb * num_phases] != num_comps) != num_keys:
+        for sel, keys in provided():  # a key provided twice: find it
+            lost = np.flatnonzero(provider[keys] != sel)
+            if len(lost):
+                comp, key = int(sel[lost[0]]), int(keys[lost[0]])
+                phase, rest = key % num_phases, key // num_phases
+                what = f"{rest // num_mb}{('F', 'B/I', 'W')[phase]}{int(comps[3][comp])}"
+                a = int(c_owner[comp])
+                raise ScheduleFormatError(
+                    f"{_where(schedule, offsets, a)}: {_action_at(schedule, offsets, a)} computes {what} a second "
+                    "time; each (stage, microbatch) needs exactly one F and one B (or one I and one W)"
+                )
+    return provider
+
+
+def _wire(
+    schedule: Schedule,
+    offsets: np.ndarray,
+    comps: _Comps,
+    rules: _Rules,
+    mb: np.ndarray,
+    num_mb: int,
+    provider: np.ndarray,
+    duration: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[tuple[np.ndarray, ...], ...]]:
+    """Per action the inputs to wait for (``input_a``/``input_b`` and their delays), and the rank crossings.
+
+    Each computation waits for at most one action: its input from another stage (on another rank, or later on its
+    own), or a same-stage input that is not earlier on its rank (which can never arrive in time: a deadlock).
+    A single takes its computation's; a pair both halves'. When both come from one rank (DualPipe: a pair is fed
+    by one neighbour) only the later producer is kept, provided its delay is no smaller: on a lane ends never
+    decrease (durations are >= 0), so that input alone decides the start, float for float, and a blocked pair is
+    blocked either way."""
+    c_owner, c_stage, c_code, _, single_idx, single_comp, pair_idx, pair_first = comps
+    n, num_comps = int(offsets[-1]), len(c_owner)
+    lengths = np.diff(offsets)
+    # first action of each action's rank; entry n (an input nobody provides) is on no rank
+    rank_lo = np.repeat(np.append(offsets[:-1], -1), np.append(lengths, 1))
+    owner_ext = np.append(c_owner, [n, -1])  # provider entry -> producer action (C: nobody -> n; -1: no input)
+    wait = np.full(num_comps, -1, dtype=np.int64)
+    wait_delay = np.zeros(num_comps, dtype=np.float64)
+    xfers: list[list[tuple[np.ndarray, ...]]] = [[] for _ in rules.req_stage]
+    step = num_mb * rules.num_phases
+    for lo in range(0, num_comps, _CHUNK):
+        part = slice(lo, lo + _CHUNK)
+        owner = c_owner[part]
+        cell = c_stage[part] * 4
+        cell += c_code[part]
+        mb_part = mb[part] * rules.num_phases
+        own_lo = rank_lo[owner]
+        slots = zip(rules.req_stage, rules.req_phase, rules.req_delay)
+        for slot, (req_stage, req_phase, req_delay) in enumerate(slots):
+            keys = (req_stage * step + req_phase)[cell]
+            keys += mb_part
+            prod = provider[keys]
+            po = owner_ext[prod]
+            # same-rank inputs produced earlier in the order are free; anything else must be waited for
+            w = np.flatnonzero((po >= 0) & ((po < own_lo) | (po >= owner)))
+            pw = po[w]
+            cross = rank_lo[pw] != own_lo[w]
+            cross &= pw < n
+            delay = req_delay[cell[w]]
+            delay[~cross] = 0.0
+            if slot:  # a blocking same-stage input (never arriving) wins over the input from another stage
+                keep = (wait[w + lo] < 0) | ~cross
+                w, pw, delay, cross = w[keep], pw[keep], delay[keep], cross[keep]
+            wait[w + lo] = pw
+            wait_delay[w + lo] = delay
+            cw = np.flatnonzero(cross)
+            xfers[slot].append((prod[w[cw]].astype(np.int32), (w[cw] + lo).astype(np.int32), delay[cw]))
+    if len(single_idx) == n:  # every action is one computation: the arrays are the per-action ones
+        input_a, delay_a = wait, wait_delay
+    else:
+        input_a = np.full(n, -1, dtype=np.int64)
+        delay_a = np.zeros(n, dtype=np.float64)
+        input_a[single_idx] = wait[single_comp]
+        delay_a[single_idx] = wait_delay[single_comp]
+    if not len(pair_idx):  # only pairs can wait for two actions: a read-only view of "none" costs no memory
+        empty_b = np.broadcast_to(np.int64(-1), (n,)), np.broadcast_to(np.float64(0.0), (n,))
+        return input_a, delay_a, empty_b[0], empty_b[1], tuple(chain.from_iterable(xfers))
+    input_b = np.full(n, -1, dtype=np.int64)
+    delay_b = np.zeros(n, dtype=np.float64)
+    a, b = wait[pair_first], wait[pair_first + 1]
+    da, db = wait_delay[pair_first], wait_delay[pair_first + 1]
+    take_b = a < 0  # the forward half needs nothing: the backward half's input alone
+    both = (a >= 0) & (b >= 0)
+    if bool((duration >= 0.0).all()):
+        same = both & (rank_lo[a] == rank_lo[b]) & (a < n) & (b < n)
+        b_decides = same & (a <= b) & (da <= db)
+        a_decides = same & ~b_decides & (b <= a) & (db <= da)
+        take_b |= b_decides
+        both &= ~(a_decides | b_decides)
+    input_a[pair_idx] = np.where(take_b, b, a)
+    delay_a[pair_idx] = np.where(take_b, db, da)
+    input_b[pair_idx] = np.where(both, b, -1)
+    delay_b[pair_idx] = np.where(both, db, 0.0)
+    xfer_parts = tuple(chain.from_iterable(xfers))
+    return input_a, delay_a, input_b, delay_b, xfer_parts
+
+
+def _positions(schedule: Schedule) -> np.ndarray:
+    """Per stage its position in its chain (entry S: 0)."""
     pos = np.zeros(max(schedule.num_stages, 1) + 1, dtype=np.int64)
     for chain_ in schedule.pipelines:
-        for i, s in enumerate(chain_):
-            pos[s] = i
+        pos[list(chain_)] = np.arange(len(chain_))
     return pos
 
 
-def _run(prog: _Program) -> np.ndarray:
-    """The event loop: the end time of every action (raises DeadlockError when ranks are stuck)."""
-    import numpy as np
+# -- engine -----------------------------------------------------------------------------------------------------
 
-    n = prog.n
-    # memoryviews read the compiled arrays in place, item by item, as Python numbers
-    dep = memoryview(prog.dep)
-    delay: Any = memoryview(prog.dep_delay)
-    if prog.costs.p2p_alpha is None:
-        # a flat comm: every input the loop gets past arrives `comm` after its producer (an input it waits for on
-        # its own rank lies later there, so that action never runs), and one shared float serves every action
-        delay = [float(prog.costs.comm)] * n
-    dur = memoryview(prog.duration)
-    multi = prog.multi
-    ga, gb = memoryview(prog.group_a), memoryview(prog.group_b)
-    gda, gdb = memoryview(prog.group_delay_a), memoryview(prog.group_delay_b)
-    offsets = prog.offsets.tolist()
+
+def run(program: Program) -> tuple[np.ndarray, np.ndarray]:
+    """The engine: start and end of every action (raises DeadlockError when ranks are stuck)."""
+    n = program.num_actions
+    offsets = program.offsets.tolist()
     num_ranks = len(offsets) - 1
+    # memoryviews read the compiled arrays in place, item by item, as Python numbers
+    input_a, input_b = memoryview(program.input_a), memoryview(program.input_b)
+    delay_a, delay_b = memoryview(program.delay_a), memoryview(program.delay_b)
+    if program.costs.p2p_alpha is None and program.post_delay is None:
+        # a flat comm: every input the engine gets past comes from another rank and arrives `comm` after its
+        # producer (one on the same rank lies later there, so that action never runs): one shared float
+        delay_a = delay_b = [float(program.costs.comm)] * n  # type: ignore[assignment]
+    dur = memoryview(program.duration)
+    next_general = memoryview(program.next_general)
+    consumer_posting = program.post_delay is not None
+    post = memoryview(program.post_delay) if program.post_delay is not None else dur
     # rank of each action; action n (an input nobody computes) gets an extra rank that never runs
-    rank_of = memoryview(np.repeat(np.arange(num_ranks + 1, dtype=np.int64), np.append(prog.lengths, 1)))
+    rank_of = memoryview(np.repeat(np.arange(num_ranks + 1, dtype=np.int64), np.append(np.diff(program.offsets), 1)))
     # -1: not yet; slot n stands for an input no rank computes. A list, not an array: reading a float back from a
     # list allocates nothing, and the loop reads ends of other ranks at random
     end = [-1.0] * (n + 1)
-    ptr = offsets[:-1]
+    starts = np.empty(n, dtype=np.float64)
+    start = memoryview(starts)  # written once per action, in place
+    ptr = offsets[:-1].copy()
     stops = offsets[1:]
-    clock = [0.0] * num_ranks
+    firsts = offsets[:-1]
     need = [0] * num_ranks  # per parked rank: the action it waits for
     parked: list[list[int]] = [[] for _ in range(num_ranks + 1)]  # per rank: ranks waiting for one of its actions
     ready = list(range(num_ranks - 1, -1, -1))
@@ -569,52 +553,50 @@ def _run(prog: _Program) -> np.ndarray:
     while r >= 0:
         i = ptr[r]
         stop = stops[r]
-        t = clock[r]
+        t = end[i - 1] if i > firsts[r] else 0.0  # the rank is free when its previous action ends
         d = -1
         while i < stop:
-            d = dep[i]
+            # fast path: actions with at most one input, posted when its producer ends
+            lim = next_general[i]
+            while i < lim:
+                d = input_a[i]
+                if d >= 0:
+                    e = end[d]
+                    if e < 0.0:
+                        break
+                    e += delay_a[i]
+                    if e > t:
+                        t = e
+                start[i] = t
+                t += dur[i]
+                end[i] = t
+                i += 1
+            if i < lim or i == stop:
+                break
+            # general path: a pair waiting for two ranks, or hand-offs posted after the rank's previous action
+            # (max(producer end, t) + delay = max(producer end + delay, t + delay), for the slowest input)
+            s = t + post[i] if consumer_posting else t
+            d = input_a[i]
             if d >= 0:
                 e = end[d]
                 if e < 0.0:
                     break
-                e += delay[i]
-                if e > t:
-                    t = e
-            elif d < -2:
-                # two inputs (an overlapped pair); raising t before a later input blocks is harmless: both
-                # are lower bounds of this action's start
-                j = -3 - d
-                d = ga[j]
+                e += delay_a[i]
+                if e > s:
+                    s = e
+            d = input_b[i]
+            if d >= 0:
                 e = end[d]
                 if e < 0.0:
                     break
-                e += gda[j]
-                if e > t:
-                    t = e
-                d = gb[j]
-                e = end[d]
-                if e < 0.0:
-                    break
-                e += gdb[j]
-                if e > t:
-                    t = e
-            elif d == -2:
-                blocked = False
-                for d, dl in multi[i]:
-                    e = end[d]
-                    if e < 0.0:
-                        blocked = True
-                        break
-                    e += dl
-                    if e > t:
-                        t = e
-                if blocked:
-                    break
-            t += dur[i]
+                e += delay_b[i]
+                if e > s:
+                    s = e
+            start[i] = s
+            t = s + dur[i]
             end[i] = t
             i += 1
         ptr[r] = i
-        clock[r] = t
         if i < stop:
             need[r] = d
             parked[rank_of[d]].append(r)
@@ -637,34 +619,37 @@ def _run(prog: _Program) -> np.ndarray:
             r = pop()
     stuck = [r for r in range(num_ranks) if ptr[r] < stops[r]]
     if stuck:
-        _raise_deadlock(prog, end, stuck, ptr)
-    return np.fromiter(end, dtype=np.float64, count=n)
+        _raise_deadlock(program, end, stuck, ptr)
+    return starts, np.fromiter(end, dtype=np.float64, count=n)
 
 
-def _raise_deadlock(prog: _Program, end: Any, stuck: list[int], ptr: list[int]) -> None:
-    schedule = prog.schedule
+def _raise_deadlock(program: Program, end: list[float], stuck: list[int], ptr: list[int]) -> None:
+    schedule = program.schedule
     blocked: dict[int, tuple[str, str]] = {}
     parts = []
     for r in stuck:
         a = ptr[r]
-        head = prog.action_at(a)
+        head = program.action_at(a)
         waits_for = ""
         for comp in head.computations:
             for key in deps.requires(schedule, comp):
-                c = prog.producer_of(key)
+                c = program.producer_of(key)
                 if c < 0:
                     waits_for = f"{deps.describe(key)} (no rank computes it)"
                     break
-                owner = int(prog.c_owner[c])
-                p_rank = prog.rank_of(owner)
+                owner = int(program.comp_owner[c])
+                p_rank = program.rank_of(owner)
                 if end[owner] < 0.0 and not (p_rank == r and owner < a):
                     where = "later on the same rank" if p_rank == r else f"on rank {p_rank}"
-                    waits_for = f"{prog.comp_str(c)} ({where})"
+                    waits_for = f"{program.comp_str(c)} ({where})"
                     break
             if waits_for:
                 break
         blocked[r] = (str(head), waits_for)
-        parts.append(f"rank {r} at position {a - prog.offsets[r]} ({head}) waits for {waits_for}")
+        if len(parts) < _MAX_DEADLOCK_PARTS:
+            parts.append(f"rank {r} at position {a - int(program.offsets[r])} ({head}) waits for {waits_for}")
+    if len(stuck) > len(parts):
+        parts.append(f"and {len(stuck) - len(parts)} more ranks")
     raise DeadlockError(
         f"schedule {schedule.name} deadlocks under in-order execution: "
         + "; ".join(parts)
@@ -673,68 +658,66 @@ def _raise_deadlock(prog: _Program, end: Any, stuck: list[int], ptr: list[int]) 
     )
 
 
+# -- finish -----------------------------------------------------------------------------------------------------
+
+
+def _per_action(program: Program, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Net change and positive part per action of a per-computation step (a pair: the sum of its halves; its
+    positive part is what its forward half adds before the backward half releases)."""
+    n = program.num_actions
+    delta = np.zeros(n, dtype=step.dtype)
+    plus = np.zeros(n, dtype=step.dtype)
+    pos = np.maximum(step, 0)
+    first = program.pair_first
+    for out, part in ((delta, step), (plus, pos)):
+        out[program.single_idx] = part[program.single_comp]
+        out[program.pair_idx] = part[first] + part[first + 1]
+    return delta, plus
+
+
 def _peaks(delta: np.ndarray, plus: np.ndarray, offsets: np.ndarray) -> list[int]:
     """Per rank: the most held at once, ``max(0, held before an action + its positive part)``."""
-    import numpy as np
-
     held_after = np.cumsum(delta)
     high = held_after - delta + plus
-    peaks = []
-    for r in range(len(offsets) - 1):
-        lo, hi = int(offsets[r]), int(offsets[r + 1])
-        if hi == lo:
-            peaks.append(0)
-            continue
-        base = int(held_after[lo - 1]) if lo > 0 else 0
-        peaks.append(max(0, int(high[lo:hi].max()) - base))
-    return peaks
+    lengths = np.diff(offsets)
+    nonempty = np.flatnonzero(lengths > 0)
+    peaks = np.zeros(len(lengths), dtype=np.int64)
+    if len(nonempty):
+        base = np.concatenate(([0], held_after))[offsets[:-1][nonempty]]
+        peaks[nonempty] = np.maximum.reduceat(high, offsets[:-1][nonempty]) - base
+    return np.maximum(peaks, 0).tolist()
 
 
-def _finish(prog: _Program, end: np.ndarray, memory_cap_bytes: int | None) -> SimResult:
-    import numpy as np
-
-    schedule, costs = prog.schedule, prog.costs
-    n = prog.n
-    offsets = prog.offsets
-    num_ranks = len(offsets) - 1
-    duration = prog.duration
-    nonempty = offsets[:-1][offsets[:-1] < offsets[1:]]
-
-    # start = max(rank free, inputs arrived): the loop's float operations, vectorised
-    start = np.zeros(n, dtype=np.float64)
-    if n > 1:
-        start[1:] = end[:-1]
-    start[nonempty] = 0.0
-    end_ext = np.append(end, 0.0)  # index n: no input (times are >= 0, so it never wins the max)
-    dep = prog.dep
-    arrival = end_ext[np.where(dep >= 0, dep, n)]
-    arrival += prog.dep_delay
-    np.maximum(start, arrival, out=start)
-    del arrival
-    grouped = np.flatnonzero(dep < -2)
-    if len(grouped):
-        j = -3 - dep[grouped]
-        arrive_a = end[prog.group_a[j]] + prog.group_delay_a[j]
-        arrive_b = end[prog.group_b[j]] + prog.group_delay_b[j]
-        start[grouped] = np.maximum(start[grouped], np.maximum(arrive_a, arrive_b))
-    for a, inputs in prog.multi.items():
-        t = float(start[a])  # the rank's free time: a many-input action got no arrival above
-        for pd, dl in inputs:
-            t = max(t, float(end[pd]) + dl)
-        start[a] = t
-
-    # a pair's forward half is drawn first, in its cost share
-    pair_mid = start[prog.pair_idx] + duration[prog.pair_idx] * prog.pair_shares
-
+def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_bytes: int | None) -> SimResult:
+    schedule, costs = program.schedule, program.costs
+    offsets = program.offsets
+    num_ranks = schedule.num_ranks
+    n = program.num_actions
+    duration = program.duration
     makespan = float(end.max()) if n else 0.0
+    if not math.isfinite(makespan):
+        _refuse_non_finite(costs, f"the step's makespan is {makespan}")
+    lengths = np.diff(offsets)
+    nonempty = np.flatnonzero(lengths > 0)
     busy = np.zeros(num_ranks, dtype=np.float64)
     if n:
-        ranks_nonempty = np.flatnonzero(offsets[:-1] < offsets[1:])
-        busy[ranks_nonempty] = np.add.reduceat(duration, nonempty)
-    peak_act = _peaks(prog.act_delta, prog.act_plus, offsets)
+        busy[nonempty] = np.add.reduceat(duration, offsets[:-1][nonempty])
+    if not np.isfinite(busy).all():
+        _refuse_non_finite(costs, f"a rank is busy for {float(busy.max())}")
+    # a pair's forward half is drawn first, in its cost share
+    pair_mid = start[program.pair_idx] + duration[program.pair_idx] * program.pair_share
+    count_step = np.array(_COUNT_STEP, dtype=np.int8)[program.comp_code]
+    act_delta, act_plus = _per_action(program, count_step)
+    byte_delta = byte_plus = None
     peak_mem = None
-    if prog.byte_delta is not None and prog.byte_plus is not None:
-        peak_mem = _peaks(prog.byte_delta, prog.byte_plus, offsets)
+    if costs.has_memory:
+        table = np.zeros((4, max(schedule.num_stages, 1)), dtype=np.int64)
+        for s in range(schedule.num_stages):
+            held, freed_by_i = costs.activation_of(schedule, s)
+            table[:, s] = (held, -held, -freed_by_i, -(held - freed_by_i))
+        byte_delta, byte_plus = _per_action(program, table[program.comp_code, program.comp_stage])
+        peak_mem = _peaks(byte_delta, byte_plus, offsets)
+    peak_act = _peaks(act_delta, act_plus, offsets)
     static = [sum(costs.static_bytes_of(schedule, s) for s in schedule.stages_of(r)) for r in range(num_ranks)]
     stats = []
     for r in range(num_ranks):
@@ -760,19 +743,21 @@ def _finish(prog: _Program, end: np.ndarray, memory_cap_bytes: int | None) -> Si
         offsets=offsets,
         start=start,
         end=end,
-        act_delta=prog.act_delta,
-        act_plus=prog.act_plus,
-        byte_delta=prog.byte_delta,
-        byte_plus=prog.byte_plus,
+        act_delta=act_delta,
+        act_plus=act_plus,
+        byte_delta=byte_delta,
+        byte_plus=byte_plus,
         static_bytes=tuple(static),
-        comp_owner=prog.c_owner,
-        comp_stage=prog.c_stage,
-        comp_type=prog.c_code,
-        comp_mb=prog.c_mb,
-        pair_first=prog.pair_first,
+        comp_owner=program.comp_owner,
+        comp_stage=program.comp_stage,
+        comp_type=program.comp_code,
+        comp_mb=program.comp_mb,
+        pair_first=program.pair_first,
         pair_mid=pair_mid,
-        xfer_parts=prog.xfer_parts,
-        stage_out_bytes=prog.stage_out_bytes,
+        xfer_parts=program.xfer_parts,
+        stage_out_bytes=program.stage_out_bytes,
+        stage_position=_positions(schedule),
+        consumer_posting=program.post_delay is not None,
     )
     return SimResult(
         schedule=schedule,
@@ -784,3 +769,51 @@ def _finish(prog: _Program, end: np.ndarray, memory_cap_bytes: int | None) -> Si
         memory_cap_bytes=memory_cap_bytes,
         trace=trace,
     )
+
+
+# -- helpers ----------------------------------------------------------------------------------------------------
+
+
+def _refuse_non_finite(costs: CostModel, what: str) -> None:
+    raise CostError(
+        f"costs {costs.source!r}: {what}; costs must keep the step finite, use smaller units (e.g. ms instead of s)"
+    )
+
+
+def _rank_of(offsets: np.ndarray, a: int) -> int:
+    return int(np.searchsorted(offsets, a, side="right")) - 1
+
+
+def _where(schedule: Schedule, offsets: np.ndarray, a: int) -> str:
+    r = _rank_of(offsets, a)
+    return f"rank {r} position {a - int(offsets[r])}"
+
+
+def _action_at(schedule: Schedule, offsets: np.ndarray, a: int) -> Action:
+    r = _rank_of(offsets, a)
+    return schedule.actions[r][a - int(offsets[r])]
+
+
+def _distinct(values: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """``numpy.unique(values, return_inverse=True)`` for values in ``[0, bound)``; a table, not a sort, when the
+    bound is small."""
+    if bound > 4 * len(values) + 4096:
+        return np.unique(values, return_inverse=True)
+    seen = np.zeros(bound, dtype=bool)
+    seen[values] = True
+    uniq = np.flatnonzero(seen)
+    index = np.zeros(bound, dtype=np.int64)
+    index[uniq] = np.arange(len(uniq))
+    return uniq, index[values]
+
+
+def _ints(values: list[int]) -> np.ndarray:
+    """An int64 array from a list of ints (a list comprehension plus this beats a generator into ``fromiter``)."""
+    return np.fromiter(values, dtype=np.int64, count=len(values))
+
+
+def _kind_codes(types: list[ActionType]) -> np.ndarray:
+    """Kind codes of action types; a list of one kind only (every forward half) is counted, not mapped."""
+    if types and types.count(types[0]) == len(types):
+        return np.full(len(types), _CODE_OF[types[0]], dtype=np.int8)
+    return np.frombuffer(bytearray([_CODE_OF[t] for t in types]), dtype=np.int8)

@@ -1,4 +1,5 @@
-"""Test helpers for schedule properties: an in-order longest-path replay over :mod:`ppsim.deps` and activation counts.
+"""Test helpers for schedule properties: the reference replay (:mod:`replay`) with per-kind costs, and activation
+counts.
 
 Independent of ``ppsim.simulate`` on purpose: these are the reference the generators are checked against.
 """
@@ -7,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppsim import deps
 from ppsim.ir import ActionType, Schedule
+from replay import replay as reference_replay
+from replay import unit_costs
 
 UNIT = {ActionType.F: 1.0, ActionType.B: 2.0, ActionType.I: 1.0, ActionType.W: 1.0}
 
@@ -31,37 +33,11 @@ class Replay:
 
 
 def replay(schedule: Schedule, costs: dict[ActionType, float] = UNIT) -> Replay:
-    """Each rank runs its order front to back; an action starts when its rank is free and its inputs exist.
-
-    Zero communication; single computations only (no overlapped pairs). Raises AssertionError on a deadlock.
-    """
-    ready: dict[deps.Key, float] = {}
-    heads = [0] * schedule.num_ranks
-    clock = [0.0] * schedule.num_ranks
-    first = [float("inf")] * schedule.num_ranks
-    busy = [0.0] * schedule.num_ranks
-    pending = sum(len(row) for row in schedule.actions)
-    while pending:
-        moved = False
-        for r, row in enumerate(schedule.actions):
-            while heads[r] < len(row):
-                action = row[heads[r]]
-                assert not action.sub_actions, "replay handles single computations only"
-                need = deps.requires(schedule, action)
-                if any(k not in ready for k in need):
-                    break
-                start = max([clock[r], *(ready[k] for k in need)])
-                end = start + costs[action.type]
-                for k in deps.provides(action):
-                    ready[k] = end
-                first[r] = min(first[r], start)
-                clock[r] = end
-                busy[r] += costs[action.type]
-                heads[r] += 1
-                pending -= 1
-                moved = True
-        assert moved, f"{schedule.name} deadlocks at heads {heads}"
-    return Replay(max(clock), tuple(first), tuple(clock), tuple(busy))
+    """The reference replay (:mod:`replay`) with per-kind costs and zero communication; AssertionError on a
+    deadlock."""
+    ref = reference_replay(schedule, unit_costs(costs))
+    assert not ref.stuck, f"{schedule.name} deadlocks at heads {ref.stuck}"
+    return Replay(ref.makespan, ref.first_start, ref.last_end, tuple(ref.busy))
 
 
 def peak_activations(schedule: Schedule) -> tuple[int, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -50,16 +51,27 @@ def colour_counts(png: Path) -> dict[str, int]:
     }
 
 
+REPORT_SCHEDULES = ("1F1B", "ZBVZeroBubble", "DualPipeV")
+
+
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("pages")
     dualpipev = simulate(get_schedule("DualPipeV", 4, 10))
-    entries = [(n, simulate(get_schedule(n, 4, 8))) for n in ("DualPipeV", "1F1B")]
+    # 16 microbatches: on the shared time axis ZBV's and DualPipeV's cells are narrow for "10".."15"
+    entries = [(n, simulate(get_schedule(n, 4, 16), dualpipev.costs)) for n in REPORT_SCHEDULES]
     entries.append(("DualPipe", "DualPipe needs an even number of ranks"))
     return {
         "plot": plot_to_file(dualpipev, folder / "plot.html", memory=True),
         "report": write_report(entries, folder / "report.html", costs=dualpipev.costs),
     }
+
+
+@pytest.fixture(scope="module")
+def dumps(pages, tmp_path_factory) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Each page opened once in a 1600 px wide window, its DOM after plotly drew it."""
+    folder = tmp_path_factory.mktemp("dumps")
+    return {name: chromium(folder, page, "--dump-dom", "--window-size=1600,1200") for name, page in pages.items()}
 
 
 def test_console_scan_catches_a_broken_page(tmp_path):
@@ -68,9 +80,9 @@ def test_console_scan_catches_a_broken_page(tmp_path):
     assert console_errors(chromium(tmp_path, broken, "--dump-dom").stderr)
 
 
-@pytest.mark.parametrize(("page", "charts"), [("plot", 1), ("report", 4)])
-def test_page_renders_offline_without_console_errors(pages, tmp_path, page, charts):
-    run = chromium(tmp_path, pages[page], "--dump-dom")
+@pytest.mark.parametrize(("page", "charts"), [("plot", 1), ("report", len(REPORT_SCHEDULES) + 2)])
+def test_page_renders_offline_without_console_errors(dumps, page, charts):
+    run = dumps[page]
     assert run.returncode == 0, run.stderr[-2000:]
     assert console_errors(run.stderr) == []
     assert run.stdout.count('class="plot-container plotly"') == charts  # plotly drew every chart
@@ -84,3 +96,18 @@ def test_screenshot_shows_the_gantt_colours(pages, tmp_path, page):
     assert shot.is_file(), run.stderr[-2000:]
     counts = colour_counts(shot)
     assert counts["orange"] > 2000 and counts["green"] > 2000 and counts["blue"] > 300, counts
+
+
+def bar_labels(dom: str) -> list[tuple[str, bool]]:
+    """``(text, shown)`` for every label plotly drew inside a bar (a hidden one is scaled to 0)."""
+    found = re.findall(r'<text class="bartext[^"]*"[^>]*?transform="([^"]*)"[^>]*>(?:<tspan[^>]*>)?([^<]*)', dom)
+    return [(text, "scale(0)" not in transform) for transform, text in found]
+
+
+def test_report_at_1600_px_shows_two_digit_microbatch_labels(dumps):
+    labels = bar_labels(dumps["report"].stdout)
+    num_cells = sum(len(a.computations) for n in REPORT_SCHEDULES for row in get_schedule(n, 4, 16).actions
+                    for a in row)
+    assert len(labels) == num_cells
+    assert [text for text, shown in labels if not shown] == []
+    assert {text for text, _ in labels} >= {str(m) for m in range(10, 16)}

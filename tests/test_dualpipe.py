@@ -1,4 +1,4 @@
-"""DualPipe and DualPipeV: DeepSeek's orders, the facts in reference/formulas.md, and configuration errors.
+"""DualPipe and DualPipeV: DeepSeek's orders, the facts in tests/data/formulas.md, and configuration errors.
 
 torch parity of DualPipeV (and ZBV) over the whole grid lives in test_torch_parity.py.
 """

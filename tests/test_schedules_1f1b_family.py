@@ -1,7 +1,7 @@
 """The 1F1B family: GPipe, 1F1B, ZBH1, ZBH2, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble.
 
 Orders are checked for completeness and deadlock freedom on random configurations, and their timing and memory
-against the closed forms in shared/reference/formulas.md, replayed in-order with zero communication
+against the closed forms in tests/data/formulas.md, replayed in-order with zero communication
 (:mod:`schedule_checks`).
 """
 
@@ -17,7 +17,7 @@ from schedule_checks import peak_activations, replay
 
 from ppsim.costs import parse_costs
 from ppsim.errors import ScheduleConfigError
-from ppsim.ir import ActionType, Schedule
+from ppsim.ir import ActionType
 from ppsim.schedules import get_schedule, get_spec
 from ppsim.simulate import simulate
 from ppsim.validate import validate
@@ -227,7 +227,14 @@ def test_impossible_configurations_raise_one_line_naming_value_and_fix(name, R, 
 @given(st.sampled_from(sorted(ROUNDS)), st.integers(1, 8), st.integers(1, 64), st.integers(1, 4))
 def test_uneven_rounds_are_refused_exactly_as_torch_and_the_suggested_mb_builds(name, R, m, v) -> None:
     if fits_rounds(R, m):
-        assert isinstance(get_schedule(name, R, m, v), Schedule)
+        schedule = get_schedule(name, R, m, v)
+        assert (schedule.num_ranks, schedule.num_microbatches, schedule.num_stages_per_rank) == (R, m, v)
+        # rank 0 runs its forwards round by round: each chunk in turn takes the round's microbatches
+        size = m // max(1, m // R)
+        rounds = [range(k, min(k + size, m)) for k in range(0, m, size)]
+        expected = [(chunk * R, mb) for r in rounds for chunk in range(v) for mb in r]
+        assert [(a.stage, a.microbatch) for _, _, a in schedule.iter_computations() if a.type is F and
+                schedule.stage_to_rank[a.stage] == 0] == expected
         return
     with pytest.raises(ScheduleConfigError) as info:
         get_schedule(name, R, m, v)

@@ -1,8 +1,8 @@
 """Properties of the simulator on random schedules and costs (hypothesis).
 
-The fast engine is checked against a deliberately naive reference written here from the same two sources of truth
-(``ppsim.deps`` for inputs, ``CostModel`` for durations and delays): sweep the ranks, run each head action whose
-inputs are done, until nothing moves.
+The fast engine is checked against the test suite's one naive reference replay (:mod:`replay`, written from the
+same two sources of truth: ``ppsim.deps`` for inputs, ``CostModel`` for durations and delays), including the
+runtime-overhead fields (``compute_scale``, ``dispatch_s``, ``recv_posting``).
 """
 
 from __future__ import annotations
@@ -19,52 +19,13 @@ from ppsim import deps
 from ppsim.costs import CostModel
 from ppsim.errors import ScheduleConfigError
 from ppsim.ir import Action, ActionType, Schedule
+from replay import replay
 from test_costs import make_profile
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 NAMES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV",
          "ZBH1", "ZBH2", "DualPipe"]
-
-
-def reference(schedule: Schedule, costs: CostModel) -> tuple[list[list[float]], list[list[float]], dict[int, str]]:
-    """Naive in-order replay: (starts, ends, {stuck rank: head action})."""
-    done: dict[deps.Key, tuple[float, int]] = {}  # key -> (end, rank)
-    ptr = [0] * schedule.num_ranks
-    free = [0.0] * schedule.num_ranks
-    starts: list[list[float]] = [[] for _ in range(schedule.num_ranks)]
-    ends: list[list[float]] = [[] for _ in range(schedule.num_ranks)]
-    moved = True
-    while moved:
-        moved = False
-        for r, row in enumerate(schedule.actions):
-            while ptr[r] < len(row):
-                action = row[ptr[r]]
-                t = free[r]
-                ready = True
-                for comp in action.computations:
-                    for key in deps.requires(schedule, comp):
-                        if key not in done:
-                            ready = False
-                            break
-                        end, rank = done[key]
-                        delay = 0.0 if rank == r else costs.comm_delay(schedule, key[0], comp.stage)
-                        t = max(t, end + delay)
-                    if not ready:
-                        break
-                if not ready:
-                    break
-                end = t + costs.duration(schedule, action)
-                for comp in action.computations:
-                    for key in deps.provides(comp):
-                        done[key] = (end, r)
-                starts[r].append(t)
-                ends[r].append(end)
-                free[r] = end
-                ptr[r] += 1
-                moved = True
-    stuck = {r: str(row[ptr[r]]) for r, row in enumerate(schedule.actions) if ptr[r] < len(row)}
-    return starts, ends, stuck
 
 
 def critical_path(schedule: Schedule, costs: CostModel) -> float:
@@ -102,6 +63,21 @@ def uniform_costs(draw: Any) -> CostModel:
     b = i + w if draw(st.booleans()) else draw(cost_value)
     fb = draw(st.floats(0.5, 1.0)) * (f + b)
     return CostModel(F=(f,), B=(b,), I=(i,), W=(w,), FB=(fb,), comm=draw(cost_value), source="random")
+
+
+@st.composite
+def runtime_costs(draw: Any, chain_len: int) -> CostModel:
+    """Uniform or profile costs with runtime overheads: scaled computations, a dispatch gap, either posting."""
+    if draw(st.booleans()):
+        base = draw(uniform_costs())
+    else:
+        base = CostModel.from_profile(make_profile(chain_len, scale=draw(st.floats(0.1, 10.0))))
+    return dataclasses.replace(
+        base,
+        compute_scale=draw(st.one_of(st.just(1.0), st.floats(0.25, 4.0))),
+        dispatch_s=draw(st.one_of(st.just(0.0), cost_value)),
+        recv_posting=draw(st.sampled_from(["early", "consumer"])),
+    )
 
 
 @st.composite
@@ -172,22 +148,42 @@ def times(result: Any) -> tuple[list[list[float]], list[list[float]]]:
 @given(schedule=st.one_of(library_schedules(), pair_schedules(), random_orders()), costs=uniform_costs())
 def test_engine_matches_the_naive_reference_exactly(schedule: Schedule, costs: CostModel) -> None:
     result = simulate(schedule, costs)
-    starts, ends, stuck = reference(schedule, costs)
-    assert not stuck
-    assert times(result) == (starts, ends)
+    ref = replay(schedule, costs)
+    assert not ref.stuck
+    assert times(result) == (ref.starts, ref.ends)
+
+
+@SETTINGS
+@given(schedule=st.one_of(library_schedules(), pair_schedules(), random_orders()), data=st.data())
+def test_engine_matches_the_reference_with_runtime_overheads(schedule: Schedule, data: Any) -> None:
+    costs = data.draw(runtime_costs(len(schedule.pipelines[0])))
+    result = simulate(schedule, costs)
+    ref = replay(schedule, costs)
+    assert not ref.stuck
+    assert times(result) == (ref.starts, ref.ends)
+    assert [s.busy for s in result.per_rank] == pytest.approx(ref.busy)
+    sends = result.transfers()
+    if len(sends):
+        # a hand-off leaves no earlier than its producer's end, and with consumer posting no earlier than the
+        # consumer rank's previous action
+        ends = {(r, p): e for r, row in enumerate(ref.ends) for p, e in enumerate(row)}
+        for row in sends.itertuples():
+            assert row.send >= ends[(row.src_rank, row.src_position)]
+            if costs.recv_posting == "consumer" and row.dst_position > 0:
+                assert row.send >= ends[(row.dst_rank, row.dst_position - 1)]
 
 
 @SETTINGS
 @given(schedule=random_orders(valid=False), costs=uniform_costs())
 def test_engine_deadlocks_exactly_when_the_reference_gets_stuck(schedule: Schedule, costs: CostModel) -> None:
-    starts, ends, stuck = reference(schedule, costs)
-    if stuck:
+    ref = replay(schedule, costs)
+    if ref.stuck:
         with pytest.raises(DeadlockError) as info:
             simulate(schedule, costs)
-        assert {r: head for r, (head, _) in info.value.blocked.items()} == stuck
+        assert {r: head for r, (head, _) in info.value.blocked.items()} == ref.stuck
         assert all(waits for _, waits in info.value.blocked.values())
     else:
-        assert times(simulate(schedule, costs)) == (starts, ends)
+        assert times(simulate(schedule, costs)) == (ref.starts, ref.ends)
 
 
 @SETTINGS

@@ -1,17 +1,22 @@
 """Every schedule that names a torch schedule has torch 2.13's compute-only order, cell for cell (idle slots aside).
 
-The grid is built from the registry at collection time: ranks 1-8, every microbatch count 1 .. 4 x stages, and every
-stages-per-rank from the schedule's minimum to 4 (or its fixed value). torch's order comes from its schedule classes
-built on stub stages, without a process group. Configurations torch refuses are counted; where ppsim builds them
-anyway the result must be a valid schedule.
+The grid is built from the registry at collection time: ranks 1-8 and every stages-per-rank from the schedule's
+minimum to 4 (or its fixed value). Each grid point is compared at the microbatch counts where orders change shape
+(1 and 2, the rank count and one more, a multiple of the stage count and one more, and the largest, 4 x stages),
+and a hypothesis sample draws further counts anywhere in 1 .. 4 x stages. torch's order comes from its schedule
+classes built on stub stages, without a process group. Configurations torch refuses are counted; where ppsim
+builds them anyway the result must be a valid schedule.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from unittest import mock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ppsim.errors import ScheduleConfigError
 from ppsim.ir import Action, ActionType, Schedule
@@ -126,36 +131,73 @@ def _check_torch_1f1b_last_rank(ours: Schedule, theirs: list[Key]) -> None:
     assert (stage, "F", 0) not in theirs and (stage, "F", m) in theirs
 
 
+def edge_microbatch_counts(num_ranks: int, num_stages_per_rank: int) -> list[int]:
+    """The counts where schedules change shape: the smallest, the rank count, multiples of the stages, the largest."""
+    num_stages = num_ranks * num_stages_per_rank
+    largest = MB_PER_STAGE * num_stages
+    counts = {1, 2, num_ranks, num_ranks + 1, 2 * num_ranks + 1, num_stages, num_stages + 1, 2 * num_stages, largest}
+    return sorted(m for m in counts if 1 <= m <= largest)
+
+
+def compare_with_torch(name: str, num_ranks: int, num_microbatches: int, num_stages_per_rank: int) -> str:
+    """Checks one configuration; returns ``"compared"``, ``"refused_by_torch"`` or ``"built_beyond_torch"``."""
+    torch_name = get_spec(name).torch_name
+    assert torch_name is not None
+    config = f"{name} ranks={num_ranks} mb={num_microbatches} stages/rank={num_stages_per_rank}"
+    theirs = torch_order(torch_name, num_ranks, num_microbatches, num_stages_per_rank)
+    ours = ppsim_order(name, num_ranks, num_microbatches, num_stages_per_rank)
+    if theirs is None:
+        if ours is None:
+            return "refused_by_torch"
+        assert validate(ours) == [], f"{config}: torch refuses it and ppsim's order is invalid"
+        return "built_beyond_torch"
+    assert ours is not None, f"{config}: torch accepts it but ppsim refuses"
+    rows = [[_key(a) for a in row] for row in ours.actions]
+    if torch_name == "1F1B":
+        _check_torch_1f1b_last_rank(ours, theirs[-1])
+        assert validate(ours) == [], f"{config}: ppsim's order is invalid"
+        rows, theirs = rows[:-1], theirs[:-1]
+    for rank, (mine, torchs) in enumerate(zip(rows, theirs, strict=True)):
+        assert mine == torchs, f"{config}: rank {rank} is {_cells(mine)}, torch has {_cells(torchs)}"
+    return "compared"
+
+
+def test_edge_counts_cover_the_smallest_a_multiple_a_non_multiple_and_the_largest() -> None:
+    assert edge_microbatch_counts(4, 2) == [1, 2, 4, 5, 8, 9, 16, 32]
+    assert edge_microbatch_counts(1, 1) == [1, 2, 3, 4]
+    for r, v in [(3, 1), (5, 3), (8, 4)]:
+        counts = edge_microbatch_counts(r, v)
+        assert counts[0] == 1 and counts[-1] == MB_PER_STAGE * r * v
+        assert any(m % r == 0 for m in counts) and any(m % r for m in counts)
+
+
 @pytest.mark.parametrize(
     ("name", "num_ranks", "num_stages_per_rank"), GRID, ids=[f"{n}-r{r}-v{v}" for n, r, v in GRID]
 )
-def test_order_equals_torch(name: str, num_ranks: int, num_stages_per_rank: int, record_property) -> None:
-    torch_name = get_spec(name).torch_name
-    assert torch_name is not None
-    compared = refused_by_torch = built_beyond_torch = 0
-    for m in range(1, MB_PER_STAGE * num_ranks * num_stages_per_rank + 1):
-        config = f"{name} ranks={num_ranks} mb={m} stages/rank={num_stages_per_rank}"
-        theirs = torch_order(torch_name, num_ranks, m, num_stages_per_rank)
-        ours = ppsim_order(name, num_ranks, m, num_stages_per_rank)
-        if theirs is None:
-            refused_by_torch += 1
-            if ours is not None:
-                built_beyond_torch += 1
-                assert validate(ours) == [], f"{config}: torch refuses it and ppsim's order is invalid"
-            continue
-        assert ours is not None, f"{config}: torch accepts it but ppsim refuses"
-        rows = [[_key(a) for a in row] for row in ours.actions]
-        if torch_name == "1F1B":
-            _check_torch_1f1b_last_rank(ours, theirs[-1])
-            assert validate(ours) == [], f"{config}: ppsim's order is invalid"
-            rows, theirs = rows[:-1], theirs[:-1]
-        for rank, (mine, torchs) in enumerate(zip(rows, theirs, strict=True)):
-            assert mine == torchs, f"{config}: rank {rank} is {_cells(mine)}, torch has {_cells(torchs)}"
-        compared += 1
-    record_property("compared", compared)
-    record_property("refused_by_torch", refused_by_torch)
-    record_property("built_beyond_torch", built_beyond_torch)
-    assert compared > 0, f"{name} ranks={num_ranks} stages/rank={num_stages_per_rank}: torch refused every mb count"
+def test_order_equals_torch_at_edge_microbatch_counts(
+    name: str, num_ranks: int, num_stages_per_rank: int, record_property
+) -> None:
+    outcomes = Counter(
+        compare_with_torch(name, num_ranks, m, num_stages_per_rank)
+        for m in edge_microbatch_counts(num_ranks, num_stages_per_rank)
+    )
+    for outcome in ("compared", "refused_by_torch", "built_beyond_torch"):
+        record_property(outcome, outcomes[outcome])
+    assert outcomes["compared"] > 0, (
+        f"{name} ranks={num_ranks} stages/rank={num_stages_per_rank}: torch refused every edge mb count"
+    )
+
+
+grid_configs = st.sampled_from(GRID).flatmap(
+    lambda g: st.tuples(st.just(g), st.integers(1, MB_PER_STAGE * g[1] * g[2]))
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(grid_configs)
+def test_order_equals_torch_at_sampled_microbatch_counts(config) -> None:
+    (name, num_ranks, num_stages_per_rank), num_microbatches = config
+    compare_with_torch(name, num_ranks, num_microbatches, num_stages_per_rank)
 
 
 class _RecordingStage(_StubStage):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ppsim.cli import app
@@ -83,12 +85,12 @@ def test_cross_rank_deadlock_names_every_blocked_head(tmp_path: Path) -> None:
     sched = read_csv(write(tmp_path, text))
     with pytest.raises(DeadlockError) as err:
         check_progress(sched)
-    assert err.value.blocked == {0: ("0B0", "1B/I0"), 1: ("1F1", "0F1")}
+    assert err.value.blocked == {0: ("0B0", "1B0 (on rank 1)"), 1: ("1F1", "0F1 (on rank 0)")}
     assert "\n" not in str(err.value)
     out = [str(p) for p in validate(sched)]
     assert out == [
-        "rank 0, position 1, action 0B0: deadlock: waits for 1B/I0",
-        "rank 1, position 0, action 1F1: deadlock: waits for 0F1",
+        "rank 0, position 1, action 0B0: deadlock: waits for 1B0 (on rank 1)",
+        "rank 1, position 0, action 1F1: deadlock: waits for 0F1 (on rank 0)",
     ]
     result = runner.invoke(app, ["validate", str(write(tmp_path, text))])
     assert result.exit_code == 1 and "deadlock" in result.stdout
@@ -142,3 +144,66 @@ def test_torch_1f1b_export_is_reported_invalid(tmp_path: Path) -> None:
     assert f"rank {last}, action {last}F0: missing forward {last}F0" in out
     result = runner.invoke(app, ["validate", str(path), "-m", str(m)])
     assert result.exit_code == 1 and f"missing forward {last}F0" in result.stdout
+
+
+def test_a_huge_microbatch_id_lists_a_bounded_number_of_missing_computations() -> None:
+    from ppsim.ir import Action, ActionType, Schedule
+
+    F, B = ActionType.F, ActionType.B
+    big = 999_999_999
+    rows = ((Action(0, F, 0), Action(0, B, 0), Action(0, F, big), Action(0, B, big)),
+            (Action(1, F, 0), Action(1, B, 0), Action(1, F, big), Action(1, B, big)))
+    problems = [str(p) for p in validate(Schedule("sparse", rows, (0, 1), big + 1))]
+    assert 0 < len(problems) <= 2 * 100 + 1  # at most two per (stage, microbatch) listed, then one summary
+    assert problems[0] == "rank 0, action 0F1: missing forward 0F1"
+    assert problems[-1].startswith("more computations are missing")
+
+
+def test_a_deadlock_of_many_ranks_names_a_few_in_one_line_and_keeps_them_all() -> None:
+    from ppsim import get_schedule
+
+    base = get_schedule("1F1B", 40, 1)
+    swapped = base.with_actions([row[::-1] for row in base.actions])  # every rank starts with its backward
+    with pytest.raises(DeadlockError) as info:
+        check_progress(swapped)
+    assert len(info.value.blocked) == 40
+    message = str(info.value)
+    assert "\n" not in message and "and 28 more ranks" in message
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_array_check_agrees_with_the_walk_on_mutated_orders(data: st.DataObject) -> None:
+    from ppsim import get_schedule
+    from ppsim.errors import ScheduleConfigError
+    from ppsim.ir import Action, ActionType
+    from ppsim.validate import _sound, _walk
+
+    name = data.draw(st.sampled_from(["1F1B", "ZBH1", "Interleaved1F1B", "DualPipeV", "DualPipe", "ZBVZeroBubble"]))
+    try:
+        schedule = get_schedule(name, data.draw(st.integers(1, 4)), data.draw(st.integers(1, 9)))
+    except ScheduleConfigError:
+        return
+    rows = [list(row) for row in schedule.actions]
+    for _ in range(data.draw(st.integers(0, 2))):
+        r = data.draw(st.integers(0, len(rows) - 1))
+        if not rows[r]:
+            continue
+        p = data.draw(st.integers(0, len(rows[r]) - 1))
+        a = rows[r][p]
+        how = data.draw(st.sampled_from(["drop", "duplicate", "swap", "microbatch", "move", "split"]))
+        if how == "drop":
+            del rows[r][p]
+        elif how == "duplicate":
+            rows[r].insert(p, a)
+        elif how == "swap":
+            q = data.draw(st.integers(0, len(rows[r]) - 1))
+            rows[r][p], rows[r][q] = rows[r][q], a
+        elif how == "microbatch" and not a.sub_actions:
+            rows[r][p] = Action(a.stage, a.type, (a.microbatch or 0) + data.draw(st.integers(-1, 2)))
+        elif how == "move":
+            rows[(r + 1) % len(rows)].append(rows[r].pop(p))
+        elif how == "split" and a.type is ActionType.B:
+            rows[r][p : p + 1] = [Action(a.stage, ActionType.W, a.microbatch), Action(a.stage, ActionType.I, a.microbatch)]
+    mutated = schedule.with_actions(rows)
+    assert _sound(mutated) == (_walk(mutated) == [])

@@ -18,6 +18,7 @@ from ppsim.ir import ActionType
 from ppsim.schedules import get_schedule
 from ppsim.simulate import simulate
 from ppsim.viz import gantt, plot_to_file
+from ppsim.viz._data import cells as cells_of
 from viz_helpers import profile_like_costs
 
 ORANGE, GREEN, BLUE = "#f1b238", "#7fd650", "#77befa"
@@ -145,6 +146,22 @@ def test_every_cell_shows_its_microbatch_second_chunk_in_white(dualpipev):
     assert got == want
 
 
+def test_two_digit_labels_in_narrow_cells_are_set_smaller_not_dropped():
+    # W costs half a forward: a W cell is half a unit wide, too narrow for "12" at the chart's label size
+    result = simulate(get_schedule("DualPipeV", 4, 16), parse_costs("F=1,B=2,I=1.5,W=0.5,FB=2.5"))
+    fig = gantt.plot_gantt(result)
+    labels = collection(fig, "labels")
+    num_cells = sum(len(a.computations) for row in result.schedule.actions for a in row)
+    assert len(labels.texts) == num_cells  # every cell keeps its microbatch id
+    w_cells = {(round((c.start + c.end) / 2, 6), c.rank) for c in cells_of(result) if c.group == "W"}
+    sizes = {}
+    for (x, y), text, size in zip(labels.get_offsets(), labels.texts, labels.fontsizes):
+        if (round(x, 6), int(y)) in w_cells:
+            sizes.setdefault(len(text), set()).add(size)
+    assert max(sizes[2]) < labels.fontsize and min(sizes[2]) >= gantt.MIN_CELL_LABEL_FONT
+    assert max(sizes[1]) > max(sizes[2])  # one digit needs less room than two
+
+
 def test_legend_below_names_kinds_and_digit_colours(dualpipev):
     fig = gantt.plot_gantt(dualpipev)
     leg = fig.axes[0].get_legend()
@@ -182,6 +199,54 @@ def test_title_names_schedule_size_makespan_and_bubble(dualpipev):
         assert part in text
 
 
+def title_of(fig: Figure):
+    return next(t for t in fig.texts if t.get_gid() == "title")
+
+
+def two_rank_csv(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    path.write_text("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n", encoding="utf-8")
+    return path
+
+
+def test_a_long_schedule_name_wraps_and_stays_inside_a_short_chart(tmp_path):
+    name = "sweep_ranks2_mb2_interleaved_variant_with_a_very_long_descriptive_file_name_final_v3.csv"
+    fig = gantt.plot_gantt(simulate(read_csv(two_rank_csv(tmp_path, name))))
+    fig.canvas.draw()
+    title = title_of(fig)
+    box, figure_box = title.get_window_extent(), fig.bbox
+    assert box.x0 >= figure_box.x0 and box.x1 <= figure_box.x1 and box.y1 <= figure_box.y1
+    assert box.y0 > fig.axes[0].get_window_extent().y1  # above the chart, not over it
+    lines = title.get_text().split("\n")
+    assert len(lines) == 2 and lines[1].startswith("2 ranks, 2 microbatches, makespan")
+    assert lines[0].startswith("sweep_ranks2") and lines[0].endswith("final_v3:")
+
+
+def test_a_short_title_stays_one_line_at_full_size(dualpipev):
+    title = title_of(gantt.plot_gantt(dualpipev))
+    assert "\n" not in title.get_text() and title.get_fontsize() == 11
+
+
+def test_a_name_in_a_script_the_fonts_lack_draws_without_a_warning(tmp_path):
+    import warnings
+
+    from ppsim.viz import _text
+
+    name = "流水线.csv"
+    result = simulate(read_csv(two_rank_csv(tmp_path, name)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns "Glyph ... missing from font(s)" when it draws boxes
+        fig = gantt.plot_gantt(result)
+        plot_to_file(result, tmp_path / "cjk.png")
+        plot_to_file(result, tmp_path / "cjk.svg")
+    text = title_of(fig).get_text()
+    if all(_text._fallback_for(ord(ch)) for ch in "流水线"):  # a CJK font is installed: drawn with it
+        assert text.startswith("流水线")
+    else:  # none is: written as escapes, never as boxes
+        assert text.startswith("\\u6d41\\u6c34\\u7ebf")
+    assert (tmp_path / "cjk.png").stat().st_size > 0
+
+
 def test_draws_into_a_given_axes_and_returns_its_figure(dualpipev):
     fig = Figure(figsize=(12, 3))
     ax = fig.add_subplot()
@@ -216,6 +281,40 @@ def test_thousands_of_cells_per_row_drop_labels_and_borders():
     assert labels_of(fig) == []
     assert all(w == 0 for w in collection(fig, "cells:F").get_linewidths())
     assert collection(fig, "pair-borders") is None
+
+
+def test_beyond_the_drawn_cell_limit_rows_are_one_image_of_what_runs_when(monkeypatch):
+    result = simulate(get_schedule("ZBH1", 4, 8))
+    monkeypatch.setattr(gantt, "MAX_DRAWN_CELLS", 10)
+    fig = gantt.plot_gantt(result)
+    ax = fig.axes[0]
+    assert [c.get_gid() for c in ax.collections] == []  # no rectangles, no digits
+    (image,) = [im for im in ax.images if im.get_gid() == "cells:dense"]
+    pixels = np.asarray(image.get_array())
+    columns = pixels.shape[1]
+    assert pixels.shape[0] == 4 and columns >= 100
+    assert image.get_extent() == pytest.approx([0, result.makespan, 3.5, -0.5])
+    colour = {to_hex(tuple(px[:3] / 255)) for px in pixels.reshape(-1, 4)}
+    assert colour == {ORANGE, GREEN, BLUE, "#ffffff"}
+    dt = result.makespan / columns
+    for rank, row in enumerate(result.schedule.actions):  # the pixel column at each action's middle has its colour
+        for pos, action in enumerate(row):
+            mid = (result.starts[rank][pos] + result.ends[rank][pos]) / 2
+            px = pixels[rank, int(mid / dt)]
+            assert to_hex(tuple(px[:3] / 255)) == KIND_COLOR[action.type.value]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["Forward", "Backward for input", "Backward for weights"]
+
+
+def test_many_ranks_get_a_bounded_figure_with_thinned_row_labels():
+    result = simulate(get_schedule("1F1B", 200, 2))
+    fig = gantt.plot_gantt(result, labels=False, legend=False)
+    assert fig.get_figheight() <= gantt.MAX_GANTT_HEIGHT + 2
+    ticks = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert ticks[0] == "Device 0" and 10 < len(ticks) < 200
+    dpi = gantt.bounded_dpi(fig, 200)
+    w, h = fig.get_size_inches()
+    assert w * h * dpi**2 <= gantt.MAX_PIXELS * 1.001 and dpi < 200
 
 
 def test_memory_panel_has_a_line_per_rank_peaking_at_peak_activations(dualpipev):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -95,3 +98,22 @@ def test_report_needs_an_html_name(runner, tmp_path):
     result = runner.invoke(app, ["report", "-s", "1F1B", "-r", "2", "-m", "2", "-o", str(tmp_path / "r.png")])
     assert result.exit_code == 2
     assert len(result.stderr.strip().splitlines()) == 1 and ".html" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "after"), [(signal.SIGTERM, 1.2), (signal.SIGINT, 0.8)], ids=["SIGTERM", "SIGINT"])
+def test_a_plot_ended_by_a_signal_leaves_no_temporary_file_and_no_partial_png(tmp_path, sig, after):
+    # wherever the signal lands (importing, drawing, writing, or after the end) the folder holds the whole
+    # figure or nothing: never a hidden .out.png.*.tmp, never a truncated out.png
+    out = tmp_path / "out.png"
+    proc = subprocess.Popen([sys.executable, "-m", "ppsim.cli", "plot", "-s", "DualPipeV", "-r", "16", "-m", "512",
+                             "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        proc.wait(timeout=after)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+    assert [p.name for p in tmp_path.iterdir() if p.name != "out.png"] == []
+    if out.exists():
+        data = out.read_bytes()
+        assert data.startswith(b"\x89PNG") and data.endswith(b"IEND\xaeB`\x82")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -118,13 +117,11 @@ def test_html_file_embeds_plotly_js_and_fetches_nothing(dualpipev, tmp_path):
     assert not re.search(r"<script[^>]+src=", text)  # the browser test also runs it with the network cut
 
 
-def test_twenty_thousand_actions_render_fast_and_small(tmp_path):
+def test_twenty_thousand_actions_render_small_with_one_trace_per_kind(tmp_path):
+    # the time this takes is measured by bench/bench_plot.py, not asserted here
     result = simulate(get_schedule("DualPipeV", 32, 256))
     assert result.schedule.num_actions >= 20_000
-    t0 = time.perf_counter()
     path = plot_to_file(result, tmp_path / "big.html")
-    elapsed = time.perf_counter() - t0
-    assert elapsed <= 10.0
     assert path.stat().st_size <= 25 * 2**20
     assert len(interactive.gantt_figure(result).data) <= 7
 

@@ -33,9 +33,10 @@ def plot_to_file(
 
         return write_html(result, target, memory=memory, comm=comm)
     if ext in STATIC_FORMATS:
-        from ppsim.viz.gantt import plot_gantt, save_figure
+        from ppsim.viz.gantt import bounded_dpi, plot_gantt, save_figure
 
-        return save_figure(plot_gantt(result, memory=memory, comm=comm), target, dpi=dpi)
+        fig = plot_gantt(result, memory=memory, comm=comm)
+        return save_figure(fig, target, dpi=bounded_dpi(fig, dpi))
     raise PPSimError(
         f"-o {target}: unknown extension {target.suffix or '(none)'!r}; use one of {', '.join(PLOT_FORMATS)}"
     )

@@ -97,8 +97,9 @@ def _shades(result: SimResult, key: DigitKey) -> list[int]:
 def cells(result: SimResult) -> list[Cell]:
     """Every drawn cell, rank by rank in execution order (a pair gives its forward half, then its backward half)."""
     s = result.schedule
-    costs = result.costs
     shade = _shades(result, digit_key(result))
+    # where each pair's forward half ends, as the simulator recorded it (pairs in rank / position order)
+    pair_mids = iter(result.trace.pair_mid.tolist())
     out: list[Cell] = []
     for rank, row in enumerate(s.actions):
         starts, ends = result.starts[rank], result.ends[rank]
@@ -106,8 +107,7 @@ def cells(result: SimResult) -> list[Cell]:
             t0, t1 = starts[pos], ends[pos]
             if action.type is ActionType.OVERLAP_F_B:
                 f, b = action.sub_actions
-                _, share = costs.pair_split(s, f.stage, b.stage, b.type)
-                mid = t0 + (t1 - t0) * share
+                mid = next(pair_mids)
                 text = str(action)
                 out.append(Cell(rank, pos, "pair-F", "F", f.stage, f.microbatch or 0, t0, mid, t0, t1, text,
                                 shade[f.stage]))

@@ -10,17 +10,22 @@ memory panel's lines with gid ``memory``: tests and users can find each part by 
 
 from __future__ import annotations
 
+import io
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 import matplotlib as mpl
 import numpy as np
+
+from ppsim.viz import _mpl  # noqa: F401  (first: imports matplotlib's figure modules quickly)
 from matplotlib.collections import PathCollection, PolyCollection
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
-from matplotlib.font_manager import FontProperties, fontManager
+from matplotlib.font_manager import FontProperties
 from matplotlib.legend_handler import HandlerBase
 from matplotlib.patches import Rectangle
 from matplotlib.path import Path as Path_
@@ -30,7 +35,8 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 from matplotlib.transforms import Affine2D, ScaledTranslation
 
 from ppsim.io import write_atomic
-from ppsim.viz import _data
+from ppsim.result import COMP_TYPES
+from ppsim.viz import _data, _text
 from ppsim.viz._data import COLORS, DIGIT_COLORS, GROUP_KIND, GROUPS, IDLE_EDGE, LEGEND_LABELS
 
 if TYPE_CHECKING:
@@ -44,18 +50,22 @@ UNIT_WIDTH = 0.26
 MIN_WIDTH = 5.0
 MAX_WIDTH = 60.0
 LABEL_FONT = 10.0
-MIN_LABEL_FONT = 5.0
+MIN_LABEL_FONT = 5.0  # below this for the typical cell a chart gets no digits
+MIN_CELL_LABEL_FONT = 4.0  # a label shrunk to fit a narrow cell is dropped only below this
 ROW_LABEL_FONT = 10.0
 EDGE_WIDTH = 0.8
-FONT_FAMILY = ["Helvetica", "Arial", "Liberation Sans", "DejaVu Sans"]
+MAX_GANTT_HEIGHT = 24.0  # inches: beyond 85 ranks rows get thinner instead of the figure taller
+#: Above this many computations the rows are one image (a pixel column shows what runs at its centre time), not a
+#: rectangle per cell: a 1M-action chart then draws in about as long as a 50k-action one.
+MAX_DRAWN_CELLS = 50_000
+MAX_DENSE_COLUMNS = 12_000  # the widest chart (MAX_WIDTH) at 200 dpi
+MAX_PIXELS = 16e6  # a saved figure's pixels (64 MB of RGBA): time and memory stay bounded
 DIGIT_WIDTH_EM = 0.62  # width of one digit in ems (Helvetica/Arial/DejaVu: 0.556-0.636)
 
 
 def _rc() -> dict[str, Any]:
-    available = {f.name for f in fontManager.ttflist}
-    family = [f for f in FONT_FAMILY if f in available] or ["sans-serif"]
     return {
-        "font.family": family,
+        "font.family": list(_text.base_families()),
         "svg.fonttype": "none",  # text stays text in SVG (editable, small)
         "pdf.fonttype": 42,  # TrueType in PDF (publishers reject Type 3)
         "ps.fonttype": 42,
@@ -100,9 +110,21 @@ class _Legend:
     labels: list[str]
 
 
+def _present_groups(result: SimResult) -> set[str]:
+    """The cell groups a result holds, read from its trace (no cells built)."""
+    t = result.trace
+    single = np.ones(t.comp_type.size, dtype=bool)
+    single[t.pair_first] = False
+    single[t.pair_first + 1] = False
+    groups = {COMP_TYPES[k] for k in np.unique(t.comp_type[single]).tolist()}
+    if t.pair_first.size:
+        groups |= {"pair-F", "pair-B"}
+    return groups
+
+
 def legend_entries(result: SimResult, cells: list[_data.Cell] | None = None) -> _Legend:
     """Legend keys for what this schedule contains (in the figures' order), then the digit colours."""
-    present = {c.group for c in (_data.cells(result) if cells is None else cells)}
+    present = _present_groups(result) if cells is None else {c.group for c in cells}
     handles: list[_Swatch] = []
     labels: list[str] = []
     for kind, width in (("F", 0.5), ("B", 1.0), ("I", 0.5), ("W", 0.5)):
@@ -113,7 +135,7 @@ def legend_entries(result: SimResult, cells: list[_data.Cell] | None = None) -> 
         handles.append(_Swatch((COLORS["F"], COLORS["B"]), width=1.0))
         labels.append(LEGEND_LABELS["pair"])
     key = _data.digit_key(result)
-    if key.by is not None:
+    if key.by is not None and not (cells is None and is_dense(result)):  # a dense chart has no digits
         handles.append(_Swatch((COLORS["F"],), width=0.5, digit="0", digit_color=DIGIT_COLORS[0]))
         labels.append(key.black)
         handles.append(_Swatch((COLORS["F"],), width=0.5, digit="0", digit_color=DIGIT_COLORS[1]))
@@ -125,28 +147,36 @@ class LabelCollection(PathCollection):
     """Microbatch ids drawn as glyph outlines, one artist for all of them (thousands of Text artists are slow).
 
     ``texts`` holds the strings in drawing order, aligned with ``get_offsets()`` (cell centres in data coordinates)
-    and ``get_facecolors()`` (black or white digits); ``fontsize`` is in points.
+    and ``get_facecolors()`` (black or white digits); ``fontsizes`` the size of each in points (a label too long
+    for its cell is set smaller rather than dropped) and ``fontsize`` the largest.
     """
 
-    def __init__(self, paths: list[Path_], texts: list[str], *, fontsize: float, **kwargs: Any) -> None:
+    def __init__(
+        self, paths: list[Path_], texts: list[str], *, fontsizes: list[float], **kwargs: Any
+    ) -> None:
         super().__init__(paths, **kwargs)
         self.texts = tuple(texts)
-        self.fontsize = fontsize
+        self.fontsizes = tuple(fontsizes)
+        self.fontsize = max(fontsizes, default=0.0)
 
     @classmethod
-    def for_cells(cls, ax: Axes, cells: list[_data.Cell], *, fontsize: float) -> LabelCollection:
-        prop = FontProperties(size=fontsize)
-        zero = TextPath((0, 0), "0", size=fontsize, prop=prop).get_extents()
-        glyphs: dict[str, Path_] = {}
+    def for_cells(
+        cls, ax: Axes, cells: list[_data.Cell], *, fontsize: float, fontsizes: list[float] | None = None
+    ) -> LabelCollection:
+        sizes = [fontsize] * len(cells) if fontsizes is None else fontsizes
+        glyphs: dict[tuple[str, float], Path_] = {}
         texts = [str(c.microbatch) for c in cells]
-        for text in set(texts):  # centred on the ink horizontally, on a digit's height vertically
-            path = TextPath((0, 0), text, size=fontsize, prop=prop)
+        for key in set(zip(texts, sizes)):  # centred on the ink horizontally, on a digit's height vertically
+            text, size = key
+            prop = FontProperties(size=size)
+            zero = TextPath((0, 0), "0", size=size, prop=prop).get_extents()
+            path = TextPath((0, 0), text, size=size, prop=prop)
             ext = path.get_extents()
-            glyphs[text] = path.transformed(Affine2D().translate(-(ext.x0 + ext.x1) / 2, -(zero.y0 + zero.y1) / 2))
+            glyphs[key] = path.transformed(Affine2D().translate(-(ext.x0 + ext.x1) / 2, -(zero.y0 + zero.y1) / 2))
         return cls(
-            [glyphs[t] for t in texts],
+            [glyphs[k] for k in zip(texts, sizes)],
             texts,
-            fontsize=fontsize,
+            fontsizes=sizes,
             offsets=np.array([((c.start + c.end) / 2, c.rank) for c in cells], dtype=float),
             offset_transform=ax.transData,
             transform=Affine2D().scale(1 / 72) + ax.figure.dpi_scale_trans,  # glyphs in points
@@ -173,6 +203,8 @@ def natural_width(
 ) -> float:
     """Axes width in inches that gives a one-forward cell :data:`UNIT_WIDTH`, clamped to a printable range."""
     span = time_max or result.makespan or 1.0
+    if cells is None and is_dense(result):
+        return MAX_WIDTH
     units = span / _base_duration(_data.cells(result) if cells is None else cells)
     return float(min(MAX_WIDTH, max(MIN_WIDTH, units * UNIT_WIDTH)))
 
@@ -195,11 +227,32 @@ def draw_gantt(
     label_fontsize: float | None = None,
     cells: list[_data.Cell] | None = None,
 ) -> None:
-    """Draw the Gantt rows into ``ax`` (no legend, no title). ``labels=None`` labels every cell a digit fits in."""
-    s = result.schedule
-    cells = _data.cells(result) if cells is None else cells
+    """Draw the Gantt rows into ``ax`` (no legend, no title). ``labels=None`` labels every cell a digit fits in.
+
+    Above :data:`MAX_DRAWN_CELLS` computations the rows are drawn as one image instead (see :func:`_draw_dense`),
+    so the work and memory a figure takes are bounded by its pixels, not by the schedule's size.
+    """
     span = time_max if time_max is not None else (result.makespan or 1.0)
     ts = _data.time_scale(result, span=span)
+    if cells is None and is_dense(result):
+        _draw_dense(result, ax, span)
+        if comm:
+            ax.annotate(f"p2p arrows not drawn above {MAX_DRAWN_CELLS:,} cells", xy=(1, 1), xycoords="axes fraction",
+                        xytext=(0, 4), textcoords="offset points", ha="right", va="bottom", fontsize=8,
+                        color="#444444")
+    else:
+        _draw_cells(result, ax, _data.cells(result) if cells is None else cells, span=span, labels=labels,
+                    label_fontsize=label_fontsize)
+        if comm:
+            _draw_comm(result, ax)
+    _style_axes(result, ax, span=span, ts=ts, row_label=row_label)
+
+
+def _draw_cells(
+    result: SimResult, ax: Axes, cells: list[_data.Cell], *, span: float, labels: bool | None,
+    label_fontsize: float | None,
+) -> None:
+    """One rectangle per cell, pair borders, idle slots and the microbatch ids."""
     pt_per_time = _axes_width_pt(ax) / span
 
     # edges thin out and then vanish as cells shrink, so dense charts stay colour fields, not black mush
@@ -241,19 +294,33 @@ def draw_gantt(
             fs = min(fs, (unit_pt - 2.0) / (ndig * DIGIT_WIDTH_EM))
         if fs >= MIN_LABEL_FONT or labels is True:
             fs = max(fs, 1.0)
-            def fits(c: _data.Cell) -> bool:
-                return (c.end - c.start) * pt_per_time >= len(str(c.microbatch)) * DIGIT_WIDTH_EM * fs + 1.5
 
-            shown = [c for c in cells if labels is True or fits(c)]
+            def fitted(c: _data.Cell) -> float:
+                """The label size for this cell: ``fs``, or smaller where its digits would overflow the cell."""
+                room = (c.end - c.start) * pt_per_time - 1.5
+                return min(fs, room / (len(str(c.microbatch)) * DIGIT_WIDTH_EM))
+
+            # a label too long for its cell (two digits in a narrow one) is set smaller, down to a legible floor,
+            # and rounded to a quarter point so a chart needs only a few glyph sizes
+            sized = [(c, fs if labels is True else math.floor(fitted(c) * 4) / 4) for c in cells]
+            shown = [(c, size) for c, size in sized if labels is True or size >= MIN_CELL_LABEL_FONT]
             if shown:
-                ax.add_collection(LabelCollection.for_cells(ax, shown, fontsize=fs), autolim=False)
+                ax.add_collection(
+                    LabelCollection.for_cells(ax, [c for c, _ in shown], fontsize=fs,
+                                              fontsizes=[size for _, size in shown]),
+                    autolim=False,
+                )
 
-    if comm:
-        _draw_comm(result, ax)
 
+
+def _style_axes(result: SimResult, ax: Axes, *, span: float, ts: _data.TimeScale, row_label: str) -> None:
+    n = result.schedule.num_ranks
     ax.set_xlim(0, span)
-    ax.set_ylim(s.num_ranks - 0.5, -0.5)
-    ax.set_yticks(range(s.num_ranks), [f"{row_label} {r}" for r in range(s.num_ranks)], fontsize=ROW_LABEL_FONT,
+    ax.set_ylim(n - 0.5, -0.5)
+    # a row label every row while rows are tall enough for one, else every k-th row
+    row_pt = ax.get_position().height * ax.figure.get_figheight() * 72.0 / n
+    step = max(1, math.ceil(ROW_LABEL_FONT * 1.3 / row_pt))
+    ax.set_yticks(range(0, n, step), [f"{row_label} {r}" for r in range(0, n, step)], fontsize=ROW_LABEL_FONT,
                   fontweight="bold")
     ax.tick_params(axis="y", length=0, pad=5)
     ax.tick_params(axis="x", labelsize=8, colors="#444444", length=3, width=0.6)
@@ -265,6 +332,44 @@ def draw_gantt(
                 ha="right", va="center", fontsize=ROW_LABEL_FONT, fontweight="bold")
     ax.annotate(ts.label.removeprefix("Time (").removesuffix(")"), xy=(1, 0), xycoords="axes fraction",
                 xytext=(0, -24), textcoords="offset points", ha="right", va="center", fontsize=8, color="#444444")
+
+
+def bounded_dpi(fig: Figure, dpi: float) -> float:
+    """``dpi``, lowered where the figure would exceed :data:`MAX_PIXELS` pixels (memory and time stay bounded)."""
+    w, h = fig.get_size_inches()
+    return float(min(dpi, math.sqrt(MAX_PIXELS / max(w * h, 1e-9))))
+
+
+def is_dense(result: SimResult) -> bool:
+    """Whether the chart has more computations than are drawn one by one."""
+    return int(result.trace.comp_type.size) > MAX_DRAWN_CELLS
+
+
+def _draw_dense(result: SimResult, ax: Axes, span: float) -> None:
+    """Every rank's row as one image row: each pixel column takes the colour of what runs at its centre time.
+
+    Used above :data:`MAX_DRAWN_CELLS` computations, where cells are narrower than a pixel anyway: no borders, no
+    digits, idle time white. The image is ``(ranks, columns)`` with columns the axes' width at 200 dpi (at most
+    :data:`MAX_DENSE_COLUMNS`), so drawing and saving take time and memory bounded by the figure, not the schedule.
+    """
+    t = result.trace
+    n = result.schedule.num_ranks
+    columns = int(min(MAX_DENSE_COLUMNS, max(100, ax.get_position().width * ax.figure.get_figwidth() * 200)))
+    centres = (np.arange(columns) + 0.5) * (span / columns)
+    kind = np.full((n, columns), len(COMP_TYPES), dtype=np.int8)  # last index: idle
+    starts, ends, types = t.comp_half_start, t.comp_half_end, t.comp_type
+    bounds = np.searchsorted(t.comp_owner, t.offsets)  # computations of rank r: bounds[r] .. bounds[r + 1]
+    for rank in range(n):
+        a, b = bounds[rank], bounds[rank + 1]
+        if a == b:
+            continue
+        i = np.searchsorted(starts[a:b], centres, side="right") - 1  # a rank's computations run in order
+        ok = i >= 0
+        ok[ok] = centres[ok] < ends[a:b][i[ok]]
+        kind[rank, ok] = types[a:b][i[ok]]
+    palette = np.array([to_rgba(COLORS[k]) for k in COMP_TYPES] + [(1.0, 1.0, 1.0, 1.0)])
+    ax.imshow((palette[kind] * 255).astype(np.uint8), aspect="auto", interpolation="nearest",
+              extent=(0, span, n - 0.5, -0.5), zorder=2, gid="cells:dense")
 
 
 def _idle_slots(gaps: list[tuple[int, float, float]], base: float) -> list[tuple[int, float, float]]:
@@ -391,12 +496,15 @@ def plot_gantt(
                          "plot_memory(result, ax=another_ax)")
     with mpl.rc_context(_rc()):
         if ax is not None:
-            cells = _data.cells(result)
+            cells = None if is_dense(result) else _data.cells(result)
             draw_gantt(result, ax, labels=labels, comm=comm, row_label=row_label, time_max=time_max, cells=cells)
             if legend:
                 add_legend(result, ax, cells=cells)
             if title:
-                ax.set_title(title if isinstance(title, str) else _data.title(result), loc="left", fontsize=11)
+                width_pt = ax.get_position().width * ax.figure.get_figwidth() * 72.0
+                fitted = _text.fit_title(title if isinstance(title, str) else _data.title(result), width_pt)
+                ax.set_title(fitted.text, loc="left", fontsize=fitted.fontsize, fontfamily=list(fitted.families),
+                             parse_math=False)
             return ax.figure  # type: ignore[return-value]
         return _own_figure(result, memory=memory, comm=comm, labels=labels, legend=legend, title=title,
                            row_label=row_label, width=width, time_max=time_max)
@@ -407,7 +515,7 @@ def _own_figure(
     row_label: str, width: float | None, time_max: float | None,
 ) -> Figure:
     n = result.schedule.num_ranks
-    cells = _data.cells(result)
+    cells = None if is_dense(result) else _data.cells(result)
     axes_w = width or natural_width(result, time_max=time_max, cells=cells)
     left = 0.95 if n <= 10 else 1.05
     right = 1.2 if memory else 0.2
@@ -415,8 +523,11 @@ def _own_figure(
     entries = legend_entries(result, cells)
     ncol = _legend_columns(entries, axes_w + left, 10.0)
     legend_rows = -(-len(entries.labels) // ncol) if legend else 0
-    title_h = 0.42 if title else 0.1
-    gantt_h = n * ROW_HEIGHT
+    fitted = None
+    if title:  # from the axes' left edge to the figure's right edge, wrapped or set smaller when it is long
+        fitted = _text.fit_title(title if isinstance(title, str) else _data.title(result), (fig_w - left - 0.1) * 72)
+    title_h = 0.42 + (fitted.num_lines - 1) * fitted.fontsize * 1.25 / 72 if fitted else 0.1
+    gantt_h = min(n * ROW_HEIGHT, MAX_GANTT_HEIGHT)
     ticks_h = 0.45
     legend_h = 0.36 * legend_rows + (0.12 if legend else 0.0)
     mem_h = 1.6 if memory else 0.0
@@ -428,9 +539,9 @@ def _own_figure(
     draw_gantt(result, ax, labels=labels, comm=comm, row_label=row_label, time_max=time_max, cells=cells)
     if legend:
         add_legend(result, ax, ncol=ncol, cells=cells)
-    if title:
-        fig.text(left / fig_w, 1 - 0.14 / fig_h, title if isinstance(title, str) else _data.title(result),
-                 ha="left", va="top", fontsize=11)
+    if fitted:
+        fig.text(left / fig_w, 1 - 0.14 / fig_h, fitted.text, ha="left", va="top", fontsize=fitted.fontsize,
+                 fontfamily=list(fitted.families), parse_math=False, gid="title")
     if memory:
         mem_ax = fig.add_axes((left / fig_w, mem_ticks / fig_h, axes_w / fig_w, mem_h / fig_h))
         draw_memory(result, mem_ax, row_label=row_label, time_max=time_max)
@@ -457,8 +568,9 @@ def save_figure(fig: Figure, path: str | os.PathLike[str], *, dpi: int = 200) ->
         "pdf": {"metadata": {"CreationDate": None}},
     }[fmt]
 
-    def draw(fh: BinaryIO) -> None:
-        with mpl.rc_context(_rc()):
-            fig.savefig(fh, format=fmt, dpi=dpi, facecolor="white", **extra)
-
-    return write_atomic(path, draw)
+    # rendered in memory first, so the hidden temporary file lives for the write alone (milliseconds, not the
+    # seconds a big figure takes to draw): a process killed outright (SIGKILL) rarely leaves one behind
+    buffer = io.BytesIO()
+    with mpl.rc_context(_rc()):
+        fig.savefig(buffer, format=fmt, dpi=dpi, facecolor="white", **extra)
+    return write_atomic(path, buffer.getvalue())

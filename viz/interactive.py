@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 #: Above this many cells a chart carries no digits (hover still names every cell); browsers stay responsive.
 MAX_LABELLED_CELLS = 6000
+#: Labels shrink to fit their cells (all to one size, as in the DualPipe figures) and are hidden only below this
+#: many px: two-digit ids in one-unit cells of a 4-rank, 16-microbatch report 1600 px wide need about 7 px.
+MIN_LABEL_PX = 5
 HOVER_FIELDS = ("action", "stage", "microbatch", "start", "end", "duration")
 PLOTLY_CONFIG = {"displaylogo": False, "scrollZoom": True, "responsive": True,
                  "toImageButtonOptions": {"format": "svg"}}
@@ -256,7 +259,7 @@ def gantt_figure(
         margin=dict(l=90, r=30, t=60, b=120),
         legend=dict(orientation="h", yanchor="top", y=-60 / (gantt_px + mem_px + 60) - (0.12 if memory else 0),
                     x=0, xanchor="left", font=dict(size=12)),
-        uniformtext=dict(minsize=8, mode="hide"),
+        uniformtext=dict(minsize=MIN_LABEL_PX, mode="hide"),
         hoverlabel=dict(bgcolor="white"),
         annotations=[dict(text=" · ".join(notes), showarrow=False, xref="paper", yref="paper", x=0, y=1.0,
                           xanchor="left", yanchor="bottom", font=dict(size=11, color="#555"))],

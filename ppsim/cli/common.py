@@ -95,14 +95,32 @@ def warn(lines: Any) -> None:
 
 
 def build_schedule(
-    schedule: str, ranks: int | None, mb: int | None, v: int | None = None, directions: int | None = None
+    schedule: str,
+    ranks: int | None,
+    mb: int | None,
+    v: int | None = None,
+    directions: int | None = None,
+    *,
+    allow_large: bool = False,
+    figure: bool = False,
+    check: bool = True,
 ) -> Schedule:
-    """Build one schedule; warnings for options it ignores go to stderr."""
+    """Build one schedule (bounded, a file validated unless ``check=False``; ``figure`` for plot/report); warnings
+    go to stderr."""
     from ppsim.compare import build
 
-    sched, notes = build(schedule, ranks, mb, v, num_pipelines=directions)
+    sched, notes = build(
+        schedule, ranks, mb, v, num_pipelines=directions, allow_large=allow_large, figure=figure, check=check
+    )
     warn(notes)
     return sched
+
+
+def check_figure(sched: Schedule, *, allow_large: bool = False) -> None:
+    """Refuse a figure too big to draw within the limits (:func:`ppsim.limits.check_figure`)."""
+    from ppsim.limits import check_figure as check
+
+    check(sched.name, sched.num_ranks, sched.num_actions, allow_large=allow_large)
 
 
 def build_costs(

@@ -83,6 +83,14 @@ CostScopeOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
+AllowLargeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-large",
+        help="Go beyond ppsim's size limits (2M actions, 2048 ranks; CSV files 500k actions, 16 MiB; json/chrome "
+        "exports 200k actions; figures 50k actions, 1000 ranks), which can take minutes and gigabytes.",
+    ),
+]
 
 
 class ExportFormat(str, Enum):

@@ -18,6 +18,7 @@ from ppsim.cli.common import (
     user_errors,
 )
 from ppsim.cli.options import (
+    AllowLargeOpt,
     CostScopeOpt,
     CostsOpt,
     DirectionsOpt,
@@ -75,11 +76,19 @@ def show_cmd(
     mb: MbOpt = None,
     stages_per_rank: VOpt = None,
     directions: DirectionsOpt = None,
+    allow_large: AllowLargeOpt = False,
 ) -> None:
     """The order as a text grid, one row per rank."""
     from ppsim.formats import to_text_grid
+    from ppsim.schedules.loading import InvalidScheduleError, check_schedule, is_schedule_file
 
-    sched = build_schedule(one_schedule(schedule), ranks, mb, stages_per_rank, directions)
+    name = one_schedule(schedule)
+    sched = build_schedule(name, ranks, mb, stages_per_rank, directions, allow_large=allow_large, check=False)
+    if is_schedule_file(name):
+        try:  # showing an invalid file helps to fix it: say so, then show it
+            check_schedule(sched, path=name, num_pipelines=directions or 1)
+        except InvalidScheduleError as exc:
+            typer.echo(f"warning: {exc}", err=True)
     typer.echo(
         f"{sched.name}: {sched.num_ranks} ranks, {sched.num_microbatches} microbatches, "
         f"{sched.num_stages} stages ({sched.num_stages_per_rank} per rank)"
@@ -93,25 +102,31 @@ def validate_cmd(
     file: Annotated[Path, typer.Argument(help="Schedule CSV in torch's format (compute-only or compute+comms).")],
     mb: MbOpt = None,
     directions: DirectionsOpt = None,
+    allow_large: AllowLargeOpt = False,
 ) -> None:
     """Check a schedule file; exit 0 and `valid`, or exit 1 with one line per problem."""
-    from ppsim.formats import read_schedule_file, schedule_from_rows
+    from ppsim.formats import ScheduleStructureError
+    from ppsim.schedules.loading import load_for_validation
     from ppsim.validate import Problem, validate
 
-    sf = read_schedule_file(file)
-    if sf.dropped_note:
-        typer.echo(f"note: {sf.dropped_note}", err=True)
+    sched = None
     try:
-        sched = schedule_from_rows(sf.rows, name=file.stem, num_microbatches=mb, num_pipelines=directions or 1)
-        problems = validate(sched)
-    except PPSimError as exc:  # placement problems are problems of the file, not of the command line
+        sf, sched = load_for_validation(
+            file, num_microbatches=mb, num_pipelines=directions or 1, allow_large=allow_large
+        )
+    except ScheduleStructureError as exc:  # placement problems are problems of the file, not of the command line
         problems = [Problem(None, None, None, str(exc))]
+    else:
+        if sf.dropped_note:
+            typer.echo(f"note: {sf.dropped_note}", err=True)
+        problems = validate(sched)
     if not problems:
         typer.echo("valid")
         return
     for p in problems:
         typer.echo(str(p))
-    if directions in (None, 1) and any("deadlock" in p.message for p in problems) and len(sf.rows) > 1:
+    if (directions in (None, 1) and any("deadlock" in p.message for p in problems) and sched is not None
+            and sched.num_stages == 2 * sched.num_ranks > 2):
         typer.echo("hint: a DualPipe file (two independent pipelines) needs --directions 2", err=True)
     raise typer.Exit(code=1)
 
@@ -130,12 +145,13 @@ def export_cmd(
     costs: CostsOpt = None,
     profile: ProfileOpt = None,
     directions: DirectionsOpt = None,
+    allow_large: AllowLargeOpt = False,
     cost_scope: CostScopeOpt = None,
     split: SplitOpt = None,
     layers_per_stage: LayersPerStageOpt = None,
 ) -> None:
     """Write the schedule as torch's compute-only CSV, timed JSON, or a Chrome/Perfetto trace."""
-    sched = build_schedule(one_schedule(schedule), ranks, mb, stages_per_rank, directions)
+    sched = build_schedule(one_schedule(schedule), ranks, mb, stages_per_rank, directions, allow_large=allow_large)
     check_writable(output)
     if fmt is ExportFormat.csv:
         from ppsim.formats import write_csv
@@ -146,7 +162,9 @@ def export_cmd(
         path = write_csv(sched, output)
     else:
         from ppsim import export
+        from ppsim.limits import check_timeline
 
+        check_timeline(sched.name, sched.num_actions, fmt=fmt.value, allow_large=allow_large)
         result = run_simulation(sched, build_costs(costs, profile, split, layers_per_stage), cost_scope)
         writer = export.write_json_timeline if fmt is ExportFormat.json else export.write_chrome_trace
         path = writer(result, output)

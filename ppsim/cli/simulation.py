@@ -11,6 +11,7 @@ from ppsim.cli._app import app
 from ppsim.cli.common import (
     build_inputs,
     build_schedule,
+    check_figure,
     console,
     echo_json,
     one_schedule,
@@ -20,6 +21,7 @@ from ppsim.cli.common import (
     warn_comparison,
 )
 from ppsim.cli.options import (
+    AllowLargeOpt,
     CostScopeOpt,
     CostsOpt,
     DirectionsOpt,
@@ -39,6 +41,7 @@ from ppsim.errors import PPSimError
 from ppsim.io import check_writable, fmt_bytes, parse_bytes
 
 if TYPE_CHECKING:
+    from ppsim.ir import Schedule
     from ppsim.result import SimResult
 
 
@@ -54,6 +57,7 @@ def simulate_cmd(
     memory_cap: MemCapOpt = None,
     json_out: JsonOpt = False,
     directions: DirectionsOpt = None,
+    allow_large: AllowLargeOpt = False,
     cost_scope: CostScopeOpt = None,
     split: SplitOpt = None,
     layers_per_stage: LayersPerStageOpt = None,
@@ -68,7 +72,9 @@ def simulate_cmd(
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
     comparison = compare(
-        names, builder=lambda name: build_schedule(name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions),
+        names, builder=lambda name: build_schedule(
+            name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions, allow_large=allow_large
+        ),
         costs=cost_model, scope=cost_scope, memory_cap_bytes=cap,
     )
     warn_comparison(comparison, several=len(names) > 1)
@@ -129,6 +135,7 @@ def plot_cmd(
     comm: Annotated[bool, typer.Option("--comm", help="Draw p2p hand-offs between ranks as arrows.")] = False,
     memory_cap: MemCapOpt = None,
     directions: DirectionsOpt = None,
+    allow_large: AllowLargeOpt = False,
     cost_scope: CostScopeOpt = None,
     split: SplitOpt = None,
     layers_per_stage: LayersPerStageOpt = None,
@@ -141,7 +148,9 @@ def plot_cmd(
         one_schedule(schedule)
     inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
                           layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
-    sched = build_schedule(one_schedule(inputs.names), inputs.ranks, inputs.mb, inputs.stages_per_rank, directions)
+    sched = build_schedule(one_schedule(inputs.names), inputs.ranks, inputs.mb, inputs.stages_per_rank, directions,
+                           allow_large=allow_large, figure=True)
+    check_figure(sched, allow_large=allow_large)
     if output is None:
         output = Path(f"{sched.name}_r{sched.num_ranks}_m{sched.num_microbatches}.png")
     if output.suffix.lower() not in PLOT_FORMATS:
@@ -171,10 +180,15 @@ def report_cmd(
     profile: ProfileOpt = None,
     memory_cap: MemCapOpt = None,
     directions: DirectionsOpt = None,
+    allow_large: AllowLargeOpt = False,
     cost_scope: CostScopeOpt = None,
     split: SplitOpt = None,
     layers_per_stage: LayersPerStageOpt = None,
     torchtitan_config: TorchtitanConfigOpt = None,
+    search: Annotated[
+        bool, typer.Option("--search", help="Add the order `ppsim search` finds under --memory-cap (8act or bytes).")
+    ] = False,
+    search_time: Annotated[float, typer.Option("--search-time", help="Seconds for --search (default 10).")] = 10.0,
 ) -> None:
     """One self-contained HTML page comparing schedules: ranking, Gantts, memory, bubbles."""
     if output.suffix.lower() not in (".html", ".htm"):
@@ -186,12 +200,25 @@ def report_cmd(
     inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
                           layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
     names, cost_model = inputs.names, inputs.cost_model
-    cap = parse_bytes(memory_cap)
+    searched: dict[str, Schedule] = {}
+    if search:
+        from ppsim.cli.search import searched_for_report
+
+        found, cap = searched_for_report(inputs.ranks, inputs.mb, cost_model, memory_cap, cost_scope, search_time)
+        searched[found.name] = found
+    else:
+        cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
-    comparison = compare(
-        names, builder=lambda name: build_schedule(name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions),
-        costs=cost_model, scope=cost_scope, memory_cap_bytes=cap,
-    )
+
+    def builder(name: str) -> Schedule:
+        if name in searched:
+            return searched[name]
+        return build_schedule(
+            name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions, allow_large=allow_large, figure=True
+        )
+
+    comparison = compare(list(names) + list(searched), builder=builder, costs=cost_model, scope=cost_scope,
+                         memory_cap_bytes=cap)
     warn_comparison(comparison, several=len(names) > 1)
     path = write_report(comparison, output, memory_cap_bytes=cap)
     typer.echo(str(path))

@@ -25,7 +25,8 @@ class ScheduleSpec:
     """
 
     name: str
-    build: Callable[[int, int, int], Schedule]
+    build: Callable[..., Schedule]
+    """``build(num_ranks, num_microbatches, num_stages_per_rank)``; registered, it checks the sizes first."""
     description: str
     constraints: str
     fixed_stages_per_rank: int | None = None
@@ -67,9 +68,26 @@ def paused_gc(build: _Build) -> _Build:
 
 
 
+def checked_sizes(spec: ScheduleSpec, build: _Build) -> _Build:
+    """``build`` refusing counts no schedule can use and a stages-per-rank ``spec`` does not allow: the one place
+    sizes are checked (builders assume them)."""
+
+    @functools.wraps(build)
+    def run(num_ranks: int, num_microbatches: int, num_stages_per_rank: int | None = None) -> Schedule:
+        if num_ranks < 1:
+            raise ScheduleConfigError(f"--ranks {num_ranks}: {spec.name} needs at least 1 rank; pass -r 1 or more")
+        if num_microbatches < 1:
+            raise ScheduleConfigError(
+                f"--mb {num_microbatches}: {spec.name} needs at least 1 microbatch; pass -m 1 or more"
+            )
+        return build(num_ranks, num_microbatches, resolve_stages_per_rank(spec, num_stages_per_rank))
+
+    return run  # type: ignore[return-value]
+
+
 def register(spec: ScheduleSpec) -> ScheduleSpec:
-    """Add a schedule to the registry; its builder runs with the cyclic garbage collector paused."""
-    spec = replace(spec, build=paused_gc(spec.build))
+    """Add a schedule to the registry; its builder checks sizes first and runs with the garbage collector paused."""
+    spec = replace(spec, build=checked_sizes(spec, paused_gc(spec.build)))
     for key in (spec.name, *spec.aliases):
         assert key.lower() not in _REGISTRY, f"schedule name {key} registered twice"
         _REGISTRY[key.lower()] = spec
@@ -120,13 +138,7 @@ def get_schedule(
     name: str, num_ranks: int, num_microbatches: int, num_stages_per_rank: int | None = None
 ) -> Schedule:
     """Build a named schedule for ``num_ranks`` ranks and ``num_microbatches`` microbatches per step."""
-    spec = get_spec(name)
-    if num_ranks < 1:
-        raise ScheduleConfigError(f"--ranks {num_ranks}: need at least 1 rank; pass -r 1 or more")
-    if num_microbatches < 1:
-        raise ScheduleConfigError(f"--mb {num_microbatches}: need at least 1 microbatch; pass -m 1 or more")
-    v = resolve_stages_per_rank(spec, num_stages_per_rank)
-    return spec.build(num_ranks, num_microbatches, v)
+    return get_spec(name).build(num_ranks, num_microbatches, num_stages_per_rank)
 
 
 _LOADED = False
@@ -147,6 +159,8 @@ def _load_modules() -> None:
         dualpipev,
         zbh,
         dualpipe,
+        v_min,
+        v_half,
     )
 
 
@@ -157,19 +171,20 @@ def load_schedule(
     num_stages_per_rank: int | None = None,
     *,
     num_pipelines: int = 1,
+    allow_large: bool = False,
 ) -> Schedule:
-    """A schedule by registry name, or read from a torch CSV file (anything ending in ``.csv``)."""
-    if name_or_path.lower().endswith(".csv"):
-        from ppsim.formats import read_csv
+    """A schedule by registry name, or read from a torch CSV file (anything ending in ``.csv``).
 
-        schedule = read_csv(name_or_path, num_microbatches=num_microbatches, num_pipelines=num_pipelines)
-        if num_ranks is not None and num_ranks != schedule.num_ranks:
-            raise ScheduleConfigError(
-                f"--ranks {num_ranks}: {name_or_path} has {schedule.num_ranks} rows (one per rank); "
-                f"drop --ranks or pass -r {schedule.num_ranks}"
-            )
-        return schedule
-    if num_ranks is None or num_microbatches is None:
-        missing = "--ranks/-r" if num_ranks is None else "--mb/-m"
-        raise ScheduleConfigError(f"{missing} is required with schedule name {name_or_path!r}; e.g. -r 4 -m 8")
-    return get_schedule(name_or_path, num_ranks, num_microbatches, num_stages_per_rank)
+    :func:`ppsim.schedules.loading.load_schedule`: work bounded by :mod:`ppsim.limits`, a file's sizes read from it,
+    the file validated.
+    """
+    from ppsim.schedules.loading import load_schedule as load
+
+    return load(
+        name_or_path,
+        num_ranks=num_ranks,
+        num_microbatches=num_microbatches,
+        num_stages_per_rank=num_stages_per_rank,
+        num_pipelines=num_pipelines,
+        allow_large=allow_large,
+    )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ppsim.ir import Action, ActionType, overlap
+from ppsim.ir import Action, ActionType, make_action, overlap
 
 F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 
@@ -37,15 +37,15 @@ def dualpipe_rank_actions(
     def fwd(chunk: int) -> Action:
         mb = next_f[chunk]
         next_f[chunk] = mb + 1
-        return Action(stages[chunk], F, mb)
+        return make_action(stages[chunk], F, mb)
 
     def bwd(chunk: int, *, split: bool = False) -> Action:
         mb = next_b[chunk]
         next_b[chunk] = mb + 1
         if split:
-            pending_w.append(Action(stages[chunk], W, mb))
-            return Action(stages[chunk], I, mb)
-        return Action(stages[chunk], B, mb)
+            pending_w.append(make_action(stages[chunk], W, mb))
+            return make_action(stages[chunk], I, mb)
+        return make_action(stages[chunk], B, mb)
 
     # Step 1: nF0 - fill the first stages downstream of this rank.
     for _ in range(2 * (n - h - 1)):

@@ -2,18 +2,20 @@
 
 The 1F1B family (GPipe, 1F1B, ZB-H1, ZB-H2, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble) differs only in
 which forwards and backwards a rank runs, in what order, and how many forwards it runs before its first
-backward. Each module computes those and hands them to :func:`one_f_one_b`, the one place the phases are laid out.
+backward. Each module writes one rank's order with :func:`one_f_one_b` (the one place the phases are laid out) and
+hands it to :func:`loop_schedule` (loop placement, one call per rank). Sizes (ranks, microbatches, stages per rank)
+are checked once, by the registry, before any builder runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from itertools import islice
+from collections.abc import Callable, Sequence
 
 from ppsim.errors import ScheduleConfigError
-from ppsim.ir import Action, ActionType, Schedule, require
+from ppsim.ir import Action, ActionType, Schedule, make_action, require
 
 F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
+
 
 def loop_placement(num_ranks: int, num_stages_per_rank: int) -> tuple[int, ...]:
     """Stage s on rank s % R (Megatron interleaving, LoopedBFS, torch's default)."""
@@ -43,6 +45,19 @@ def make_schedule(
     )
 
 
+def loop_schedule(
+    name: str,
+    num_ranks: int,
+    num_microbatches: int,
+    num_stages_per_rank: int,
+    rank_order: Callable[[int, range], list[Action]],
+) -> Schedule:
+    """A schedule in loop placement: ``rank_order(rank, stages of the rank, first chunk first)`` per rank."""
+    actions = [rank_order(r, rank_stages(r, num_ranks, num_stages_per_rank)) for r in range(num_ranks)]
+    placement = loop_placement(num_ranks, num_stages_per_rank)
+    return make_schedule(name, actions, placement, num_microbatches, num_stages_per_rank)
+
+
 def require_sizes(
     name: str,
     num_ranks: int,
@@ -51,7 +66,10 @@ def require_sizes(
     *,
     fixed_stages_per_rank: int | None = None,
 ) -> None:
-    """Refuse counts no schedule can use, and a stages-per-rank the schedule's placement does not allow."""
+    """Refuse counts no schedule can use, and a stages-per-rank the schedule's placement does not allow.
+
+    Registered builders need not call this: the registry checks sizes before building
+    (:func:`ppsim.schedules.checked_sizes`); it stays for builders used outside the registry."""
     require(num_ranks >= 1, f"--ranks {num_ranks}: {name} needs at least 1 rank; pass -r 1 or more")
     require(
         num_microbatches >= 1, f"--mb {num_microbatches}: {name} needs at least 1 microbatch; pass -m 1 or more"
@@ -104,7 +122,7 @@ def grouped(stages: Sequence[int], kind: ActionType, num_microbatches: int, grou
     every microbatch on each stage in turn.
     """
     return [
-        Action(s, kind, mb)
+        make_action(s, kind, mb)
         for start in range(0, num_microbatches, group_size)
         for s in stages
         for mb in range(start, min(start + group_size, num_microbatches))
@@ -129,24 +147,32 @@ def one_f_one_b(
     """
     num = len(forwards)
     assert len(backwards) == num and (not weights or len(weights) == num), "one backward (and W) per forward"
-    num_warmup = min(num_warmup, num)
+    warm = min(num_warmup, num)
+    steady = num - warm
     lag = weight_lag if weights else num
-    fwd, bwd, wgt = iter(forwards), iter(backwards), iter(weights)
-    order: list[Action] = []
-    append = order.append
     # Step 1: warm-up, forwards only
-    order.extend(islice(fwd, num_warmup))
-    # Step 2: steady state, 1F1B (plus the W of the backward `weight_lag` before)
-    for k in range(num - num_warmup):
-        append(next(fwd))
-        append(next(bwd))
-        if k >= lag:
-            append(next(wgt))
+    order = list(forwards[:warm])
+    # Step 2: steady state, 1F1B: forward warm + k with backward k (plus the W of backward k - lag once k >= lag);
+    # the phases are laid out by slice assignment, one interleaving per stretch
+    plain = min(lag, steady)
+    order += _interleave(forwards[warm : warm + plain], backwards[:plain])
+    order += _interleave(
+        forwards[warm + plain :], backwards[plain:steady], weights[max(plain - lag, 0) : max(steady - lag, 0)]
+    )
     # Step 3: cool-down, the backwards left (plus lagged W)
-    for k in range(num - num_warmup, num):
-        append(next(bwd))
-        if k >= lag:
-            append(next(wgt))
+    first_w = max(steady, lag)
+    order += backwards[steady:first_w]
+    order += _interleave(backwards[first_w:], weights[max(first_w - lag, 0) : max(num - lag, 0)])
     # Step 4: the W still pending
-    order.extend(wgt)
+    order += weights[max(num - lag, 0) :]
     return order
+
+
+def _interleave(*parts: Sequence[Action]) -> list[Action]:
+    """``a0 b0 c0 a1 b1 c1 ...`` from equally long ``a, b, c`` (C-speed slice assignment)."""
+    width, count = len(parts), len(parts[0])
+    assert all(len(p) == count for p in parts), "stretches of equal length"
+    out: list[Action] = [None] * (width * count)  # type: ignore[list-item]
+    for k, part in enumerate(parts):
+        out[k::width] = part
+    return out

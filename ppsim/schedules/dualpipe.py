@@ -11,13 +11,12 @@ from __future__ import annotations
 from ppsim.ir import Schedule, require
 from ppsim.schedules import ScheduleSpec, register
 from ppsim.schedules._dualpipe_phases import dualpipe_rank_actions
-from ppsim.schedules._phases import make_schedule, require_sizes, v_placement
+from ppsim.schedules._phases import make_schedule, v_placement
 
 NAME = "DualPipe"
 
 
 def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 2) -> Schedule:
-    require_sizes(NAME, num_ranks, num_microbatches, num_stages_per_rank, fixed_stages_per_rank=2)
     R, M = num_ranks, num_microbatches
     require(
         R % 2 == 0,
@@ -46,7 +45,7 @@ def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 2) -
             )
         )
     pipelines = (tuple(range(R)), tuple(range(R, 2 * R)))
-    return make_schedule(NAME, actions, v_placement(R), M, 2, pipelines)
+    return make_schedule(NAME, actions, v_placement(R), M, num_stages_per_rank, pipelines)
 
 
 register(

@@ -9,13 +9,12 @@ from __future__ import annotations
 from ppsim.ir import Schedule, require
 from ppsim.schedules import ScheduleSpec, register
 from ppsim.schedules._dualpipe_phases import dualpipe_rank_actions
-from ppsim.schedules._phases import make_schedule, require_sizes, v_placement
+from ppsim.schedules._phases import make_schedule, v_placement
 
 NAME = "DualPipeV"
 
 
 def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 2) -> Schedule:
-    require_sizes(NAME, num_ranks, num_microbatches, num_stages_per_rank, fixed_stages_per_rank=2)
     R, m = num_ranks, num_microbatches
     require(
         m >= 2 * R,
@@ -26,7 +25,7 @@ def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 2) -
         dualpipe_rank_actions(r, num_half_ranks=R, num_microbatches=m, first_stage=r, second_stage=2 * R - 1 - r)
         for r in range(R)
     ]
-    return make_schedule(NAME, actions, v_placement(R), m, 2)
+    return make_schedule(NAME, actions, v_placement(R), m, num_stages_per_rank)
 
 
 register(

@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-from ppsim.ir import Schedule
+from ppsim.ir import Action, Schedule
 from ppsim.schedules import ScheduleSpec, register
-from ppsim.schedules._phases import (
-    B,
-    F,
-    grouped,
-    loop_placement,
-    make_schedule,
-    one_f_one_b,
-    require_sizes,
-)
+from ppsim.schedules._phases import B, F, grouped, loop_schedule, one_f_one_b
 
 NAME = "GPipe"
 
 
 def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 1) -> Schedule:
-    R, m = num_ranks, num_microbatches
-    require_sizes(NAME, R, m, num_stages_per_rank, fixed_stages_per_rank=1)
-    # A warm-up as long as the batch: every forward, then every backward (both in microbatch order).
-    actions = [one_f_one_b(grouped([r], F, m, m), grouped([r], B, m, m), num_warmup=m) for r in range(R)]
-    return make_schedule(NAME, actions, loop_placement(R, 1), m, 1)
+    m = num_microbatches
+
+    def rank_order(r: int, stage: range) -> list[Action]:
+        # A warm-up as long as the batch: every forward, then every backward (both in microbatch order).
+        return one_f_one_b(grouped(stage, F, m, m), grouped(stage, B, m, m), num_warmup=m)
+
+    return loop_schedule(NAME, num_ranks, m, num_stages_per_rank, rank_order)
 
 
 register(

@@ -6,39 +6,24 @@ chunk, then the second, ...; backwards visit the chunks in reverse.
 
 from __future__ import annotations
 
-from ppsim.ir import Schedule
+from ppsim.ir import Action, Schedule
 from ppsim.schedules import ScheduleSpec, register
-from ppsim.schedules._phases import (
-    B,
-    F,
-    grouped,
-    loop_placement,
-    make_schedule,
-    one_f_one_b,
-    rank_stages,
-    require_sizes,
-    round_size,
-)
+from ppsim.schedules._phases import B, F, grouped, loop_schedule, one_f_one_b, round_size
 
 NAME = "Interleaved1F1B"
 
 
 def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 2) -> Schedule:
     R, m, v = num_ranks, num_microbatches, num_stages_per_rank
-    require_sizes(NAME, R, m, v)
     size = round_size(NAME, R, m)
-    actions = []
-    for r in range(R):
-        chunks = rank_stages(r, R, v)
+
+    def rank_order(r: int, chunks: range) -> list[Action]:
         # Warm-up: every chunk but the last gets one round of forwards, plus two forwards per hop to the last rank.
-        actions.append(
-            one_f_one_b(
-                grouped(chunks, F, m, size),
-                grouped(chunks[::-1], B, m, size),
-                num_warmup=(v - 1) * size + 2 * (R - 1 - r),
-            )
+        return one_f_one_b(
+            grouped(chunks, F, m, size), grouped(chunks[::-1], B, m, size), num_warmup=(v - 1) * size + 2 * (R - 1 - r)
         )
-    return make_schedule(NAME, actions, loop_placement(R, v), m, v)
+
+    return loop_schedule(NAME, R, m, v, rank_order)
 
 
 register(

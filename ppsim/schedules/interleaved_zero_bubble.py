@@ -7,42 +7,28 @@ is ZB-H1.
 
 from __future__ import annotations
 
-from ppsim.ir import Schedule
+from ppsim.ir import Action, Schedule
 from ppsim.schedules import ScheduleSpec, register
-from ppsim.schedules._phases import (
-    F,
-    I,
-    W,
-    grouped,
-    loop_placement,
-    make_schedule,
-    one_f_one_b,
-    rank_stages,
-    require_sizes,
-    round_size,
-)
+from ppsim.schedules._phases import F, I, W, grouped, loop_schedule, one_f_one_b, round_size
 
 NAME = "InterleavedZeroBubble"
 
 
 def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 2) -> Schedule:
     R, m, v = num_ranks, num_microbatches, num_stages_per_rank
-    require_sizes(NAME, R, m, v)
     size = round_size(NAME, R, m)
-    actions = []
-    for r in range(R):
-        chunks = rank_stages(r, R, v)
+
+    def rank_order(r: int, chunks: range) -> list[Action]:
         # Warm-up: one round per chunk but the last, plus one forward per hop; W trails its I by r backwards.
-        actions.append(
-            one_f_one_b(
-                grouped(chunks, F, m, size),
-                grouped(chunks[::-1], I, m, size),
-                num_warmup=(v - 1) * size + (R - 1 - r),
-                weights=grouped(chunks[::-1], W, m, size),
-                weight_lag=r,
-            )
+        return one_f_one_b(
+            grouped(chunks, F, m, size),
+            grouped(chunks[::-1], I, m, size),
+            num_warmup=(v - 1) * size + (R - 1 - r),
+            weights=grouped(chunks[::-1], W, m, size),
+            weight_lag=r,
         )
-    return make_schedule(NAME, actions, loop_placement(R, v), m, v)
+
+    return loop_schedule(NAME, R, m, v, rank_order)
 
 
 register(

@@ -5,32 +5,22 @@ Rank r holds stages r, r+R, ... (loop placement) and runs each chunk for the who
 
 from __future__ import annotations
 
-from ppsim.ir import Schedule
+from ppsim.ir import Action, Schedule
 from ppsim.schedules import ScheduleSpec, register
-from ppsim.schedules._phases import (
-    B,
-    F,
-    grouped,
-    loop_placement,
-    make_schedule,
-    one_f_one_b,
-    rank_stages,
-    require_sizes,
-)
+from ppsim.schedules._phases import B, F, grouped, loop_schedule, one_f_one_b
 
 NAME = "LoopedBFS"
 
 
 def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 2) -> Schedule:
-    R, m, v = num_ranks, num_microbatches, num_stages_per_rank
-    require_sizes(NAME, R, m, v)
-    actions = []
-    for r in range(R):
-        chunks = rank_stages(r, R, v)
+    m = num_microbatches
+
+    def rank_order(r: int, chunks: range) -> list[Action]:
         forwards = grouped(chunks, F, m, m)
         # All forwards chunk by chunk, then all backwards exactly reversed (last chunk, last microbatch first).
-        actions.append(one_f_one_b(forwards, grouped(chunks, B, m, m)[::-1], num_warmup=len(forwards)))
-    return make_schedule(NAME, actions, loop_placement(R, v), m, v)
+        return one_f_one_b(forwards, grouped(chunks, B, m, m)[::-1], num_warmup=len(forwards))
+
+    return loop_schedule(NAME, num_ranks, m, num_stages_per_rank, rank_order)
 
 
 register(

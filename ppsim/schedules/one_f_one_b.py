@@ -6,29 +6,21 @@ microbatch m); its execution path runs the order built here, which every other r
 
 from __future__ import annotations
 
-from ppsim.ir import Schedule
+from ppsim.ir import Action, Schedule
 from ppsim.schedules import ScheduleSpec, register
-from ppsim.schedules._phases import (
-    B,
-    F,
-    grouped,
-    loop_placement,
-    make_schedule,
-    one_f_one_b,
-    require_sizes,
-)
+from ppsim.schedules._phases import B, F, grouped, loop_schedule, one_f_one_b
 
 NAME = "1F1B"
 
 
 def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 1) -> Schedule:
     R, m = num_ranks, num_microbatches
-    require_sizes(NAME, R, m, num_stages_per_rank, fixed_stages_per_rank=1)
-    # Rank r runs R-1-r forwards before its first backward arrives (fewer when the batch is smaller).
-    actions = [
-        one_f_one_b(grouped([r], F, m, m), grouped([r], B, m, m), num_warmup=R - 1 - r) for r in range(R)
-    ]
-    return make_schedule(NAME, actions, loop_placement(R, 1), m, 1)
+
+    def rank_order(r: int, stage: range) -> list[Action]:
+        # Rank r runs R-1-r forwards before its first backward arrives (fewer when the batch is smaller).
+        return one_f_one_b(grouped(stage, F, m, m), grouped(stage, B, m, m), num_warmup=R - 1 - r)
+
+    return loop_schedule(NAME, R, m, num_stages_per_rank, rank_order)
 
 
 register(

@@ -11,34 +11,25 @@ free to move). They keep 1F1B's shape and defer W: rank r runs the W of backward
 
 from __future__ import annotations
 
-from ppsim.ir import Schedule
+from ppsim.ir import Action, Schedule
 from ppsim.schedules import ScheduleSpec, register
-from ppsim.schedules._phases import (
-    F,
-    I,
-    W,
-    grouped,
-    loop_placement,
-    make_schedule,
-    one_f_one_b,
-    require_sizes,
-)
+from ppsim.schedules._phases import F, I, W, grouped, loop_schedule, one_f_one_b
 
 
 def _build(name: str, num_ranks: int, num_microbatches: int, num_stages_per_rank: int, *, factor: int) -> Schedule:
     R, m = num_ranks, num_microbatches
-    require_sizes(name, R, m, num_stages_per_rank, fixed_stages_per_rank=1)
-    actions = [
-        one_f_one_b(
-            grouped([r], F, m, m),
-            grouped([r], I, m, m),
+
+    def rank_order(r: int, stage: range) -> list[Action]:
+        # 1F1B's shape with `factor` times its warm-up; the W of backward k runs right after backward k + factor r.
+        return one_f_one_b(
+            grouped(stage, F, m, m),
+            grouped(stage, I, m, m),
             num_warmup=factor * (R - 1 - r),
-            weights=grouped([r], W, m, m),
+            weights=grouped(stage, W, m, m),
             weight_lag=factor * r,
         )
-        for r in range(R)
-    ]
-    return make_schedule(name, actions, loop_placement(R, 1), m, 1)
+
+    return loop_schedule(name, R, m, num_stages_per_rank, rank_order)
 
 
 def build_zbh1(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 1) -> Schedule:

@@ -6,9 +6,9 @@ of the missing microbatches are dropped (as torch does).
 
 from __future__ import annotations
 
-from ppsim.ir import Action, ActionType, Schedule
+from ppsim.ir import Action, ActionType, Schedule, make_action
 from ppsim.schedules import ScheduleSpec, register
-from ppsim.schedules._phases import F, I, W, make_schedule, require_sizes, v_placement
+from ppsim.schedules._phases import F, I, W, make_schedule, v_placement
 
 NAME = "ZBVZeroBubble"
 
@@ -21,7 +21,7 @@ def _rank_actions(rank: int, num_ranks: int, num_microbatches: int) -> list[Acti
 
     def add(stage: int, kind: ActionType, mb: int) -> None:
         if mb < m:
-            out.append(Action(stage, kind, mb))
+            out.append(make_action(stage, kind, mb))
 
     f0 = 2 * R - r - 1  # first-stage forwards in warm-up
     # Warm-up 1: first-stage forwards.
@@ -62,9 +62,8 @@ def _rank_actions(rank: int, num_ranks: int, num_microbatches: int) -> list[Acti
 
 
 def build(num_ranks: int, num_microbatches: int, num_stages_per_rank: int = 2) -> Schedule:
-    require_sizes(NAME, num_ranks, num_microbatches, num_stages_per_rank, fixed_stages_per_rank=2)
     actions = [_rank_actions(r, num_ranks, num_microbatches) for r in range(num_ranks)]
-    return make_schedule(NAME, actions, v_placement(num_ranks), num_microbatches, 2)
+    return make_schedule(NAME, actions, v_placement(num_ranks), num_microbatches, num_stages_per_rank)
 
 
 register(

@@ -1,0 +1,144 @@
+"""Benchmark of `ppsim search` against the named schedules and the lower bound (issue 11's targets).
+
+    python bench/bench_search.py [--time-limit S] [--quick]
+
+Grid: R in {4, 8}, M in {8, 16, 24}, I in {1, 2} with F = W = 1 (B = I + W), comm in {0, 0.1}, cap R and 2R
+activations (one microbatch's activations of one stage, one stage per rank): 48 cases. Per case it prints the
+searched makespan, the best named schedule that fits the cap, the lower bound, and the share of the named
+schedule's gap to the bound that the search closed. Then the targets, a timed R=8, M=32 search with per-stage
+(profile-like) costs and a byte cap, and the zero-bubble authors' published numbers beside ppsim's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+from ppsim import get_schedule, parse_costs, simulate
+from ppsim.costs import CostModel
+from ppsim.search import search
+
+
+def machine_noise() -> str:
+    """Spread of one fixed workload (simulating ZBH1 on 8 ranks x 64 microbatches 20 times), 5 repeats."""
+    sched = get_schedule("ZBH1", 8, 64)
+    costs = parse_costs("F=1,B=2,comm=0.1")
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(20):
+            simulate(sched, costs)
+        times.append(time.perf_counter() - t)
+    med = statistics.median(times)
+    return f"fixed workload {med * 1e3:.1f} ms median, spread {(max(times) - min(times)) / med:.0%} (min..max / median)"
+
+
+def grid(time_limit: float, quick: bool) -> bool:
+    rows = []
+    print(f"{'R':>2} {'M':>3} {'I':>2} {'comm':>4} {'cap':>4} | {'searched':>9} {'named':>9} {'(name)':<22} "
+          f"{'bound':>8} {'gap':>6} {'closed':>6}  source")
+    for R in (4, 8):
+        for M in (8, 16, 24):
+            for i_cost in (1, 2):
+                for comm in (0.0, 0.1):
+                    for factor in (1, 2):
+                        if quick and (M, comm) != (16, 0.1):
+                            continue
+                        costs = parse_costs(f"F=1,I={i_cost},W=1,B={i_cost + 1},comm={comm}")
+                        res = search(R, M, costs, f"{factor * R}act", time_limit=time_limit, seed=0)
+                        best = res.best_named
+                        named = best.makespan if best else float("inf")
+                        lb = res.lower_bound
+                        closed = 1.0 if named - lb <= 1e-9 else (named - res.makespan) / (named - lb)
+                        rows.append((R, M, i_cost, comm, factor * R, res.makespan, named, lb, res.gap, closed))
+                        print(f"{R:>2} {M:>3} {i_cost:>2} {comm:>4} {factor * R:>4} | {res.makespan:>9.2f} "
+                              f"{named:>9.2f} {best.name if best else '-':<22} {lb:>8.2f} {res.gap:>6.1%} "
+                              f"{closed:>6.0%}  {res.source}", flush=True)
+    n = len(rows)
+    not_worse = sum(r[5] <= r[6] + 1e-9 for r in rows)
+    wide = [r for r in rows if r[6] > 1.01 * r[7]]
+    half = sum(r[9] >= 0.5 for r in wide)
+    within = sum(r[8] <= 0.03 + 1e-12 for r in rows)
+    ok = not_worse == n and half == len(wide) and within >= 0.8 * n
+    print(f"\ntarget: searched <= best named that fits in every case: {not_worse}/{n} "
+          f"{'PASS' if not_worse == n else 'FAIL'}")
+    print(f"target: where the named one is > 1% above the bound, the search closes >= half the gap: "
+          f"{half}/{len(wide)} {'PASS' if half == len(wide) else 'FAIL'}")
+    print(f"target: within 3% of the bound in >= 80% of cases: {within}/{n} ({within / n:.0%}) "
+          f"{'PASS' if within >= 0.8 * n else 'FAIL'}")
+    return ok
+
+
+def profile_like_costs(num_stages: int) -> CostModel:
+    """Per-stage costs shaped like a calibrated transformer: an embedding-heavy first stage, a loss-heavy last one."""
+    f = [1.0e-3 * (1.0 + 0.08 * (s % 3)) for s in range(num_stages)]
+    f[0] *= 1.3
+    f[-1] *= 1.6
+    i_ = [1.1 * x for x in f]
+    w = [0.9 * x for x in f]
+    b = [a + c for a, c in zip(i_, w)]
+    fb = [0.9 * (a + c) for a, c in zip(f, b)]
+    act = [200 * 2**20] * num_stages
+    return CostModel(
+        F=tuple(f), B=tuple(b), I=tuple(i_), W=tuple(w), FB=tuple(fb), comm=0.0,
+        p2p_alpha=20e-6, p2p_beta=10e9, output_bytes=(16 * 2**20,) * num_stages,
+        activation_bytes=tuple(act), activation_bytes_freed_by_I=tuple(a // 4 for a in act),
+        static_bytes=(4 * 2**30,) * num_stages, unit="s", source="bench profile-like",
+    )
+
+
+def timed_profile_case(time_limit: float) -> bool:
+    R, M = 8, 32
+    costs = profile_like_costs(R)
+    cap = 4 * 2**30 + R * 200 * 2**20  # static + 1F1B's R activations
+    t = time.perf_counter()
+    res = search(R, M, costs, cap, time_limit=time_limit, seed=0)
+    elapsed = time.perf_counter() - t
+    best = res.best_named
+    print(f"\nR=8 M=32 per-stage costs, byte cap (static + 8 activations): searched {res.makespan * 1e3:.3f} ms, "
+          f"best named {best.name if best else '-'} {best.makespan * 1e3 if best else float('nan'):.3f} ms, "
+          f"bound {res.lower_bound * 1e3:.3f} ms, gap {res.gap:.1%}; wall {elapsed:.1f} s "
+          f"({res.evaluations} orders, {res.stopped})")
+    ok = elapsed <= 10.0
+    print(f"target: R=8, M=32 with per-stage costs <= 10 s: {elapsed:.1f} s {'PASS' if ok else 'FAIL'}")
+    return ok
+
+
+def sail_sg_lines(time_limit: float) -> None:
+    """The zero-bubble authors' scheduler on the same costs (issue 11), beside ppsim's search."""
+    print("\nsanity: published numbers of sail-sg/zero-bubble-pipeline-parallelism (8 ranks, 8 microbatches)")
+    c = parse_costs("F=1,B=2,I=1,W=1,comm=0.1")
+    zbh1 = simulate(get_schedule("ZBH1", 8, 8), c)
+    res = search(8, 8, c, "8act", time_limit=time_limit)
+    print(f"  loop, F=I=W=1, comm 0.1, cap 8act: their auto 32.4 | ppsim ZBH1 {zbh1.makespan:.4g} | "
+          f"searched {res.makespan:.4g} | bound {res.lower_bound:.4g}")
+    for text, theirs in (("F=1,B=2,I=1,W=1", 55.0), ("F=1,B=2,I=1,W=1,comm=0.1", 58.2), ("F=1,B=3,I=2,W=1", 78.0)):
+        c = parse_costs(text)
+        zbv = simulate(get_schedule("ZBVZeroBubble", 8, 8), c)
+        cap = max(p.peak_activations for p in zbv.per_rank)
+        res = search(8, 8, c, f"{cap}act", placement="v", time_limit=time_limit)
+        print(f"  V, {text}, cap {cap}act (ZBV's peak): their V {theirs:.4g} | ppsim ZBVZeroBubble "
+              f"{zbv.makespan:.4g} | searched {res.makespan:.4g} | bound {res.lower_bound:.4g}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--time-limit", type=float, default=2.0, help="seconds per grid case (default 2)")
+    parser.add_argument("--quick", action="store_true", help="8 grid cases instead of 48")
+    args = parser.parse_args()
+    print("command: python " + " ".join(sys.argv))
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+          f"python {platform.python_version()}; {machine_noise()}")
+    ok = grid(args.time_limit, args.quick)
+    ok = timed_profile_case(min(8.0, 4 * args.time_limit)) and ok
+    sail_sg_lines(args.time_limit)
+    print("\nall targets PASS" if ok else "\nsome target FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""Optional exact polish for :mod:`ppsim.search` with OR-Tools' CP-SAT (``pip install ppsim[search]``).
+
+The model: one interval per computation (F; B, or I and W), one no-overlap per rank, precedences with the hand-off
+delays, forwards and backwards of a stage in microbatch order, and one cumulative per rank whose tasks are the
+activations (from the forward's start to the release: the W's or the B's end; with bytes, the part I frees ends at
+the I) under the cap. Durations are integers (the costs scaled and rounded), so the solver's order is re-simulated
+with the exact costs by the caller; a hint starts it from the incumbent. Overlapped pairs are not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ppsim.ir import Action, ActionType, Schedule
+from ppsim.schedules._greedy import Problem
+
+_F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
+
+
+def available() -> bool:
+    try:
+        import ortools.sat.python.cp_model  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def polish(
+    problem: Problem, incumbent: Schedule, incumbent_starts: tuple[tuple[float, ...], ...], *, time_limit: float,
+    seed: int, deterministic_time: float | None = None,
+) -> Schedule | None:
+    """A new order from CP-SAT started at ``incumbent`` (orders without pairs), or ``None`` if it found none."""
+    from ortools.sat.python import cp_model
+
+    tpl = problem.template
+    R, M, S = tpl.num_ranks, tpl.num_microbatches, tpl.num_stages
+    if any(a.type is ActionType.OVERLAP_F_B for row in incumbent.actions for a in row):
+        return None
+    chain = tpl.pipelines[0]
+    nxt = {chain[k]: chain[k + 1] for k in range(len(chain) - 1)}
+    durations = [x for table in (problem.f, problem.b, problem.i, problem.w) for x in table if x > 0]
+    delays = [x for x in problem.fwd_delay + problem.bwd_delay if x > 0]
+    smallest = min(durations + delays) if durations else 1.0
+    scale = 200.0 / smallest  # the smallest duration or delay becomes 200 ticks
+
+    def ticks(x: float) -> int:
+        return int(round(x * scale))
+
+    use_b = {a.stage for row in incumbent.actions for a in row if a.type is _B}
+    horizon = ticks(sum(
+        M * (problem.f[s] + (problem.b[s] if s in use_b else problem.i[s] + problem.w[s])) for s in range(S)
+    ) + sum(problem.fwd_delay) * M + sum(problem.bwd_delay) * M) + 1
+    model = cp_model.CpModel()
+    start: dict[tuple[int, ActionType, int], cp_model.IntVar] = {}
+    end: dict[tuple[int, ActionType, int], cp_model.IntVar] = {}
+    per_rank: list[list[cp_model.IntervalVar]] = [[] for _ in range(R)]
+
+    def add(s: int, kind: ActionType, mb: int, duration: float) -> None:
+        d = ticks(duration)
+        st = model.NewIntVar(0, horizon, f"s{s}{kind.value}{mb}")
+        en = model.NewIntVar(0, horizon, f"e{s}{kind.value}{mb}")
+        per_rank[tpl.stage_to_rank[s]].append(model.NewIntervalVar(st, d, en, f"i{s}{kind.value}{mb}"))
+        start[(s, kind, mb)] = st
+        end[(s, kind, mb)] = en
+
+    for s in range(S):
+        back = _B if s in use_b else _I
+        for mb in range(M):
+            add(s, _F, mb, problem.f[s])
+            add(s, back, mb, problem.b[s] if back is _B else problem.i[s])
+            if back is _I:
+                add(s, _W, mb, problem.w[s])
+    for r in range(R):
+        model.AddNoOverlap(per_rank[r])
+    for s in range(S):
+        back = _B if s in use_b else _I
+        n = nxt.get(s)
+        for mb in range(M):
+            if n is not None:
+                model.Add(start[(n, _F, mb)] >= end[(s, _F, mb)] + ticks(problem.fwd_delay[s]))
+                n_back = _B if n in use_b else _I
+                model.Add(start[(s, back, mb)] >= end[(n, n_back, mb)] + ticks(problem.bwd_delay[s]))
+            model.Add(start[(s, back, mb)] >= end[(s, _F, mb)])
+            if back is _I:
+                model.Add(start[(s, _W, mb)] >= end[(s, _I, mb)])
+            if mb > 0:
+                model.Add(start[(s, _F, mb)] >= end[(s, _F, mb - 1)])
+                model.Add(start[(s, back, mb)] >= end[(s, back, mb - 1)])
+    # memory: each activation lives from its forward's start to its release
+    for r in range(R):
+        if problem.cap[r] == math.inf:
+            continue
+        unit = max(problem.act) / 1000.0 if max(problem.act) > 1000 else 1.0  # keep demands small integers
+        tasks, demands = [], []
+        for s in tpl.stages_of(r):
+            held_w = problem.act[s] - problem.freed_by_i[s]
+            for mb in range(M):
+                if s in use_b:
+                    parts = [(end[(s, _B, mb)], problem.act[s])]
+                else:
+                    parts = [(end[(s, _W, mb)], held_w), (end[(s, _I, mb)], problem.freed_by_i[s])]
+                for release, amount in parts:
+                    if amount <= 0:
+                        continue
+                    size = model.NewIntVar(0, horizon, "")
+                    tasks.append(model.NewIntervalVar(start[(s, _F, mb)], size, release, ""))
+                    demands.append(int(math.ceil(amount / unit)))
+        model.AddCumulative(tasks, demands, int(math.floor(problem.cap[r] / unit + 1e-9)))
+    makespan = model.NewIntVar(0, horizon, "makespan")
+    model.AddMaxEquality(makespan, list(end.values()))
+    model.Minimize(makespan)
+    # hint: the incumbent's simulated start times
+    for rank, row in enumerate(incumbent.actions):
+        for action, t in zip(row, incumbent_starts[rank]):
+            key = (action.stage, action.type, action.microbatch)
+            if key in start:
+                model.AddHint(start[key], ticks(t))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.1, time_limit)
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = seed
+    if deterministic_time is not None:  # stop on the solver's own work counter: the same answer on any machine
+        solver.parameters.max_deterministic_time = deterministic_time
+    status = solver.Solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    rows: list[list[tuple[int, int, Action]]] = [[] for _ in range(R)]
+    order = {_F: 0, _B: 1, _I: 1, _W: 2}
+    for (s, kind, mb), var in start.items():
+        rows[tpl.stage_to_rank[s]].append((solver.Value(var), order[kind], Action(s, kind, mb)))
+    return incumbent.with_actions([[a for _, _, a in sorted(row, key=lambda x: (x[0], x[1]))] for row in rows])

@@ -1,0 +1,160 @@
+"""`ppsim search`: the fastest order found for the given costs under a per-rank memory cap (ppsim.search)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from ppsim.cli._app import app
+from ppsim.cli.common import build_costs, console, echo_json, user_errors
+from ppsim.cli.options import AllowLargeOpt, CostScopeOpt, CostsOpt, JsonOpt, ProfileOpt
+from ppsim.errors import PPSimError
+from ppsim.io import check_writable, fmt_bytes
+from ppsim.search import SEARCH_NAME, Placement, Solver
+
+if TYPE_CHECKING:
+    from ppsim.costs import CostModel
+    from ppsim.ir import Schedule
+    from ppsim.search import Progress, SearchResult
+
+
+MAX_SEARCH_ACTIONS = 100_000
+"""Largest order `ppsim search` takes without --allow-large (about 20 ms per list-scheduling pass)."""
+
+
+@app.command("search")
+@user_errors
+def search_cmd(
+    ranks: Annotated[int, typer.Option("--ranks", "-r", help="Pipeline ranks (devices).")],
+    mb: Annotated[int, typer.Option("--mb", "-m", help="Microbatches per step.")],
+    memory_cap: Annotated[
+        str,
+        typer.Option("--memory-cap", help="Per-rank cap: activations (8act, the unit of peak_activations) or "
+                     "bytes (80GiB, 1.5e9; needs --profile)."),
+    ],
+    costs: CostsOpt = None,
+    profile: ProfileOpt = None,
+    placement: Annotated[
+        Placement,
+        typer.Option("--placement", case_sensitive=False, help="loop (stage s on rank s % R), v (rank r holds r "
+                     "and 2R-1-r) or any (both)."),
+    ] = Placement.loop,
+    stages_per_rank: Annotated[
+        Optional[int], typer.Option("--stages-per-rank", "-v", help="Stages per rank for loop placement (default 1).")
+    ] = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds to search (default 10).")] = 10.0,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed; the same seed gives the same order.")] = 0,
+    max_orders: Annotated[
+        Optional[int],
+        typer.Option("--max-orders", min=1, help="Stop after trying this many orders (reproducible regardless of "
+                     "machine speed when it, not --time-limit, ends the search)."),
+    ] = None,
+    solver: Annotated[
+        Solver, typer.Option("--solver", case_sensitive=False, help="auto: polish with CP-SAT when OR-Tools is "
+                             "installed (the 'search' extra); cpsat: require it; none: never.")
+    ] = Solver.auto,
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", help="Write the order as torch's compute-only CSV.")
+    ] = None,
+    cost_scope: CostScopeOpt = None,
+    json_out: JsonOpt = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines on stderr.")] = False,
+    allow_large: AllowLargeOpt = False,
+) -> None:
+    """Search for the order with the smallest simulated makespan that fits the memory cap on every rank."""
+    from ppsim.limits import WorkEstimate, check_work
+    from ppsim.search import search
+
+    # the search builds and simulates thousands of orders: bound one order's size well below the one-shot limit
+    v = 2 if placement is not Placement.loop else (stages_per_rank or 1)
+    check_work(WorkEstimate(f"search -r {ranks} -m {mb} -v {v}", ranks, max(ranks, 0) * v * max(mb, 0) * 3),
+               allow_large=allow_large, max_actions=MAX_SEARCH_ACTIONS)
+
+    if output is not None:
+        check_writable(output, example="best.csv")
+    cost_model = build_costs(costs, profile)
+    show = not quiet and not json_out
+
+    def progress(p: Progress) -> None:
+        if show:
+            typer.echo(f"  {p.elapsed_s:5.1f}s  {p.evaluations:6d} orders  best {p.best_makespan:.6g}  "
+                       f"(bound {p.lower_bound:.6g}, {p.phase})", err=True)
+
+    result = search(ranks, mb, cost_model, memory_cap, placement=placement, num_stages_per_rank=stages_per_rank,
+                    time_limit=time_limit, seed=seed, cost_scope=None if cost_scope is None else cost_scope.value,
+                    max_orders=max_orders, solver=solver, progress=progress)
+    if output is not None:
+        from ppsim.formats import to_csv_text
+        from ppsim.io import write_atomic
+
+        write_atomic(output, to_csv_text(result.schedule))
+    if json_out:
+        data = result.to_dict()
+        data["output"] = None if output is None else str(output)
+        echo_json(data)
+        return
+    print_search(result)
+    if output is not None:
+        typer.echo(str(output))
+
+
+def searched_for_report(
+    ranks: int | None, mb: int | None, cost_model: CostModel, memory_cap: str | None, cost_scope: object,
+    time_limit: float,
+) -> tuple[Schedule, int | None]:
+    """`ppsim report --search`: the searched order (placement any) and the byte cap to flag ranks with."""
+    from ppsim.search import search
+
+    if ranks is None or mb is None or memory_cap is None:
+        raise PPSimError("--search needs -r, -m and --memory-cap (e.g. -r 4 -m 16 --memory-cap 8act)")
+    scope = getattr(cost_scope, "value", cost_scope)
+    result = search(ranks, mb, cost_model, memory_cap, placement=Placement.any, time_limit=time_limit,
+                    cost_scope=None if scope is None else str(scope))
+    typer.echo(f"searched: {result.makespan:.6g} (bound {result.lower_bound:.6g}, gap {result.gap:.1%}, "
+               f"{result.source})", err=True)
+    from dataclasses import replace
+
+    cap = int(result.cap.amount) if result.cap.unit == "bytes" else None
+    return replace(result.schedule, name=SEARCH_NAME), cap
+
+
+def _peak_text(value: float, unit: str) -> str:
+    return fmt_bytes(value) if unit == "bytes" else f"{value:g}"
+
+
+def print_search(result: SearchResult) -> None:
+    """The searched order beside every named schedule of the same placement, fastest first; bound and gap."""
+    from rich.table import Table
+
+    unit = result.sim.unit
+    cap = result.cap
+    table = Table(title=f"search: {result.schedule.num_ranks} ranks, {result.schedule.num_microbatches} microbatches, "
+                        f"cap {cap if cap.unit == 'act' else fmt_bytes(cap.amount)} per rank ({unit})")
+    for col in ("schedule", "makespan", "bubble", "peak", "fits"):
+        table.add_column(col)
+    rows = [(f"searched ({result.source})", result.makespan, result.bubble_ratio, result.peak, True, True)]
+    rows += [(n.name, n.makespan, n.bubble_ratio, n.peak, n.fits, False) for n in result.named]
+    for name, makespan, bubble, peak, fits, ours in sorted(rows, key=lambda x: (not x[4], x[1])):
+        style = "bold" if ours else ("dim" if not fits else None)
+        table.add_row(name, f"{makespan:.6g}", f"{bubble:.1%}", _peak_text(peak, cap.unit), "yes" if fits else "no",
+                      style=style)
+    con = console()
+    con.print(table)
+    best = result.best_named
+    lines = [
+        f"lower bound {result.lower_bound:.6g}, gap {result.gap:.1%} (bound: see docs/search.md)",
+    ]
+    if best is not None:
+        gain = (best.makespan - result.makespan) / best.makespan
+        if gain > 1e-12:
+            lines.append(f"best named that fits: {best.name} {best.makespan:.6g}; searched is {gain:.1%} faster")
+        else:
+            lines.append(f"best named that fits: {best.name} {best.makespan:.6g} (returned: nothing faster found)")
+    else:
+        lines.append("no named schedule fits the cap")
+    lines.append(f"{result.evaluations} orders in {result.elapsed_s:.1f}s ({result.stopped}), seed {result.seed}, "
+                 f"cost scope {result.cost_scope}")
+    for line in lines:
+        con.print(line, highlight=False)

@@ -1,0 +1,159 @@
+"""Bounded work: estimate what a command will do before doing it, and refuse beyond documented limits.
+
+Every command should finish within about 10 s and 2 GB on a laptop unless the user asks for more. The limits
+below are sized for that (the simulator replays about 0.5-1 M actions/s and holds about 300 bytes per action; a CSV
+is also parsed and validated, about 10 us per action, hence its lower limit);
+the perf target ``simulate -s Interleaved1F1B -r 128 -m 1024 -v 4`` (about 1 M actions) runs without an override.
+A refusal names the estimate, the limit and the override (``--allow-large`` on the command line,
+``allow_large=True`` in the library).
+
+| limit | value | applies to |
+|---|---|---|
+| :data:`MAX_ACTIONS` | 2,000,000 computations | building, validating, simulating, exporting a schedule |
+| :data:`MAX_RANKS` | 2,048 ranks | every schedule |
+| :data:`MAX_FILE_ACTIONS` | 500,000 computations | a schedule CSV (it is parsed and validated too) |
+| :data:`MAX_FILE_BYTES` | 16 MiB | a schedule CSV read from disk |
+| :data:`MAX_TIMELINE_ACTIONS` | 200,000 actions | ``export --format json`` / ``chrome`` (~140 / 420 bytes per action) |
+| :data:`MAX_FIGURE_ACTIONS` | 50,000 computations | ``plot`` and each schedule in ``report`` |
+| :data:`MAX_FIGURE_RANKS` | 1,000 ranks | ``plot`` and ``report`` |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ppsim.errors import PPSimError
+
+MAX_ACTIONS = 2_000_000
+MAX_RANKS = 2_048
+MAX_FILE_ACTIONS = 500_000
+MAX_FILE_BYTES = 16 * 2**20
+MAX_TIMELINE_ACTIONS = 200_000
+MAX_FIGURE_ACTIONS = 50_000
+MAX_FIGURE_RANKS = 1_000
+
+BYTES_PER_ACTION = 300
+"""Memory the simulator holds per action (schedule, timeline, result), measured on the perf target."""
+ACTIONS_PER_SECOND = 500_000
+"""Conservative throughput of build + simulate, for the time in a refusal message."""
+
+OVERRIDE_FLAG = "--allow-large"
+
+# Computations per (stage, microbatch): F + B, or F + I + W for schedules that split the backward.
+_SPLIT_BACKWARD = frozenset({"interleavedzerobubble", "zbvzerobubble", "dualpipev", "dualpipe", "zbh1", "zbh2"})
+_TWO_PIPELINES = frozenset({"dualpipe"})
+
+
+class WorkLimitError(PPSimError):
+    """The requested work exceeds a documented limit (the message names the estimate, the limit and the override)."""
+
+
+@dataclass(frozen=True)
+class WorkEstimate:
+    """What a schedule will cost to handle, known before it is built."""
+
+    what: str
+    num_ranks: int
+    num_actions: int
+
+    @property
+    def num_bytes(self) -> int:
+        return self.num_actions * BYTES_PER_ACTION
+
+    @property
+    def seconds(self) -> float:
+        return self.num_actions / ACTIONS_PER_SECOND
+
+    def describe(self) -> str:
+        return (
+            f"{self.what}: about {self.num_actions:,} actions on {self.num_ranks:,} ranks "
+            f"(~{_fmt_bytes(self.num_bytes)}, ~{_fmt_seconds(self.seconds)})"
+        )
+
+
+def estimate_named(name: str, num_ranks: int, num_microbatches: int, num_stages_per_rank: int) -> WorkEstimate:
+    """Upper-bound estimate for a registry schedule: ranks x stages per rank x microbatches per chain x ops."""
+    key = name.lower()
+    ops = 3 if key in _SPLIT_BACKWARD or not _is_known(key) else 2
+    chains = 2 if key in _TWO_PIPELINES else 1
+    per_chain = -(-max(num_microbatches, 0) // chains)
+    actions = max(num_ranks, 0) * max(num_stages_per_rank, 1) * per_chain * ops
+    return WorkEstimate(f"{name} -r {num_ranks} -m {num_microbatches} -v {num_stages_per_rank}", num_ranks, actions)
+
+
+def check_work(estimate: WorkEstimate, *, allow_large: bool = False, max_actions: int = MAX_ACTIONS) -> None:
+    """Refuse (:class:`WorkLimitError`) an estimate beyond ``max_actions`` or :data:`MAX_RANKS`."""
+    if allow_large:
+        return
+    if estimate.num_ranks > MAX_RANKS:
+        raise WorkLimitError(
+            f"{estimate.describe()}: more than the limit of {MAX_RANKS:,} ranks; use fewer ranks, or pass "
+            f"{OVERRIDE_FLAG} to run it anyway"
+        )
+    if estimate.num_actions > max_actions:
+        raise WorkLimitError(
+            f"{estimate.describe()}: more than the limit of {max_actions:,} actions; use fewer ranks or "
+            f"microbatches, or pass {OVERRIDE_FLAG} to run it anyway"
+        )
+
+
+def check_figure(what: str, num_ranks: int, num_actions: int, *, allow_large: bool = False) -> None:
+    """Refuse a figure with more than :data:`MAX_FIGURE_ACTIONS` boxes or :data:`MAX_FIGURE_RANKS` rows."""
+    if allow_large:
+        return
+    if num_ranks > MAX_FIGURE_RANKS or num_actions > MAX_FIGURE_ACTIONS:
+        raise WorkLimitError(
+            f"{what}: a figure of {num_actions:,} actions on {num_ranks:,} ranks is beyond the drawing limit of "
+            f"{MAX_FIGURE_ACTIONS:,} actions and {MAX_FIGURE_RANKS:,} ranks (it would take minutes and gigabytes); "
+            f"use `ppsim simulate` or `export --format chrome` for big schedules, fewer ranks/microbatches, or pass "
+            f"{OVERRIDE_FLAG} to draw it anyway"
+        )
+
+
+_TIMELINE_BYTES_PER_ACTION = {"json": 140, "chrome": 420}
+
+
+def check_timeline(what: str, num_actions: int, *, fmt: str, allow_large: bool = False) -> None:
+    """Refuse a timed export (JSON timeline, Chrome trace) of more than :data:`MAX_TIMELINE_ACTIONS` actions."""
+    if allow_large or num_actions <= MAX_TIMELINE_ACTIONS:
+        return
+    size = _fmt_bytes(num_actions * _TIMELINE_BYTES_PER_ACTION.get(fmt, 420))
+    raise WorkLimitError(
+        f"{what}: a {fmt} timeline of {num_actions:,} actions (~{size} to write) is beyond the limit of "
+        f"{MAX_TIMELINE_ACTIONS:,} actions; export --format csv (the order, small), use fewer ranks or microbatches, "
+        f"or pass {OVERRIDE_FLAG} to write it anyway"
+    )
+
+
+def check_file_size(path: str, num_bytes: int, *, allow_large: bool = False) -> None:
+    """Refuse a schedule file larger than :data:`MAX_FILE_BYTES` before reading it."""
+    if allow_large or num_bytes <= MAX_FILE_BYTES:
+        return
+    raise WorkLimitError(
+        f"schedule file {path!r} is {_fmt_bytes(num_bytes)}, more than the limit of {_fmt_bytes(MAX_FILE_BYTES)} "
+        f"(about {MAX_FILE_ACTIONS:,} actions); pass a smaller file, or {OVERRIDE_FLAG} to read it anyway"
+    )
+
+
+def _is_known(key: str) -> bool:
+    return key in _SPLIT_BACKWARD or key in {"gpipe", "afab", "1f1b", "interleaved1f1b", "loopedbfs"}
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def _fmt_seconds(s: float) -> str:
+    if s < 1:
+        return "<1 s"
+    if s < 60:
+        return f"{s:.0f} s"
+    if s < 3600:
+        return f"{s / 60:.0f} min"
+    if s < 86400 * 2:
+        return f"{s / 3600:.0f} h"
+    return f"{s / 86400:,.0f} days"

@@ -1,0 +1,485 @@
+"""Hostile inputs (issue 12): every bad input gives exit 0/1/2 and one clear line, never a traceback or a hang.
+
+Table-driven by category: wrong answers, files that are not ppsim's, tracebacks, unbounded work, first contact.
+Each case asserts the exit code, that stderr holds one ``Error:`` line (for exit 2) naming the problem, and no
+``Traceback``. Refused work is asserted on the refusal's message (it names the estimate and the limit), never on
+time. Cases that wait for another branch are ``xfail(strict=False, reason="needs <branch>")``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import signal
+import stat
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ppsim import limits
+from ppsim.cli import app
+from ppsim.costs import parse_costs
+from ppsim.errors import PPSimError
+from ppsim.formats import to_csv_text
+from ppsim.schedules import get_schedule
+
+runner = CliRunner()
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --- the hostile files -----------------------------------------------------------------------------------------------
+def _csv(name: str, num_ranks: int, num_microbatches: int) -> str:
+    return to_csv_text(get_schedule(name, num_ranks, num_microbatches))
+
+
+@functools.lru_cache(maxsize=1)
+def _files() -> dict[str, bytes]:
+    """Every small hostile file, by name (written into each test's tmp_path)."""
+    zbh1 = _csv("ZBH1", 2, 10)
+    assert ",2W9" in zbh1 or "0W9" in zbh1
+    rng = random.Random(12)
+    return {
+        "good.csv": b"0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n",
+        "six.csv": _csv("1F1B", 2, 6).encode(),
+        "eight.csv": _csv("1F1B", 2, 8).encode(),
+        "missing_w.csv": zbh1.replace("0W9", "").encode(),
+        "style2024.csv": b"0F0,0I0,0B0,0W0\n1F0,1B0\n",
+        "forwards.csv": b"0F0,0F1\n1F0,1F1\n",
+        "arabic.csv": "٠F٠,٠B٠\n".encode(),
+        "latin1.csv": "0F0,0B0\n# café\n".encode("latin-1"),
+        "utf16.csv": "0F0,0B0\n1F0,1B0\n".encode("utf-16"),
+        "random.csv": bytes(rng.randrange(128, 256) for _ in range(4096)),
+        "binary.csv": Path(sys.executable).read_bytes()[:4096],
+        "bigstage.csv": b"0F0,0B0\n999999999F0,999999999B0\n",
+        "bigmb.csv": b"0F0,0B0,0F999999999,0B999999999\n1F0,1B0,1F999999999,1B999999999\n",
+        "hugeid.csv": b"0F0,0B0\n1F0," + b"9" * 5000 + b"B0\n",
+        "deadlock.csv": b"0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n",
+        "wide.csv": _csv("1F1B", 4, 6_500).encode(),  # 52,000 actions: beyond a figure, fine to simulate
+        "ranks3000.csv": b"".join(f"{r}F0,{r}B0\n".encode() for r in range(3000)),
+        "dualpipe.csv": _csv("DualPipe", 4, 8).encode(),
+        "pair.csv": b"(0F1;1B0;2F0)OVERLAP_F_B\n",
+        "excel.csv": b"\xef\xbb\xbf0F0,0F1,0B0,0B1\r\n1F0,1B0,1F1,1B1\r\n",  # UTF-8 BOM and CRLF, as Excel saves
+        "commas.csv": b"0F0,0B0" + b"," * 3_000_000 + b"\n",
+    }
+
+
+@pytest.fixture()
+def files(tmp_path: Path) -> Path:
+    for name, data in _files().items():
+        (tmp_path / name).write_bytes(data)
+    return tmp_path
+
+
+# --- running the CLI -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    id: str
+    args: tuple[str, ...]
+    code: int
+    says: str
+    """Text the message must hold (stderr for exit 2, stdout for exit 1 or 0); ``{d}`` is the test folder."""
+    needs: str | None = None
+    """Branch this case waits for (xfail until it merges)."""
+    marks: tuple[pytest.MarkDecorator, ...] = field(default=())
+
+
+def param(case: Case) -> object:
+    marks = list(case.marks)
+    if case.needs:
+        marks.append(pytest.mark.xfail(strict=False, reason=f"needs {case.needs}"))
+    return pytest.param(case, id=case.id, marks=marks)
+
+
+def invoke(args: list[str], cwd: Path) -> tuple[int, str, str]:
+    old = Path.cwd()
+    os.chdir(cwd)
+    try:
+        result = runner.invoke(app, args)
+    finally:
+        os.chdir(old)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception  # a traceback the user would have seen
+    return result.exit_code, result.stdout, result.stderr
+
+
+def check(case: Case, folder: Path) -> None:
+    args = [a.replace("{d}", str(folder)) for a in case.args]
+    code, out, err = invoke(args, folder)
+    says = case.says.replace("{d}", str(folder))
+    assert "Traceback" not in out + err
+    assert code == case.code, f"exit {code}: {err or out}"
+    if code == 2:
+        errors = [line for line in err.splitlines() if line.startswith("Error:")]
+        assert len(errors) == 1, err
+        assert says in errors[0], errors[0]
+    else:
+        assert says in out + err
+
+
+# --- wrong answers without an error ----------------------------------------------------------------------------------
+WRONG_ANSWERS = [
+    Case("simulate -m 8 on a 6-microbatch file", ("simulate", "-s", "six.csv", "-m", "8"), 2, "has 6 microbatches"),
+    Case("simulate -m 4 on a 6-microbatch file", ("simulate", "-s", "six.csv", "-m", "4"), 2, "pass -m 6"),
+    Case("simulate -m 2 on an 8-microbatch file", ("simulate", "-s", "eight.csv", "-m", "2"), 2, "has 8 microbatches"),
+    Case("show -m 2 on an 8-microbatch file", ("show", "-s", "eight.csv", "-m", "2"), 2, "has 8 microbatches"),
+    Case("show an invalid file with a warning", ("show", "-s", "missing_w.csv"), 0, "warning: missing_w.csv is not a "
+         "valid schedule"),
+    Case("plot -m 2 on an 8-microbatch file", ("plot", "-s", "eight.csv", "-m", "2"), 2, "has 8 microbatches"),
+    Case("export json -m 8 on a 6-microbatch file",
+         ("export", "-s", "six.csv", "-m", "8", "--format", "json", "-o", "x.json"), 2, "has 6 microbatches"),
+    Case("simulate -r 3 on a 2-rank file", ("simulate", "-s", "good.csv", "-r", "3"), 2, "has 2 rows"),
+    Case("-v 2 on a file with 1 stage per rank", ("simulate", "-s", "good.csv", "-v", "2"), 2, "1 stage(s) per rank"),
+    Case("file sizes inferred without -r/-m", ("show", "-s", "six.csv"), 0, "2 ranks, 6 microbatches"),
+    Case("simulate refuses a file missing 0W9", ("simulate", "-s", "missing_w.csv"), 2, "missing backward 0W9"),
+    Case("validate rejects a file missing 0W9", ("validate", "missing_w.csv"), 1, "missing backward 0W9"),
+    Case("export refuses a file missing 0W9", ("export", "-s", "missing_w.csv", "-o", "x.csv"), 2, "missing backward"),
+    Case("report names a file missing 0W9",
+         ("report", "-s", "missing_w.csv,1F1B", "-r", "2", "-m", "2", "-o", "r.html"), 0, "r.html"),
+    Case("2024-style B and W: validate's rule in simulate", ("simulate", "-s", "style2024.csv"), 2,
+         "has both B and I/W"),
+    Case("forwards-only file refused", ("simulate", "-s", "forwards.csv"), 2, "forward actions only"),
+    Case("deadlocking file refused by simulate", ("simulate", "-s", "deadlock.csv"), 2, "deadlock"),
+    Case("DualPipe file without --directions 2", ("simulate", "-s", "dualpipe.csv"), 2, "--directions 2"),
+    Case("DualPipe file with --directions 2", ("simulate", "-s", "dualpipe.csv", "--directions", "2"), 0, "makespan"),
+    Case("Arabic-Indic digits are not an action", ("validate", "arabic.csv"), 2, "non-ASCII"),
+    Case("Arabic-Indic digits are not a cost", ("simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--costs", "F=١"), 2,
+         "not a number"),
+    Case("F=1e308,B=1e308 refused (would be NaN)",
+         ("simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--costs", "F=1e308,B=1e308", "--json"), 2, "limit of 1e+12"),
+    Case("comm=1e308 refused (would be inf)",
+         ("simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--costs", "comm=1e308", "--json"), 2, "limit of 1e+12"),
+    Case("F=1e308 in export json refused",
+         ("export", "-s", "1F1B", "-r", "2", "-m", "2", "--costs", "F=1e308", "--format", "json", "-o", "x.json"), 2,
+         "limit of 1e+12"),
+    Case("costs of nan refused", ("simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--costs", "F=nan"), 2, "finite"),
+    Case("negative cost refused", ("simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--costs", "B=-1"), 2, ">= 0"),
+    Case("unknown cost key refused", ("simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--costs", "X=1"), 2,
+         "unknown"),
+    Case("all-zero costs refused", ("simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--costs", "F=0,B=0"), 2,
+         "every op takes 0"),
+    Case("--memory-cap 0.5 is not a 0-byte cap",
+         ("simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--memory-cap", "0.5"), 2, "--memory-cap"),
+    Case("report with every name bad exits 2",
+         ("report", "-s", "Nope,Zilch", "-r", "2", "-m", "2", "-o", "r.html"), 2, "Nope"),
+    Case("--directions 2 on a named schedule is not silent",
+         ("show", "-s", "1F1B", "-r", "2", "-m", "2", "--directions", "2"), 0, "--directions"),
+]
+
+
+@pytest.mark.parametrize("case", [param(c) for c in WRONG_ANSWERS])
+def test_wrong_answers_become_errors(case: Case, files: Path) -> None:
+    check(case, files)
+
+
+def test_repeated_schedule_option_keeps_both(files: Path) -> None:
+    code, out, err = invoke(["simulate", "-s", "1F1B", "-s", "ZBH1", "-r", "2", "-m", "2", "--json"], files)
+    assert "Traceback" not in out + err
+    if code == 0:
+        names = {entry["schedule"] for entry in json.loads(out)}
+        assert names == {"1F1B", "ZBH1"}
+    else:
+        assert code == 2 and "-s" in err
+
+
+def test_simulate_json_is_strict_json_for_extreme_but_allowed_costs(files: Path) -> None:
+    code, out, _ = invoke(
+        ["simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--costs", "F=1e12,B=1e12,comm=1e12", "--json"], files
+    )
+    assert code == 0
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"non-finite {token} in JSON")
+
+    assert json.loads(out, parse_constant=refuse)["makespan"] > 0
+
+
+def test_simulator_refuses_non_finite_results() -> None:
+    from ppsim.costs import CostModel
+    from ppsim.simulate import simulate
+
+    costs = CostModel(F=(1e308,), B=(1e308,), I=(5e307,), W=(5e307,), FB=(1e308,))
+    with pytest.raises(PPSimError):
+        simulate(get_schedule("1F1B", 4, 8), costs)
+
+
+def test_parse_costs_limits_each_op() -> None:
+    assert parse_costs("F=1e12,B=1e12").F == (1e12,)
+    for text in ("F=1.5e12", "comm=1e308", "W=1e400", "F=inf", "F=1_000"):
+        with pytest.raises(PPSimError) as err:
+            parse_costs(text)
+        assert "\n" not in str(err.value)
+
+
+# --- files that are not ppsim's (the writer: cli branch's ppsim.io) --------------------------------------------------
+def test_symlink_at_output_is_written_through(files: Path) -> None:
+    target = files / "target.csv"
+    target.write_text("old")
+    (files / "link.csv").symlink_to(target)
+    code, _, err = invoke(["export", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "link.csv"], files)
+    assert code == 0, err
+    assert (files / "link.csv").is_symlink()
+    assert target.read_text().startswith("0F0")
+
+
+def test_existing_file_keeps_its_mode(files: Path) -> None:
+    out = files / "private.csv"
+    out.write_text("old")
+    out.chmod(0o600)
+    code, _, err = invoke(["export", "-s", "1F1B", "-r", "2", "-m", "2", "-o", str(out)], files)
+    assert code == 0, err
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+
+
+def test_fifo_at_output_is_written_not_replaced(files: Path) -> None:
+    fifo = files / "pipe.csv"
+    os.mkfifo(fifo)
+    chunks: list[bytes] = []
+    reader_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader is waiting, so the writer never blocks
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(reader_fd, 65536)
+            except BlockingIOError:
+                if done.is_set():
+                    return
+                done.wait(0.01)
+                continue
+            if not data and done.is_set():
+                return
+            chunks.append(data)
+            if not data:
+                done.wait(0.01)
+
+    done = threading.Event()
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    try:
+        code, _, err = invoke(["export", "-s", "1F1B", "-r", "2", "-m", "2", "-o", str(fifo)], files)
+    finally:
+        done.set()
+        thread.join(5)
+        os.close(reader_fd)
+    assert code == 0, err
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert b"".join(chunks).startswith(b"0F0")
+
+
+def test_unwritable_output_names_the_users_path(files: Path) -> None:
+    code, _, err = invoke(["export", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "/proc/x.json", "--format", "json"],
+                          files)
+    assert code == 2 and "Traceback" not in err
+    assert "/proc/x.json" in err and ".tmp" not in err
+
+
+# --- tracebacks: each must become one line --------------------------------------------------------------------------
+LONG = "a" * 300 + ".csv"
+TRACEBACKS = [
+    *(Case(f"{cmd} on a {kind} file", (cmd, *(("-s",) if cmd != "validate" else ()), f"{kind}.csv"), 2, says)
+      for cmd in ("validate", "show", "simulate")
+      for kind, says in (("latin1", "not UTF-8"), ("utf16", "UTF-16"), ("random", "not UTF-8"),
+                         ("binary", "binary"))),
+    Case("plot on a Latin-1 file", ("plot", "-s", "latin1.csv"), 2, "not UTF-8"),
+    Case("input name longer than the OS allows", ("validate", LONG), 2, "longer than"),
+    Case("input name too long in simulate", ("simulate", "-s", LONG), 2, "longer than"),
+    Case("output name longer than the OS allows", ("export", "-s", "1F1B", "-r", "2", "-m", "2", "-o", LONG), 2,
+         "longer than"),
+    Case("--memory-cap 1e400", ("simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--memory-cap", "1e400"), 2,
+         "--memory-cap"),
+    Case("--memory-cap 1e400 in plot", ("plot", "-s", "1F1B", "-r", "2", "-m", "2", "--memory-cap", "1e400"), 2,
+         "--memory-cap"),
+    Case("F=1e308 in plot", ("plot", "-s", "1F1B", "-r", "2", "-m", "2", "--costs", "F=1e308"), 2, "limit of 1e+12"),
+    Case("stage id 999,999,999 (validate)", ("validate", "bigstage.csv"), 1, "stage 999999999"),
+    Case("stage id 999,999,999 (simulate)", ("simulate", "-s", "bigstage.csv"), 2, "stage 999999999"),
+    Case("microbatch id 999,999,999 (validate)", ("validate", "bigmb.csv"), 1, "microbatch 999999999 out of range"),
+    Case("microbatch id 999,999,999 (simulate)", ("simulate", "-s", "bigmb.csv"), 2, "microbatch 999999999"),
+    Case("5,000-digit id", ("validate", "hugeid.csv"), 2, "exceeds the limit"),
+    Case("a directory as the schedule", ("validate", "{d}"), 2, "directory"),
+    Case("a UTF-8 BOM and CRLF lines are fine", ("validate", "excel.csv"), 0, "valid"),
+    Case("a malformed overlapped pair", ("validate", "pair.csv"), 2, "overlapped pair"),
+    Case("a missing schedule file", ("simulate", "-s", "nope.csv"), 2, "not found"),
+]
+
+
+@pytest.mark.parametrize("case", [param(c) for c in TRACEBACKS])
+def test_bad_files_and_values_give_one_line(case: Case, files: Path) -> None:
+    check(case, files)
+
+
+def test_fifo_as_schedule_is_refused_without_blocking(files: Path) -> None:
+    os.mkfifo(files / "in.csv")
+    code, _, err = invoke(["validate", "in.csv"], files)  # opening a FIFO for reading would block forever
+    assert code == 2 and "not a regular file" in err
+
+
+PROFILES = {
+    "digits.json": '{"schema": "ppsim.profile", "stages": [{"stage": ' + "9" * 5000 + "}]}",
+    "deep.json": "[" * 10_000 + "]" * 10_000,
+    "int64.json": json.dumps({"schema": "ppsim.profile", "num_stages": 1, "stages": [{
+        "stage": 0, "F": {"median": 1.0}, "B": {"median": 2.0}, "I": {"median": 1.0}, "W": {"median": 1.0},
+        "FB": {"median": 3.0}, "activation_bytes": 2**70, "activation_bytes_freed_by_I": 0, "output_bytes": 1,
+        "param_bytes": 0, "grad_bytes": 0, "optimizer_bytes": 0}]}),
+    "latin1.json": '{"schema": "café"}',
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_hostile_profiles_give_one_line(name: str, tmp_path: Path) -> None:
+    path = tmp_path / name
+    path.write_bytes(PROFILES[name].encode("latin-1" if name.startswith("latin1") else "utf-8"))
+    code, out, err = invoke(["simulate", "-s", "1F1B", "-r", "1", "-m", "2", "--profile", str(path)], tmp_path)
+    assert code == 2 and "Traceback" not in out + err
+    assert len([line for line in err.splitlines() if line.startswith("Error:")]) == 1
+
+
+def _cli(args: list[str], cwd: Path, *, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    """The real entry point in a child process (its own encoding, its own exit); on a hang the whole process group
+    is killed, so nothing it started outlives the test."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from ppsim.cli import main; main()", *args],
+        cwd=cwd, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        encoding="utf-8", errors="replace", start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\n(killed after {timeout} s: the command did not refuse)"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_ascii_output_encoding_gives_one_line(files: Path) -> None:
+    proc = _cli(["validate", "日本語.csv"], files, PYTHONIOENCODING="ascii")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("Error:") == 1
+
+
+def test_ascii_output_encoding_prints_a_cjk_schedule_name(files: Path) -> None:
+    (files / "日本語.csv").write_bytes(_files()["good.csv"])
+    proc = _cli(["show", "-s", "日本語.csv"], files, PYTHONIOENCODING="ascii")
+    assert proc.returncode in (0, 2) and "Traceback" not in proc.stderr
+
+
+@pytest.mark.torch
+def test_run_refuses_a_deadlocking_file_before_starting_ranks(files: Path) -> None:
+    pytest.importorskip("torch")
+    proc = _cli(["run", "-s", "deadlock.csv"], files)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "deadlock" in proc.stderr and proc.stderr.count("Error:") == 1
+
+
+# --- unbounded work: refused with the estimate, the limit and the override ---------------------------------------
+UNBOUNDED = [
+    Case("-m 1000000000", ("simulate", "-s", "1F1B", "-r", "4", "-m", "1000000000"), 2, "limit of 2,000,000 actions"),
+    Case("-r 100000", ("simulate", "-s", "1F1B", "-r", "100000", "-m", "8"), 2, "limit of 2,048 ranks"),
+    Case("DualPipeV -r 8 -m 1000000", ("simulate", "-s", "DualPipeV", "-r", "8", "-m", "1000000"), 2,
+         "about 48,000,000 actions"),
+    Case("show -m 1000000000", ("show", "-s", "GPipe", "-r", "2", "-m", "1000000000"), 2, "--allow-large"),
+    Case("export -r 100000", ("export", "-s", "1F1B", "-r", "100000", "-m", "1", "-o", "x.csv"), 2, "--allow-large"),
+    Case("report -m 1000000000", ("report", "-s", "1F1B", "-r", "2", "-m", "1000000000", "-o", "r.html"), 2,
+         "--allow-large"),
+    Case("plot -r 2000", ("plot", "-s", "1F1B", "-r", "2000", "-m", "4"), 2, "1,000 ranks"),
+    Case("plot of 80,000 actions", ("plot", "-s", "1F1B", "-r", "4", "-m", "10000"), 2, "50,000 actions"),
+    Case("plot of a 52,000-action file", ("plot", "-s", "wide.csv"), 2, "for a figure"),
+    Case("export chrome of 1M actions", ("export", "-s", "Interleaved1F1B", "-r", "128", "-m", "1024", "-v", "4",
+                                          "--format", "chrome", "-o", "t.json"), 2, "limit of 200,000 actions"),
+    Case("validate -m 1000000000", ("validate", "good.csv", "-m", "1000000000"), 2, "--allow-large"),
+    Case("a 3,000-rank file", ("validate", "ranks3000.csv"), 2, "2,048 ranks"),
+    Case("a line of 3,000,000 empty cells", ("simulate", "-s", "commas.csv"), 2, "cells"),
+    Case("simulate a 52,000-action file (within limits)", ("simulate", "-s", "wide.csv", "--json"), 0, "makespan"),
+    Case("--allow-large lifts the rank limit", ("show", "-s", "1F1B", "-r", "2100", "-m", "1", "--allow-large"), 0,
+         "2100 ranks"),
+]
+
+
+@pytest.mark.parametrize("case", [param(c) for c in UNBOUNDED])
+def test_unbounded_work_is_refused_with_the_estimate(case: Case, files: Path) -> None:
+    check(case, files)
+
+
+def test_a_file_beyond_the_byte_limit_is_refused_before_reading(tmp_path: Path) -> None:
+    big = tmp_path / "big.csv"
+    with open(big, "wb") as fh:
+        fh.truncate(limits.MAX_FILE_BYTES + 1)  # sparse: no disk used, and never read
+    code, _, err = invoke(["plot", "-s", "big.csv"], tmp_path)
+    assert code == 2 and "16.0 MiB" in err and "--allow-large" in err
+
+
+def test_the_perf_target_fits_the_limits() -> None:
+    estimate = limits.estimate_named("Interleaved1F1B", 128, 1024, 4)
+    assert estimate.num_actions == 128 * 4 * 1024 * 2
+    limits.check_work(estimate)  # no refusal
+
+
+def test_every_named_schedule_estimate_bounds_its_real_size() -> None:
+    from ppsim.schedules import all_specs, resolve_stages_per_rank
+
+    for spec in all_specs():
+        v = resolve_stages_per_rank(spec, None)
+        sched = get_schedule(spec.name, 4, 8)
+        real = sum(1 for _ in sched.iter_computations())
+        assert real <= limits.estimate_named(spec.name, 4, 8, v).num_actions <= 2 * real, spec.name
+
+
+@pytest.mark.torch
+def test_run_refuses_a_billion_microbatches(files: Path) -> None:
+    proc = _cli(["run", "-s", "1F1B", "-r", "2", "-m", "1000000000"], files)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--allow-large" in proc.stderr
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason="needs calib")
+def test_calibrate_refuses_an_absurd_sequence_length(tmp_path: Path) -> None:
+    # a refusal comes back at once; a calibration that starts is killed (with its children) and fails the test
+    proc = _cli(["calibrate", "--seq-len", "10000000", "-o", str(tmp_path / "p.json")], tmp_path, timeout=30)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "seq" in proc.stderr
+
+
+# --- first contact ---------------------------------------------------------------------------------------------------
+def test_version_option(tmp_path: Path) -> None:
+    proc = _cli(["--version"], tmp_path)
+    assert proc.returncode == 0 and "ppsim" in proc.stdout.lower()
+
+
+def test_bad_integer_is_rejected_without_importing_torch() -> None:
+    code = "import sys; from ppsim.cli import app; print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("image", ["docs/img/dualpipev_r4_m10.png", "docs/img/report.png"])
+def test_readme_images_are_not_ignored_by_git(image: str) -> None:
+    proc = subprocess.run(["git", "check-ignore", "-q", image], cwd=REPO, capture_output=True, timeout=60)
+    assert proc.returncode == 1, f"{image} is ignored by .gitignore"
+
+
+# --- the library entry ---------------------------------------------------------------------------------------------
+def test_load_schedule_reads_sizes_from_the_file_and_validates_it(files: Path) -> None:
+    from ppsim.schedules.loading import InvalidScheduleError, load, load_schedule
+
+    sched = load_schedule(files / "six.csv")
+    assert (sched.num_ranks, sched.num_microbatches, sched.num_stages_per_rank) == (2, 6, 1)
+    with pytest.raises(InvalidScheduleError) as err:
+        load_schedule(files / "missing_w.csv")
+    assert "missing backward 0W9" in str(err.value) and err.value.problems
+    loaded = load(files / "missing_w.csv", check=False)
+    assert loaded.from_file and loaded.schedule.num_microbatches == 10
+
+
+def test_load_schedule_limits_lift_with_allow_large(files: Path) -> None:
+    from ppsim.schedules.loading import load_schedule
+
+    with pytest.raises(limits.WorkLimitError, match="2,048 ranks"):
+        load_schedule("1F1B", num_ranks=2100, num_microbatches=1)
+    assert load_schedule("1F1B", num_ranks=2100, num_microbatches=1, allow_large=True).num_ranks == 2100
+    with pytest.raises(limits.WorkLimitError, match="2,048 ranks"):
+        load_schedule(files / "ranks3000.csv")

@@ -1,0 +1,317 @@
+"""The schedule search: valid orders under the cap, the simulator's makespan, never worse than the named start."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from ppsim import get_schedule, parse_costs, simulate
+from ppsim.cli import app
+from ppsim.errors import PPSimError
+from ppsim.formats import read_csv
+from ppsim.search import MemoryCap, MemoryCapError, lower_bound, parse_memory_cap, search
+from ppsim.schedules._greedy import Rule, list_schedule, make_problem
+from ppsim.schedules._phases import loop_placement, make_schedule, v_placement
+from ppsim.validate import validate
+
+runner = CliRunner()
+COMM = parse_costs("F=1,B=2,I=1,W=1,comm=0.1")
+SLOW_I = parse_costs("F=1,B=3,I=2,W=1,comm=0.1")
+
+
+def peaks(schedule, costs):  # type: ignore[no-untyped-def]
+    return [p.peak_activations for p in simulate(schedule, costs).per_rank]
+
+
+@pytest.mark.parametrize(
+    "ranks, mb, costs, cap, placement",
+    [
+        (4, 8, COMM, 4, "loop"),
+        (4, 8, SLOW_I, 8, "loop"),
+        (3, 6, COMM, 6, "v"),
+        (4, 8, parse_costs("F=1,B=2,I=1,W=1,FB=2.4,comm=0.05"), 8, "v"),
+        (4, 8, COMM, 8, "any"),
+    ],
+)
+def test_found_order_is_valid_fits_the_cap_and_resimulates_to_the_reported_makespan(
+    ranks: int, mb: int, costs, cap: int, placement: str  # type: ignore[no-untyped-def]
+) -> None:
+    result = search(ranks, mb, costs, f"{cap}act", placement=placement, time_limit=1.0, seed=1)
+    assert validate(result.schedule) == []
+    resim = simulate(result.schedule, result.sim.costs)
+    assert resim.makespan == pytest.approx(result.makespan)
+    assert max(p.peak_activations for p in resim.per_rank) <= cap
+    assert result.peak <= cap
+    assert result.makespan >= result.lower_bound - 1e-9
+
+
+@pytest.mark.parametrize("ranks, mb, cap", [(4, 8, 4), (4, 8, 8), (8, 8, 8), (4, 16, 7)])
+def test_never_worse_than_the_best_named_schedule_that_fits(ranks: int, mb: int, cap: int) -> None:
+    result = search(ranks, mb, COMM, f"{cap}act", time_limit=0.5)
+    best = result.best_named
+    assert best is not None and best.fits
+    assert result.makespan <= best.makespan + 1e-9
+    fitting = [n for n in result.named if n.fits]
+    assert all(n.peak <= cap for n in fitting)
+    assert {n.name for n in result.named} >= {"1F1B", "ZBH1", "GPipe"}
+
+
+def test_beats_zbh1_on_the_zero_bubble_papers_case() -> None:
+    # 8 ranks, 8 microbatches, F = I = W = 1, comm 0.1: ZBH1 takes 33.6; the bound (and sail-sg's auto
+    # schedule) is 32.4
+    result = search(8, 8, COMM, "8act", time_limit=2.0)
+    assert result.lower_bound == pytest.approx(32.4)
+    assert result.makespan < 33.6 - 1e-9
+
+
+def test_list_scheduler_makespan_is_the_simulators() -> None:
+    for placement, v in ((loop_placement(4, 1), 1), (loop_placement(4, 2), 2), (v_placement(4), 2)):
+        tpl = make_schedule("t", [[] for _ in range(4)], placement, 8, v)
+        for rule in (Rule(), Rule(w_fill="fit", wait_b=0.5), Rule(backward="fused"), Rule(reserve="one", pairs=True)):
+            out = list_schedule(make_problem(tpl, SLOW_I, 2 * v * 4), rule)
+            assert out is not None
+            orders, makespan, peak = out
+            sched = tpl.with_actions(orders)
+            assert validate(sched) == []
+            sim = simulate(sched, SLOW_I)
+            assert sim.makespan == pytest.approx(makespan)
+            assert [p.peak_activations for p in sim.per_rank] == [int(x) for x in peak]
+
+
+def test_lower_bound_matches_closed_forms_without_communication() -> None:
+    # zero communication, F = I = W, enough memory: ZB-H2 has no bubble inside any rank's span, and the bound is
+    # its makespan m(F+I+W) + (R-1)F
+    unit = parse_costs("F=1,B=2,I=1,W=1")
+    tpl = make_schedule("t", [[] for _ in range(4)], loop_placement(4, 1), 8, 1)
+    lb = lower_bound(make_problem(tpl, unit, 8))
+    zbh2 = simulate(get_schedule("ZBH2", 4, 8), unit).makespan
+    assert lb == pytest.approx(zbh2)
+    # with communication, 1F1B's cap (4) binds: the last microbatch can enter rank 0 only after 4 have left it,
+    # which is what ZB-H1 achieves (28.2); with 8 the bound is 27.3 (what ZB-H2 achieves)
+    assert lower_bound(make_problem(tpl, COMM, 8)) == pytest.approx(27.3)
+    assert lower_bound(make_problem(tpl, COMM, 4)) == pytest.approx(28.2)
+    assert simulate(get_schedule("ZBH1", 4, 8), COMM).makespan == pytest.approx(28.2)
+
+
+def test_cap_too_small_names_the_smallest_feasible_cap() -> None:
+    with pytest.raises(MemoryCapError) as err:
+        search(4, 8, COMM, "1act", placement="v", time_limit=0.5)
+    message = str(err.value)
+    assert "\n" not in message and "2act" in message
+
+
+def test_bytes_cap_needs_a_profile() -> None:
+    with pytest.raises(MemoryCapError, match="profile"):
+        search(4, 8, COMM, "80GiB", time_limit=0.5)
+
+
+def test_parse_memory_cap() -> None:
+    assert parse_memory_cap("8act") == MemoryCap(8, "act")
+    assert parse_memory_cap("1KiB") == MemoryCap(1024, "bytes")
+    assert parse_memory_cap(2e9) == MemoryCap(2e9, "bytes")
+    with pytest.raises(PPSimError):
+        parse_memory_cap("eight")
+
+
+def test_same_seed_gives_the_same_order() -> None:
+    # a budget of orders, not the clock, ends these runs: the orders are the same
+    a = search(4, 6, SLOW_I, "8act", time_limit=120.0, seed=7, max_orders=300)
+    b = search(4, 6, SLOW_I, "8act", time_limit=120.0, seed=7, max_orders=300)
+    assert a.stopped == b.stopped == "done"
+    assert a.schedule.actions == b.schedule.actions
+    assert a.makespan == b.makespan
+
+
+def test_time_limit_is_honoured_and_progress_reported() -> None:
+    seen = []
+    result = search(8, 32, SLOW_I, "16act", time_limit=1.0, progress=seen.append)
+    assert result.elapsed_s < 1.0 + 2.0  # one last simulation may finish after the deadline
+    assert seen and all(p.best_makespan >= result.makespan - 1e-9 for p in seen)
+
+
+def test_interrupt_returns_best_so_far() -> None:
+    calls = {"n": 0}
+
+    def interrupt(_progress) -> None:  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] >= 2:
+            raise KeyboardInterrupt
+
+    result = search(4, 8, COMM, "8act", time_limit=5.0, progress=interrupt)
+    assert result.stopped == "interrupted"
+    assert validate(result.schedule) == []
+
+
+def test_profile_costs_and_byte_cap(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ppsim.costs import CostModel
+
+    R = 4
+    costs = CostModel(
+        F=(1.0, 1.2, 1.1, 1.5), B=(2.0, 2.4, 2.2, 3.0), I=(1.0, 1.2, 1.1, 1.6), W=(1.0, 1.2, 1.1, 1.4),
+        FB=(3.0, 3.6, 3.3, 4.5), comm=0.0, p2p_alpha=0.01, p2p_beta=1e9, output_bytes=(10**6,) * R,
+        activation_bytes=(100,) * R, activation_bytes_freed_by_I=(40,) * R, static_bytes=(1000,) * R, unit="s",
+    )
+    cap = 1000 + 4 * 100
+    result = search(R, 8, costs, cap, time_limit=1.0)
+    sim = simulate(result.schedule, costs)
+    assert max(p.peak_memory_bytes or 0 for p in sim.per_rank) <= cap
+    assert result.makespan <= (result.best_named.makespan if result.best_named else float("inf")) + 1e-9
+
+
+def test_cli_search_writes_a_csv_simulate_accepts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "best.csv"
+    costs = "F=1,B=2,I=1,W=1,comm=0.1"
+    res = runner.invoke(app, ["search", "-r", "4", "-m", "8", "--costs", costs, "--memory-cap", "4act",
+                              "--time-limit", "0.5", "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["makespan"] <= min(n["makespan"] for n in data["named"] if n["fits"]) + 1e-9
+    assert data["lower_bound"] <= data["makespan"]
+    sched = read_csv(str(out), num_microbatches=8)
+    assert validate(sched) == []
+    sim = runner.invoke(app, ["simulate", "-s", str(out), "-m", "8", "--costs", costs, "--json"])
+    assert sim.exit_code == 0, sim.output
+    assert json.loads(sim.stdout)["makespan"] == pytest.approx(data["makespan"])
+
+
+def test_cli_search_prints_the_table_with_named_schedules() -> None:
+    res = runner.invoke(app, ["search", "-r", "4", "-m", "8", "--memory-cap", "8act", "--time-limit", "0.3", "-q"])
+    assert res.exit_code == 0, res.output
+    for word in ("searched", "ZBH1", "1F1B", "lower bound", "gap"):
+        assert word in res.stdout
+
+
+def test_cli_cap_too_small_is_one_line_exit_2() -> None:
+    res = runner.invoke(app, ["search", "-r", "4", "-m", "8", "--memory-cap", "1act", "--placement", "v"])
+    assert res.exit_code == 2
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "2act" in lines[0]
+
+
+def test_cli_report_includes_the_searched_schedule(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "report.html"
+    res = runner.invoke(app, ["report", "-s", "1F1B,ZBH1", "-r", "4", "-m", "8", "--costs", "F=1,B=2,comm=0.1",
+                              "--memory-cap", "8act", "--search", "--search-time", "0.5", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "Searched" in out.read_text(encoding="utf-8")
+
+
+def test_cli_report_search_needs_a_cap(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    res = runner.invoke(app, ["report", "-s", "1F1B", "-r", "4", "-m", "8", "--search", "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 2
+    assert "--memory-cap" in res.output
+
+
+def test_works_without_or_tools(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from ppsim import _search_cpsat
+
+    monkeypatch.setattr(_search_cpsat, "available", lambda: False)
+    result = search(4, 8, COMM, "4act", time_limit=0.5)
+    assert result.source != "CP-SAT"
+    assert validate(result.schedule) == []
+    with pytest.raises(PPSimError, match="OR-Tools"):
+        search(4, 8, COMM, "4act", time_limit=0.5, solver="cpsat")
+
+
+def test_cpsat_polish_reaches_the_bound_on_the_zero_bubble_papers_case() -> None:
+    pytest.importorskip("ortools")
+    # a budget of orders (and of the solver's deterministic time), not the clock, ends the run
+    result = search(8, 8, COMM, "8act", time_limit=120.0, solver="cpsat", max_orders=400)
+    assert result.stopped == "done"
+    assert result.makespan == pytest.approx(32.4)  # sail-sg's auto schedule, and the lower bound
+    assert max(p.peak_activations for p in simulate(result.schedule, COMM).per_rank) <= 8
+    assert validate(result.schedule) == []
+
+
+def _profile(path, num_stages: int):  # type: ignore[no-untyped-def]
+    from ppsim.profile import ModelInfo, P2PProfile, Profile, Stat, StageProfile, save_profile
+
+    def stat(x: float) -> Stat:
+        return Stat.from_samples([x, x, x])
+
+    stages = []
+    for s in range(num_stages):
+        f = 0.010 * (1.2 if s == num_stages - 1 else 1.0)
+        stages.append(StageProfile(
+            stage=s, layers=(s, s + 1), has_embedding=s == 0, has_head=s == num_stages - 1, param_bytes=2**30,
+            grad_bytes=2**30, optimizer_bytes=0, output_bytes=0 if s == num_stages - 1 else 8 * 2**20,
+            F=stat(f), B=stat(2 * f), I=stat(f), W=stat(f), FB=stat(3 * f),
+            activation_bytes=100 * 2**20, activation_bytes_freed_by_I=25 * 2**20,
+        ))
+    profile = Profile(
+        created="2026-01-01T00:00:00Z", device="cpu", device_name="test", torch_version="0", host="test",
+        world_size=1, backend=None,
+        model=ModelInfo(preset="tiny", hidden=8, heads=1, ffn=8, layers=num_stages, vocab=8, seq_len=8, mb_size=1,
+                        dtype="float32"),
+        num_stages=num_stages, stages=tuple(stages),
+        p2p=P2PProfile(alpha_s=1e-4, beta_bytes_per_s=5e9, fit_rel_error=0.0, measured=True, samples=()),
+        complete=True,
+    )
+    save_profile(profile, path)
+    return path
+
+
+def test_cli_search_with_a_profile_and_a_byte_cap(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    profile = _profile(tmp_path / "p.json", 4)
+    out = tmp_path / "best.csv"
+    cap = 2 * 2**30 + 4 * 100 * 2**20  # 1F1B's four activations on rank 0 plus the static bytes
+    res = runner.invoke(app, ["search", "-r", "4", "-m", "8", "--profile", str(profile), "--memory-cap", str(cap),
+                              "--time-limit", "1", "--json", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["cap_unit"] == "bytes" and data["peak"] <= cap
+    sim = runner.invoke(app, ["simulate", "-s", str(out), "-m", "8", "--profile", str(profile), "--json"])
+    assert sim.exit_code == 0, sim.output
+    peaks = [r["peak_memory_bytes"] for r in json.loads(sim.stdout)["per_rank"]]
+    assert max(peaks) <= cap
+
+
+@pytest.mark.parametrize("placement", ["loop", "v"])
+@pytest.mark.parametrize("text", ["F=1,B=2,I=1,W=1", "F=1,B=3,I=2,W=1,comm=0.3", "F=2,B=3,I=1,W=2,comm=0.1"])
+def test_lower_bound_never_exceeds_any_named_schedule_that_fits(placement: str, text: str) -> None:
+    from ppsim.search import Placement, _named, _problem, _templates
+
+    costs = parse_costs(text)
+    for ranks, mb in ((2, 3), (3, 6), (4, 8), (4, 13)):
+        templates = _templates(ranks, mb, Placement(placement), None)
+        for cap_count in range(2, 4 * ranks + 1, 3):
+            cap = MemoryCap(cap_count, "act")
+            lb = lower_bound(_problem(templates[0], costs, cap))
+            for named, _, _ in _named(templates, ranks, mb, costs, cap, "stage"):
+                if named.fits:
+                    assert lb <= named.makespan + 1e-9, (named.name, ranks, mb, cap_count)
+
+
+def test_cli_refuses_a_search_too_large_without_allow_large() -> None:
+    res = runner.invoke(app, ["search", "-r", "64", "-m", "1000", "--memory-cap", "8act"])
+    assert res.exit_code == 2
+    assert "--allow-large" in res.output
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_rules_give_valid_orders_the_simulator_times_alike(seed: int) -> None:
+    import random
+
+    from ppsim.search import _random_rule
+
+    rng = random.Random(seed)
+    costs = parse_costs(rng.choice(["F=1,B=2,I=1,W=1,FB=2.5,comm=0.1", "F=1,B=2.5,I=1.5,W=1,FB=3", "F=2,B=3,comm=0.3"]))
+    for _ in range(8):
+        ranks, mb = rng.choice([2, 3, 4, 5]), rng.choice([1, 2, 5, 8, 11])
+        v = rng.choice([1, 2, 3])
+        placement = v_placement(ranks) if v == 2 and rng.random() < 0.5 else loop_placement(ranks, v)
+        tpl = make_schedule("t", [[] for _ in range(ranks)], placement, mb, v)
+        cap = rng.choice([v, v + 1, 2 * v + 1, ranks * v, 10**6])
+        problem = make_problem(tpl, costs, cap)
+        out = list_schedule(problem, _random_rule(rng, problem, allow_pairs=placement == v_placement(ranks)))
+        if out is None:  # a rule's limits may stall; the search then drops it
+            continue
+        orders, makespan, peak = out
+        sched = tpl.with_actions(orders)
+        assert validate(sched) == []
+        sim = simulate(sched, costs)
+        assert sim.makespan == pytest.approx(makespan)
+        assert max(p.peak_activations for p in sim.per_rank) <= cap
+        assert [p.peak_activations for p in sim.per_rank] == [int(x) for x in peak]
