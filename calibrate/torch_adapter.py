@@ -99,9 +99,9 @@ def runtime(stages: Sequence[Any], *, num_microbatches: int, loss_fn: Callable[.
     from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
     class _TimedRuntime(_PipelineScheduleRuntime):
-        def _maybe_compute_loss(self, stage: Any, output: Any, target_mbs: Any, mb_index: int,
-                                loss_kwargs: Any = None) -> None:
-            super()._maybe_compute_loss(stage, output, target_mbs, mb_index, loss_kwargs)
+        # torch 2.13 passes loss_kwargs, earlier releases do not: forward whatever the runtime passes.
+        def _maybe_compute_loss(self, *args: Any, **kwargs: Any) -> None:
+            super()._maybe_compute_loss(*args, **kwargs)
             after_forward()
 
     rt = _TimedRuntime(list(stages), n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=True)
