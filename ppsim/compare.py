@@ -155,6 +155,8 @@ def compare(
     scope: CostScope | str | None = None,
     memory_cap_bytes: int | None = None,
     builder: Callable[[str], Schedule] | None = None,
+    figure: bool = False,
+    allow_large: bool = False,
 ) -> Comparison:
     """Build each schedule in ``names``, skip those that cannot run (reasons kept), simulate the rest, rank them.
 
@@ -162,7 +164,10 @@ def compare(
     :class:`NothingToCompareError` listing why. ``scope=None`` applies the comparability rule (module docstring).
     ``builder`` replaces :func:`build` (and the ranks/microbatches/stages/pipelines arguments): it builds one
     schedule from a name, raising :class:`PPSimError` for one that cannot run; the CLI passes its own loader.
+    A name given twice (any case) is compared once. The schedules together are bounded
+    (:data:`~ppsim.limits.MAX_COMPARE_ACTIONS`; with ``figure``, the report's limits) unless ``allow_large``.
     """
+    from ppsim import limits
     from ppsim.costs import costs_for, parse_costs
     from ppsim.simulate import simulate
 
@@ -172,6 +177,14 @@ def compare(
     built: list[Schedule] = []
     skipped: list[Skipped] = []
     notes: list[str] = []
+    unique: dict[str, str] = {}
+    for name in names:
+        unique.setdefault(name.lower(), name)
+    if len(unique) < len(names):
+        repeated = sorted({n for n in names if sum(m.lower() == n.lower() for m in names) > 1}, key=str.lower)
+        notes.append(f"note: {', '.join(repeated)} given more than once; each schedule is compared once")
+        names = list(unique.values())
+    total_actions = total_rows = 0
     for name in names:
         try:
             if builder is None:
@@ -186,6 +199,14 @@ def compare(
             continue
         built.append(schedule)
         notes.extend(n for n in ignored if n not in notes)
+        total_actions += sum(map(len, schedule.actions))
+        total_rows += schedule.num_ranks
+        if len(names) > 1:
+            limits.check_total(
+                "these schedules" if not figure else "this report", total_rows, total_actions,
+                max_actions=limits.MAX_REPORT_ACTIONS if figure else limits.MAX_COMPARE_ACTIONS,
+                max_ranks=limits.MAX_REPORT_RANKS if figure else None, allow_large=allow_large,
+            )
     if not built:
         reasons = "; ".join(f"{s.name}: {s.reason}" for s in skipped)
         raise NothingToCompareError(

@@ -39,6 +39,8 @@ _DEFAULT_B = 2.0
 MAX_COST = 1e12
 """Largest time one op (or ``comm``) may take in a cost string: a step sums millions of them, and beyond this
 results lose precision and eventually overflow to inf/NaN."""
+MIN_COST = 1e-12
+"""Smallest non-zero time per op in a cost string (any unit): 24 orders of magnitude between the two limits."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,8 @@ class CostModel:
 
     @property
     def has_memory(self) -> bool:
-        return self.activation_bytes is not None
+        """Whether byte sizes are known: per-stage tables, or a per-block profile (composed per schedule)."""
+        return self.activation_bytes is not None or self.blocks is not None
 
     def check(self, schedule: Schedule) -> None:
         """Raise :class:`CostError` unless the tables fit ``schedule``'s chains."""
@@ -311,6 +314,11 @@ def parse_costs(text: str | None) -> CostModel:
             raise CostError(
                 f"--costs {key}={raw_value[:40]} is above the limit of {MAX_COST:g} per op (sums of such times over a "
                 "step lose precision or overflow); express the times in a larger unit (e.g. ms instead of ns)"
+            )
+        if 0 < value < MIN_COST:
+            raise CostError(
+                f"--costs {key}={raw_value[:40]} is below the limit of {MIN_COST:g} per op (such times lose precision "
+                "when added up); express the times in a smaller unit (e.g. ns instead of s), or write 0"
             )
         given[key] = value
     f = given.get("F", _DEFAULT_F)

@@ -3,8 +3,8 @@
 ``write_atomic`` never leaves half a file under the user's name and never destroys what is not ppsim's: a symlink
 is written through to its target, a device, FIFO or socket is written into as it is (no rename), a directory is
 refused, an existing file keeps its mode (and, for root, its owner), a new file gets the mode ``open()`` would give.
-The temporary file lives beside the target and is removed on every exit path (errors, Ctrl-C, SIGTERM). Errors name
-the path the user gave, never the temporary name.
+The temporary file lives beside the target and is removed on every exit path (errors, Ctrl-C, SIGTERM, SIGHUP).
+Errors name the path the user gave, never the temporary name.
 """
 
 from __future__ import annotations
@@ -147,29 +147,34 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
 
 
+_CLEANUP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+"""Signals that end the process by default: the temporary file is removed before the process dies of them."""
+
+
 @contextlib.contextmanager
 def _removed_on_sigterm(tmp: str) -> Iterator[None]:
-    """Remove ``tmp`` if SIGTERM arrives meanwhile (only where no one else handles SIGTERM)."""
+    """Remove ``tmp`` if SIGTERM or SIGHUP arrives meanwhile (only where no one else handles the signal)."""
     _LIVE_TEMPS.add(tmp)
-    installed = False
+    installed = []
     if threading.current_thread() is threading.main_thread():
-        with contextlib.suppress(ValueError, OSError):
-            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-                signal.signal(signal.SIGTERM, _on_sigterm)
-                installed = True
+        for signum in _CLEANUP_SIGNALS:
+            with contextlib.suppress(ValueError, OSError):
+                if signal.getsignal(signum) is signal.SIG_DFL:
+                    signal.signal(signum, _on_sigterm)
+                    installed.append(signum)
     try:
         yield
     finally:
         _LIVE_TEMPS.discard(tmp)
-        if installed:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum in installed:
+            signal.signal(signum, signal.SIG_DFL)
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
     for tmp in list(_LIVE_TEMPS):
         _unlink_quietly(tmp)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)  # die of the signal, as without the handler
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)  # die of the signal, as without the handler
 
 
 def _show(path: Path | str, limit: int = 120) -> str:
@@ -185,7 +190,10 @@ def _output_error(target: Path, exc: OSError, option: str) -> OSError | OutputPa
         errno.ENAMETOOLONG: "the file name is longer than the file system allows; choose a shorter name",
         errno.EACCES: "permission denied; choose a path you can write to",
         errno.EPERM: "operation not permitted; choose a path you can write to",
-        errno.ENOENT: f"folder {parent} does not exist; create it or choose another path",
+        errno.ENOENT: (f"folder {parent} does not exist; create it or choose another path"
+                       if not Path(parent).is_dir() else
+                       f"folder {parent} does not accept new files (a virtual file system such as /proc); choose "
+                       "another path"),
         errno.ENOTDIR: f"{parent} is not a folder; choose another path",
         errno.EISDIR: "is a directory; give a file name",
         errno.EROFS: "the file system is read-only; choose another path",

@@ -16,6 +16,8 @@ A refusal names the estimate, the limit and the override (``--allow-large`` on t
 | :data:`MAX_TIMELINE_ACTIONS` | 200,000 actions | ``export --format json`` / ``chrome`` (~140 / 420 bytes per action) |
 | :data:`MAX_FIGURE_ACTIONS` | 50,000 computations | ``plot`` and each schedule in ``report`` |
 | :data:`MAX_FIGURE_RANKS` | 1,000 ranks | ``plot`` and ``report`` |
+| :data:`MAX_COMPARE_ACTIONS` | 2,000,000 computations | all schedules of one ``simulate -s A,B,...`` together |
+| :data:`MAX_REPORT_ACTIONS` / :data:`MAX_REPORT_RANKS` | 100,000 computations / 2,000 rows | all figures of one ``report`` together |
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ MAX_FILE_BYTES = 16 * 2**20
 MAX_TIMELINE_ACTIONS = 200_000
 MAX_FIGURE_ACTIONS = 50_000
 MAX_FIGURE_RANKS = 1_000
+
+MAX_COMPARE_ACTIONS = MAX_ACTIONS
+MAX_REPORT_ACTIONS = 2 * MAX_FIGURE_ACTIONS
+MAX_REPORT_RANKS = 2 * MAX_FIGURE_RANKS
 
 BYTES_PER_ACTION = 300
 """Memory the simulator holds per action (schedule, timeline, result), measured on the perf target."""
@@ -107,6 +113,20 @@ def check_figure(what: str, num_ranks: int, num_actions: int, *, allow_large: bo
             f"{MAX_FIGURE_ACTIONS:,} actions and {MAX_FIGURE_RANKS:,} ranks (it would take minutes and gigabytes); "
             f"use `ppsim simulate` or `export --format chrome` for big schedules, fewer ranks/microbatches, or pass "
             f"{OVERRIDE_FLAG} to draw it anyway"
+        )
+
+
+def check_total(what: str, num_ranks: int, num_actions: int, *, max_actions: int, max_ranks: int | None = None,
+                allow_large: bool = False) -> None:
+    """Refuse a comparison whose schedules together exceed ``max_actions`` computations (or ``max_ranks`` rows)."""
+    if allow_large:
+        return
+    if num_actions > max_actions or (max_ranks is not None and num_ranks > max_ranks):
+        rows, limit = ("", "") if max_ranks is None else (f" in {num_ranks:,} rows", f" and {max_ranks:,} rows")
+        raise WorkLimitError(
+            f"{what}: {num_actions:,} actions{rows} in all, beyond the limit of {max_actions:,} "
+            f"actions{limit} for one command (~{_fmt_bytes(num_actions * BYTES_PER_ACTION)}); compare fewer schedules "
+            f"or use fewer ranks or microbatches, or pass {OVERRIDE_FLAG} to run it anyway"
         )
 
 

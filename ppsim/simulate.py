@@ -712,8 +712,9 @@ def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_byt
     peak_mem = None
     if costs.has_memory:
         table = np.zeros((4, max(schedule.num_stages, 1)), dtype=np.int64)
-        for s in range(schedule.num_stages):
-            held, freed_by_i = costs.activation_of(schedule, s)
+        held_of = [costs.activation_of(schedule, s) for s in range(schedule.num_stages)]
+        _refuse_int64_bytes(program, costs, held_of, schedule)
+        for s, (held, freed_by_i) in enumerate(held_of):
             table[:, s] = (held, -held, -freed_by_i, -(held - freed_by_i))
         byte_delta, byte_plus = _per_action(program, table[program.comp_code, program.comp_stage])
         peak_mem = _peaks(byte_delta, byte_plus, offsets)
@@ -772,6 +773,24 @@ def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_byt
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
+
+
+_INT64_SAFE = 2**62
+"""Byte totals are summed in int64 arrays; a schedule whose bytes could reach this is refused instead of wrapping."""
+
+
+def _refuse_int64_bytes(program: Program, costs: CostModel, held_of: list[tuple[int, int]], schedule: Schedule) -> None:
+    """Refuse activation and static sizes whose sums (every forward's bytes, plus every stage's static bytes) could
+    pass int64: the per-value checks of the profile reader do not bound the totals of a whole step."""
+    forwards = np.bincount(program.comp_stage[program.comp_code == _CODE_OF[ActionType.F]],
+                           minlength=max(schedule.num_stages, 1))
+    total = sum(int(forwards[s]) * int(held) for s, (held, _) in enumerate(held_of))
+    total += sum(costs.static_bytes_of(schedule, s) for s in range(schedule.num_stages))
+    if 2 * total >= _INT64_SAFE:
+        raise CostError(
+            f"costs {costs.source!r}: the step holds up to {total:.3e} bytes of activations and parameters, beyond "
+            f"the {_INT64_SAFE:.2e} bytes ppsim can add up exactly; check the profile's byte sizes"
+        )
 
 
 def _refuse_non_finite(costs: CostModel, what: str) -> None:

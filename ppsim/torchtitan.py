@@ -73,6 +73,17 @@ class TorchtitanJob:
     seq_len: int
     warnings: tuple[str, ...] = field(default=())
 
+    def refusal(self, exc: Exception) -> TorchtitanConfigError:
+        """``exc`` (a schedule that cannot run this job) in the job config's words: the keys that set the ranks
+        and microbatches, not the command-line options the user did not pass."""
+        reason = re.sub(r"^(?:--mb|--ranks|-m|-r)\s+\d+:\s*", "", str(exc)).split("; ")[0]
+        return TorchtitanConfigError(
+            f"--torchtitan-config {self.source}: {Path(self.schedule).name} with pipeline_parallel_degree "
+            f"{self.num_ranks} and {self.num_microbatches} microbatches (local_batch_size {self.local_batch_size} / "
+            f"pipeline_parallel_microbatch_size {self.microbatch_size}) cannot run: {reason}; change "
+            "pipeline_parallel_degree, local_batch_size or pipeline_parallel_microbatch_size in the file to match"
+        )
+
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     """The TOML as a dict; every problem is one :class:`TorchtitanConfigError` line."""

@@ -482,3 +482,89 @@ def test_load_schedule_limits_lift_with_allow_large(files: Path) -> None:
     assert load_schedule("1F1B", num_ranks=2100, num_microbatches=1, allow_large=True).num_ranks == 2100
     with pytest.raises(limits.WorkLimitError, match="2,048 ranks"):
         load_schedule(files / "ranks3000.csv")
+
+
+# --- found by a second adversarial pass ------------------------------------------------------------------------------
+def _v2_profile(tmp_path: Path, **act: int) -> Path:
+    from profile_v2 import make_v2_profile
+
+    doc = make_v2_profile().to_dict()
+    for block, value in act.items():
+        doc["blocks"][block]["activation_bytes"] = value
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_per_block_profile_gives_byte_sizes_to_the_memory_cap(tmp_path: Path) -> None:
+    path = _v2_profile(tmp_path)
+    code, out, err = invoke(["simulate", "-s", "ZBH1", "-r", "4", "-m", "8", "--profile", str(path),
+                             "--memory-cap", "50000"], tmp_path)
+    assert code == 0, err
+    assert "needs byte sizes" not in err  # the profile has them: no false warning
+    assert "> cap" in out
+
+
+def test_byte_totals_beyond_int64_are_refused_not_wrapped(tmp_path: Path) -> None:
+    path = _v2_profile(tmp_path, embed=3 * 10**18)  # each value within int64, four microbatches' worth are not
+    code, out, err = invoke(["simulate", "-s", "ZBH1", "-r", "4", "-m", "8", "--profile", str(path), "--json"],
+                            tmp_path)
+    assert code == 2 and "Traceback" not in out + err
+    assert "bytes" in err and "check the profile" in err
+
+
+def test_repeated_names_are_compared_once_and_the_total_work_is_bounded(files: Path) -> None:
+    code, out, err = invoke(["simulate", "-s", "1F1B,1f1b,ZBH1", "-r", "2", "-m", "4", "--json"], files)
+    assert code == 0 and "given more than once" in err
+    assert sorted(r["schedule"] for r in json.loads(out)) == ["1F1B", "ZBH1"]
+    many = ",".join(["1F1B", "GPipe", "ZBH1"])
+    code, _, err = invoke(["simulate", "-s", many, "-r", "4", "-m", "250000"], files)  # 1M each, 4M in all
+    assert code == 2 and f"limit of {limits.MAX_COMPARE_ACTIONS:,} actions for one command" in err
+
+
+def test_a_report_is_bounded_as_a_whole(files: Path) -> None:
+    names = "1F1B,ZBH1,GPipe,ZBH2,LoopedBFS"  # 1,000 rows each: every figure fits, the page does not
+    code, _, err = invoke(["report", "-s", names, "-r", "1000", "-m", "1", "-o", "r.html"], files)
+    assert code == 2 and f"{limits.MAX_REPORT_RANKS:,} rows" in err
+    assert not (files / "r.html").exists()
+
+
+def test_a_folder_that_takes_no_files_is_named_as_such(files: Path) -> None:
+    code, _, err = invoke(["export", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "/proc/x.json", "--format", "json"],
+                          files)
+    assert code == 2 and "does not exist" not in err and "does not accept new files" in err
+
+
+def test_costs_below_the_smallest_op_time_are_refused() -> None:
+    with pytest.raises(PPSimError, match="below the limit of 1e-12"):
+        parse_costs("F=1e-320,B=1e-320")
+    assert parse_costs("F=1e-12,B=0").F[0] == 1e-12  # the limit itself, and 0, stay allowed
+
+
+@pytest.mark.parametrize(("toml", "says"), [
+    ('pipeline_parallel_schedule_csv = "six.csv"\n', "six.csv has 6 microbatches"),
+    ('pipeline_parallel_schedule = "DualPipeV"\n', "needs at least as many microbatches"),
+])
+def test_torchtitan_refusals_name_the_job_configs_keys(toml: str, says: str, files: Path) -> None:
+    (files / "job.toml").write_text(
+        "[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_microbatch_size = 1\n" + toml
+        + "[training]\nlocal_batch_size = 3\nseq_len = 128\n"
+    )
+    code, _, err = invoke(["simulate", "--torchtitan-config", "job.toml"], files)
+    assert code == 2 and says in err, err
+    assert "local_batch_size 3" in err and "-m" not in err.replace("--torchtitan-config", "")
+
+
+def test_a_hangup_while_writing_leaves_no_temporary_file(tmp_path: Path) -> None:
+    """SIGHUP (a closed terminal) during the atomic write: the process dies of it and the temporary file is gone."""
+    script = (
+        "import os, signal, sys\n"
+        "from ppsim.io import write_atomic\n"
+        "def content(fh):\n"
+        "    fh.write(b'partial')\n"
+        "    os.kill(os.getpid(), signal.SIGHUP)\n"
+        "write_atomic(sys.argv[1], content)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out.png")], capture_output=True, timeout=60)
+    assert proc.returncode == -signal.SIGHUP, proc.stderr
+    assert list(tmp_path.iterdir()) == []

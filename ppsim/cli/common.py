@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ppsim.costs import CostModel
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
+    from ppsim.torchtitan import TorchtitanJob
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -140,6 +141,19 @@ class Inputs:
     mb: int | None
     stages_per_rank: int | None
     cost_model: CostModel
+    job: TorchtitanJob | None = None
+    """The torchtitan job config these came from (its keys, not -r/-m, are named when a schedule is refused)."""
+
+    def schedule(self, name: str, directions: int | None = None, *, allow_large: bool = False,
+                 figure: bool = False) -> Schedule:
+        """Build ``name`` with these ranks, microbatches and stages per rank (:func:`build_schedule`)."""
+        try:
+            return build_schedule(name, self.ranks, self.mb, self.stages_per_rank, directions,
+                                  allow_large=allow_large, figure=figure)
+        except PPSimError as exc:
+            if self.job is None:
+                raise
+            raise self.job.refusal(exc) from None
 
 
 def build_inputs(
@@ -181,7 +195,7 @@ def build_inputs(
     warn(f"warning: {line}" for line in job.warnings)
     if blocks is not None:
         cost_model = replace(cost_model, split=job.split)
-    return Inputs([job.schedule], job.num_ranks, job.num_microbatches, job.stages_per_rank, cost_model)
+    return Inputs([job.schedule], job.num_ranks, job.num_microbatches, job.stages_per_rank, cost_model, job)
 
 
 def run_simulation(

@@ -10,7 +10,6 @@ import typer
 from ppsim.cli._app import app
 from ppsim.cli.common import (
     build_inputs,
-    build_schedule,
     check_figure,
     console,
     echo_json,
@@ -72,10 +71,8 @@ def simulate_cmd(
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
     comparison = compare(
-        names, builder=lambda name: build_schedule(
-            name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions, allow_large=allow_large
-        ),
-        costs=cost_model, scope=cost_scope, memory_cap_bytes=cap,
+        names, builder=lambda name: inputs.schedule(name, directions, allow_large=allow_large),
+        costs=cost_model, scope=cost_scope, memory_cap_bytes=cap, allow_large=allow_large,
     )
     warn_comparison(comparison, several=len(names) > 1)
     results = list(comparison.results)
@@ -148,8 +145,7 @@ def plot_cmd(
         one_schedule(schedule)
     inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
                           layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
-    sched = build_schedule(one_schedule(inputs.names), inputs.ranks, inputs.mb, inputs.stages_per_rank, directions,
-                           allow_large=allow_large, figure=True)
+    sched = inputs.schedule(one_schedule(inputs.names), directions, allow_large=allow_large, figure=True)
     check_figure(sched, allow_large=allow_large)
     if output is None:
         output = Path(f"{sched.name}_r{sched.num_ranks}_m{sched.num_microbatches}.png")
@@ -213,12 +209,10 @@ def report_cmd(
     def builder(name: str) -> Schedule:
         if name in searched:
             return searched[name]
-        return build_schedule(
-            name, inputs.ranks, inputs.mb, inputs.stages_per_rank, directions, allow_large=allow_large, figure=True
-        )
+        return inputs.schedule(name, directions, allow_large=allow_large, figure=True)
 
     comparison = compare(list(names) + list(searched), builder=builder, costs=cost_model, scope=cost_scope,
-                         memory_cap_bytes=cap)
+                         memory_cap_bytes=cap, figure=True, allow_large=allow_large)
     warn_comparison(comparison, several=len(names) > 1)
     path = write_report(comparison, output, memory_cap_bytes=cap)
     typer.echo(str(path))
