@@ -192,11 +192,12 @@ def main() -> int:
         act_err = max(act) if act else float("nan")
         row = {"group": cfg.group, "label": cfg.label, "key": list(map(str, cfg.model_key)), "predicted_s": predicted,
                "measured_s": measured, "error_pct": error, "spread_pct": spread, "bubble_error_pt": bubble,
-               "activation_error_pct": act_err, "steps_s": steps_s, "schedule": cfg.schedule,
+               "activation_error_pct": act_err if act else None, "steps_s": steps_s, "schedule": cfg.schedule,
                "grad_ok": data["grad_ok"], "explained_error_pct": data["explained_error_pct"],
                "costs_only_error_pct": data["step_error_costs_only_pct"]}
         rows.append(row)
-        print(f"{measured * 1e3:>8.1f}ms {error:>+6.1f}% {spread:>6.1f}% {bubble:>+6.1f} {act_err:>6.1f}%",
+        act_text = f"{act_err:>6.1f}%" if act_err == act_err else f"{'-':>7}"  # synthetic: not compared
+        print(f"{measured * 1e3:>8.1f}ms {error:>+6.1f}% {spread:>6.1f}% {bubble:>+6.1f} {act_text}",
               flush=True)
     print()
     for group in ("real", "synthetic"):
@@ -205,7 +206,7 @@ def main() -> int:
             continue
         errs = [abs(r["error_pct"]) for r in sel]
         noise = sum(1 for r in sel if abs(r["error_pct"]) <= r["spread_pct"]) / len(sel)
-        acts = [r["activation_error_pct"] for r in sel if r["activation_error_pct"] == r["activation_error_pct"]]
+        acts = [r["activation_error_pct"] for r in sel if r["activation_error_pct"] is not None]
         pairs = agree = 0
         by_key: dict[str, list[dict[str, Any]]] = {}
         for r in sel:
@@ -222,9 +223,10 @@ def main() -> int:
         print(f"{group}: {len(sel)} configurations; |error| median {statistics.median(errs):.1f}%, p90 "
               f"{percentile(errs, 0.9):.1f}%, worst {max(errs):.1f}%; within own noise {noise:.0%}; median run "
               f"spread {statistics.median(r['spread_pct'] for r in sel):.1f}%; |bubble error| median "
-              f"{statistics.median(abs(r['bubble_error_pt']) for r in sel):.1f} pt; peak activation bytes "
-              f"|error| median {statistics.median(acts) if acts else float('nan'):.1f}%, worst "
-              f"{max(acts) if acts else float('nan'):.1f}%; ranking agreement {agree}/{pairs} separable pairs; "
+              f"{statistics.median(abs(r['bubble_error_pt']) for r in sel):.1f} pt; "
+              + (f"peak activation bytes |error| median {statistics.median(acts):.1f}%, worst {max(acts):.1f}%; "
+                 if acts else "peak activation bytes not compared (synthetic modules); ")
+              + f"ranking agreement {agree}/{pairs} separable pairs; "
               f"(op costs only, without the runtime section: median {statistics.median(costs_only):.1f}%); "
               f"targets {TARGETS[group]}")
     print(f"wall time {time.perf_counter() - started:.0f} s; profile {args.profile}")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable
 
+from ppsim.compare import resolve_scope
 from ppsim.costs import CostModel, costs_for, parse_costs
 from ppsim.errors import PPSimError
 from ppsim.ir import Action, ActionType, Schedule
@@ -241,7 +242,9 @@ def lower_bound(problem: Problem) -> float:
     best = eb[chain[0]] + bw[chain[0]]
     for r in range(tpl.num_ranks):
         stages = tpl.stages_of(r)
-        work = M * sum(f[s] + bw[s] for s in stages)
+        # an overlapped pair (a forward with another stage's backward) may take less than its halves apart
+        save = _pair_saving(problem, stages)
+        work = M * sum(f[s] + bw[s] for s in stages) - M * len(stages) * save
         cap = problem.cap[r]
         min_act = min(problem.act[s] for s in stages)
         n_f = M * len(stages) if min_act <= 0 or cap == math.inf else min(M * len(stages), int(cap // min_act + 1e-9))
@@ -257,11 +260,28 @@ def lower_bound(problem: Problem) -> float:
         entry = min(stages, key=chain.index)
         if cap < math.inf and problem.act[entry] > 0 and M * problem.act[entry] > cap:
             rate = min(
-                min(bw[s] / problem.act[s], bi[s] / problem.freed_by_i[s] if problem.freed_by_i[s] > 0 else math.inf)
+                min(max(bw[s] - save, 0.0) / problem.act[s],
+                    max(bi[s] - save, 0.0) / problem.freed_by_i[s] if problem.freed_by_i[s] > 0 else math.inf)
                 for s in stages
             )
             last_in = head + (M - 1) * f[entry] + (M * problem.act[entry] - cap) * rate
             best = max(best, last_in + eb[chain[0]] + bw[chain[0]] - ef[entry])
+    return best
+
+
+def _pair_saving(problem: Problem, stages: list[int] | tuple[int, ...]) -> float:
+    """The most one overlapped pair on these stages can save against running its forward and backward apart
+    (0 when the costs make a pair no cheaper, as with uniform costs and FB = F + B)."""
+    if len(stages) < 2:
+        return 0.0
+    tpl, costs = problem.template, problem.costs
+    best = 0.0
+    for s in stages:
+        for bs in stages:
+            if bs == s:
+                continue
+            for kind, alone in ((ActionType.B, problem.b[bs]), (ActionType.I, problem.i[bs])):
+                best = max(best, problem.f[s] + alone - costs.pair_duration(tpl, s, bs, kind))
     return best
 
 
@@ -401,9 +421,7 @@ def search(
             "or give the cap as activations (e.g. 8act)"
         )
     templates = _templates(num_ranks, num_microbatches, placement, num_stages_per_rank)
-    if cost_scope is None:
-        differ = len({t.num_stages for t in templates}) > 1
-        cost_scope = "rank" if differ and costs.num_positions is None else "stage"
+    cost_scope = resolve_scope(templates, costs, cost_scope)[0].value  # the comparability rule of ppsim.compare
     problems = []
     errors: list[PPSimError] = []
     for tpl in templates:

@@ -269,7 +269,8 @@ def test_cli_search_with_a_profile_and_a_byte_cap(tmp_path) -> None:  # type: ig
 
 
 @pytest.mark.parametrize("placement", ["loop", "v"])
-@pytest.mark.parametrize("text", ["F=1,B=2,I=1,W=1", "F=1,B=3,I=2,W=1,comm=0.3", "F=2,B=3,I=1,W=2,comm=0.1"])
+@pytest.mark.parametrize("text", ["F=1,B=2,I=1,W=1", "F=1,B=3,I=2,W=1,comm=0.3", "F=2,B=3,I=1,W=2,comm=0.1",
+                                  "F=1,B=2,I=1,W=1,FB=2.2,comm=0.1"])  # a pair cheaper than its halves
 def test_lower_bound_never_exceeds_any_named_schedule_that_fits(placement: str, text: str) -> None:
     from ppsim.search import Placement, _named, _problem, _templates
 
@@ -315,3 +316,16 @@ def test_random_rules_give_valid_orders_the_simulator_times_alike(seed: int) -> 
         assert sim.makespan == pytest.approx(makespan)
         assert max(p.peak_activations for p in sim.per_rank) <= cap
         assert [p.peak_activations for p in sim.per_rank] == [int(x) for x in peak]
+
+
+def test_a_per_block_profile_searches_every_placement(tmp_path: Path) -> None:
+    """One profile serves loop and V templates of different stage counts: no cost-scope question arises."""
+    from profile_v2 import make_v2_profile
+
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(make_v2_profile().to_dict()))
+    res = runner.invoke(app, ["search", "-r", "2", "-m", "4", "--memory-cap", "8act", "--placement", "any",
+                              "--profile", str(profile), "--time-limit", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["makespan"] >= data["lower_bound"] - 1e-12
