@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ppsim.errors import PPSimError
+from ppsim.io import fmt_bytes
 
 MAX_ACTIONS = 2_000_000
 MAX_RANKS = 2_048
@@ -73,7 +74,7 @@ class WorkEstimate:
     def describe(self) -> str:
         return (
             f"{self.what}: about {self.num_actions:,} actions on {self.num_ranks:,} ranks "
-            f"(~{_fmt_bytes(self.num_bytes)}, ~{_fmt_seconds(self.seconds)})"
+            f"(~{fmt_bytes(self.num_bytes)}, ~{_fmt_seconds(self.seconds)})"
         )
 
 
@@ -125,7 +126,7 @@ def check_total(what: str, num_ranks: int, num_actions: int, *, max_actions: int
         rows, limit = ("", "") if max_ranks is None else (f" in {num_ranks:,} rows", f" and {max_ranks:,} rows")
         raise WorkLimitError(
             f"{what}: {num_actions:,} actions{rows} in all, beyond the limit of {max_actions:,} "
-            f"actions{limit} for one command (~{_fmt_bytes(num_actions * BYTES_PER_ACTION)}); compare fewer schedules "
+            f"actions{limit} for one command (~{fmt_bytes(num_actions * BYTES_PER_ACTION)}); compare fewer schedules "
             f"or use fewer ranks or microbatches, or pass {OVERRIDE_FLAG} to run it anyway"
         )
 
@@ -137,7 +138,7 @@ def check_timeline(what: str, num_actions: int, *, fmt: str, allow_large: bool =
     """Refuse a timed export (JSON timeline, Chrome trace) of more than :data:`MAX_TIMELINE_ACTIONS` actions."""
     if allow_large or num_actions <= MAX_TIMELINE_ACTIONS:
         return
-    size = _fmt_bytes(num_actions * _TIMELINE_BYTES_PER_ACTION.get(fmt, 420))
+    size = fmt_bytes(num_actions * _TIMELINE_BYTES_PER_ACTION.get(fmt, 420))
     raise WorkLimitError(
         f"{what}: a {fmt} timeline of {num_actions:,} actions (~{size} to write) is beyond the limit of "
         f"{MAX_TIMELINE_ACTIONS:,} actions; export --format csv (the order, small), use fewer ranks or microbatches, "
@@ -150,21 +151,13 @@ def check_file_size(path: str, num_bytes: int, *, allow_large: bool = False) -> 
     if allow_large or num_bytes <= MAX_FILE_BYTES:
         return
     raise WorkLimitError(
-        f"schedule file {path!r} is {_fmt_bytes(num_bytes)}, more than the limit of {_fmt_bytes(MAX_FILE_BYTES)} "
+        f"schedule file {path!r} is {fmt_bytes(num_bytes)}, more than the limit of {fmt_bytes(MAX_FILE_BYTES)} "
         f"(about {MAX_FILE_ACTIONS:,} actions); pass a smaller file, or {OVERRIDE_FLAG} to read it anyway"
     )
 
 
 def _is_known(key: str) -> bool:
     return key in _SPLIT_BACKWARD or key in {"gpipe", "afab", "1f1b", "interleaved1f1b", "loopedbfs"}
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"
 
 
 def _fmt_seconds(s: float) -> str:

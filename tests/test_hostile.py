@@ -410,7 +410,7 @@ def test_a_file_beyond_the_byte_limit_is_refused_before_reading(tmp_path: Path) 
     with open(big, "wb") as fh:
         fh.truncate(limits.MAX_FILE_BYTES + 1)  # sparse: no disk used, and never read
     code, _, err = invoke(["plot", "-s", "big.csv"], tmp_path)
-    assert code == 2 and "16.0 MiB" in err and "--allow-large" in err
+    assert code == 2 and "16.00 MiB" in err and "--allow-large" in err
 
 
 def test_the_perf_target_fits_the_limits() -> None:
