@@ -376,15 +376,16 @@ def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], 
                    "costs and p2p only")
         return
     runtime = dict(rec.doc.get("runtime") or {})
-    probe_info = {"schedule": rm.PROBE_SCHEDULE, "ranks": rm.PROBE_RANKS, "microbatches": rm.PROBE_MICROBATCHES,
-                  "steps": PROBE_STEPS}
     for part in ("real", "synthetic"):
         key = f"runtime.{part}"
         if key in rec.done:
             continue
-        log(f"runtime probe ({part}): {rm.PROBE_SCHEDULE} on {rm.PROBE_RANKS} local ranks, "
-            f"{rm.PROBE_MICROBATCHES} microbatches, {PROBE_STEPS} steps")
-        fitted = probe(opts, rec.doc, synthetic=part == "synthetic")
+        ranks, microbatches = rm.probe_shape(part == "synthetic")
+        log(f"runtime probe ({part}): {rm.PROBE_SCHEDULE} on {ranks} local ranks, "
+            f"{microbatches} microbatches, {PROBE_STEPS} steps")
+        fitted, (ranks, microbatches) = probe(opts, rec.doc, synthetic=part == "synthetic")
+        probe_info = {"schedule": rm.PROBE_SCHEDULE, "ranks": ranks, "microbatches": microbatches,
+                      "steps": PROBE_STEPS}
         section = {**fitted, "recv_posting": "consumer", "synthetic": None, "probe": probe_info}
         if part == "real":
             runtime = {**section, "synthetic": runtime.get("synthetic")}
@@ -394,18 +395,29 @@ def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], 
         rec.finish(key)
 
 
-def probe(opts: CalibrationOptions, doc: dict[str, Any], *, synthetic: bool) -> dict[str, Any]:
-    """Execute the reference schedule (real or synthetic stages) and fit the runtime quantities on its steps.
-    The op costs it is compared with are the blocks just measured, composed by ``ppsim.costs`` as for any
-    schedule (runtime overheads left out)."""
+def probe(opts: CalibrationOptions, doc: dict[str, Any], *,
+          synthetic: bool) -> tuple[dict[str, Any], tuple[int, int]]:
+    """Execute the reference schedule (real or synthetic stages) and fit the runtime quantities on its steps;
+    returns the fit and the (ranks, microbatches) it ran. The op costs it is compared with are the blocks just
+    measured, composed by ``ppsim.costs`` as for any schedule (runtime overheads left out). A model too small to
+    cut into the synthetic probe's stages is probed on the real probe's shape."""
     from ppsim.calibrate import executor, runtime_model as rm, synthetic as syn
     from ppsim.costs import CostModel, costs_for
+    from ppsim.errors import PPSimError
     from ppsim.profile import Profile
     from ppsim.schedules import get_schedule
 
-    schedule = get_schedule(rm.PROBE_SCHEDULE, rm.PROBE_RANKS, rm.PROBE_MICROBATCHES)
     profile = Profile.from_dict({**doc, "runtime": None}, source=str(opts.output), allow_incomplete=True)
-    costs = costs_for(CostModel.from_profile(profile, source="probe"), schedule)
+    shapes = [rm.probe_shape(synthetic)] + ([rm.probe_shape(False)] if synthetic else [])
+    for ranks, microbatches in shapes:
+        schedule = get_schedule(rm.PROBE_SCHEDULE, ranks, microbatches)
+        try:
+            costs = costs_for(CostModel.from_profile(profile, source="probe"), schedule)
+            costs.check(schedule)
+            break
+        except PPSimError:
+            if (ranks, microbatches) == shapes[-1]:
+                raise
     model = opts.config
     sleep_s = None
     if synthetic:
@@ -418,7 +430,7 @@ def probe(opts: CalibrationOptions, doc: dict[str, Any], *, synthetic: bool) -> 
         layer_counts=None if synthetic else costs.split_counts,
     )
     measurement = executor.launch(spec)
-    return rm.fit_probe(measurement, schedule, costs)
+    return rm.fit_probe(measurement, schedule, costs), (ranks, microbatches)
 
 
 def _note(rec: Recorder, note: str) -> None:
