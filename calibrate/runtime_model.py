@@ -230,20 +230,31 @@ def fit_probe(measurement: Measurement, schedule: Schedule, costs: CostModel) ->
     per_step_latency = [statistics.fmean(x) for x in (_latencies(st, schedule, dispatch) for st in steps) if x]
     handoff = max(0.0, statistics.median(per_step_latency)) if per_step_latency else None
     scale: dict[str, float] = {"1": 1.0}
-    if not measurement.synthetic:
-        sums = [0.0, 0.0]
-        for step in steps:
-            for k, measured, planned in _by_concurrency(step, plan):
-                if k == 1:
-                    sums[0] += measured
-                    sums[1] += planned
-        scale = {str(schedule.num_ranks): statistics.median(per_step_scale)}
-        if sums[1] > 0:
-            scale["1"] = sums[0] / sums[1]
     samples = {"dispatch_s": [max(0.0, x) for x in per_step_dispatch],
                "handoff_s": [max(0.0, x) for x in per_step_latency]}
     if not measurement.synthetic:
-        samples[f"compute_scale.{schedule.num_ranks}"] = per_step_scale
+        key = str(schedule.num_ranks)
+        solo, together, contention = [], [], []
+        for step in steps:
+            sums = [0.0, 0.0, 0.0, 0.0]  # measured and planned: alone, with another rank computing
+            for k, measured, planned in _by_concurrency(step, plan):
+                sums[0 if k == 1 else 2] += measured
+                sums[1 if k == 1 else 3] += planned
+            if sums[1] > 0 and sums[3] > 0 and sums[0] > 0:
+                solo.append(sums[0] / sums[1])
+                together.append(sums[2] / sums[3])
+                contention.append(together[-1] / solo[-1])
+        samples[f"host_scale.{key}"] = per_step_scale
+        if contention:
+            # Slowdown from ranks computing at once, measured within each step (computations alone vs together), so
+            # the host's speed at the probe's moment, which drifts against the blocks' moment on a shared machine,
+            # cancels. Computing alongside another rank cannot make a computation faster: at least 1.
+            scale[key] = max(1.0, statistics.median(contention))
+            samples[f"compute_scale.{key}"] = contention
+            samples["host_scale.1"] = solo
+        else:  # no computation ran alone: the step-wide ratio, drift included
+            scale = {key: statistics.median(per_step_scale)}
+            samples[f"compute_scale.{key}"] = per_step_scale
     return {"compute_scale": dict(sorted(scale.items())), "dispatch_s": dispatch, "handoff_s": handoff,
             "samples": samples}
 

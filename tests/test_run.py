@@ -249,6 +249,39 @@ def test_runtime_model_fits_dispatch_latency_and_compute_scale_on_warmup_only() 
     assert probed.compute_scale == pytest.approx((2.0,)) and probed.dispatch_s == pytest.approx(0.1)  # medians
 
 
+def _two_rank_probe_step(alone: float, together: float) -> tuple:
+    """GPipe, 2 ranks, 2 microbatches (F=1, B=2): 0F1 and 1F0 run at the same time (each x ``together``), every
+    other computation runs while the other rank is idle (x ``alone``)."""
+    a, t = alone, together
+    r1 = a + t  # rank 1 after 1F0
+    r0 = r1 + 5 * a  # rank 0's backwards, after rank 1's
+    return (
+        _timing(0, 0, "0F0", 0.0, a),
+        _timing(0, 1, "0F1", a, a + t),
+        _timing(0, 2, "0B0", r0, r0 + 2 * a),
+        _timing(0, 3, "0B1", r0 + 2 * a, r0 + 4 * a),
+        _timing(1, 0, "1F0", a, a + t),
+        _timing(1, 1, "1F1", r1, r1 + a),
+        _timing(1, 2, "1B0", r1 + a, r1 + 3 * a),
+        _timing(1, 3, "1B1", r1 + 3 * a, r1 + 5 * a),
+    )
+
+
+@pytest.mark.parametrize(("alone", "together", "factor"), [(1.5, 1.8, 1.2), (1.0, 1.0, 1.0), (1.4, 1.26, 1.0)])
+def test_probe_compute_scale_is_the_slowdown_of_computing_together(alone: float, together: float,
+                                                                  factor: float) -> None:
+    """The host's speed at the probe's moment (``alone``) cancels; only computing beside another rank counts, and
+    it never makes a computation faster."""
+    from ppsim.calibrate.runtime_model import fit_probe
+    from ppsim.costs import parse_costs
+
+    schedule = get_schedule("GPipe", 2, 2)
+    step = _two_rank_probe_step(alone, together)
+    fitted = fit_probe(_measurement((), (step, step, step)), schedule, parse_costs("F=1,B=2"))
+    assert fitted["compute_scale"] == {"1": 1.0, "2": pytest.approx(factor)}
+    assert fitted["samples"]["host_scale.1"] == pytest.approx([alone] * 3)
+
+
 def test_synthetic_runtime_model_adds_the_sleep_overrun_to_dispatch() -> None:
     from ppsim.calibrate.runtime_model import fit_runtime_model
     from ppsim.costs import parse_costs
