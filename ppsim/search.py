@@ -558,11 +558,12 @@ def search(
                         if fsim.makespan < best.makespan - 1e-9:
                             best.makespan, best.schedule, best.source = fsim.makespan, found, "CP-SAT"
                             report("CP-SAT", force=True)
-        for sched, tcosts in starts:
+        for k, (sched, tcosts) in enumerate(starts):
             if time.perf_counter() >= deadline:
                 break
-            share = (deadline - time.perf_counter()) / max(1, len(starts))
-            tries = None if max_orders is None else max(0, (max_orders - evaluations) // max(1, len(starts)))
+            left = len(starts) - k  # the time (and orders) left are shared among the starts left
+            share = (deadline - time.perf_counter()) / left
+            tries = None if max_orders is None else max(0, (max_orders - evaluations) // left)
             improved, n = _local_search(sched, tcosts, cap, rng, time.perf_counter() + share, report, tries)
             evaluations += n
             sim = simulate(improved, tcosts)
