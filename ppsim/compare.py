@@ -177,12 +177,11 @@ def compare(
     built: list[Schedule] = []
     skipped: list[Skipped] = []
     notes: list[str] = []
-    unique: dict[str, str] = {}
+    unique: dict[str, str] = {}  # schedule names are case-insensitive, file paths are not
     for name in names:
-        unique.setdefault(name.lower(), name)
+        unique.setdefault(name if name.lower().endswith(".csv") else name.lower(), name)
     if len(unique) < len(names):
-        repeated = sorted({n for n in names if sum(m.lower() == n.lower() for m in names) > 1}, key=str.lower)
-        notes.append(f"note: {', '.join(repeated)} given more than once; each schedule is compared once")
+        notes.append(f"note: {', '.join(names)}: a schedule given more than once is compared once")
         names = list(unique.values())
     total_actions = total_rows = 0
     for name in names:
