@@ -158,14 +158,44 @@ def run_local(
                     daemon=True, name=f"ppsim-rank{rank}")
         for rank in range(world_size)
     ]
+    interrupted = False
     try:
         with _terminate_raises():
             for p in procs:
                 p.start()
             return _await(procs, queue, timeout_s, what, on_message)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the teardown below is bounded, whatever it meets
+        interrupted = True
+        exit_if_stuck()
+        raise
     finally:
         stop(procs)
         del store
+        if interrupted:
+            cancel_exit_if_stuck()  # a caller that goes on after Ctrl-C is not ended later
+
+
+STUCK_EXIT_S = 15.0
+"""Seconds an interrupted command may spend stopping its workers and exiting before it is ended outright."""
+_WATCHDOG_SINK: Any = None
+
+
+def exit_if_stuck(seconds: float = STUCK_EXIT_S) -> None:
+    """Arm a watchdog that ends this process (exit code 1) after ``seconds``, from a C thread that needs no GIL
+    (``faulthandler``): an interrupted command never hangs in a destructor or an exit handler. It prints nothing."""
+    import faulthandler
+
+    global _WATCHDOG_SINK
+    if _WATCHDOG_SINK is None:
+        _WATCHDOG_SINK = open(os.devnull, "w")  # noqa: SIM115 - the watchdog writes to it later
+    faulthandler.dump_traceback_later(seconds, exit=True, file=_WATCHDOG_SINK)
+
+
+def cancel_exit_if_stuck() -> None:
+    """Disarm :func:`exit_if_stuck`."""
+    import faulthandler
+
+    faulthandler.cancel_dump_traceback_later()
 
 
 def _await(procs: list[Any], queue: Any, timeout_s: float, what: str,

@@ -67,6 +67,22 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch, capsys
     assert capsys.readouterr().err == "Interrupted.\n"
 
 
+def test_ctrl_c_inside_a_command_is_not_silent(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """typer turns a KeyboardInterrupt in a command into a silent exit 130; ppsim's commands say so."""
+    import ppsim.compare
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ppsim.compare, "compare", interrupted)
+    monkeypatch.setattr(sys, "argv", ["ppsim", "simulate", "-s", "1F1B", "-r", "2", "-m", "2"])
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 130
+    assert capsys.readouterr().err == "Interrupted.\n"
+
+
 def test_os_error_with_a_file_name_is_one_line(monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     def denied(**kwargs: object) -> None:

@@ -49,12 +49,16 @@ def os_error_line(exc: OSError) -> str:
 
 
 def user_errors(func: F) -> F:
-    """Turn user mistakes into one line on stderr and exit code 2."""
+    """Turn user mistakes into one line on stderr and exit code 2, and Ctrl-C into "Interrupted." and exit code 130
+    (typer would turn it into a silent exit 130)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
+        except KeyboardInterrupt:
+            typer.echo("Interrupted.", err=True)
+            raise typer.Exit(code=130) from None
         except PPSimError as exc:
             raise fail(str(exc)) from None
         except OSError as exc:
