@@ -465,7 +465,7 @@ def _alive(pids: set[int]) -> set[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM", "SIGINT"])
-def test_killing_run_leaves_no_process_behind(sig: str) -> None:
+def test_killing_run_leaves_no_process_behind(sig: str, tmp_path: Path) -> None:
     import os
     import signal
     import subprocess
@@ -476,6 +476,7 @@ def test_killing_run_leaves_no_process_behind(sig: str) -> None:
         [sys.executable, "-m", "ppsim.cli", "run", "-s", "GPipe", "-r", "3", "-m", "2", "--synthetic", "--costs",
          "F=1,B=1", "--time-unit", "1", "--steps", "5", "--timeout", "300"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # what SIGKILL leaves (multiprocessing's folder) stays in here
     )
     seen: set[int] = set()
     deadline = time.monotonic() + 120
