@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from itertools import accumulate
 from dataclasses import dataclass
 
 from ppsim.ir import Action, Schedule
@@ -117,19 +118,36 @@ def _place_w(kinds: list[list[int]], *, per_chunk: bool) -> list[list[int]]:
 
 def _peak(rank: _Rank) -> int:
     """The rank's peak activations over its slots (see :class:`_Rank` for where the W are taken to run)."""
-    events = {t: _HOLDS[k] for k in range(KINDS) for t in rank.kinds[k]}
-    backwards = {t for k in (_I1, _I0) for t in rank.kinds[k]}
+    end = max(max(slots) for slots in rank.kinds) + 1
     if rank.ws is not None:
-        events.update({t: -1 for t in rank.ws})
+        end = max(end, max(rank.ws, default=0) + 1)
+    change = [0] * end
+    for k in (_F0, _F1):
+        for t in rank.kinds[k]:
+            change[t] += 1
+    if rank.ws is not None:
+        for t in rank.ws:
+            change[t] -= 1
+        return max(0, max(accumulate(change)))
+    # each I's W runs at the next free slot
+    busy = [False] * end
+    owes = [False] * end
+    for k in range(KINDS):
+        for t in rank.kinds[k]:
+            busy[t] = True
+    for k in (_I1, _I0):
+        for t in rank.kinds[k]:
+            owes[t] = True
     held = peak = owed = 0
-    for t in range(max(events) + 1):
-        if t in events:
-            held += events[t]
-            owed += t in backwards
-        elif rank.ws is None and owed:
+    for t in range(end):
+        if busy[t]:
+            held += change[t]
+            owed += owes[t]
+            if held > peak:
+                peak = held
+        elif owed:
             held -= 1
             owed -= 1
-        peak = max(peak, held)
     return peak
 
 
