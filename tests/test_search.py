@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ppsim import get_schedule, parse_costs, simulate
+from ppsim.costs import costs_for
 from ppsim.cli import app
 from ppsim.errors import PPSimError
 from ppsim.formats import read_csv
@@ -333,3 +336,35 @@ def test_a_per_block_profile_searches_every_placement(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["makespan"] >= data["lower_bound"] - 1e-12
+
+
+# --- never worse than the peers: named schedules and the V building blocks (issue 19) -------------------------------
+@settings(max_examples=12, deadline=None)
+@given(
+    ranks=st.sampled_from([2, 3]),
+    mb=st.integers(1, 5),
+    text=st.sampled_from(["F=1,B=2,I=1,W=1,comm=0.1", "F=1,B=3,I=2,W=1,comm=0.3", "F=2,B=3,I=1,W=2,comm=0.05"]),
+    cap=st.integers(2, 7),
+    placement=st.sampled_from(["v", "any"]),
+)
+def test_searched_is_never_slower_than_a_named_schedule_or_a_v_building_block_that_fits(
+    ranks: int, mb: int, text: str, cap: int, placement: str
+) -> None:
+    from ppsim.schedules._vshape import block_schedule, building_blocks
+
+    costs = parse_costs(text)
+    try:
+        result = search(ranks, mb, costs, f"{cap}act", placement=placement, time_limit=120.0, max_orders=300,
+                        solver="none")
+    except MemoryCapError:
+        return  # a cap below one microbatch on every chunk: refused, tested elsewhere
+    assert result.stopped == "done"  # the order budget, not the clock, ended it
+    for named in result.named:
+        if named.fits:
+            assert result.makespan <= named.makespan + 1e-9, named.name
+    scope = result.cost_scope
+    for offsets in building_blocks(ranks):
+        block = block_schedule(ranks, mb, offsets)
+        sim = simulate(block, costs_for(costs, block, scope=scope))
+        if max(p.peak_activations for p in sim.per_rank) <= cap:
+            assert result.makespan <= sim.makespan + 1e-9, offsets

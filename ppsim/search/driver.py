@@ -1,8 +1,9 @@
 """The search driver: :func:`search` as a chain of named phases, each a short function.
 
 Phase 0  set-up: check the inputs, build one problem per placement, time every named schedule, the lower bound.
-Phase 1  list scheduling: the fixed rules, then random rules and mutations of the best ones (~60 % of the budget,
-         40 % when CP-SAT follows).
+Phase 1  seeds and list scheduling: for V placement the controllable-memory building blocks that fit (up to 25 %
+         of the budget), then the fixed rules, then random rules and mutations of the best ones (up to 60 % of the
+         budget in all, 40 % when CP-SAT follows).
 Phase 2  CP-SAT (with OR-Tools): polish the best order so far.
 Phase 3  local search from the best few orders and the best named one, judged by the simulator.
 Phase 4  the result: never worse than the best named schedule that fits.
@@ -44,6 +45,7 @@ from ppsim.search.common import (
 )
 from ppsim.search.local import local_search
 from ppsim.search.rules import fixed_rules, mutate, pairs_help, random_rule
+from ppsim.search.seeds import v_block_seeds
 
 Named = tuple[NamedResult, Schedule, SimResult]
 Case = tuple[Schedule, CostModel, Problem]
@@ -71,6 +73,8 @@ class _Run:
     best: _Best = field(default_factory=_Best)
     evaluations: int = 0
     last_report: float = 0.0
+    seeds: list[tuple[float, Schedule]] = field(default_factory=list)
+    """The best few seeds (makespan, order): local search starts from them too."""
 
     def report(self, phase: str, force: bool = False) -> None:
         now = time.perf_counter()
@@ -152,7 +156,8 @@ def search(
         run.best = _Best(fitting[0][0].makespan, fitting[0][1], fitting[0][0].name)
     stopped = "done"
     try:
-        # Phase 1: list scheduling
+        # Phase 1: seeds, then list scheduling
+        _v_seeds(run, t0 + 0.25 * time_limit, max_orders)
         phase1_end = t0 + (0.4 if use_cpsat else 0.6) * time_limit
         elites = _list_scheduling(run, phase1_end, None if max_orders is None else max(1, int(0.6 * max_orders)))
         starts = _local_starts(run, elites, fitting[0][1] if fitting else None, costs, cost_scope)
@@ -260,7 +265,22 @@ def _check_some_order_fits(cap: MemoryCap, cases: list[Case], named: list[Named]
         )
 
 
-# --- Phase 1: list scheduling ----------------------------------------------------------------------------------------
+# --- Phase 1: seeds and list scheduling -----------------------------------------------------------------------------
+SEED_SOURCE = "V building block"
+
+
+def _v_seeds(run: _Run, phase_end: float, max_count: int | None) -> None:
+    """The V building blocks that fit the cap (V placement only); the best two become local-search starts."""
+    for tpl, tcosts, prob in run.cases:
+        for schedule, sim in v_block_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end, max_count=max_count):
+            run.evaluations += 1
+            run.take(schedule, sim.makespan, SEED_SOURCE)
+            run.seeds.append((sim.makespan, schedule))
+            run.seeds.sort(key=lambda x: x[0])
+            del run.seeds[2:]
+            run.report(SEED_SOURCE)
+
+
 Elite = tuple[float, int, Rule, Schedule]
 """A good list-scheduled order: makespan, when it was found, the rule that made it, the order."""
 
@@ -313,6 +333,7 @@ def _local_starts(
     from ppsim.simulate import simulate
 
     starts = [(e[3], run.cases[k][1]) for k, elite in enumerate(elites) for e in elite[:3]]
+    starts += [(schedule, run.costs_of(schedule)) for _, schedule in run.seeds]
     if best_named is not None:
         starts.append((best_named, costs_for(costs, best_named, scope=scope)))
     starts.sort(key=lambda x: simulate(x[0], x[1]).makespan)
@@ -377,7 +398,7 @@ def _result(
             f"--memory-cap {run.cap}: no order found within the time limit; raise --time-limit or the cap"
         )
     result_sched, source = best.schedule, best.source
-    if source in ("list scheduling", "local search", "CP-SAT"):
+    if source in ("list scheduling", "local search", "CP-SAT", SEED_SOURCE):
         result_sched = replace(result_sched, name=SEARCH_NAME)
     sim = simulate(result_sched, costs_for(costs, result_sched, scope=scope))
     if fitting and (sim.makespan > fitting[0][0].makespan + 1e-9 or not fits(sim, run.cap)):
