@@ -26,9 +26,9 @@ fill run (the plain stable pattern).
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Sequence
-from itertools import accumulate
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -95,60 +95,48 @@ class _Rank:
 def _place_w(kinds: list[list[int]], *, per_chunk: bool) -> list[list[int]]:
     """W slots: each free slot runs a pending W (with ``per_chunk``, the second chunk's first), the rest at the end.
 
-    Returns one queue, or two (second chunk, first chunk) with ``per_chunk``; within a queue oldest first."""
-    taken = {t: k for k in range(KINDS) for t in kinds[k]}
+    Returns one queue, or two (second chunk, first chunk) with ``per_chunk``; within a queue oldest first. Walks
+    the occupied slots in order and only as many free slots as there are W pending."""
+    events = sorted((t, k) for k in range(KINDS) for t in kinds[k])
     queues: list[list[int]] = [[], []] if per_chunk else [[]]
     pending = [0] * len(queues)
-    last = max(taken)
-    for t in range(last + 1):
-        k = taken.get(t)
+    last = -1
+    for t, k in events:
+        for free in range(last + 1, t):
+            q = next((q for q in range(len(queues)) if pending[q]), None)
+            if q is None:
+                break
+            queues[q].append(free)
+            pending[q] -= 1
         if k in (_I1, _I0):
             pending[k - _I1 if per_chunk else 0] += 1
-        elif k is None:
-            q = next((q for q in range(len(queues)) if pending[q]), None)
-            if q is not None:
-                queues[q].append(t)
-                pending[q] -= 1
-    t = last
+        last = t
     for q in range(len(queues)):
         for _ in range(pending[q]):
-            t += 1
-            queues[q].append(t)
+            last += 1
+            queues[q].append(last)
     return queues
 
 
 def _peak(rank: _Rank) -> int:
-    """The rank's peak activations over its slots (see :class:`_Rank` for where the W are taken to run)."""
-    end = max(max(slots) for slots in rank.kinds) + 1
+    """The rank's peak activations over its slots (see :class:`_Rank` for where the W are taken to run).
+
+    Walks the occupied slots in time order only (a rank's slots span about 6R, its computations 6M)."""
+    events = [(t, _HOLDS[k], k >= _I1) for k in range(KINDS) for t in rank.kinds[k]]
     if rank.ws is not None:
-        end = max(end, max(rank.ws, default=0) + 1)
-    change = [0] * end
-    for k in (_F0, _F1):
-        for t in rank.kinds[k]:
-            change[t] += 1
-    if rank.ws is not None:
-        for t in rank.ws:
-            change[t] -= 1
-        return max(0, max(accumulate(change)))
-    # each I's W runs at the next free slot
-    busy = [False] * end
-    owes = [False] * end
-    for k in range(KINDS):
-        for t in rank.kinds[k]:
-            busy[t] = True
-    for k in (_I1, _I0):
-        for t in rank.kinds[k]:
-            owes[t] = True
+        events += [(t, -1, False) for t in rank.ws]
+    events.sort()
     held = peak = owed = 0
-    for t in range(end):
-        if busy[t]:
-            held += change[t]
-            owed += owes[t]
-            if held > peak:
-                peak = held
-        elif owed:
-            held -= 1
-            owed -= 1
+    last = -1
+    for t, change, owes in events:
+        if rank.ws is None and owed:  # each I's W runs at the next free slot
+            released = min(owed, t - last - 1)
+            held -= released
+            owed -= released
+        held += change
+        owed += owes
+        peak = max(peak, held)
+        last = t
     return peak
 
 
@@ -192,6 +180,15 @@ def _move(ranks: list[_Rank], r: int, k: int, mb: int, t: int, used: set[int], l
         upstream = r - 1 if k in (_F0, _I1) else r + 1  # first-chunk F and second-chunk I come from rank r-1
         if 0 <= upstream < len(ranks):
             ready = max(ready, ranks[upstream].kinds[k][mb])
+    if rank.ws is not None:
+        # With the W in place only an earlier F can raise the peak (an earlier W releases sooner, an I holds
+        # nothing), and only on the slots it moves across: it adds one to what the rank holds there.
+        first = _room_from(rank, ready + 1, t, limit) if k in (_F0, _F1) else ready + 1
+        for slot in range(first, t):
+            if slot not in used:
+                slots[mb] = slot
+                return slot
+        return t
     for slot in range(ready + 1, t):
         if slot in used:
             continue
@@ -200,6 +197,25 @@ def _move(ranks: list[_Rank], r: int, k: int, mb: int, t: int, used: set[int], l
             return slot
     slots[mb] = t
     return t
+
+
+def _room_from(rank: _Rank, first: int, end: int, limit: int) -> int:
+    """The earliest slot x >= ``first`` such that one more activation held over [x, end) stays within ``limit``
+    (what the rank holds changes only at its F and W slots, so only those in the window are visited)."""
+    assert rank.ws is not None
+    plus = (rank.kinds[_F0], rank.kinds[_F1])
+
+    def held_at(x: int) -> int:
+        return sum(bisect_right(f, x) for f in plus) - bisect_right(rank.ws, x)
+
+    events = sorted({t for f in (*plus, rank.ws) for t in f[bisect_left(f, first):bisect_left(f, end)]})
+    starts = [first, *[t for t in events if t > first]]
+    most = -1
+    for k in range(len(starts) - 1, -1, -1):  # segments from the right: [starts[k], next start)
+        most = max(most, held_at(starts[k]))
+        if most + 1 > limit:
+            return starts[k + 1] if k + 1 < len(starts) else end
+    return first
 
 
 def _order(r: int, num_ranks: int, kinds: list[list[int]], ws: list[list[int]]) -> list[Action]:
