@@ -82,6 +82,16 @@ CostScopeOpt = Annotated[
         "except that schedules with different stage counts are compared per rank share (the same model).",
     ),
 ]
+RecomputeOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--recompute",
+        metavar="none|full|FILE.json",
+        help="Activation recomputation in the memory model: none, full (every stage and microbatch keeps only its "
+        "boundary input after F and runs F again before its backward) or a set written by `ppsim search "
+        "--recompute auto`. Default: none, or for -s FILE.csv the FILE.recompute.json beside it when present.",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
 AllowLargeOpt = Annotated[
     bool,
