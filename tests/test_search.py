@@ -207,9 +207,9 @@ def test_cli_report_search_needs_a_cap(tmp_path) -> None:  # type: ignore[no-unt
 
 
 def test_works_without_or_tools(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from ppsim import _search_cpsat
+    from ppsim.search import cpsat
 
-    monkeypatch.setattr(_search_cpsat, "available", lambda: False)
+    monkeypatch.setattr(cpsat, "available", lambda: False)
     result = search(4, 8, COMM, "4act", time_limit=0.5)
     assert result.source != "CP-SAT"
     assert validate(result.schedule) == []
@@ -274,7 +274,9 @@ def test_cli_search_with_a_profile_and_a_byte_cap(tmp_path) -> None:  # type: ig
 @pytest.mark.parametrize("text", ["F=1,B=2,I=1,W=1", "F=1,B=3,I=2,W=1,comm=0.3", "F=2,B=3,I=1,W=2,comm=0.1",
                                   "F=1,B=2,I=1,W=1,FB=2.2,comm=0.1"])  # a pair cheaper than its halves
 def test_lower_bound_never_exceeds_any_named_schedule_that_fits(placement: str, text: str) -> None:
-    from ppsim.search import Placement, _named, _problem, _templates
+    from ppsim.search import Placement
+    from ppsim.search.common import problem_for as _problem
+    from ppsim.search.driver import _named, _templates
 
     costs = parse_costs(text)
     for ranks, mb in ((2, 3), (3, 6), (4, 8), (4, 13)):
@@ -297,7 +299,7 @@ def test_cli_refuses_a_search_too_large_without_allow_large() -> None:
 def test_random_rules_give_valid_orders_the_simulator_times_alike(seed: int) -> None:
     import random
 
-    from ppsim.search import _random_rule
+    from ppsim.search.rules import random_rule as _random_rule
 
     rng = random.Random(seed)
     costs = parse_costs(rng.choice(["F=1,B=2,I=1,W=1,FB=2.5,comm=0.1", "F=1,B=2.5,I=1.5,W=1,FB=3", "F=2,B=3,comm=0.3"]))

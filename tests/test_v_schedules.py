@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ppsim import get_schedule, parse_costs, simulate
 from ppsim.ir import ActionType
@@ -71,3 +73,48 @@ def test_v_min_holds_less_than_v_half_which_holds_less_than_zbv() -> None:
         return max(p.peak_activations for p in simulate(get_schedule(name, 8, 32), UNIT).per_rank)
 
     assert peak("V-Min") < peak("V-Half") < peak("ZBVZeroBubble")
+
+
+# --- V-Half equals its authors' construction (issue 19) ------------------------------------------------------------
+COMM = parse_costs("F=1,B=2,I=1,W=1,comm=0.1")
+
+
+@pytest.mark.parametrize(
+    "ranks, mb, makespan, peak",
+    [(4, 8, 55.2, 6), (8, 16, 117.8, 10)],  # sail-sg's V-Half orders timed by ppsim, at their peak
+)
+def test_v_half_makespan_and_peak_equal_the_authors(ranks: int, mb: int, makespan: float, peak: int) -> None:
+    result = simulate(get_schedule("V-Half", ranks, mb), COMM)
+    assert result.makespan == pytest.approx(makespan)
+    assert max(p.peak_activations for p in result.per_rank) == peak
+
+
+def test_v_min_makespan_equals_the_authors() -> None:
+    assert simulate(get_schedule("V-Min", 4, 8), COMM).makespan == pytest.approx(63.0)
+
+
+@pytest.mark.parametrize("ranks, mb", [(4, 8), (8, 16), (5, 12)])
+def test_reordering_never_raises_the_peak_or_slows_the_plain_pattern(ranks: int, mb: int) -> None:
+    from ppsim.schedules import v_half, v_min
+    from ppsim.schedules._vshape import pattern_schedule
+
+    for module in (v_min, v_half):
+        table = [module.offsets(ranks, r) for r in range(ranks)]
+        plain = simulate(pattern_schedule("p", ranks, mb, table, reorder=False), COMM)
+        built = simulate(get_schedule(module.NAME, ranks, mb), COMM)
+        assert max(p.peak_activations for p in built.per_rank) <= max(p.peak_activations for p in plain.per_rank)
+        assert built.makespan <= plain.makespan + 1e-9
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    name=st.sampled_from(["V-Min", "V-Half"]),
+    ranks=st.integers(1, 7),
+    mb=st.integers(1, 18),
+    costs=st.sampled_from(["F=1,B=2,I=1,W=1", "F=1,B=3,I=2,W=1,comm=0.3", "F=2,B=3,I=1,W=2,comm=0.05"]),
+)
+def test_every_size_is_valid_and_within_the_papers_memory(name: str, ranks: int, mb: int, costs: str) -> None:
+    schedule = get_schedule(name, ranks, mb)
+    assert validate(schedule) == []
+    result = simulate(schedule, parse_costs(costs))
+    assert max(p.peak_activations for p in result.per_rank) <= 2 * PAPER_MEMORY[name](ranks)

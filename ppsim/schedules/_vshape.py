@@ -1,59 +1,72 @@
 """V-shape building blocks with controllable memory (Qi et al., "Pipeline Parallelism with Controllable Memory",
-NeurIPS 2024): the stable pattern shared by V-Min and V-Half.
+NeurIPS 2024): the stable pattern shared by V-Min and V-Half, and the paper's repeat-squeeze-reorder framework.
 
 Every microbatch runs on each rank as one block of six unit slots: the forward of the first chunk (stage r), the
 forward of the second chunk (stage 2R-1-r), the input backward of the second chunk, the input backward of the first
 chunk, and the two weight backwards. Block k is block 0 shifted by 6k slots, so in the steady state every rank runs
 one block per six slots with no idle slot when F = I = W. Where the four F/I slots of block 0 sit on rank r (its
 *offsets*) decides how long each activation lives and so the peak memory: the lifespan of a block divided by the
-period is the number of microbatches held at once. W fill the free slots, oldest first.
+period is the number of microbatches held at once. W fill the free slots.
+
+Building a schedule from the offsets, as the paper's Section 3 and its authors' code do, in unit slots:
+
+1. **Repeat**: block k's F/I slots are block 0's plus 6k.
+2. **Reorder with W**: the W are put in the free slots (one queue, oldest first); then every computation of the
+   warm-up (before rank 0's first first-chunk I) and of the cool-down (after rank 0's last first-chunk F), taken in
+   slot order, moves to the earliest free slot after its inputs' slots where the rank's peak memory does not grow.
+3. **Reorder without W**: the W are dropped and the cool-down reordered again, memory counted as if each I's W ran
+   at the next free slot.
+4. **W per chunk**: the W are put in the free slots again, second chunk's first, each chunk's oldest first.
 
 The order of each rank is its slots sorted by time; the simulator then runs every action as early as its inputs
-allow, which squeezes out the idle slots of warm-up and cool-down.
+allow, which squeezes out the idle slots left. Memory counts as ppsim's ``peak_activations`` does: an F adds one
+chunk activation, its W releases it (an I releases none). With ``reorder=False`` only steps 1 and a single-queue W
+fill run (the plain stable pattern).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ppsim.ir import Action, Schedule
 from ppsim.schedules._phases import F, I, W, make_schedule, require_sizes, v_placement
 
 PERIOD = 6
+KINDS = 4
+"""Slot kinds of a block, in order: first-chunk F, second-chunk F, second-chunk I, first-chunk I."""
+_F0, _F1, _I1, _I0 = range(KINDS)
+_HOLDS = (1, 1, 0, 0)
+"""What each kind adds to the rank's activations (a W releases one)."""
 
 
 def pattern_schedule(
-    name: str, num_ranks: int, num_microbatches: int, offsets: Sequence[tuple[int, int, int, int]]
+    name: str,
+    num_ranks: int,
+    num_microbatches: int,
+    offsets: Sequence[tuple[int, int, int, int]],
+    *,
+    reorder: bool = True,
 ) -> Schedule:
-    """Lay out ``offsets[r] = (first-chunk F, second-chunk F, second-chunk I, first-chunk I)`` slot of block 0."""
+    """Lay out ``offsets[r] = (first-chunk F, second-chunk F, second-chunk I, first-chunk I)`` slot of block 0
+    and build the order (see the module docstring)."""
     R, m = num_ranks, num_microbatches
-    rows: list[list[Action]] = []
     for r in range(R):
-        f0, f1, i1, i0 = offsets[r]
         assert len({x % PERIOD for x in offsets[r]}) == 4, f"{name}: slots of rank {r} collide"
-        first, second = r, 2 * R - 1 - r
-        slots: dict[int, Action] = {}
-        for k in range(m):
-            base = PERIOD * k
-            slots[f0 + base] = Action(first, F, k)
-            slots[f1 + base] = Action(second, F, k)
-            slots[i1 + base] = Action(second, I, k)
-            slots[i0 + base] = Action(first, I, k)
-        # Walk the slots in time; each free slot runs the oldest pending W.
-        pending: deque[Action] = deque()
-        order: list[Action] = []
-        for t in range(max(slots) + 1):
-            action = slots.get(t)
-            if action is not None:
-                order.append(action)
-                if action.type is I:
-                    pending.append(Action(action.stage, W, action.microbatch))
-            elif pending:
-                order.append(pending.popleft())
-        # Cool-down: the W still pending.
-        order.extend(pending)
-        rows.append(order)
+    # Step 1: repeat
+    slots = [[[x + PERIOD * k for k in range(m)] for x in offsets[r]] for r in range(R)]
+    if not reorder:
+        rows = [_order(r, R, slots[r], _place_w(slots[r], per_chunk=False)) for r in range(R)]
+        return make_schedule(name, rows, v_placement(R), m, 2)
+    # Step 2: reorder warm-up and cool-down with the W in place
+    with_w = [_Rank(kinds, _place_w(kinds, per_chunk=False)[0]) for kinds in slots]
+    _reorder(with_w, warm_up=True)
+    # Step 3: drop the W, reorder the cool-down again
+    without_w = [_Rank(rank.kinds, None) for rank in with_w]
+    _reorder(without_w, warm_up=False)
+    # Step 4: W per chunk
+    rows = [_order(r, R, rank.kinds, _place_w(rank.kinds, per_chunk=True)) for r, rank in enumerate(without_w)]
     return make_schedule(name, rows, v_placement(R), m, 2)
 
 
@@ -66,3 +79,121 @@ def build_pattern(
 ) -> Schedule:
     require_sizes(name, num_ranks, num_microbatches, num_stages_per_rank, fixed_stages_per_rank=2)
     return pattern_schedule(name, num_ranks, num_microbatches, offsets)
+
+
+@dataclass
+class _Rank:
+    """One rank's slots: ``kinds[k][mb]`` for the four F/I kinds; ``ws`` the W slots in order (one queue: the j-th
+    W releases the j-th I's activation), or ``None`` when each I's W is taken to run at the next free slot."""
+
+    kinds: list[list[int]]
+    ws: list[int] | None
+
+
+def _place_w(kinds: list[list[int]], *, per_chunk: bool) -> list[list[int]]:
+    """W slots: each free slot runs a pending W (with ``per_chunk``, the second chunk's first), the rest at the end.
+
+    Returns one queue, or two (second chunk, first chunk) with ``per_chunk``; within a queue oldest first."""
+    taken = {t: k for k in range(KINDS) for t in kinds[k]}
+    queues: list[list[int]] = [[], []] if per_chunk else [[]]
+    pending = [0] * len(queues)
+    last = max(taken)
+    for t in range(last + 1):
+        k = taken.get(t)
+        if k in (_I1, _I0):
+            pending[k - _I1 if per_chunk else 0] += 1
+        elif k is None:
+            q = next((q for q in range(len(queues)) if pending[q]), None)
+            if q is not None:
+                queues[q].append(t)
+                pending[q] -= 1
+    t = last
+    for q in range(len(queues)):
+        for _ in range(pending[q]):
+            t += 1
+            queues[q].append(t)
+    return queues
+
+
+def _peak(rank: _Rank) -> int:
+    """The rank's peak activations over its slots (see :class:`_Rank` for where the W are taken to run)."""
+    events = {t: _HOLDS[k] for k in range(KINDS) for t in rank.kinds[k]}
+    backwards = {t for k in (_I1, _I0) for t in rank.kinds[k]}
+    if rank.ws is not None:
+        events.update({t: -1 for t in rank.ws})
+    held = peak = owed = 0
+    for t in range(max(events) + 1):
+        if t in events:
+            held += events[t]
+            owed += t in backwards
+        elif rank.ws is None and owed:
+            held -= 1
+            owed -= 1
+        peak = max(peak, held)
+    return peak
+
+
+def _reorder(ranks: list[_Rank], *, warm_up: bool) -> None:
+    """Move computations of the warm-up (if ``warm_up``) and the cool-down to the earliest free slot after their
+    inputs where the rank's peak stays within the schedule's, taking them in slot order (ties: rank, kind, mb)."""
+    R = len(ranks)
+    m = len(ranks[0].kinds[0])
+    limit = max(_peak(rank) for rank in ranks)
+    items = [(t, r, k, mb) for r, rank in enumerate(ranks) for k in range(KINDS) for mb, t in enumerate(rank.kinds[k])]
+    if ranks[0].ws is not None:
+        items += [(t, r, KINDS, j) for r, rank in enumerate(ranks) for j, t in enumerate(rank.ws)]
+    used: list[set[int]] = [set() for _ in range(R)]
+    phase = "warm-up"
+    for t, r, k, mb in sorted(items):
+        if phase == "warm-up" and k == _I0 and r == 0:
+            phase = "steady"
+        if phase == "steady":
+            if k == _F0 and mb == m - 1:
+                phase = "cool-down"
+            used[r].add(t)
+            continue
+        if phase == "warm-up" and not warm_up:
+            used[r].add(t)
+            continue
+        used[r].add(_move(ranks, r, k, mb, t, used[r], limit))
+
+
+def _move(ranks: list[_Rank], r: int, k: int, mb: int, t: int, used: set[int], limit: int) -> int:
+    """The earliest free slot before ``t`` after the inputs of ``(r, k, mb)`` that keeps the peak within ``limit``
+    (``t`` if none); the slot is set in ``ranks``."""
+    rank = ranks[r]
+    slots = rank.ws if k == KINDS else rank.kinds[k]
+    assert slots is not None
+    ready = slots[mb - 1] if mb > 0 else -1
+    if k == KINDS:  # the j-th W follows the j-th backward of the rank
+        ready = max(ready, sorted(rank.kinds[_I1] + rank.kinds[_I0])[mb])
+    else:
+        if k > _F0:
+            ready = max(ready, rank.kinds[k - 1][mb])
+        upstream = r - 1 if k in (_F0, _I1) else r + 1  # first-chunk F and second-chunk I come from rank r-1
+        if 0 <= upstream < len(ranks):
+            ready = max(ready, ranks[upstream].kinds[k][mb])
+    for slot in range(ready + 1, t):
+        if slot in used:
+            continue
+        slots[mb] = slot
+        if _peak(rank) <= limit:
+            return slot
+    slots[mb] = t
+    return t
+
+
+def _order(r: int, num_ranks: int, kinds: list[list[int]], ws: list[list[int]]) -> list[Action]:
+    """Rank r's actions sorted by slot; W queues: one (the j-th W for the j-th I) or two (second chunk, first)."""
+    first, second = r, 2 * num_ranks - 1 - r
+    stage_of = (first, second, second, first)
+    timed = [(t, Action(stage_of[k], F if k in (_F0, _F1) else I, mb)) for k in range(KINDS)
+             for mb, t in enumerate(kinds[k])]
+    if len(ws) == 2:
+        timed += [(t, Action(stage, W, mb)) for stage, queue in zip((second, first), ws) for mb, t in enumerate(queue)]
+    else:
+        backwards: deque[Action] = deque(a for _, a in sorted(timed) if a.type is I)
+        timed += [(t, Action(b.stage, W, b.microbatch)) for t, b in zip(ws[0], backwards)]
+    return [a for _, a in sorted(timed, key=lambda x: x[0])]
+
+

@@ -1,7 +1,8 @@
 """V-Min: the controllable-memory V schedule with the least activation memory (Qi et al. 2024).
 
 Each rank holds (R + 4) // 3 microbatches' activations at most (2 chunks each), about a third of 1F1B's R; with
-F = I = W its bubble rate is about 2R / (3m). See :mod:`ppsim.schedules._vshape` for the building block.
+F = I = W its bubble rate is about 2R / (3m). Built from the block below like V-Half (repeat, then reorder the warm-up
+and cool-down at the same peak; see :mod:`ppsim.schedules._vshape`).
 """
 
 from __future__ import annotations

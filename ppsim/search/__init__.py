@@ -1,0 +1,59 @@
+"""Schedule search: the fastest order found for given costs under a per-rank memory cap.
+
+Method (see docs/search.md):
+
+1. Every named schedule whose placement matches is simulated; those that fit the cap are the baseline, and the best
+   of them is a starting point.
+2. Memory-aware list scheduling (:mod:`ppsim.schedules._greedy`) with a handful of fixed priority rules, then with
+   random rules (admission limits per rank, when deferred W run, B or I+W, overlapped pairs) until the time limit
+   (:mod:`ppsim.search.rules`).
+3. Local search on the best orders (:mod:`ppsim.search.local`): single actions moved within their rank's order, each
+   candidate re-simulated by :func:`ppsim.simulate` (the judge), kept when the makespan drops and every rank still
+   fits the cap.
+4. With OR-Tools installed (``pip install ppsim[search]``), CP-SAT polishes the best order before the local search
+   (:mod:`ppsim.search.cpsat`); without it the search works the same, minus that step. The result is never worse
+   than the best named schedule that fits.
+
+The lower bound is :func:`ppsim.search.bounds.lower_bound`. The phases are in :mod:`ppsim.search.driver`.
+Deterministic for a seed; honours a time limit; Ctrl-C returns the best so far.
+
+| module | holds |
+|---|---|
+| ``common`` | the value types (:class:`MemoryCap`, :class:`SearchResult`, ...) and the helpers every phase shares |
+| ``driver`` | :func:`search`, split by phase |
+| ``bounds`` | :func:`lower_bound`, :func:`smallest_cap` |
+| ``rules`` | the list-scheduling rules: fixed, random, mutated |
+| ``local`` | local search on one order |
+| ``cpsat`` | the optional CP-SAT model |
+"""
+
+from __future__ import annotations
+
+from ppsim.search.bounds import lower_bound, smallest_cap
+from ppsim.search.common import (
+    SEARCH_NAME,
+    MemoryCap,
+    MemoryCapError,
+    NamedResult,
+    Placement,
+    Progress,
+    SearchResult,
+    Solver,
+    parse_memory_cap,
+)
+from ppsim.search.driver import search
+
+__all__ = [
+    "SEARCH_NAME",
+    "MemoryCap",
+    "MemoryCapError",
+    "NamedResult",
+    "Placement",
+    "Progress",
+    "SearchResult",
+    "Solver",
+    "lower_bound",
+    "parse_memory_cap",
+    "search",
+    "smallest_cap",
+]

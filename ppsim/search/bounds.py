@@ -1,0 +1,91 @@
+"""The lower bound on the makespan and the smallest cap any order needs.
+
+The lower bound (:func:`lower_bound`) is, for each rank, its busy time plus the idle time it cannot avoid at the
+start (no backward can reach it before the first microbatch has gone down the chain and back, and until then it can
+only run as many forwards as its memory holds) and at the end (after its last backward, only deferred W can run
+while the last gradient travels to the first stage), and a memory-bound admission term (see docs/search.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ppsim.ir import ActionType
+from ppsim.schedules._greedy import Problem
+
+
+def lower_bound(problem: Problem) -> float:
+    """A makespan no order can beat under ``problem``'s costs and memory cap (see the module docstring)."""
+    tpl = problem.template
+    M = tpl.num_microbatches
+    chain = tpl.pipelines[0]
+    f, w = problem.f, problem.w
+    bi = [min(problem.i[s], problem.b[s]) for s in range(tpl.num_stages)]
+    bw = [min(problem.b[s], problem.i[s] + problem.w[s]) for s in range(tpl.num_stages)]
+    # earliest forward start and earliest backward start of every stage (microbatch 0 alone)
+    ef: dict[int, float] = {}
+    t = 0.0
+    for k, s in enumerate(chain):
+        ef[s] = t
+        t += f[s] + problem.fwd_delay[s]
+    last = chain[-1]
+    eb: dict[int, float] = {last: ef[last] + f[last]}
+    for k in range(len(chain) - 2, -1, -1):
+        s, n = chain[k], chain[k + 1]
+        eb[s] = eb[n] + bi[n] + problem.bwd_delay[s]
+    # time from the end of a backward of stage s to the end of the first stage's work on that microbatch
+    down: dict[int, float] = {chain[0]: 0.0}
+    acc = bw[chain[0]] + problem.bwd_delay[chain[0]]
+    for k in range(1, len(chain)):
+        s = chain[k]
+        down[s] = acc
+        acc += bi[s] + problem.bwd_delay[s]
+    best = eb[chain[0]] + bw[chain[0]]
+    for r in range(tpl.num_ranks):
+        stages = tpl.stages_of(r)
+        # an overlapped pair (a forward with another stage's backward) may take less than its halves apart
+        save = _pair_saving(problem, stages)
+        work = M * sum(f[s] + bw[s] for s in stages) - M * len(stages) * save
+        cap = problem.cap[r]
+        min_act = min(problem.act[s] for s in stages)
+        n_f = M * len(stages) if min_act <= 0 or cap == math.inf else min(M * len(stages), int(cap // min_act + 1e-9))
+        held_w = min(problem.act[s] - problem.freed_by_i[s] for s in stages)
+        n_w = M * len(stages) if held_w <= 0 or cap == math.inf else min(M * len(stages), int(cap // held_w + 1e-9))
+        head = max(min(ef[s] for s in stages), min(eb[s] for s in stages) - n_f * max(f[s] for s in stages))
+        tail = max(0.0, min(down[s] for s in stages) - n_w * max(w[s] for s in stages))
+        best = max(best, head + work + tail)
+        # Memory-bound admission: the last microbatch to enter the rank can start its forward only once the rank
+        # has run every other entry forward and released enough memory (a B or an I + W releases a whole
+        # activation, an I alone the part it frees), and then must still go down the chain, back up, and end with
+        # the first stage's backward.
+        entry = min(stages, key=chain.index)
+        if cap < math.inf and problem.act[entry] > 0 and M * problem.act[entry] > cap:
+            rate = min(
+                min(max(bw[s] - save, 0.0) / problem.act[s],
+                    max(bi[s] - save, 0.0) / problem.freed_by_i[s] if problem.freed_by_i[s] > 0 else math.inf)
+                for s in stages
+            )
+            last_in = head + (M - 1) * f[entry] + (M * problem.act[entry] - cap) * rate
+            best = max(best, last_in + eb[chain[0]] + bw[chain[0]] - ef[entry])
+    return best
+
+
+def _pair_saving(problem: Problem, stages: list[int] | tuple[int, ...]) -> float:
+    """The most one overlapped pair on these stages can save against running its forward and backward apart
+    (0 when the costs make a pair no cheaper, as with uniform costs and FB = F + B)."""
+    if len(stages) < 2:
+        return 0.0
+    tpl, costs = problem.template, problem.costs
+    best = 0.0
+    for s in stages:
+        for bs in stages:
+            if bs == s:
+                continue
+            for kind, alone in ((ActionType.B, problem.b[bs]), (ActionType.I, problem.i[bs])):
+                best = max(best, problem.f[s] + alone - costs.pair_duration(tpl, s, bs, kind))
+    return best
+
+
+def smallest_cap(problem: Problem) -> float:
+    """The least per-rank cap any order needs: one microbatch's activations on all of a rank's stages."""
+    return max(problem.need(r) for r in range(problem.template.num_ranks))

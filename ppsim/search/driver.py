@@ -1,0 +1,400 @@
+"""The search driver: :func:`search` as a chain of named phases, each a short function.
+
+Phase 0  set-up: check the inputs, build one problem per placement, time every named schedule, the lower bound.
+Phase 1  list scheduling: the fixed rules, then random rules and mutations of the best ones (~60 % of the budget,
+         40 % when CP-SAT follows).
+Phase 2  CP-SAT (with OR-Tools): polish the best order so far.
+Phase 3  local search from the best few orders and the best named one, judged by the simulator.
+Phase 4  the result: never worse than the best named schedule that fits.
+
+The state the phases share (the best order so far, the orders tried, the clock) is one :class:`_Run`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from ppsim.compare import resolve_scope
+from ppsim.costs import CostModel, costs_for, parse_costs
+from ppsim.errors import PPSimError
+from ppsim.ir import Action, Schedule
+from ppsim.result import SimResult
+from ppsim.schedules._greedy import Problem, Rule, list_schedule
+from ppsim.schedules._phases import loop_placement, make_schedule, v_placement
+from ppsim.search import cpsat
+from ppsim.search.bounds import lower_bound, smallest_cap
+from ppsim.search.common import (
+    SEARCH_NAME,
+    MemoryCap,
+    MemoryCapError,
+    NamedResult,
+    Placement,
+    Progress,
+    SearchResult,
+    Solver,
+    fits,
+    is_v,
+    parse_memory_cap,
+    peak_of,
+    problem_for,
+)
+from ppsim.search.local import local_search
+from ppsim.search.rules import fixed_rules, mutate, pairs_help, random_rule
+
+Named = tuple[NamedResult, Schedule, SimResult]
+Case = tuple[Schedule, CostModel, Problem]
+"""One placement's template, its costs and its list-scheduling problem."""
+
+
+@dataclass
+class _Best:
+    makespan: float = math.inf
+    schedule: Schedule | None = None
+    source: str = ""
+
+
+@dataclass
+class _Run:
+    """What the phases share: the cases, the cap, the clock, the best order so far and the orders tried."""
+
+    cases: list[Case]
+    cap: MemoryCap
+    lower_bound: float
+    t0: float
+    deadline: float
+    rng: random.Random
+    progress: Callable[[Progress], None] | None
+    best: _Best = field(default_factory=_Best)
+    evaluations: int = 0
+    last_report: float = 0.0
+
+    def report(self, phase: str, force: bool = False) -> None:
+        now = time.perf_counter()
+        if self.progress is not None and (force or now - self.last_report >= 0.5):
+            self.last_report = now
+            self.progress(Progress(now - self.t0, self.evaluations, self.best.makespan, self.lower_bound, phase))
+
+    def costs_of(self, schedule: Schedule) -> CostModel:
+        return next(tcosts for tpl, tcosts, _ in self.cases if tpl.stage_to_rank == schedule.stage_to_rank)
+
+    def take(self, schedule: Schedule, makespan: float, source: str) -> bool:
+        """Keep ``schedule`` (already simulated and within the cap) if it beats the best so far."""
+        if makespan >= self.best.makespan - 1e-9:
+            return False
+        self.best.makespan, self.best.schedule, self.best.source = makespan, schedule, source
+        self.report(source, force=True)
+        return True
+
+    def consider(self, tpl: Schedule, orders: tuple[tuple[Action, ...], ...], makespan: float, source: str) -> bool:
+        """A list-scheduled order: the simulator, not the list scheduler's own timing, judges it."""
+        from ppsim.simulate import simulate
+
+        if makespan >= self.best.makespan - 1e-9:
+            return False
+        candidate = tpl.with_actions(orders)
+        sim = simulate(candidate, self.costs_of(tpl))
+        if not fits(sim, self.cap):
+            return False
+        return self.take(candidate, sim.makespan, source)
+
+
+def search(
+    num_ranks: int,
+    num_microbatches: int,
+    costs: CostModel | None = None,
+    memory_cap: MemoryCap | str | float | None = None,
+    *,
+    placement: Placement | str = Placement.loop,
+    num_stages_per_rank: int | None = None,
+    time_limit: float = 10.0,
+    seed: int = 0,
+    cost_scope: str | None = None,
+    max_orders: int | None = None,
+    solver: Solver | str = Solver.auto,
+    progress: Callable[[Progress], None] | None = None,
+) -> SearchResult:
+    """Search for the compute order with the smallest simulated makespan that fits ``memory_cap`` on every rank.
+
+    ``memory_cap`` is a :class:`MemoryCap`, ``"8act"``, bytes (needs a profile's memory tables) or ``None``
+    (no cap). ``placement``: ``loop`` (``num_stages_per_rank`` stages per rank, default 1), ``v`` (2 per rank in a
+    V) or ``any``. ``cost_scope`` reads uniform costs per stage chunk (``"stage"``) or per rank share of the model
+    (``"rank"``); by default per chunk, except that ``any`` (different stage counts) compares on the same model
+    (``"rank"``), as :mod:`ppsim.compare` does. ``max_orders`` bounds the orders tried; the result is the same for
+    the same ``seed`` whenever the clock is not what stops the search (``stopped != "time limit"``), e.g. with a
+    ``max_orders`` small enough for the time limit (see docs/search.md). ``solver``: ``"auto"`` polishes with
+    OR-Tools' CP-SAT when it is installed (``pip install ppsim[search]``), ``"cpsat"`` requires it, ``"none"``
+    never uses it.
+    """
+    t0 = time.perf_counter()
+    # Phase 0: set-up
+    costs = parse_costs(None) if costs is None else costs
+    placement = Placement(placement)
+    _check_sizes(num_ranks, num_microbatches, time_limit)
+    cap = MemoryCap(math.inf, "act") if memory_cap is None else parse_memory_cap(memory_cap)
+    if cap.unit == "bytes" and not costs.has_memory:
+        raise MemoryCapError(
+            f"--memory-cap {memory_cap}: a cap in bytes needs activation sizes; pass --profile P.json "
+            "or give the cap as activations (e.g. 8act)"
+        )
+    cases, cost_scope = _cases(num_ranks, num_microbatches, costs, cap, placement, num_stages_per_rank, cost_scope)
+    templates = [tpl for tpl, _, _ in cases]
+    named = _named(templates, num_ranks, num_microbatches, costs, cap, cost_scope)
+    _check_some_order_fits(cap, cases, named)
+    use_cpsat = _use_cpsat(solver)
+    run = _Run(cases, cap, min(lower_bound(p) for _, _, p in cases), t0, t0 + time_limit, random.Random(seed),
+               progress, last_report=t0)
+    fitting = sorted((x for x in named if x[0].fits), key=lambda x: x[0].makespan)
+    if fitting:
+        run.best = _Best(fitting[0][0].makespan, fitting[0][1], fitting[0][0].name)
+    stopped = "done"
+    try:
+        # Phase 1: list scheduling
+        phase1_end = t0 + (0.4 if use_cpsat else 0.6) * time_limit
+        elites = _list_scheduling(run, phase1_end, None if max_orders is None else max(1, int(0.6 * max_orders)))
+        starts = _local_starts(run, elites, fitting[0][1] if fitting else None, costs, cost_scope)
+        # Phase 2: CP-SAT
+        if use_cpsat and starts and run.deadline - time.perf_counter() > 0.3:
+            _cpsat_polish(run, starts, seed=seed, max_orders=max_orders)
+        # Phase 3: local search
+        _local_phase(run, starts, max_orders)
+        if time.perf_counter() >= run.deadline:
+            stopped = "time limit"
+    except KeyboardInterrupt:
+        stopped = "interrupted"
+    # Phase 4: the result
+    return _result(run, fitting, named, costs, cost_scope, stopped=stopped, seed=seed)
+
+
+# --- Phase 0: set-up -------------------------------------------------------------------------------------------------
+def _check_sizes(num_ranks: int, num_microbatches: int, time_limit: float) -> None:
+    if num_ranks < 1 or num_microbatches < 1:
+        raise PPSimError(f"--ranks {num_ranks} --mb {num_microbatches}: need at least 1 of each; e.g. -r 4 -m 8")
+    if time_limit <= 0:
+        raise PPSimError(f"--time-limit {time_limit}: must be positive (seconds); e.g. --time-limit 10")
+
+
+def _use_cpsat(solver: Solver | str) -> bool:
+    if solver not in ("auto", "cpsat", "none"):
+        raise PPSimError(f"--solver {solver!r}: choose auto, cpsat or none")
+    solver = Solver(solver).value
+    if solver == "cpsat" and not cpsat.available():
+        raise PPSimError("--solver cpsat needs OR-Tools; pip install 'ppsim[search]' (or ortools), or drop --solver")
+    return solver == "cpsat" or (solver == "auto" and cpsat.available())
+
+
+def _templates(num_ranks: int, num_microbatches: int, placement: Placement, v: int | None) -> list[Schedule]:
+    out: list[Schedule] = []
+    empty: list[list[Action]] = [[] for _ in range(num_ranks)]
+    if placement in (Placement.loop, Placement.any):
+        vv = 1 if v is None else v
+        if vv < 1:
+            raise PPSimError(f"--stages-per-rank {vv}: need at least 1 stage per rank; pass -v 1 or more")
+        out.append(make_schedule(SEARCH_NAME, empty, loop_placement(num_ranks, vv), num_microbatches, vv))
+    if placement in (Placement.v, Placement.any):
+        if placement is Placement.v and v not in (None, 2):
+            raise PPSimError(f"--stages-per-rank {v}: V placement always has 2 stages per rank; drop -v or pass -v 2")
+        out.append(make_schedule(SEARCH_NAME, empty, v_placement(num_ranks), num_microbatches, 2))
+    return out
+
+
+def _cases(
+    num_ranks: int, num_microbatches: int, costs: CostModel, cap: MemoryCap, placement: Placement, v: int | None,
+    cost_scope: str | None,
+) -> tuple[list[Case], str]:
+    """One case per placement the costs can describe (a profile fixes the stage count), and the cost scope."""
+    templates = _templates(num_ranks, num_microbatches, placement, v)
+    scope = resolve_scope(templates, costs, cost_scope)[0].value  # the comparability rule of ppsim.compare
+    cases: list[Case] = []
+    errors: list[PPSimError] = []
+    for tpl in templates:
+        tcosts = costs_for(costs, tpl, scope=scope)
+        try:
+            tcosts.check(tpl)
+        except PPSimError as exc:  # a profile fixes the stage count: keep the placements it describes
+            errors.append(exc)
+            continue
+        cases.append((tpl, tcosts, problem_for(tpl, tcosts, cap)))
+    if not cases:
+        raise errors[0]
+    return cases, scope
+
+
+def _named(
+    templates: list[Schedule], num_ranks: int, num_microbatches: int, costs: CostModel, cap: MemoryCap, scope: str
+) -> list[Named]:
+    """Every named schedule of the templates' placements, simulated under the same costs, with its peak."""
+    from ppsim.schedules import all_specs, get_schedule
+    from ppsim.simulate import simulate
+
+    placements = {t.stage_to_rank for t in templates}
+    out = []
+    for spec in all_specs():
+        vs = [spec.fixed_stages_per_rank] if spec.fixed_stages_per_rank else sorted({t.num_stages_per_rank for t in templates})
+        for v in vs:
+            try:
+                sched = get_schedule(spec.name, num_ranks, num_microbatches, v)
+                if sched.stage_to_rank not in placements or len(sched.pipelines) != 1:
+                    continue
+                sim = simulate(sched, costs_for(costs, sched, scope=scope))
+            except PPSimError:
+                continue
+            peak = peak_of(sim, cap.unit)
+            out.append(
+                (NamedResult(spec.name, sim.makespan, sim.bubble_ratio, peak, peak <= cap.amount + 1e-9, v), sched, sim)
+            )
+    return out
+
+
+def _check_some_order_fits(cap: MemoryCap, cases: list[Case], named: list[Named]) -> None:
+    need = min(smallest_cap(p) for _, _, p in cases)
+    if need > cap.amount + 1e-9 and not any(n.fits for n, _, _ in named):
+        smallest = min([need] + [n.peak for n, _, _ in named])
+        shown = f"{smallest:g}act" if cap.unit == "act" else f"{int(math.ceil(smallest))} bytes"
+        raise MemoryCapError(
+            f"--memory-cap {cap}: no order fits; every rank must hold at least one microbatch's activations on all "
+            f"its stages; the smallest feasible cap is {shown}; pass --memory-cap {shown.replace(' bytes', '')} or more"
+        )
+
+
+# --- Phase 1: list scheduling ----------------------------------------------------------------------------------------
+Elite = tuple[float, int, Rule, Schedule]
+"""A good list-scheduled order: makespan, when it was found, the rule that made it, the order."""
+
+
+def _list_scheduling(run: _Run, phase_end: float, max_orders: int | None) -> list[list[Elite]]:
+    """The fixed rules on every case, then random rules (half of them mutations of an elite's rule) until
+    ``phase_end``, ``max_orders`` or 4,000 orders without a gain. Returns each case's best few orders."""
+    elites: list[list[Elite]] = [[] for _ in run.cases]
+    for k, (tpl, tcosts, prob) in enumerate(run.cases):
+        allow_pairs = is_v(tpl) and pairs_help(tcosts, tpl)
+        for rule in fixed_rules(prob, allow_pairs=allow_pairs):
+            if run.best.schedule is not None and time.perf_counter() >= phase_end:
+                break
+            _try_rule(run, elites, k, rule)
+    turn = 0
+    stale = 0
+    while time.perf_counter() < phase_end and stale < 4000 and (max_orders is None or run.evaluations < max_orders):
+        k = turn % len(run.cases)
+        turn += 1
+        tpl, tcosts, prob = run.cases[k]
+        rule = random_rule(run.rng, prob, allow_pairs=is_v(tpl) and pairs_help(tcosts, tpl))
+        if elites[k] and run.rng.random() < 0.5:  # mutation: one setting of a good rule replaced by the fresh rule's
+            rule = mutate(run.rng.choice(elites[k])[2], rule, run.rng)
+        stale += 1
+        if _try_rule(run, elites, k, rule):
+            stale = 0
+        run.report("list scheduling")
+    return elites
+
+
+def _try_rule(run: _Run, elites: list[list[Elite]], k: int, rule: Rule) -> bool:
+    """List-schedule case ``k`` with ``rule``; keep the order among the case's elites; True if it is the best yet."""
+    tpl, _, prob = run.cases[k]
+    out = list_schedule(prob, rule)
+    run.evaluations += 1
+    if out is None or max(out[2]) > run.cap.amount + 1e-9:
+        return False
+    elite = elites[k]
+    if all(abs(e[0] - out[1]) > 1e-9 for e in elite):
+        elite.append((out[1], run.evaluations, rule, tpl.with_actions(out[0])))
+        elite.sort(key=lambda e: (e[0], e[1]))
+        del elite[4:]
+    return run.consider(tpl, out[0], out[1], "list scheduling")
+
+
+def _local_starts(
+    run: _Run, elites: list[list[Elite]], best_named: Schedule | None, costs: CostModel, scope: str
+) -> list[tuple[Schedule, CostModel]]:
+    """The orders local search starts from: each case's best three and the best named one, fastest first."""
+    from ppsim.simulate import simulate
+
+    starts = [(e[3], run.cases[k][1]) for k, elite in enumerate(elites) for e in elite[:3]]
+    if best_named is not None:
+        starts.append((best_named, costs_for(costs, best_named, scope=scope)))
+    starts.sort(key=lambda x: simulate(x[0], x[1]).makespan)
+    return starts
+
+
+# --- Phase 2: CP-SAT -------------------------------------------------------------------------------------------------
+def _cpsat_polish(run: _Run, starts: list[tuple[Schedule, CostModel]], *, seed: int, max_orders: int | None) -> None:
+    """CP-SAT from the best start; its answer, re-simulated with the exact costs, becomes the first start."""
+    from ppsim.simulate import simulate
+
+    sched, tcosts = starts[0]
+    prob = next((p for t, _, p in run.cases if t.stage_to_rank == sched.stage_to_rank), None)
+    if prob is None:
+        return
+    run.report("CP-SAT", force=True)
+    sim0 = simulate(sched, tcosts)
+    found = cpsat.polish(
+        prob, sched, sim0.starts, time_limit=0.5 * (run.deadline - time.perf_counter()), seed=seed,
+        deterministic_time=None if max_orders is None else max(1.0, max_orders / 200),
+    )
+    run.evaluations += 1
+    if found is None:
+        return
+    try:
+        fsim = simulate(found, tcosts)
+    except PPSimError:
+        return
+    if fits(fsim, run.cap):
+        starts.insert(0, (found, tcosts))
+        run.take(found, fsim.makespan, "CP-SAT")
+
+
+# --- Phase 3: local search -------------------------------------------------------------------------------------------
+def _local_phase(run: _Run, starts: list[tuple[Schedule, CostModel]], max_orders: int | None) -> None:
+    """Local search from each start in turn; the time (and orders) left are shared among the starts left."""
+    from ppsim.simulate import simulate
+
+    for k, (sched, tcosts) in enumerate(starts):
+        if time.perf_counter() >= run.deadline:
+            break
+        left = len(starts) - k
+        share = (run.deadline - time.perf_counter()) / left
+        tries = None if max_orders is None else max(0, (max_orders - run.evaluations) // left)
+        improved, n = local_search(sched, tcosts, run.cap, run.rng, time.perf_counter() + share, run.report, tries)
+        run.evaluations += n
+        sim = simulate(improved, tcosts)
+        if fits(sim, run.cap):
+            run.take(improved, sim.makespan, "local search")
+
+
+# --- Phase 4: the result ---------------------------------------------------------------------------------------------
+def _result(
+    run: _Run, fitting: list[Named], named: list[Named], costs: CostModel, scope: str, *, stopped: str, seed: int
+) -> SearchResult:
+    """The best order, re-simulated; never worse than the best named schedule that fits."""
+    from ppsim.simulate import simulate
+
+    best = run.best
+    if best.schedule is None:
+        raise MemoryCapError(
+            f"--memory-cap {run.cap}: no order found within the time limit; raise --time-limit or the cap"
+        )
+    result_sched, source = best.schedule, best.source
+    if source in ("list scheduling", "local search", "CP-SAT"):
+        result_sched = replace(result_sched, name=SEARCH_NAME)
+    sim = simulate(result_sched, costs_for(costs, result_sched, scope=scope))
+    if fitting and (sim.makespan > fitting[0][0].makespan + 1e-9 or not fits(sim, run.cap)):
+        result_sched, sim, source = fitting[0][1], fitting[0][2], fitting[0][0].name
+    return SearchResult(
+        schedule=result_sched,
+        sim=sim,
+        makespan=sim.makespan,
+        peak=peak_of(sim, run.cap.unit),
+        cap=run.cap,
+        lower_bound=run.lower_bound,
+        named=tuple(n for n, _, _ in named),
+        start=fitting[0][0].name if fitting else None,
+        source=source,
+        evaluations=run.evaluations,
+        elapsed_s=time.perf_counter() - run.t0,
+        stopped=stopped,
+        seed=seed,
+        cost_scope=scope,
+    )
