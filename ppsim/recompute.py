@@ -88,7 +88,12 @@ def sidecar_path(csv_path: str | Path) -> Path:
 def write_sidecar(path: str | Path, recompute: RecomputeSet, schedule: Schedule, **extra: Any) -> Path:
     from ppsim.io import write_atomic
 
-    return write_atomic(path, json.dumps(recompute.to_dict(schedule, **extra), indent=1) + "\n")
+    data = recompute.to_dict(schedule, **extra)
+    pairs = data.pop("recompute")
+    head = json.dumps(data, indent=1)[:-2]  # one pair per line: readable, and diffs show what changed
+    body = ",\n".join(f"  {json.dumps(p)}" for p in pairs)
+    return write_atomic(path, f'{head},\n "recompute": [\n{body}\n ]\n}}\n' if pairs else
+                        f'{head},\n "recompute": []\n}}\n')
 
 
 def read_sidecar(path: str | Path, schedule: Schedule) -> RecomputeSet:
