@@ -135,3 +135,12 @@ def test_cli_simulate_recompute_full_lowers_the_peak_and_reports_the_set() -> No
     data = json.loads(res.stdout)
     assert len(data["recompute"]) == 32
     assert [p["peak_activations"] for p in data["per_rank"]] == [1.3, 1.2, 1.1, 1]
+
+
+def test_cli_report_names_and_hatches_the_recomputed_schedules(tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    res = runner.invoke(app, ["report", "-s", "1F1B,ZBH1", "-r", "4", "-m", "8", "--recompute", "full", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    page = out.read_text()
+    assert "recomputing 32 of 32 activations (hatched)" in page
+    assert '"pattern":{' in page.replace(" ", "")
