@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ppsim import get_schedule, parse_costs, simulate
+from ppsim.costs import costs_for
 from ppsim.cli import app
 from ppsim.errors import PPSimError
 from ppsim.formats import read_csv
@@ -333,3 +336,128 @@ def test_a_per_block_profile_searches_every_placement(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["makespan"] >= data["lower_bound"] - 1e-12
+
+
+# --- never worse than the peers: named schedules and the V building blocks (issue 19) -------------------------------
+@settings(max_examples=12, deadline=None)
+@given(
+    ranks=st.sampled_from([2, 3]),
+    mb=st.integers(1, 5),
+    text=st.sampled_from(["F=1,B=2,I=1,W=1,comm=0.1", "F=1,B=3,I=2,W=1,comm=0.3", "F=2,B=3,I=1,W=2,comm=0.05"]),
+    cap=st.integers(2, 7),
+    placement=st.sampled_from(["v", "any"]),
+)
+def test_searched_is_never_slower_than_a_named_schedule_or_a_v_building_block_that_fits(
+    ranks: int, mb: int, text: str, cap: int, placement: str
+) -> None:
+    from ppsim.schedules._vshape import block_schedule, building_blocks
+
+    costs = parse_costs(text)
+    try:
+        result = search(ranks, mb, costs, f"{cap}act", placement=placement, time_limit=120.0, max_orders=300,
+                        solver="none")
+    except MemoryCapError:
+        return  # a cap below one microbatch on every chunk: refused, tested elsewhere
+    assert result.stopped == "done"  # the order budget, not the clock, ended it
+    for named in result.named:
+        if named.fits:
+            assert result.makespan <= named.makespan + 1e-9, named.name
+    scope = result.cost_scope
+    for offsets in building_blocks(ranks):
+        block = block_schedule(ranks, mb, offsets)
+        sim = simulate(block, costs_for(costs, block, scope=scope))
+        if max(p.peak_activations for p in sim.per_rank) <= cap:
+            assert result.makespan <= sim.makespan + 1e-9, offsets
+
+
+# --- proofs: CP-SAT proves small cases optimal, and its bound is a bound (issue 19) ---------------------------------
+@pytest.mark.parametrize(
+    "ranks, mb, cap, placement, optimum",
+    [(2, 4, 3, "v", 27.8), (3, 4, 4, "v", 30.2), (4, 6, 2, "loop", 32.6), (2, 6, 1, "loop", 31.2),
+     (3, 5, 2, "loop", 22.2)],  # each above the analytic bound: only CP-SAT can prove it
+)
+def test_cpsat_proves_small_cases_optimal(ranks: int, mb: int, cap: int, placement: str, optimum: float) -> None:
+    pytest.importorskip("ortools")
+    # the order budget (and the solver's deterministic time), not the clock, ends the run
+    result = search(ranks, mb, COMM, f"{cap}act", placement=placement, time_limit=120.0, max_orders=400,
+                    solver="cpsat")
+    assert result.stopped == "done"
+    assert result.optimal and result.bound_source == "CP-SAT"
+    assert result.makespan == pytest.approx(optimum) and result.lower_bound == pytest.approx(optimum)
+    assert result.gap == 0.0
+    assert validate(result.schedule) == [] and result.peak <= cap
+
+
+def test_an_order_meeting_the_analytic_bound_is_optimal_without_cpsat() -> None:
+    result = search(8, 8, COMM, "8act", time_limit=120.0, max_orders=300, solver="none")
+    assert result.optimal == (result.makespan <= result.lower_bound + 1e-9)
+    no_proof = search(4, 8, COMM, "6act", placement="v", time_limit=120.0, max_orders=50, solver="none")
+    assert not no_proof.optimal and no_proof.bound_source == "analytic" and no_proof.gap > 0
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    ranks=st.sampled_from([2, 3]),
+    mb=st.integers(1, 5),
+    text=st.sampled_from(["F=1,B=2,I=1,W=1,comm=0.1", "F=1,B=3,I=2,W=1,comm=0.3", "F=2,B=3,I=1,W=2",
+                          "F=1,B=2.5,I=1.3,W=0.7,comm=0.07",  # exact in hundredths
+                          "F=1,B=2,I=0.3333333,W=1.6666667,comm=0.0123457"]),  # rounded down: a relaxation
+    cap=st.integers(1, 6),
+    placement=st.sampled_from(["loop", "v"]),
+)
+def test_the_proven_bound_is_never_above_a_feasible_order(
+    ranks: int, mb: int, text: str, cap: int, placement: str
+) -> None:
+    """CP-SAT's bound (a short run, so usually not closed) against every order known to fit: the named ones,
+    the V building blocks, and CP-SAT's own order re-simulated with the exact costs."""
+    pytest.importorskip("ortools")
+    from ppsim.schedules._vshape import block_schedule, building_blocks
+    from ppsim.search import Placement, cpsat
+    from ppsim.search.bounds import pair_saving
+    from ppsim.search.common import problem_for
+    from ppsim.search.driver import _named, _templates
+
+    costs = parse_costs(text)
+    (tpl,) = _templates(ranks, mb, Placement(placement), None)
+    problem = problem_for(tpl, costs, MemoryCap(cap, "act"))
+    saving = max(pair_saving(problem, tpl.stages_of(r)) for r in range(ranks))
+    assert cpsat.provable(problem, pair_saving=saving)
+    feasible = [sim.makespan for named, _, sim in _named([tpl], ranks, mb, costs, MemoryCap(cap, "act"), "stage")
+                if named.fits]
+    if placement == "v":
+        for offsets in building_blocks(ranks):
+            sim = simulate(block_schedule(ranks, mb, offsets), costs)
+            if max(p.peak_activations for p in sim.per_rank) <= cap:
+                feasible.append(sim.makespan)
+    if not feasible:
+        return
+    incumbent = min((named for named in _named([tpl], ranks, mb, costs, MemoryCap(cap, "act"), "stage")
+                     if named[0].fits), key=lambda x: x[0].makespan, default=None)
+    if incumbent is None:
+        return
+    sched = tpl.with_actions(incumbent[1].actions)
+    outcome = cpsat.polish(problem, sched, simulate(sched, costs).starts, time_limit=5.0, seed=0,
+                           deterministic_time=0.3, prove=True)
+    assert outcome.bound is not None
+    if outcome.schedule is not None:
+        found = simulate(outcome.schedule, costs)
+        if max(p.peak_activations for p in found.per_rank) <= cap:
+            feasible.append(found.makespan)
+        if outcome.optimal:
+            assert found.makespan == pytest.approx(outcome.bound)
+    assert outcome.bound <= min(feasible) + 1e-9
+
+
+def test_cli_prints_optimal_and_json_has_the_proof_keys() -> None:
+    pytest.importorskip("ortools")
+    args = ["search", "-r", "2", "-m", "4", "--memory-cap", "3act", "--placement", "v", "--costs",
+            "F=1,B=2,I=1,W=1,comm=0.1", "--time-limit", "60", "--max-orders", "400", "-q"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "optimal: no order is faster" in res.output and "CP-SAT" in res.output
+    data = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert data["optimal"] is True and data["bound_source"] == "CP-SAT" and data["gap"] == 0.0
+    res = runner.invoke(app, ["search", "-r", "4", "-m", "8", "--memory-cap", "6act", "--placement", "v",
+                              "--costs", "F=1,B=2,I=1,W=1,comm=0.1", "--max-orders", "30", "--solver", "none", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "optimal" not in res.output and "gap" in res.output

@@ -189,12 +189,19 @@ def searched_for_report(
     scope = getattr(cost_scope, "value", cost_scope)
     result = search(ranks, mb, cost_model, memory_cap, placement=Placement.any, time_limit=time_limit,
                     cost_scope=None if scope is None else str(scope))
-    typer.echo(f"searched: {result.makespan:.6g} (bound {result.lower_bound:.6g}, gap {result.gap:.1%}, "
-               f"{result.source})", err=True)
+    typer.echo(f"searched: {result.makespan:.6g} ({result.source}); {bound_line(result)}", err=True)
     from dataclasses import replace
 
     cap = int(result.cap.amount) if result.cap.unit == "bytes" else None
     return replace(result.schedule, name=SEARCH_NAME), cap
+
+
+def bound_line(result: SearchResult) -> str:
+    """``optimal`` when the makespan meets the lower bound, else the proven gap; and what proved the bound."""
+    how = "CP-SAT" if result.bound_source == "CP-SAT" else "the analytic bound, docs/search.md"
+    if result.optimal:
+        return f"optimal: no order is faster (lower bound {result.lower_bound:.6g}, proven by {how})"
+    return f"lower bound {result.lower_bound:.6g} (proven by {how}), gap {result.gap:.1%}"
 
 
 def _peak_text(value: float, unit: str) -> str:
@@ -220,9 +227,7 @@ def print_search(result: SearchResult) -> None:
     con = console()
     con.print(table)
     best = result.best_named
-    lines = [
-        f"lower bound {result.lower_bound:.6g}, gap {result.gap:.1%} (bound: see docs/search.md)",
-    ]
+    lines = [bound_line(result)]
     if best is not None:
         gain = (best.makespan - result.makespan) / best.makespan
         if gain > 1e-12:

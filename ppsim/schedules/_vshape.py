@@ -28,7 +28,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from itertools import accumulate
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ppsim.ir import Action, Schedule
 from ppsim.schedules._phases import F, I, W, make_schedule, require_sizes, v_placement
@@ -117,19 +119,36 @@ def _place_w(kinds: list[list[int]], *, per_chunk: bool) -> list[list[int]]:
 
 def _peak(rank: _Rank) -> int:
     """The rank's peak activations over its slots (see :class:`_Rank` for where the W are taken to run)."""
-    events = {t: _HOLDS[k] for k in range(KINDS) for t in rank.kinds[k]}
-    backwards = {t for k in (_I1, _I0) for t in rank.kinds[k]}
+    end = max(max(slots) for slots in rank.kinds) + 1
     if rank.ws is not None:
-        events.update({t: -1 for t in rank.ws})
+        end = max(end, max(rank.ws, default=0) + 1)
+    change = [0] * end
+    for k in (_F0, _F1):
+        for t in rank.kinds[k]:
+            change[t] += 1
+    if rank.ws is not None:
+        for t in rank.ws:
+            change[t] -= 1
+        return max(0, max(accumulate(change)))
+    # each I's W runs at the next free slot
+    busy = [False] * end
+    owes = [False] * end
+    for k in range(KINDS):
+        for t in rank.kinds[k]:
+            busy[t] = True
+    for k in (_I1, _I0):
+        for t in rank.kinds[k]:
+            owes[t] = True
     held = peak = owed = 0
-    for t in range(max(events) + 1):
-        if t in events:
-            held += events[t]
-            owed += t in backwards
-        elif rank.ws is None and owed:
+    for t in range(end):
+        if busy[t]:
+            held += change[t]
+            owed += owes[t]
+            if held > peak:
+                peak = held
+        elif owed:
             held -= 1
             owed -= 1
-        peak = max(peak, held)
     return peak
 
 
@@ -197,3 +216,83 @@ def _order(r: int, num_ranks: int, kinds: list[list[int]], ws: list[list[int]]) 
     return [a for _, a in sorted(timed, key=lambda x: x[0])]
 
 
+
+
+# --- the building-block family (the paper's Appendix A), for the search's seeds ------------------------------------
+Offsets = tuple[tuple[int, int, int, int], ...]
+
+
+def building_blocks(num_ranks: int) -> list[Offsets]:
+    """Every building block of the paper's uniform-offset family, as block-0 slots per rank (deduplicated).
+
+    Rank 0's four F/I kinds sit anywhere in the period (its first-chunk F at 0). From each rank to the next, the
+    first-chunk F and the second-chunk I move ``d`` slots later and the second-chunk F and the first-chunk I one
+    slot earlier, modulo the period; ``d = d0`` for the first ``n0`` ranks and ``d1 <= d0`` after (V-Min is
+    ``d = 1``, V-Half ``d = 2``; larger ``d`` hold more memory). A block whose kinds collide on a rank is dropped.
+    The positions in the period become slots by the order the data flows: each rank's slot of a kind is the first
+    one after the slot it depends on (the previous rank's, or the turn of the V)."""
+    R = num_ranks
+    seen: dict[Offsets, None] = {}
+    for second_f in range(1, PERIOD):
+        for second_i in range(1, PERIOD):
+            for first_i in range(1, PERIOD):
+                if len({second_f, second_i, first_i}) < 3:
+                    continue
+                for d0 in range(1, PERIOD):
+                    for d1 in range(1, d0 + 1):
+                        for n0 in range(1, max(R, 2)):
+                            pos = _positions((0, second_f, second_i, first_i), R, d0, d1, n0)
+                            if pos is not None:
+                                seen.setdefault(_absolute(pos), None)
+    return list(seen)
+
+
+def _positions(
+    start: tuple[int, int, int, int], num_ranks: int, d0: int, d1: int, n0: int
+) -> list[tuple[int, int, int, int]] | None:
+    pos = [start]
+    for r in range(1, num_ranks):
+        d = d0 if r <= n0 else d1
+        f0, f1, i1, i0 = pos[-1]
+        nxt = ((f0 + d) % PERIOD, (f1 - 1) % PERIOD, (i1 + d) % PERIOD, (i0 - 1) % PERIOD)
+        if len(set(nxt)) < 4:
+            return None
+        pos.append(nxt)
+    return pos
+
+
+def _absolute(pos: list[tuple[int, int, int, int]]) -> Offsets:
+    R = len(pos)
+
+    def after(slot: int, position: int) -> int:  # the first slot after ``slot`` at ``position`` in the period
+        return slot + 1 + (position - slot - 1) % PERIOD
+
+    f0, f1, i1, i0 = [0] * R, [0] * R, [0] * R, [0] * R
+    f0[0] = pos[0][_F0]
+    for r in range(1, R):
+        f0[r] = after(f0[r - 1], pos[r][_F0])
+    f1[R - 1] = after(f0[R - 1], pos[R - 1][_F1])
+    for r in range(R - 2, -1, -1):
+        f1[r] = after(f1[r + 1], pos[r][_F1])
+    i1[0] = after(f1[0], pos[0][_I1])
+    for r in range(1, R):
+        i1[r] = after(i1[r - 1], pos[r][_I1])
+    i0[R - 1] = after(i1[R - 1], pos[R - 1][_I0])
+    for r in range(R - 2, -1, -1):
+        i0[r] = after(i0[r + 1], pos[r][_I0])
+    return tuple((f0[r], f1[r], i1[r], i0[r]) for r in range(R))
+
+
+def plain_peak(offsets: Offsets, num_microbatches: int) -> int:
+    """The peak activations of the repeated block before reordering (the reordered schedule holds no more)."""
+    peak = 0
+    for block in offsets:
+        kinds = [[x + PERIOD * k for k in range(num_microbatches)] for x in block]
+        peak = max(peak, _peak(_Rank(kinds, _place_w(kinds, per_chunk=False)[0])))
+    return peak
+
+
+@lru_cache(maxsize=4096)
+def block_schedule(num_ranks: int, num_microbatches: int, offsets: Offsets) -> Schedule:
+    """The schedule one building block gives (repeated and reordered; cached: the search asks again per cap)."""
+    return pattern_schedule("V building block", num_ranks, num_microbatches, offsets)

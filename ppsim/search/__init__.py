@@ -4,7 +4,8 @@ Method (see docs/search.md):
 
 1. Every named schedule whose placement matches is simulated; those that fit the cap are the baseline, and the best
    of them is a starting point.
-2. Memory-aware list scheduling (:mod:`ppsim.schedules._greedy`) with a handful of fixed priority rules, then with
+2. For V placement, the controllable-memory building blocks that fit the cap (:mod:`ppsim.search.seeds`), then
+   memory-aware list scheduling (:mod:`ppsim.schedules._greedy`) with a handful of fixed priority rules, then with
    random rules (admission limits per rank, when deferred W run, B or I+W, overlapped pairs) until the time limit
    (:mod:`ppsim.search.rules`).
 3. Local search on the best orders (:mod:`ppsim.search.local`): single actions moved within their rank's order, each
@@ -22,6 +23,7 @@ Deterministic for a seed; honours a time limit; Ctrl-C returns the best so far.
 | ``common`` | the value types (:class:`MemoryCap`, :class:`SearchResult`, ...) and the helpers every phase shares |
 | ``driver`` | :func:`search`, split by phase |
 | ``bounds`` | :func:`lower_bound`, :func:`smallest_cap` |
+| ``seeds`` | V placement: the controllable-memory building blocks that fit the cap |
 | ``rules`` | the list-scheduling rules: fixed, random, mutated |
 | ``local`` | local search on one order |
 | ``cpsat`` | the optional CP-SAT model |

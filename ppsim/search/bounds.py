@@ -44,7 +44,7 @@ def lower_bound(problem: Problem) -> float:
     for r in range(tpl.num_ranks):
         stages = tpl.stages_of(r)
         # an overlapped pair (a forward with another stage's backward) may take less than its halves apart
-        save = _pair_saving(problem, stages)
+        save = pair_saving(problem, stages)
         work = M * sum(f[s] + bw[s] for s in stages) - M * len(stages) * save
         cap = problem.cap[r]
         min_act = min(problem.act[s] for s in stages)
@@ -70,7 +70,7 @@ def lower_bound(problem: Problem) -> float:
     return best
 
 
-def _pair_saving(problem: Problem, stages: list[int] | tuple[int, ...]) -> float:
+def pair_saving(problem: Problem, stages: list[int] | tuple[int, ...]) -> float:
     """The most one overlapped pair on these stages can save against running its forward and backward apart
     (0 when the costs make a pair no cheaper, as with uniform costs and FB = F + B)."""
     if len(stages) < 2:

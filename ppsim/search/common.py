@@ -114,14 +114,18 @@ class SearchResult:
     seed: int
     cost_scope: str = "stage"
     """How uniform costs were read: per stage chunk or per rank share (see :func:`search`)."""
+    optimal: bool = False
+    """The makespan meets the lower bound: no order is faster (proven by CP-SAT or by the analytic bound)."""
+    bound_source: str = "analytic"
+    """What proved ``lower_bound``: ``"analytic"`` (:func:`ppsim.search.lower_bound`) or ``"CP-SAT"``."""
 
     @property
     def gap(self) -> float:
         """Relative distance to the lower bound (0.05 = 5 % above it)."""
         if self.lower_bound <= 0:
             return 0.0
-        return max(0.0, self.makespan / self.lower_bound - 1.0) if self.makespan >= self.lower_bound - 1e-9 * \
-            self.lower_bound else self.makespan / self.lower_bound - 1.0
+        gap = self.makespan / self.lower_bound - 1.0
+        return 0.0 if abs(gap) <= 1e-9 else gap
 
     @property
     def bubble_ratio(self) -> float:
@@ -142,6 +146,8 @@ class SearchResult:
             "cap_unit": self.cap.unit,
             "lower_bound": self.lower_bound,
             "gap": self.gap,
+            "optimal": self.optimal,
+            "bound_source": self.bound_source,
             "source": self.source,
             "num_stages_per_rank": self.schedule.num_stages_per_rank,
             "placement": "v" if is_v(self.schedule) else "loop",

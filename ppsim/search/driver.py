@@ -1,10 +1,13 @@
 """The search driver: :func:`search` as a chain of named phases, each a short function.
 
 Phase 0  set-up: check the inputs, build one problem per placement, time every named schedule, the lower bound.
-Phase 1  list scheduling: the fixed rules, then random rules and mutations of the best ones (~60 % of the budget,
-         40 % when CP-SAT follows).
-Phase 2  CP-SAT (with OR-Tools): polish the best order so far.
+Phase 1  seeds and list scheduling: for V placement the controllable-memory building blocks that fit (up to 25 %
+         of the budget, 15 % when CP-SAT follows), then the fixed rules, then random rules and mutations of the best
+         ones (up to 60 % of the budget in all, 30 % when CP-SAT follows).
+Phase 2  CP-SAT (with OR-Tools): polish the best order so far (60 % of the time left); where its model covers
+         every order, prove the order optimal or raise the lower bound.
 Phase 3  local search from the best few orders and the best named one, judged by the simulator.
+Every phase stops early once the best order meets the lower bound (it is then optimal).
 Phase 4  the result: never worse than the best named schedule that fits.
 
 The state the phases share (the best order so far, the orders tried, the clock) is one :class:`_Run`.
@@ -26,7 +29,7 @@ from ppsim.result import SimResult
 from ppsim.schedules._greedy import Problem, Rule, list_schedule
 from ppsim.schedules._phases import loop_placement, make_schedule, v_placement
 from ppsim.search import cpsat
-from ppsim.search.bounds import lower_bound, smallest_cap
+from ppsim.search.bounds import lower_bound, pair_saving, smallest_cap
 from ppsim.search.common import (
     SEARCH_NAME,
     MemoryCap,
@@ -44,6 +47,7 @@ from ppsim.search.common import (
 )
 from ppsim.search.local import local_search
 from ppsim.search.rules import fixed_rules, mutate, pairs_help, random_rule
+from ppsim.search.seeds import v_block_seeds
 
 Named = tuple[NamedResult, Schedule, SimResult]
 Case = tuple[Schedule, CostModel, Problem]
@@ -63,7 +67,8 @@ class _Run:
 
     cases: list[Case]
     cap: MemoryCap
-    lower_bound: float
+    bounds: list[float]
+    """Per case, the makespan no order of its placement can beat (the analytic bound, or CP-SAT's if higher)."""
     t0: float
     deadline: float
     rng: random.Random
@@ -71,6 +76,17 @@ class _Run:
     best: _Best = field(default_factory=_Best)
     evaluations: int = 0
     last_report: float = 0.0
+    seeds: list[tuple[float, Schedule]] = field(default_factory=list)
+    """The best few seeds (makespan, order): local search starts from them too."""
+    bound_source: str = "analytic"
+
+    @property
+    def lower_bound(self) -> float:
+        return min(self.bounds)
+
+    def optimal(self) -> bool:
+        """The best order so far meets the lower bound: no order can be faster."""
+        return self.best.makespan <= self.lower_bound * (1 + 1e-9) + 1e-12
 
     def report(self, phase: str, force: bool = False) -> None:
         now = time.perf_counter()
@@ -145,22 +161,24 @@ def search(
     named = _named(templates, num_ranks, num_microbatches, costs, cap, cost_scope)
     _check_some_order_fits(cap, cases, named)
     use_cpsat = _use_cpsat(solver)
-    run = _Run(cases, cap, min(lower_bound(p) for _, _, p in cases), t0, t0 + time_limit, random.Random(seed),
+    run = _Run(cases, cap, [lower_bound(p) for _, _, p in cases], t0, t0 + time_limit, random.Random(seed),
                progress, last_report=t0)
     fitting = sorted((x for x in named if x[0].fits), key=lambda x: x[0].makespan)
     if fitting:
         run.best = _Best(fitting[0][0].makespan, fitting[0][1], fitting[0][0].name)
     stopped = "done"
     try:
-        # Phase 1: list scheduling
-        phase1_end = t0 + (0.4 if use_cpsat else 0.6) * time_limit
+        # Phase 1: seeds, then list scheduling
+        _v_seeds(run, t0 + (0.15 if use_cpsat else 0.25) * time_limit, max_orders)
+        phase1_end = t0 + (0.3 if use_cpsat else 0.6) * time_limit
         elites = _list_scheduling(run, phase1_end, None if max_orders is None else max(1, int(0.6 * max_orders)))
         starts = _local_starts(run, elites, fitting[0][1] if fitting else None, costs, cost_scope)
         # Phase 2: CP-SAT
-        if use_cpsat and starts and run.deadline - time.perf_counter() > 0.3:
+        if use_cpsat and starts and not run.optimal() and run.deadline - time.perf_counter() > 0.3:
             _cpsat_polish(run, starts, seed=seed, max_orders=max_orders)
-        # Phase 3: local search
-        _local_phase(run, starts, max_orders)
+        # Phase 3: local search (nothing to gain once the best order meets the bound)
+        if not run.optimal():
+            _local_phase(run, starts, max_orders)
         if time.perf_counter() >= run.deadline:
             stopped = "time limit"
     except KeyboardInterrupt:
@@ -260,7 +278,24 @@ def _check_some_order_fits(cap: MemoryCap, cases: list[Case], named: list[Named]
         )
 
 
-# --- Phase 1: list scheduling ----------------------------------------------------------------------------------------
+# --- Phase 1: seeds and list scheduling -----------------------------------------------------------------------------
+SEED_SOURCE = "V building block"
+
+
+def _v_seeds(run: _Run, phase_end: float, max_count: int | None) -> None:
+    """The V building blocks that fit the cap (V placement only); the best two become local-search starts."""
+    for tpl, tcosts, prob in run.cases:
+        for schedule, sim in v_block_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end, max_count=max_count):
+            if run.optimal():
+                return
+            run.evaluations += 1
+            run.take(schedule, sim.makespan, SEED_SOURCE)
+            run.seeds.append((sim.makespan, schedule))
+            run.seeds.sort(key=lambda x: x[0])
+            del run.seeds[2:]
+            run.report(SEED_SOURCE)
+
+
 Elite = tuple[float, int, Rule, Schedule]
 """A good list-scheduled order: makespan, when it was found, the rule that made it, the order."""
 
@@ -272,12 +307,13 @@ def _list_scheduling(run: _Run, phase_end: float, max_orders: int | None) -> lis
     for k, (tpl, tcosts, prob) in enumerate(run.cases):
         allow_pairs = is_v(tpl) and pairs_help(tcosts, tpl)
         for rule in fixed_rules(prob, allow_pairs=allow_pairs):
-            if run.best.schedule is not None and time.perf_counter() >= phase_end:
+            if run.best.schedule is not None and (time.perf_counter() >= phase_end or run.optimal()):
                 break
             _try_rule(run, elites, k, rule)
     turn = 0
     stale = 0
-    while time.perf_counter() < phase_end and stale < 4000 and (max_orders is None or run.evaluations < max_orders):
+    while (time.perf_counter() < phase_end and stale < 4000 and not run.optimal()
+           and (max_orders is None or run.evaluations < max_orders)):
         k = turn % len(run.cases)
         turn += 1
         tpl, tcosts, prob = run.cases[k]
@@ -313,6 +349,7 @@ def _local_starts(
     from ppsim.simulate import simulate
 
     starts = [(e[3], run.cases[k][1]) for k, elite in enumerate(elites) for e in elite[:3]]
+    starts += [(schedule, run.costs_of(schedule)) for _, schedule in run.seeds]
     if best_named is not None:
         starts.append((best_named, costs_for(costs, best_named, scope=scope)))
     starts.sort(key=lambda x: simulate(x[0], x[1]).makespan)
@@ -321,20 +358,29 @@ def _local_starts(
 
 # --- Phase 2: CP-SAT -------------------------------------------------------------------------------------------------
 def _cpsat_polish(run: _Run, starts: list[tuple[Schedule, CostModel]], *, seed: int, max_orders: int | None) -> None:
-    """CP-SAT from the best start; its answer, re-simulated with the exact costs, becomes the first start."""
+    """CP-SAT from the best start: its answer, re-simulated with the exact costs, becomes the first start; where its
+    model covers every order (:func:`ppsim.search.cpsat.provable`) its bound tightens the case's lower bound."""
     from ppsim.simulate import simulate
 
     sched, tcosts = starts[0]
-    prob = next((p for t, _, p in run.cases if t.stage_to_rank == sched.stage_to_rank), None)
-    if prob is None:
+    k = next((k for k, (t, _, _) in enumerate(run.cases) if t.stage_to_rank == sched.stage_to_rank), None)
+    if k is None:
         return
+    prob = run.cases[k][2]
+    tpl = prob.template
+    saving = max(pair_saving(prob, tpl.stages_of(r)) for r in range(tpl.num_ranks))
     run.report("CP-SAT", force=True)
     sim0 = simulate(sched, tcosts)
-    found = cpsat.polish(
-        prob, sched, sim0.starts, time_limit=0.5 * (run.deadline - time.perf_counter()), seed=seed,
+    outcome = cpsat.polish(
+        prob, sched, sim0.starts, time_limit=0.6 * (run.deadline - time.perf_counter()), seed=seed,
         deterministic_time=None if max_orders is None else max(1.0, max_orders / 200),
+        prove=run.cap.unit == "act" and cpsat.provable(prob, pair_saving=saving),
     )
     run.evaluations += 1
+    if outcome.bound is not None and outcome.bound > run.bounds[k]:
+        run.bounds[k] = outcome.bound
+        run.bound_source = "CP-SAT"
+    found = outcome.schedule
     if found is None:
         return
     try:
@@ -377,7 +423,7 @@ def _result(
             f"--memory-cap {run.cap}: no order found within the time limit; raise --time-limit or the cap"
         )
     result_sched, source = best.schedule, best.source
-    if source in ("list scheduling", "local search", "CP-SAT"):
+    if source in ("list scheduling", "local search", "CP-SAT", SEED_SOURCE):
         result_sched = replace(result_sched, name=SEARCH_NAME)
     sim = simulate(result_sched, costs_for(costs, result_sched, scope=scope))
     if fitting and (sim.makespan > fitting[0][0].makespan + 1e-9 or not fits(sim, run.cap)):
@@ -397,4 +443,6 @@ def _result(
         stopped=stopped,
         seed=seed,
         cost_scope=scope,
+        optimal=sim.makespan <= run.lower_bound * (1 + 1e-9) + 1e-12,
+        bound_source=run.bound_source,
     )

@@ -1,0 +1,59 @@
+"""Seeds for V placement: the controllable-memory building-block family at every memory level up to the cap.
+
+The paper's family (:func:`ppsim.schedules._vshape.building_blocks`: V-Min, V-Half and the blocks between and above
+them, up to ZBV's memory) is built by the same repeat-squeeze-reorder as the named V-Min and V-Half. A block whose
+repeated pattern holds more than the cap is skipped (the reordered schedule holds no more than the pattern); the
+rest are tried from the most memory down (more memory, shorter schedule, as a rule), each simulated with the
+search's costs and kept when it fits. The named V schedules themselves are already the search's baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from ppsim.costs import CostModel
+from ppsim.ir import Schedule
+from ppsim.result import SimResult
+from ppsim.schedules._greedy import Problem
+from ppsim.schedules._vshape import block_schedule, building_blocks, plain_peak
+from ppsim.search.common import MemoryCap, fits, is_v
+
+
+def v_block_seeds(
+    template: Schedule, costs: CostModel, problem: Problem, cap: MemoryCap, *, deadline: float,
+    max_count: int | None = None,
+) -> Iterator[tuple[Schedule, SimResult]]:
+    """Each building-block schedule that fits ``cap``, most memory first, until ``deadline`` or ``max_count``
+    blocks are built (nothing for a placement other than V)."""
+    from ppsim.simulate import simulate
+
+    if not is_v(template):
+        return
+    R, M = template.num_ranks, template.num_microbatches
+    limit = _count_limit(problem, cap)
+    ranked = sorted(
+        ((peak, k, offsets) for k, offsets in enumerate(building_blocks(R))
+         if (peak := plain_peak(offsets, M)) <= min(limit, 2 * R)),
+        key=lambda x: (-x[0], x[1]),
+    )
+    seen: set[tuple[object, ...]] = set()
+    for count, (_, _, offsets) in enumerate(ranked):
+        if time.perf_counter() >= deadline or (max_count is not None and count >= max_count):
+            return
+        schedule = block_schedule(R, M, offsets)
+        if schedule.actions in seen:
+            continue
+        seen.add(schedule.actions)
+        schedule = template.with_actions(schedule.actions)
+        sim = simulate(schedule, costs)
+        if fits(sim, cap):
+            yield schedule, sim
+
+
+def _count_limit(problem: Problem, cap: MemoryCap) -> float:
+    """The most chunk activations a rank can hold under the cap (a count; with bytes, by the smallest activation)."""
+    if cap.unit == "act":
+        return cap.amount
+    smallest = min(problem.act) if problem.act else 0.0
+    return min(problem.cap) / smallest if smallest > 0 else float("inf")
