@@ -1,6 +1,6 @@
 """Benchmark of `ppsim search` against the named schedules and the lower bound (issue 11's targets).
 
-    python bench/bench_search.py [--time-limit S] [--quick]
+    python bench/bench_search.py [--time-limit S] [--quick] [--recompute-frontier]
 
 Grid: R in {4, 8}, M in {8, 16, 24}, I in {1, 2} with F = W = 1 (B = I + W), comm in {0, 0.1}, cap R and 2R
 activations (one microbatch's activations of one stage, one stage per rank): 48 cases. Per case it prints the
@@ -168,7 +168,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=2.0, help="seconds per grid case (default 2)")
     parser.add_argument("--quick", action="store_true", help="8 grid cases instead of 48")
+    parser.add_argument("--recompute-frontier", action="store_true",
+                        help="only the recompute frontier (search --recompute auto against cap)")
     args = parser.parse_args()
+    if args.recompute_frontier:
+        recompute_frontier(args.time_limit)
+        return 0
     print("command: python " + " ".join(sys.argv))
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
           f"python {platform.python_version()}; {machine_noise()}")

@@ -147,3 +147,20 @@ def test_cli_report_names_and_hatches_the_recomputed_schedules(tmp_path: Path) -
     page = out.read_text()
     assert "recomputing 32 of 32 activations (hatched)" in page
     assert '"pattern":{' in page.replace(" ", "")
+
+
+def test_choose_recompute_meets_a_byte_cap_with_a_profile() -> None:
+    import dataclasses
+
+    from ppsim.costs import CostModel
+    from test_costs import make_profile
+
+    costs = dataclasses.replace(CostModel.from_profile(make_profile(4)), output_bytes=(300, 300, 300, 0))
+    s = get_schedule("1F1B", 4, 8)
+    plain = simulate(s, costs)
+    worst = max(p.peak_memory_bytes for p in plain.per_rank)  # type: ignore[type-var]
+    cap = MemoryCap(float(worst - 1500), "bytes")
+    choice = choose_recompute(s, costs, cap)
+    assert choice is not None and choice.recompute
+    again = simulate(choice.schedule, costs, recompute=choice.recompute)
+    assert max(p.peak_memory_bytes for p in again.per_rank) <= cap.amount  # type: ignore[type-var]
