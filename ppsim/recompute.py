@@ -136,8 +136,11 @@ def resolve(option: str | None, schedule: Schedule, *, csv_path: str | Path | No
     if option is None:
         if csv_path is not None and sidecar_path(csv_path).is_file():
             side = sidecar_path(csv_path)
-            return read_sidecar(side, schedule), f"note: recomputing as {side} says (found beside {csv_path}; " \
-                                                 "--recompute none ignores it)"
+            try:
+                found = read_sidecar(side, schedule)
+            except RecomputeError as exc:
+                raise RecomputeError(f"{exc} (found beside {csv_path}; --recompute none ignores it)") from None
+            return found, f"note: recomputing as {side} says (found beside {csv_path}; --recompute none ignores it)"
         return RecomputeSet(), ""
     mode = option.strip().lower()
     if mode == Recompute.none.value:

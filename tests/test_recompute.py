@@ -191,3 +191,12 @@ def test_a_bad_recompute_file_is_one_line(tmp_path: Path, content: str, match: s
     with pytest.raises(RecomputeError, match=match) as info:
         read_sidecar(path, s)
     assert "\n" not in str(info.value)
+
+
+def test_a_broken_set_beside_a_csv_names_the_way_out(tmp_path: Path) -> None:
+    s = get_schedule("1F1B", 2, 3)
+    csv = tmp_path / "best.csv"
+    sidecar_path(csv).write_text("{")
+    with pytest.raises(RecomputeError, match="--recompute none ignores it"):
+        resolve(None, s, csv_path=csv)
+    assert resolve("none", s, csv_path=csv) == (RecomputeSet(), "")
