@@ -1,6 +1,6 @@
 """Benchmark of `ppsim search` against the named schedules and the lower bound (issue 11's targets).
 
-    python bench/bench_search.py [--time-limit S] [--quick]
+    python bench/bench_search.py [--time-limit S] [--quick] [--recompute-frontier]
 
 Grid: R in {4, 8}, M in {8, 16, 24}, I in {1, 2} with F = W = 1 (B = I + W), comm in {0, 0.1}, cap R and 2R
 activations (one microbatch's activations of one stage, one stage per rank): 48 cases. Per case it prints the
@@ -125,17 +125,62 @@ def sail_sg_lines(time_limit: float) -> None:
               f"{zbv.makespan:.4g} | searched {res.makespan:.4g} | bound {res.lower_bound:.4g}")
 
 
+# --- recompute frontier (search --recompute auto) ------------------------------------------------------------------
+
+
+def recompute_frontier(time_limit: float, *, ranks: int = 4, num_microbatches: int = 8,
+                       text: str = "F=1,B=2,comm=0.1") -> None:
+    """Makespan against cap, from the fastest named schedule's peak down to the smallest cap any order can meet
+    with recomputation (one activation being recomputed plus what the others keep): the plain search (no
+    recompute) beside `search --recompute auto`, and the time lost against the uncapped best."""
+    from ppsim.errors import PPSimError
+    from ppsim.search.recompute import search_recompute
+
+    costs = parse_costs(text)
+    names = ["GPipe", "1F1B", "Interleaved1F1B", "ZBH1", "ZBH2", "InterleavedZeroBubble", "LoopedBFS"]
+    named = [(n, simulate(get_schedule(n, ranks, num_microbatches), costs)) for n in names]
+    fastest = min(named, key=lambda x: x[1].makespan)
+    top = max(p.peak_activations for p in fastest[1].per_rank)
+    kept = costs.recompute_act
+    caps = sorted({float(c) for c in range(int(top), 1, -1)} | {1.5, 1.0 + 2 * kept, 1.0 + kept, 1.0}, reverse=True)
+    print(f"\nrecompute frontier: R={ranks} M={num_microbatches} {text}, recompute_act={kept:g}; caps from "
+          f"{fastest[0]}'s peak {top}act (the fastest named) down; time limit {time_limit:g} s per search")
+    print(f"  {'cap':>6} | {'best named that fits':>24} | {'search, no recompute':>20} | "
+          f"{'--recompute auto':>16} | {'recomputed':>10} | {'time lost':>9} | chosen from")
+    for cap in caps:
+        fitting = [(n, r.makespan) for n, r in named if max(p.peak_activations for p in r.per_rank) <= cap + 1e-9]
+        best_named = min(fitting, key=lambda x: x[1]) if fitting else None
+        try:
+            plain = f"{search(ranks, num_microbatches, costs, f'{cap:g}act', time_limit=time_limit).makespan:.4g}"
+        except PPSimError:
+            plain = "no order"
+        try:
+            res = search_recompute(ranks, num_microbatches, costs, f"{cap:g}act", time_limit=time_limit)
+            auto, count, lost, source = f"{res.makespan:.4g}", str(len(res.recompute)), f"{res.time_lost:+.1%}", \
+                res.source
+        except PPSimError:
+            auto, count, lost, source = "no order", "-", "-", "-"
+        named_text = f"{best_named[0]} {best_named[1]:.4g}" if best_named else "none fits"
+        print(f"  {cap:>5g}a | {named_text:>24} | {plain:>20} | {auto:>16} | {count:>10} | {lost:>9} | {source}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=2.0, help="seconds per grid case (default 2)")
     parser.add_argument("--quick", action="store_true", help="8 grid cases instead of 48")
+    parser.add_argument("--recompute-frontier", action="store_true",
+                        help="only the recompute frontier (search --recompute auto against cap)")
     args = parser.parse_args()
+    if args.recompute_frontier:
+        recompute_frontier(args.time_limit)
+        return 0
     print("command: python " + " ".join(sys.argv))
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
           f"python {platform.python_version()}; {machine_noise()}")
     ok = grid(args.time_limit, args.quick)
     ok = timed_profile_case(min(8.0, 4 * args.time_limit)) and ok
     sail_sg_lines(args.time_limit)
+    recompute_frontier(args.time_limit)
     print("\nall targets PASS" if ok else "\nsome target FAILED")
     return 0 if ok else 1
 

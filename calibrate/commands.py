@@ -262,6 +262,12 @@ def run_command(
         bool, typer.Option("--allow-large", help="Run even beyond the work, rank and memory limits.")
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the run JSON instead of the table.")] = False,
+    recompute: Annotated[
+        Optional[str],
+        typer.Option("--recompute", metavar="none|full|FILE.json", help="Recompute these (stage, microbatch) "
+                     "forwards in their backward with torch.utils.checkpoint, as `simulate --recompute` models them "
+                     "(default: none, or for -s FILE.csv the FILE.recompute.json beside it)."),
+    ] = None,
 ) -> None:
     """Execute the schedule on R processes with torch's pipeline runtime; check gradients; compare with ppsim's
     before-run prediction."""
@@ -293,7 +299,7 @@ def run_command(
         backend=backend.value, profile=profile, costs=costs, synthetic=synthetic, time_unit_s=time_unit,
         preset=preset, num_steps=steps, num_warmup=warmup, num_probes=probes, seed=seed, timeout_s=timeout,
         save_calibration=None if output is None else output.with_name(output.stem + ".profile.json"),
-        override_limits=override_limits, split=split, layers_per_stage=layers_per_stage,
+        override_limits=override_limits, split=split, layers_per_stage=layers_per_stage, recompute=recompute,
     )
     report = execute(options)
     if report is None:  # a torchrun rank other than 0

@@ -72,6 +72,8 @@ class ExecSpec:
     timeout_s: float = DEFAULT_TIMEOUT_S
     layer_counts: tuple[int, ...] | None = None
     """Layers per stage (the split the prediction composed); ``None``: the even split."""
+    recompute: frozenset[tuple[int, int]] = frozenset()
+    """(stage, microbatch) whose forward runs under ``torch.utils.checkpoint`` (recomputed in its backward)."""
 
 
 @dataclass(frozen=True)
@@ -343,6 +345,10 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     stages = [torch_adapter.pipeline_stage(modules[s], s, schedule.num_stages, device) for s in my_stages]
     for st in stages:
         torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post)
+    for st, s in zip(stages, my_stages):
+        chosen = frozenset(m for stage, m in spec.recompute if stage == s)
+        if chosen:
+            _checkpoint_forwards(st, modules[s], chosen)
     order = {r: [str(a) for a in row] for r, row in enumerate(schedule.actions)}
     runtime = torch_adapter.runtime(stages, num_microbatches=schedule.num_microbatches, loss_fn=loss_fn,
                                     after_forward=clock.finish, order=order)
@@ -430,6 +436,32 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
         return None
     assert gathered is not None
     return _assemble(spec, gathered, device)
+
+
+def _checkpoint_forwards(stage: Any, module: Any, microbatches: frozenset[int]) -> None:
+    """Run the forward of ``microbatches`` on this stage under ``torch.utils.checkpoint`` (non-reentrant): autograd
+    keeps only the stage's inputs and recomputes the forward when the backward (B, or I) first needs it."""
+    from torch.utils.checkpoint import checkpoint
+
+    inner = module.forward
+    active = [False]
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if active[0]:
+            return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+        return inner(*args, **kwargs)
+
+    module.forward = forward
+    one_chunk = stage.forward_one_chunk
+
+    def forward_one_chunk(fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        active[0] = fwd_chunk_id in microbatches
+        try:
+            return one_chunk(fwd_chunk_id, *args, **kwargs)
+        finally:
+            active[0] = False
+
+    stage.forward_one_chunk = forward_one_chunk
 
 
 def _posted_times(posted: dict[tuple[int, int, str], float], names: list[str]) -> list[float | None]:

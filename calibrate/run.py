@@ -71,6 +71,8 @@ class RunOptions:
     split: str | None = None
     """Layers per stage, e.g. ``"3,5"`` (``--split``); with ``layers_per_stage``, as `simulate` takes them."""
     layers_per_stage: int | None = None
+    recompute: str | None = None
+    """``--recompute none|full|FILE.json`` as `simulate` takes it (a CSV's ``.recompute.json`` beside it is read)."""
 
 
 @dataclass(frozen=True)
@@ -151,13 +153,14 @@ def execute(options: RunOptions) -> RunReport | None:
         )
     if world is None and options.profile is None and not options.synthetic:
         check_machine(options, schedule, _preset_model(options, schedule))  # before calibrating
+    chosen = _recompute_set(options, schedule)
     costs, time_scale, model, source = costs_and_model(options, schedule, device)
-    spec = exec_spec(options, schedule, costs, time_scale, model, device)
+    spec = dataclasses.replace(exec_spec(options, schedule, costs, time_scale, model, device), recompute=chosen)
     if world is None:
         check_machine(options, schedule, model)
     from ppsim.simulate import simulate
 
-    predicted = simulate(schedule, prediction_costs(costs, time_scale))  # before anything runs
+    predicted = simulate(schedule, prediction_costs(costs, time_scale), recompute=chosen)  # before anything runs
     if world is None:
         measurement = executor.launch(spec)
     else:
@@ -166,6 +169,18 @@ def execute(options: RunOptions) -> RunReport | None:
             return None
         measurement = result
     return build_report(schedule, measurement, costs, predicted, time_scale=time_scale, source=source)
+
+
+def _recompute_set(options: RunOptions, schedule: Schedule) -> frozenset[tuple[int, int]]:
+    """The (stage, microbatch) pairs to recompute with torch's checkpointing (:func:`ppsim.recompute.resolve`)."""
+    from ppsim.recompute import resolve
+
+    csv = options.schedule if options.schedule.lower().endswith(".csv") else None
+    chosen, _ = resolve(options.recompute, schedule, csv_path=csv)
+    if chosen and options.synthetic:
+        raise PPSimError("--recompute with --synthetic: synthetic stages sleep fixed costs, so a recomputed forward "
+                         "would not take its time; drop --synthetic to recompute for real")
+    return frozenset(chosen)
 
 
 def load_checked_schedule(options: RunOptions) -> Schedule:
@@ -399,11 +414,12 @@ def build_report(schedule: Schedule, measurement: Measurement, costs: CostModel,
     from ppsim.simulate import simulate
 
     op_only = dataclasses.replace(costs, compute_scale=1.0, dispatch_s=0.0)
-    plain = simulate(schedule, prediction_costs(op_only, time_scale))
+    plain = simulate(schedule, prediction_costs(op_only, time_scale), recompute=predicted.recompute)
     explained = fit_runtime_model(measurement, schedule, op_only, time_scale=time_scale)
     explained_step = None
     if explained is not None:
-        explained_step = simulate(schedule, with_runtime(op_only, explained, time_scale)).makespan
+        explained_step = simulate(schedule, with_runtime(op_only, explained, time_scale),
+                                  recompute=predicted.recompute).makespan
     spans = measurement.step_spans
     order = sorted(range(len(spans)), key=lambda k: spans[k])
     rep = order[(len(order) - 1) // 2]
@@ -449,6 +465,7 @@ def _run_json(report: RunReport) -> dict[str, Any]:
         "microbatches": schedule.num_microbatches,
         "stages": schedule.num_stages,
         "stages_per_rank": schedule.num_stages_per_rank,
+        **({"recompute": [list(p) for p in sorted(predicted.recompute)]} if predicted.recompute else {}),
         "backend": measurement.backend,
         "device": measurement.device,
         "device_name": measurement.device_name,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from collections.abc import Set
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from ppsim.errors import PPSimError
@@ -157,6 +158,7 @@ def compare(
     builder: Callable[[str], Schedule] | None = None,
     figure: bool = False,
     allow_large: bool = False,
+    recompute: Callable[[str, Schedule], Set[tuple[int, int]]] | None = None,
 ) -> Comparison:
     """Build each schedule in ``names``, skip those that cannot run (reasons kept), simulate the rest, rank them.
 
@@ -166,6 +168,8 @@ def compare(
     schedule from a name, raising :class:`PPSimError` for one that cannot run; the CLI passes its own loader.
     A name given twice (any case) is compared once. The schedules together are bounded
     (:data:`~ppsim.limits.MAX_COMPARE_ACTIONS`; with ``figure``, the report's limits) unless ``allow_large``.
+    ``recompute(name, schedule)`` gives each built schedule's recomputed (stage, microbatch) pairs
+    (:mod:`ppsim.recompute`); its errors are the schedule's, as for building.
     """
     from ppsim import limits
     from ppsim.costs import costs_for, parse_costs
@@ -175,6 +179,7 @@ def compare(
         raise PPSimError("--schedule: give at least one schedule name, e.g. -s DualPipeV")
     cost_model = parse_costs(None) if costs is None else costs
     built: list[Schedule] = []
+    recomputed: list[Set[tuple[int, int]]] = []
     skipped: list[Skipped] = []
     notes: list[str] = []
     unique: dict[str, str] = {}  # schedule names are case-insensitive, file paths are not
@@ -191,12 +196,14 @@ def compare(
                                           num_pipelines=num_pipelines)
             else:
                 schedule, ignored = builder(name), []
+            chosen_rc = recompute(name, schedule) if recompute is not None else frozenset()
         except PPSimError as exc:
             if len(names) == 1:
                 raise
             skipped.append(Skipped(name, str(exc)))
             continue
         built.append(schedule)
+        recomputed.append(chosen_rc)
         notes.extend(n for n in ignored if n not in notes)
         total_actions += sum(map(len, schedule.actions))
         total_rows += schedule.num_ranks
@@ -213,7 +220,8 @@ def compare(
         )
     chosen, reason, scope_notes = resolve_scope(built, cost_model, scope)
     results = [
-        simulate(s, costs_for(cost_model, s, scope=chosen.value), memory_cap_bytes=memory_cap_bytes) for s in built
+        simulate(s, costs_for(cost_model, s, scope=chosen.value), memory_cap_bytes=memory_cap_bytes, recompute=rc)
+        for s, rc in zip(built, recomputed)
     ]
     return Comparison(
         results=tuple(rank(results)),

@@ -32,7 +32,7 @@ from ppsim.split import SplitError, SplitSpec, check_split, format_split, resolv
 if TYPE_CHECKING:
     from ppsim.profile import Profile
 
-COST_KEYS = ("F", "B", "I", "W", "FB", "comm")
+COST_KEYS = ("F", "B", "I", "W", "FB", "comm", "recompute_act")
 _OP_KEYS = ("F", "B", "I", "W", "FB")
 _DEFAULT_F = 1.0
 _DEFAULT_B = 2.0
@@ -41,6 +41,11 @@ MAX_COST = 1e12
 results lose precision and eventually overflow to inf/NaN."""
 MIN_COST = 1e-12
 """Smallest non-zero time per op in a cost string (any unit): 24 orders of magnitude between the two limits."""
+ACTIVATION_PARTS = 1_000_000
+"""Activation counts are kept in millionths of one activation when a recomputed one holds a fraction of it (its
+boundary input), so sums and peaks stay exact integers."""
+DEFAULT_RECOMPUTE_ACT = 0.1
+"""Fraction of one activation a recomputed (stage, microbatch) keeps (its boundary input) with a cost string."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,9 @@ class CostModel:
     unit: str = "unit"
     source: str = "default"
     notes: tuple[str, ...] = ()
+    recompute_act: float = DEFAULT_RECOMPUTE_ACT
+    """Cost strings: the fraction of one activation a recomputed (stage, microbatch) keeps after its F (its
+    boundary input). With byte tables the boundary is the stage input's bytes instead (:meth:`recompute_kept`)."""
     # -- runtime overheads (calibrated by a probe run, stored in the profile's ``runtime`` section) ------------------
     compute_scale: float = 1.0
     """Every computation's op cost is multiplied by this (several ranks of one host computing at once)."""
@@ -150,15 +158,25 @@ class CostModel:
         """Time of one single computation ``kind`` (F, B, I or W) of ``stage``."""
         return _op(self, kind, self.position(schedule, stage))
 
-    def duration(self, schedule: Schedule, action: Action) -> float:
+    def duration(self, schedule: Schedule, action: Action, *, recomputed: bool = False) -> float:
         """Time of one action: a single computation, or an overlapped pair (see the module docstring), its op cost
-        times ``compute_scale`` plus ``dispatch_s`` per computation (a pair holds two)."""
+        times ``compute_scale`` plus ``dispatch_s`` per computation (a pair holds two).
+
+        ``recomputed``: the action's backward (a B or I, or a pair's backward half) belongs to a recomputed
+        (stage, microbatch), so it runs that stage's forward again first: F is added to its op cost (no second
+        dispatch: the recompute runs inside the backward call). F and W ignore it."""
         if action.type is ActionType.OVERLAP_F_B:
             f, b = action.sub_actions
-            return self.pair_duration(schedule, f.stage, b.stage, b.type) * self.compute_scale + 2 * self.dispatch_s
+            op = self.pair_duration(schedule, f.stage, b.stage, b.type)
+            if recomputed:
+                op += self.op_cost(schedule, b.stage, ActionType.F)
+            return op * self.compute_scale + 2 * self.dispatch_s
         if not action.is_compute:
             return 0.0
-        return self.op_cost(schedule, action.stage, action.type) * self.compute_scale + self.dispatch_s
+        op = self.op_cost(schedule, action.stage, action.type)
+        if recomputed and action.type in (ActionType.B, ActionType.I):
+            op += self.op_cost(schedule, action.stage, ActionType.F)
+        return op * self.compute_scale + self.dispatch_s
 
     def pair_split(self, schedule: Schedule, f_stage: int, b_stage: int, b_kind: ActionType) -> tuple[float, float]:
         """``(duration, forward share)`` of an overlapped pair; the forward half is drawn first, in that share."""
@@ -172,6 +190,29 @@ class CostModel:
 
     def pair_duration(self, schedule: Schedule, f_stage: int, b_stage: int, b_kind: ActionType) -> float:
         return self.pair_split(schedule, f_stage, b_stage, b_kind)[0]
+
+    def recompute_share(self, schedule: Schedule, f_stage: int, b_stage: int, b_kind: ActionType) -> float:
+        """Forward share of a pair whose backward half is recomputed: the pair's forward part over its whole op
+        cost (the recomputed forward is drawn with the backward half)."""
+        op, share = self.pair_split(schedule, f_stage, b_stage, b_kind)
+        total = op + self.op_cost(schedule, b_stage, ActionType.F)
+        return op * share / total if total > 0 else share
+
+    def recompute_kept(self, schedule: Schedule, stage: int) -> tuple[int, int]:
+        """``(bytes, parts)`` a recomputed (stage, microbatch) keeps between its F and its backward: its boundary
+        input. ``parts`` counts activations in :data:`ACTIVATION_PARTS` (one activation = that many).
+
+        With byte tables: the stage input's bytes (the previous chain position's ``output_bytes``; the first
+        position uses its own output size, the model's boundary tensor, as a bound for its input), at most the
+        stage's activation bytes, and parts in the same proportion. With a cost string: no bytes and
+        ``recompute_act`` of one activation."""
+        held, _ = self.activation_of(schedule, stage)
+        if self.output_bytes is None or self.activation_bytes is None:
+            return 0, round(self.recompute_act * ACTIVATION_PARTS)
+        pos = self.position(schedule, stage)
+        kept = min(self.output_bytes[max(pos - 1, 0)], held)
+        parts = ACTIVATION_PARTS if held <= 0 else (kept * ACTIVATION_PARTS + held // 2) // held
+        return kept, parts
 
     def boundary_delay(self, schedule: Schedule, upstream_stage: int) -> float:
         """Cross-rank travel time of the tensor on the boundary after ``upstream_stage`` (activation or gradient)."""
@@ -223,6 +264,8 @@ class CostModel:
             out["comm"] = self.comm
         else:
             out["p2p"] = {"alpha_s": self.p2p_alpha, "beta_bytes_per_s": self.p2p_beta}
+        if self.activation_bytes is None and self.recompute_act != DEFAULT_RECOMPUTE_ACT:
+            out["recompute_act"] = self.recompute_act
         if self.activation_bytes is not None:
             out["output_bytes"] = list(self.output_bytes or ())
             out["activation_bytes"] = list(self.activation_bytes)
@@ -320,6 +363,9 @@ def parse_costs(text: str | None) -> CostModel:
                 f"--costs {key}={raw_value[:40]} is below the limit of {MIN_COST:g} per op (such times lose precision "
                 "when added up); express the times in a smaller unit (e.g. ns instead of s), or write 0"
             )
+        if key == "recompute_act" and value > 1:
+            raise CostError(f"--costs recompute_act={raw_value[:40]} is a fraction of one activation (what a "
+                            "recomputed stage keeps: its boundary input); give a value in 0..1, e.g. recompute_act=0.1")
         given[key] = value
     f = given.get("F", _DEFAULT_F)
     i, w = given.get("I"), given.get("W")
@@ -344,7 +390,8 @@ def parse_costs(text: str | None) -> CostModel:
         raise CostError(f"--costs {text.strip()[:60]!r}: every op takes 0, so the makespan and bubble would be "
                         "meaningless; give the ops positive times, e.g. F=1,B=2")
     return CostModel(
-        F=(f,), B=(b,), I=(i,), W=(w,), FB=(fb,), comm=given.get("comm", 0.0), unit="unit", source=text.strip()
+        F=(f,), B=(b,), I=(i,), W=(w,), FB=(fb,), comm=given.get("comm", 0.0), unit="unit", source=text.strip(),
+        recompute_act=given.get("recompute_act", DEFAULT_RECOMPUTE_ACT),
     )
 
 

@@ -213,17 +213,18 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 1
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
 _SIZE_RE = re.compile(r"^\s*([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)\s*(?:([kmgtp]i?)b?|(b))?\s*$",
                       re.IGNORECASE | re.ASCII)
-_ACT_RE = re.compile(r"^\s*([0-9]+)\s*acts?\s*$", re.IGNORECASE | re.ASCII)
+_ACT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*acts?\s*$", re.IGNORECASE | re.ASCII)
 
 
 @dataclass(frozen=True)
 class ActivationCap:
     """A memory cap counted in stage-chunk activations held per rank (``8act``), the ``peak_activations`` unit."""
 
-    count: int
+    count: int | float
+    """Whole activations, or a fraction (``1.5act``): recomputed activations keep only a part of one."""
 
     def __str__(self) -> str:
-        return f"{self.count}act"
+        return f"{self.count:g}act"
 
 
 def parse_bytes(text: str | None, *, option: str = "--memory-cap") -> int | None:
@@ -258,7 +259,7 @@ def parse_memory_cap(text: str | None, *, option: str = "--memory-cap") -> int |
     m = _ACT_RE.match(text)
     if m is None:
         return parse_bytes(text, option=option)
-    count = int(m.group(1))
+    count = float(m.group(1)) if "." in m.group(1) else int(m.group(1))
     if count < 1:
         raise SizeError(f"{option} {text!r}: an activation cap must be at least 1act; e.g. 8act")
     return ActivationCap(count)

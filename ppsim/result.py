@@ -29,7 +29,8 @@ class RankStats:
     busy: float
     idle: float
     bubble_ratio: float
-    peak_activations: int
+    peak_activations: int | float
+    """Activations held at once; a fraction only with recomputation (a recomputed one keeps its boundary)."""
     peak_memory_bytes: int | None
     over_memory_cap: bool
 
@@ -63,6 +64,9 @@ class Trace:
     stage_out_bytes: np.ndarray  # per stage: bytes of the boundary tensor after it (NaN without a profile)
     stage_position: np.ndarray  # per stage: its position in its chain
     consumer_posting: bool = False  # hand-offs leave at max(producer end, end of the consumer's previous action)
+    act_scale: int = 1  # act_delta/act_plus count activations in parts of this many (recomputation: millionths)
+    comp_recomputed: np.ndarray | None = None  # (C,) bool: the computation's (stage, microbatch) is recomputed
+    recompute_mid: np.ndarray | None = None  # (N,) when a recomputing single B/I has re-materialised (NaN: other)
 
     @cached_property
     def comp_half_start(self) -> np.ndarray:
@@ -113,6 +117,8 @@ class SimResult:
     per_rank: tuple[RankStats, ...]
     memory_cap_bytes: int | None
     trace: Trace = field(repr=False, compare=False)
+    recompute: frozenset[tuple[int, int]] = frozenset()
+    """The (stage, microbatch) pairs simulated with activation recomputation (:mod:`ppsim.recompute`)."""
 
     @property
     def unit(self) -> str:
@@ -221,6 +227,8 @@ class SimResult:
         first_comp = np.searchsorted(t.comp_owner, np.arange(len(t.end)))
         mid_time = t.comp_half_end[np.minimum(first_comp, max(len(t.comp_owner) - 1, 0))] if len(t.comp_owner) \
             else np.zeros(len(t.end))
+        if t.recompute_mid is not None:  # a recomputing single B/I peaks once its forward is recomputed
+            mid_time = np.where(np.isnan(t.recompute_mid), mid_time, t.recompute_mid)
 
         def held(delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             after = np.cumsum(delta)
@@ -248,11 +256,14 @@ class SimResult:
         time = np.concatenate((np.zeros(num_ranks), mid_time[mid], t.end[fin]))
         order = np.lexsort((rank, key))
         rank = rank[order]
+        acts = columns[0][order]
+        if t.act_scale != 1:
+            acts = acts / t.act_scale
         if len(series) > 1:
             mem = (columns[1][order] + np.asarray(t.static_bytes, dtype=np.int64)[rank]).astype(float)
         else:
             mem = np.full(len(order), np.nan)
-        return pd.DataFrame({"rank": rank, "time": time[order], "activations": columns[0][order], "bytes": mem})
+        return pd.DataFrame({"rank": rank, "time": time[order], "activations": acts, "bytes": mem})
 
     def to_dict(self) -> dict[str, Any]:
         """The contract's ``simulate --json`` object."""
@@ -277,6 +288,7 @@ class SimResult:
                 for st in self.per_rank
             ],
             "costs": self.costs.to_dict(),
+            **({"recompute": [list(p) for p in sorted(self.recompute)]} if self.recompute else {}),
         }
 
 

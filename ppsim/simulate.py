@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
 
 from ppsim import deps
-from ppsim.costs import CostModel, parse_costs
+from ppsim.costs import ACTIVATION_PARTS, CostModel, parse_costs
 from ppsim.errors import CostError, DeadlockError, ScheduleFormatError
 from ppsim.ir import Action, ActionType, Schedule, make_action, overlap
 from ppsim.result import RankStats, SimResult, Trace, safe_ratio
@@ -47,14 +47,21 @@ _MAX_DEADLOCK_PARTS = 12  # ranks named in a deadlock message (err.blocked holds
 
 
 def simulate(
-    schedule: Schedule, costs: CostModel | None = None, *, memory_cap_bytes: int | None = None
+    schedule: Schedule,
+    costs: CostModel | None = None,
+    *,
+    memory_cap_bytes: int | None = None,
+    recompute: Set[tuple[int, int]] | None = None,
 ) -> SimResult:
-    """Replay ``schedule`` under ``costs`` (default: ``parse_costs(None)``) and return the timed result."""
+    """Replay ``schedule`` under ``costs`` (default: ``parse_costs(None)``) and return the timed result.
+
+    ``recompute``: the (stage, microbatch) pairs whose activations are recomputed (:mod:`ppsim.recompute`): each
+    keeps only its boundary input after its F, and its B/I runs the forward again first."""
     costs = parse_costs(None) if costs is None else costs
     was_enabled = gc.isenabled()
     gc.disable()  # the run creates no reference cycles; collections would only rescan large lists
     try:
-        program = compile_schedule(schedule, costs)
+        program = compile_schedule(schedule, costs, recompute=recompute)
         start, end = run(program)
         return _finish(program, start, end, memory_cap_bytes)
     finally:
@@ -101,6 +108,8 @@ class Program:
     mb_ids: np.ndarray | None  # microbatch id of each dense index (None: ids are their own index)
     num_mb: int
     num_phases: int
+    comp_recomputed: np.ndarray | None = None  # (C,) bool: the computation's (stage, microbatch) is recomputed
+    recompute: frozenset[tuple[int, int]] = frozenset()
 
     @property
     def num_actions(self) -> int:
@@ -133,7 +142,9 @@ class Program:
 # -- compile ----------------------------------------------------------------------------------------------------
 
 
-def compile_schedule(schedule: Schedule, costs: CostModel) -> Program:
+def compile_schedule(
+    schedule: Schedule, costs: CostModel, *, recompute: Set[tuple[int, int]] | None = None
+) -> Program:
     """The schedule as flat arrays: computations, durations, and per action the (at most two) inputs to wait for.
 
     Inputs come from :mod:`ppsim.deps` (tabulated per stage and kind), durations from ``CostModel.duration`` (once
@@ -164,7 +175,8 @@ def compile_schedule(schedule: Schedule, costs: CostModel) -> Program:
             f"{_where(schedule, offsets, a)}: {_action_at(schedule, offsets, a)} needs a stage in "
             f"0..{num_stages - 1} and a microbatch >= 0; fix the action"
         )
-    duration, pair_share = _durations(schedule, costs, offsets, comps)
+    recomputed = _recomputed(c_stage, c_mb, recompute) if recompute else None
+    duration, pair_share = _durations(schedule, costs, offsets, comps, recomputed)
     rules = _Rules(schedule, costs)
     mb_dense, mb_ids = _dense_microbatches(c_mb)
     num_mb = int(mb_dense.max()) + 1 if len(mb_dense) else 1
@@ -215,7 +227,18 @@ def compile_schedule(schedule: Schedule, costs: CostModel) -> Program:
         mb_ids=mb_ids,
         num_mb=num_mb,
         num_phases=rules.num_phases,
+        comp_recomputed=recomputed,
+        recompute=frozenset() if recomputed is None else frozenset(recompute or ()),
     )
+
+
+def _recomputed(c_stage: np.ndarray, c_mb: np.ndarray, recompute: Set[tuple[int, int]]) -> np.ndarray | None:
+    """Per computation: whether its (stage, microbatch) is in ``recompute`` (None when none is)."""
+    pairs = np.array(sorted(recompute), dtype=np.int64).reshape(-1, 2)
+    width = int(max(int(c_mb.max(initial=0)), int(pairs[:, 1].max(initial=0)))) + 1
+    keys = pairs[:, 0] * width + pairs[:, 1]
+    flag = np.isin(c_stage * width + c_mb, keys)
+    return flag if flag.any() else None
 
 
 _Comps = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -282,21 +305,27 @@ def _microbatches(schedule: Schedule, offsets: np.ndarray, comps: list[Action], 
 
 
 def _durations(
-    schedule: Schedule, costs: CostModel, offsets: np.ndarray, comps: _Comps
+    schedule: Schedule, costs: CostModel, offsets: np.ndarray, comps: _Comps, recomputed: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per action its duration (``CostModel.duration``, evaluated once per stage and kind and once per distinct
-    pair of stages), and per pair its forward half's share (``CostModel.pair_split``)."""
+    """Per action its duration (``CostModel.duration``, evaluated once per stage, kind and recompute flag and once
+    per distinct pair of stages), and per pair its forward half's share (``CostModel.pair_split``, or
+    ``CostModel.recompute_share`` when its backward half recomputes)."""
     c_owner, c_stage, c_code, _, single_idx, single_comp, pair_idx, pair_first = comps
     width = max(schedule.num_stages, 1)
     n = int(offsets[-1])
+    flags = (False,) if recomputed is None else (False, True)
     if costs.num_positions is None:  # uniform costs: one value per kind
-        table = np.array([costs.duration(schedule, Action(0, kind, 0)) for kind in _KINDS])
-        single = table[c_code[single_comp]]
+        table = np.array([[costs.duration(schedule, Action(0, kind, 0), recomputed=rc) for kind in _KINDS]
+                          for rc in flags])
+        rows = 0 if recomputed is None else recomputed[single_comp].astype(np.int64)
+        single = table[rows, c_code[single_comp]]
     else:
         table = np.array(
-            [[costs.duration(schedule, Action(s, kind, 0)) for s in range(schedule.num_stages)] for kind in _KINDS]
-        ).reshape(len(_KINDS), -1)
-        single = table[c_code[single_comp], c_stage[single_comp]]
+            [[[costs.duration(schedule, Action(s, kind, 0), recomputed=rc) for s in range(schedule.num_stages)]
+              for kind in _KINDS] for rc in flags]
+        ).reshape(len(flags), len(_KINDS), -1)
+        rows = 0 if recomputed is None else recomputed[single_comp].astype(np.int64)
+        single = table[rows, c_code[single_comp], c_stage[single_comp]]
     duration = np.zeros(n, dtype=np.float64)
     duration[single_idx] = single
     share = np.zeros(len(pair_idx), dtype=np.float64)
@@ -305,12 +334,20 @@ def _durations(
         combo += c_stage[pair_first + 1]
         combo *= 4
         combo += c_code[pair_first + 1]
-        uniq, inverse = _distinct(combo, width * width * 4)
+        combo *= 2
+        if recomputed is not None:
+            combo += recomputed[pair_first + 1]
+        uniq, inverse = _distinct(combo, width * width * 8)
         split = []
         for u in uniq.tolist():
+            rc, u = bool(u % 2), u // 2
             f_stage, b_stage, kind = u // 4 // width, u // 4 % width, _KINDS[u % 4]
             pair = overlap(Action(f_stage, ActionType.F, 0), Action(b_stage, kind, 0))
-            split.append((costs.duration(schedule, pair), costs.pair_split(schedule, f_stage, b_stage, kind)[1]))
+            if rc:
+                share = costs.recompute_share(schedule, f_stage, b_stage, kind)
+            else:
+                share = costs.pair_split(schedule, f_stage, b_stage, kind)[1]
+            split.append((costs.duration(schedule, pair, recomputed=rc), share))
         table2 = np.array(split, dtype=np.float64).reshape(-1, 2)
         duration[pair_idx] = table2[inverse, 0]
         share = table2[inverse, 1]
@@ -661,13 +698,14 @@ def _raise_deadlock(program: Program, end: list[float], stuck: list[int], ptr: l
 # -- finish -----------------------------------------------------------------------------------------------------
 
 
-def _per_action(program: Program, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _per_action(program: Program, step: np.ndarray, gain: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Net change and positive part per action of a per-computation step (a pair: the sum of its halves; its
-    positive part is what its forward half adds before the backward half releases)."""
+    positive part is what its forward half adds before the backward half releases). ``gain``: what each computation
+    adds before it releases (default: the positive part of its step; a recomputing backward re-materialises first)."""
     n = program.num_actions
     delta = np.zeros(n, dtype=step.dtype)
     plus = np.zeros(n, dtype=step.dtype)
-    pos = np.maximum(step, 0)
+    pos = np.maximum(step, 0) if gain is None else gain
     first = program.pair_first
     for out, part in ((delta, step), (plus, pos)):
         out[program.single_idx] = part[program.single_comp]
@@ -706,8 +744,17 @@ def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_byt
         _refuse_non_finite(costs, f"a rank is busy for {float(busy.max())}")
     # a pair's forward half is drawn first, in its cost share
     pair_mid = start[program.pair_idx] + duration[program.pair_idx] * program.pair_share
-    count_step = np.array(_COUNT_STEP, dtype=np.int8)[program.comp_code]
-    act_delta, act_plus = _per_action(program, count_step)
+    rc = program.comp_recomputed
+    kept = [costs.recompute_kept(schedule, s) for s in range(schedule.num_stages)] if rc is not None else []
+    act_scale = 1 if rc is None else ACTIVATION_PARTS
+    if rc is None:
+        count_step = np.array(_COUNT_STEP, dtype=np.int8)[program.comp_code]
+        act_delta, act_plus = _per_action(program, count_step)
+    else:  # counted in parts of one activation: a recomputed one keeps a fraction
+        table = np.zeros((4, max(schedule.num_stages, 1)), dtype=np.int64)
+        table[:, :] = np.array(_COUNT_STEP, dtype=np.int64)[:, None] * ACTIVATION_PARTS
+        act_delta, act_plus = _per_action(program, *_recompute_steps(program, table, [(ACTIVATION_PARTS, 0, p)
+                                                                                     for _, p in kept]))
     byte_delta = byte_plus = None
     peak_mem = None
     if costs.has_memory:
@@ -716,9 +763,13 @@ def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_byt
         _refuse_int64_bytes(program, costs, held_of, schedule)
         for s, (held, freed_by_i) in enumerate(held_of):
             table[:, s] = (held, -held, -freed_by_i, -(held - freed_by_i))
-        byte_delta, byte_plus = _per_action(program, table[program.comp_code, program.comp_stage])
+        if rc is None:
+            byte_delta, byte_plus = _per_action(program, table[program.comp_code, program.comp_stage])
+        else:
+            sizes = [(held, freed, k) for (held, freed), (k, _) in zip(held_of, kept)]
+            byte_delta, byte_plus = _per_action(program, *_recompute_steps(program, table, sizes))
         peak_mem = _peaks(byte_delta, byte_plus, offsets)
-    peak_act = _peaks(act_delta, act_plus, offsets)
+    peak_act = [p // act_scale if p % act_scale == 0 else p / act_scale for p in _peaks(act_delta, act_plus, offsets)]
     static = [sum(costs.static_bytes_of(schedule, s) for s in schedule.stages_of(r)) for r in range(num_ranks)]
     stats = []
     for r in range(num_ranks):
@@ -759,6 +810,9 @@ def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_byt
         stage_out_bytes=program.stage_out_bytes,
         stage_position=_positions(schedule),
         consumer_posting=program.post_delay is not None,
+        act_scale=act_scale,
+        comp_recomputed=rc,
+        recompute_mid=None if rc is None else _recompute_mid(program, start),
     )
     return SimResult(
         schedule=schedule,
@@ -769,7 +823,48 @@ def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_byt
         per_rank=tuple(stats),
         memory_cap_bytes=memory_cap_bytes,
         trace=trace,
+        recompute=program.recompute,
     )
+
+
+def _recompute_steps(
+    program: Program, table: np.ndarray, sizes: list[tuple[int, int, int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per computation its step and its gain (what it adds before it releases) with recomputation.
+
+    ``table[kind, stage]`` is the plain step; ``sizes[stage]`` is ``(held, freed by I, kept)``. A recomputed
+    (stage, microbatch) adds only ``kept`` at its F; its B or I first re-materialises ``held - kept`` (the gain),
+    then B releases ``held`` and I ``freed by I``; W releases the rest as usual."""
+    code, stage, rc = program.comp_code, program.comp_stage, program.comp_recomputed
+    assert rc is not None
+    step = table[code, stage]
+    gain = np.maximum(step, 0)
+    held, freed, kept = (np.array([sz[i] for sz in sizes] or [0], dtype=np.int64) for i in range(3))
+    f = rc & (code == _CODE_OF[ActionType.F])
+    step[f] = kept[stage[f]]
+    gain[f] = step[f]
+    for kind in (ActionType.B, ActionType.I):
+        sel = rc & (code == _CODE_OF[kind])
+        st = stage[sel]
+        gain[sel] = held[st] - kept[st]
+        step[sel] = gain[sel] - (held[st] if kind is ActionType.B else freed[st])
+    return step, gain
+
+
+def _recompute_mid(program: Program, start: np.ndarray) -> np.ndarray:
+    """Per action, when a recomputing single B or I has re-materialised its activation (its start plus the
+    recomputed forward); NaN for every other action (a pair shows its high point at its forward half's end)."""
+    schedule, costs = program.schedule, program.costs
+    mid = np.full(program.num_actions, np.nan)
+    rc = program.comp_recomputed
+    assert rc is not None
+    code = program.comp_code[program.single_comp]
+    sel = rc[program.single_comp] & ((code == _CODE_OF[ActionType.B]) | (code == _CODE_OF[ActionType.I]))
+    fwd = np.array([costs.op_cost(schedule, s, ActionType.F) * costs.compute_scale
+                    for s in range(schedule.num_stages)] or [0.0])
+    actions = program.single_idx[sel]
+    mid[actions] = start[actions] + costs.dispatch_s + fwd[program.comp_stage[program.single_comp[sel]]]
+    return mid
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------

@@ -6,14 +6,19 @@ inputs are all done, until nothing moves. Ranks left with actions are stuck (a d
 
 A cross-rank hand-off is posted when its producer ends, or with ``recv_posting="consumer"`` at the later of that and
 the end of the consumer rank's previous action; it arrives ``comm_delay`` after being posted.
+
+Memory is replayed too, action by action from the rule in docs/simulator.md (with activation recomputation: a
+recomputed (stage, microbatch) holds ``CostModel.recompute_kept`` after its F; its B or I re-materialises the rest
+before releasing), with exact integers: activation counts in ``ACTIVATION_PARTS`` of one activation, and bytes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Set
+from dataclasses import dataclass, field
 
 from ppsim import deps
-from ppsim.costs import CostModel
+from ppsim.costs import ACTIVATION_PARTS, CostModel
 from ppsim.ir import ActionType, Schedule
 
 
@@ -23,6 +28,12 @@ class Replay:
     ends: list[list[float]]
     busy: list[float]  # per rank: the sum of its durations
     stuck: dict[int, str]  # rank -> head action it cannot run
+    peak_parts: list[int] = field(default_factory=list)  # per rank: most activations held, in ACTIVATION_PARTS
+    peak_bytes: list[int] = field(default_factory=list)  # per rank: most activation bytes held (0 without sizes)
+
+    @property
+    def peak_activations(self) -> list[int | float]:
+        return [p // ACTIVATION_PARTS if p % ACTIVATION_PARTS == 0 else p / ACTIVATION_PARTS for p in self.peak_parts]
 
     @property
     def makespan(self) -> float:
@@ -37,7 +48,7 @@ class Replay:
         return tuple(row[-1] if row else 0.0 for row in self.ends)
 
 
-def replay(schedule: Schedule, costs: CostModel) -> Replay:
+def replay(schedule: Schedule, costs: CostModel, recompute: Set[tuple[int, int]] = frozenset()) -> Replay:
     """Run every rank's order front to back; an action starts when its rank is free and its inputs have arrived."""
     done: dict[deps.Key, tuple[float, int]] = {}  # key -> (end, rank)
     ptr = [0] * schedule.num_ranks
@@ -46,6 +57,8 @@ def replay(schedule: Schedule, costs: CostModel) -> Replay:
     starts: list[list[float]] = [[] for _ in range(schedule.num_ranks)]
     ends: list[list[float]] = [[] for _ in range(schedule.num_ranks)]
     consumer_posting = costs.recv_posting == "consumer"
+    held = [[0, 0] for _ in range(schedule.num_ranks)]  # per rank: [parts, bytes] held now
+    peak = [[0, 0] for _ in range(schedule.num_ranks)]
     moved = True
     while moved:
         moved = False
@@ -68,8 +81,11 @@ def replay(schedule: Schedule, costs: CostModel) -> Replay:
                         break
                 if not ready:
                     break
-                duration = costs.duration(schedule, action)
+                backward = action.computations[-1]
+                rc = (backward.stage, backward.microbatch) in recompute and backward.type in (ActionType.B, ActionType.I)
+                duration = costs.duration(schedule, action, recomputed=rc)
                 end = t + duration
+                _memory(schedule, costs, action, recompute, held[r], peak[r])
                 for comp in action.computations:
                     for key in deps.provides(comp):
                         done[key] = (end, r)
@@ -80,7 +96,38 @@ def replay(schedule: Schedule, costs: CostModel) -> Replay:
                 ptr[r] += 1
                 moved = True
     stuck = {r: str(row[ptr[r]]) for r, row in enumerate(schedule.actions) if ptr[r] < len(row)}
-    return Replay(starts, ends, busy, stuck)
+    return Replay(starts, ends, busy, stuck, [p[0] for p in peak], [p[1] for p in peak])
+
+
+def _memory(schedule: Schedule, costs: CostModel, action: object, recompute: Set[tuple[int, int]],
+            held: list[int], peak: list[int]) -> None:
+    """One action's effect on its rank's memory: everything it adds (a pair's forward, a recomputed forward) is
+    held before anything it releases."""
+    adds = [0, 0]
+    frees = [0, 0]
+    for comp in action.computations:  # type: ignore[attr-defined]
+        if comp.type not in (ActionType.F, ActionType.B, ActionType.I, ActionType.W):
+            continue
+        size, freed_by_i = costs.activation_of(schedule, comp.stage)
+        one = (ACTIVATION_PARTS, size)
+        kept_bytes, kept_parts = costs.recompute_kept(schedule, comp.stage)
+        kept = (kept_parts, kept_bytes)
+        rc = (comp.stage, comp.microbatch) in recompute
+        for j in (0, 1):
+            if comp.type is ActionType.F:
+                adds[j] += kept[j] if rc else one[j]
+                continue
+            if rc and comp.type in (ActionType.B, ActionType.I):
+                adds[j] += one[j] - kept[j]  # the recomputed forward brings the rest back
+            if comp.type is ActionType.B:
+                frees[j] += one[j]
+            elif comp.type is ActionType.I:
+                frees[j] += (0, freed_by_i)[j]  # counted: I releases none
+            else:
+                frees[j] += one[j] - (0, freed_by_i)[j]
+    for j in (0, 1):
+        peak[j] = max(peak[j], held[j] + adds[j])
+        held[j] += adds[j] - frees[j]
 
 
 def unit_costs(table: dict[ActionType, float]) -> CostModel:

@@ -31,6 +31,10 @@ LEGEND_LABELS = {
     "pair": "Overlapped forward & backward",
 }
 PAIR_LABEL = LEGEND_LABELS["pair"]
+RECOMPUTE_LABEL = "Recomputes its forward first"
+"""Legend text of the hatch on a backward whose (stage, microbatch) is recomputed."""
+RECOMPUTE_HATCH = "////"
+RECOMPUTE_HATCH_COLOR = "#333333"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,8 @@ class Cell:
     action_end: float
     action: str
     shade: int
+    recomputed: bool = False
+    """A backward (B, I or a pair's backward half) that runs its (stage, microbatch)'s forward again first."""
 
     @property
     def pair(self) -> bool:
@@ -100,6 +106,7 @@ def cells(result: SimResult) -> list[Cell]:
     shade = _shades(result, digit_key(result))
     # where each pair's forward half ends, as the simulator recorded it (pairs in rank / position order)
     pair_mids = iter(result.trace.pair_mid.tolist())
+    rc = result.recompute
     out: list[Cell] = []
     for rank, row in enumerate(s.actions):
         starts, ends = result.starts[rank], result.ends[rank]
@@ -112,11 +119,12 @@ def cells(result: SimResult) -> list[Cell]:
                 out.append(Cell(rank, pos, "pair-F", "F", f.stage, f.microbatch or 0, t0, mid, t0, t1, text,
                                 shade[f.stage]))
                 out.append(Cell(rank, pos, "pair-B", b.type.value, b.stage, b.microbatch or 0, mid, t1, t0, t1,
-                                text, shade[b.stage]))
+                                text, shade[b.stage], (b.stage, b.microbatch) in rc))
             elif action.type.value in COLORS:
                 kind = action.type.value
                 out.append(Cell(rank, pos, kind, kind, action.stage, action.microbatch or 0, t0, t1, t0, t1,
-                                str(action), shade[action.stage]))
+                                str(action), shade[action.stage],
+                                kind in ("B", "I") and (action.stage, action.microbatch) in rc))
     return out
 
 
@@ -183,5 +191,13 @@ def title(result: SimResult) -> str:
     s = result.schedule
     return (
         f"{s.name}: {s.num_ranks} ranks, {s.num_microbatches} microbatches, "
-        f"makespan {fmt_time(result, result.makespan)}, bubble {result.bubble_ratio:.1%}"
+        f"makespan {fmt_time(result, result.makespan)}, bubble {result.bubble_ratio:.1%}" + recompute_note(result)
     )
+
+
+def recompute_note(result: SimResult) -> str:
+    """``", recomputing 12 of 32 activations"`` when the result recomputes some, else ``""``."""
+    if not result.recompute:
+        return ""
+    total = result.schedule.num_microbatches * result.schedule.num_stages
+    return f", recomputing {len(result.recompute)} of {total} activations"

@@ -37,7 +37,17 @@ from matplotlib.transforms import Affine2D, ScaledTranslation
 from ppsim.io import write_atomic
 from ppsim.result import COMP_TYPES
 from ppsim.viz import _data, _text
-from ppsim.viz._data import COLORS, DIGIT_COLORS, GROUP_KIND, GROUPS, IDLE_EDGE, LEGEND_LABELS
+from ppsim.viz._data import (
+    COLORS,
+    DIGIT_COLORS,
+    GROUP_KIND,
+    GROUPS,
+    IDLE_EDGE,
+    LEGEND_LABELS,
+    RECOMPUTE_HATCH,
+    RECOMPUTE_HATCH_COLOR,
+    RECOMPUTE_LABEL,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -80,6 +90,7 @@ class _Swatch:
     width: float = 1.0  # share of the legend handle's width (never narrower than square)
     digit: str | None = None
     digit_color: str = "#000000"
+    hatch: str | None = None
 
 
 class _SwatchHandler(HandlerBase):
@@ -94,6 +105,10 @@ class _SwatchHandler(HandlerBase):
             handlebox.add_artist(Rectangle((x, y0), w * share, h, facecolor=fill, edgecolor="none",
                                            transform=handlebox.get_transform()))
             x += w * share
+        if orig_handle.hatch:
+            handlebox.add_artist(Rectangle((x0, y0), w, h, facecolor="none", edgecolor=RECOMPUTE_HATCH_COLOR,
+                                           linewidth=0.0, hatch=orig_handle.hatch,
+                                           transform=handlebox.get_transform()))
         border = Rectangle((x0, y0), w, h, facecolor="none", edgecolor="black", linewidth=EDGE_WIDTH,
                            transform=handlebox.get_transform())
         handlebox.add_artist(border)
@@ -134,6 +149,9 @@ def legend_entries(result: SimResult, cells: list[_data.Cell] | None = None) -> 
     if "pair-F" in present:
         handles.append(_Swatch((COLORS["F"], COLORS["B"]), width=1.0))
         labels.append(LEGEND_LABELS["pair"])
+    if result.recompute and (cells is None or any(c.recomputed for c in cells)):
+        handles.append(_Swatch((COLORS["B"],), width=1.0, hatch=RECOMPUTE_HATCH))
+        labels.append(RECOMPUTE_LABEL)
     key = _data.digit_key(result)
     if key.by is not None and not (cells is None and is_dense(result)):  # a dense chart has no digits
         handles.append(_Swatch((COLORS["F"],), width=0.5, digit="0", digit_color=DIGIT_COLORS[0]))
@@ -280,6 +298,12 @@ def _draw_cells(
             gid=f"cells:{group}",
             label=f"_{group}",
         ))
+    hatched = [c for c in cells if c.recomputed]
+    if hatched:  # over the fill, under the pair borders and digits
+        h = np.array([(c.rank, c.start, c.end) for c in hatched], dtype=float)
+        ax.add_collection(PolyCollection(_rects(h[:, 0], h[:, 1], h[:, 2]), facecolors="none",
+                                         edgecolors=RECOMPUTE_HATCH_COLOR, linewidths=0.0, hatch=RECOMPUTE_HATCH,
+                                         zorder=2.5, gid="recompute"))
     borders = _data.pair_borders(result)
     if borders and edge > 0:
         b = np.array(borders, dtype=float)

@@ -3,6 +3,8 @@
 One bar trace per cell group (``F``, ``B``, ``I``, ``W`` and the two halves of overlapped pairs) plus one trace of
 pair borders, never one trace per rectangle, so a 20,000-action schedule stays a small, fast page. Trace ``meta``
 holds the group name (``"F"``, ``"pair-F"``, ``"pair-border"``, ``"memory"``, ``"comm"``) for tests and scripts.
+A backward that recomputes its forward (:mod:`ppsim.recompute`) is hatched: its bar's ``marker.pattern.shape`` is
+``"/"`` (``""`` for the others).
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ import plotly.graph_objects as go
 
 from ppsim.io import write_atomic
 from ppsim.viz import _data
-from ppsim.viz._data import COLORS, DIGIT_COLORS, GROUP_KIND, GROUPS, LEGEND_LABELS, PAIR_LABEL
+from ppsim.viz._data import (
+    COLORS,
+    DIGIT_COLORS,
+    GROUP_KIND,
+    GROUPS,
+    LEGEND_LABELS,
+    PAIR_LABEL,
+    RECOMPUTE_HATCH_COLOR,
+)
 
 if TYPE_CHECKING:
     from ppsim.result import SimResult
@@ -86,7 +96,8 @@ def add_gantt_traces(
         custom[:, 3] = a0
         custom[:, 4] = a1
         custom[:, 5] = a1 - a0
-        custom[:, 6] = [_KIND_WORDS[c.kind] + (" half of an overlapped pair" if pair else "") for c in sel]
+        custom[:, 6] = [_KIND_WORDS[c.kind] + (" half of an overlapped pair" if pair else "")
+                        + (", recomputes its forward first" if c.recomputed else "") for c in sel]
         name = PAIR_LABEL if pair else LEGEND_LABELS[kind]
         bar: dict[str, Any] = dict(
             orientation="h",
@@ -102,6 +113,9 @@ def add_gantt_traces(
             hovertemplate=_HOVER,
             meta=[group, unit, row_label],
         )
+        if any(c.recomputed for c in sel):
+            bar["marker"]["pattern"] = dict(shape=["/" if c.recomputed else "" for c in sel],
+                                            fgcolor=RECOMPUTE_HATCH_COLOR, size=6, solidity=0.25)
         if with_text:
             bar.update(
                 text=[str(c.microbatch) for c in sel],

@@ -91,7 +91,8 @@ def summary_rows(entries: Sequence[Entry], memory_cap_bytes: int | None) -> list
         rel = f"{r.makespan / best:.2f}×" if best else ""
         rows.append({
             "#": str(i),
-            "schedule": html.escape(name),
+            "schedule": html.escape(name) + (f"<span class='small'>{html.escape(_data.recompute_note(r)[2:])}"
+                                             "</span>" if r.recompute else ""),
             "makespan": f"{_data.fmt_time(r, r.makespan)}<span class='small'>{rel} best</span>",
             "bubble": f"{r.bubble_ratio:.1%}",
             "throughput": f"{r.throughput:.4g} microbatches/{'s' if r.unit == 's' else 'unit'}",
@@ -232,7 +233,8 @@ def render_report(
     if results:
         parts.append("<h2>Gantt charts and memory over time (one time axis)</h2>")
         for i, ((name, _), fig) in enumerate(zip(results, gantt_figures(results))):
-            parts.append(f"<h3>{html.escape(name)}</h3>")
+            note = _data.recompute_note(results[i][1])
+            parts.append(f"<h3>{html.escape(name)}{html.escape(note)}{' (hatched)' if note else ''}</h3>")
             parts.append(_div(fig, f"gantt-{i}"))
         parts.append("<h2>Bubble and peak memory per rank</h2>")
         for j, fig in enumerate(per_rank_figures(results)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
@@ -203,13 +204,30 @@ def build_inputs(
 
 
 def run_simulation(
-    sched: Schedule, cost_model: CostModel, scope: CostScope | None, cap: int | None = None
+    sched: Schedule, cost_model: CostModel, scope: CostScope | None, cap: int | None = None,
+    recompute: AbstractSet[tuple[int, int]] = frozenset(),
 ) -> SimResult:
     from ppsim.costs import costs_for
     from ppsim.simulate import simulate
 
     chosen = CostScope.stage if scope is None else scope
-    return simulate(sched, costs_for(cost_model, sched, scope=chosen.value), memory_cap_bytes=cap)
+    return simulate(sched, costs_for(cost_model, sched, scope=chosen.value), memory_cap_bytes=cap,
+                    recompute=recompute)
+
+
+def recompute_for(option: str | None) -> Callable[[str, Schedule], AbstractSet[tuple[int, int]]]:
+    """``--recompute`` as a function of (schedule name or CSV path, built schedule): the recomputed pairs; a set
+    read from beside a CSV is said on stderr."""
+    from ppsim.recompute import resolve
+
+    def chosen(name: str, schedule: Schedule) -> AbstractSet[tuple[int, int]]:
+        csv = name if name.lower().endswith(".csv") else None
+        pairs, note = resolve(option, schedule, csv_path=csv)
+        if note:
+            warn([note])
+        return pairs
+
+    return chosen
 
 
 def warn_comparison(comparison: Comparison, *, several: bool) -> None:

@@ -82,6 +82,17 @@ CostScopeOpt = Annotated[
         "except that schedules with different stage counts are compared per rank share (the same model).",
     ),
 ]
+RecomputeOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--recompute",
+        metavar="none|full|auto|FILE.json",
+        help="Activation recomputation. simulate/plot/report: none, full (every stage and microbatch keeps only its "
+        "boundary input after F and runs F again before its backward) or a set written by `ppsim search "
+        "--recompute auto` (default: none, or for -s FILE.csv the FILE.recompute.json beside it when present). "
+        "search: none or auto (choose per stage and microbatch what to recompute to meet --memory-cap).",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
 AllowLargeOpt = Annotated[
     bool,

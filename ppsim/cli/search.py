@@ -9,15 +9,17 @@ import typer
 
 from ppsim.cli._app import app
 from ppsim.cli.common import build_costs, console, echo_json, user_errors
-from ppsim.cli.options import AllowLargeOpt, CostScopeOpt, CostsOpt, JsonOpt, ProfileOpt
+from ppsim.cli.options import AllowLargeOpt, CostScopeOpt, CostsOpt, JsonOpt, ProfileOpt, RecomputeOpt
 from ppsim.errors import PPSimError
 from ppsim.io import check_writable, fmt_bytes
 from ppsim.search import SEARCH_NAME, Placement, Solver
+from ppsim.search.common import peak_of
 
 if TYPE_CHECKING:
     from ppsim.costs import CostModel
     from ppsim.ir import Schedule
     from ppsim.search import Progress, SearchResult
+    from ppsim.search.recompute import RecomputeResult
 
 
 MAX_SEARCH_ACTIONS = 100_000
@@ -62,6 +64,7 @@ def search_cmd(
     json_out: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines on stderr.")] = False,
     allow_large: AllowLargeOpt = False,
+    recompute: RecomputeOpt = None,
 ) -> None:
     """Search for the order with the smallest simulated makespan that fits the memory cap on every rank."""
     from ppsim.limits import WorkEstimate, check_work
@@ -72,6 +75,7 @@ def search_cmd(
     check_work(WorkEstimate(f"search -r {ranks} -m {mb} -v {v}", ranks, max(ranks, 0) * v * max(mb, 0) * 3),
                allow_large=allow_large, max_actions=MAX_SEARCH_ACTIONS)
 
+    auto = _recompute_mode(recompute)
     if output is not None:
         check_writable(output, example="best.csv")
     cost_model = build_costs(costs, profile)
@@ -82,6 +86,11 @@ def search_cmd(
             typer.echo(f"  {p.elapsed_s:5.1f}s  {p.evaluations:6d} orders  best {p.best_makespan:.6g}  "
                        f"(bound {p.lower_bound:.6g}, {p.phase})", err=True)
 
+    if auto:
+        _search_recompute(ranks, mb, cost_model, memory_cap, placement=placement, stages_per_rank=stages_per_rank,
+                          time_limit=time_limit, seed=seed, cost_scope=cost_scope, max_orders=max_orders,
+                          solver=solver, progress=progress, output=output, json_out=json_out)
+        return
     result = search(ranks, mb, cost_model, memory_cap, placement=placement, num_stages_per_rank=stages_per_rank,
                     time_limit=time_limit, seed=seed, cost_scope=None if cost_scope is None else cost_scope.value,
                     max_orders=max_orders, solver=solver, progress=progress)
@@ -98,6 +107,74 @@ def search_cmd(
     print_search(result)
     if output is not None:
         typer.echo(str(output))
+
+
+def _recompute_mode(option: str | None) -> bool:
+    """Whether `search --recompute` asks for auto (none: the plain search)."""
+    from ppsim.recompute import Recompute, RecomputeError
+
+    if option is None or option.strip().lower() == Recompute.none.value:
+        return False
+    if option.strip().lower() == Recompute.auto.value:
+        return True
+    raise RecomputeError(f"--recompute {option!r}: search takes none or auto (auto chooses what to recompute to meet "
+                         "--memory-cap); to time a fixed set, pass it to `ppsim simulate --recompute`")
+
+
+def _search_recompute(ranks: int, mb: int, cost_model: CostModel, memory_cap: str, *, output: Path | None,
+                      json_out: bool, stages_per_rank: int | None, cost_scope: object, **kwargs: object) -> None:
+    """`search --recompute auto`: the order (torch's compute-only CSV) and the set beside it (<stem>.recompute.json)."""
+    from ppsim.recompute import sidecar_path, write_sidecar
+    from ppsim.search.recompute import search_recompute
+
+    scope = getattr(cost_scope, "value", cost_scope)
+    result = search_recompute(ranks, mb, cost_model, memory_cap, num_stages_per_rank=stages_per_rank,
+                              cost_scope=None if scope is None else str(scope), **kwargs)  # type: ignore[arg-type]
+    side = None
+    if output is not None:
+        from ppsim.formats import to_csv_text
+        from ppsim.io import write_atomic
+
+        write_atomic(output, to_csv_text(result.schedule))
+        side = write_sidecar(sidecar_path(output), result.recompute, result.schedule, cap=str(result.cap),
+                             makespan=result.makespan, uncapped_makespan=result.uncapped.makespan,
+                             costs=cost_model.to_dict())
+    if json_out:
+        data = result.to_dict()
+        data["output"] = None if output is None else str(output)
+        data["recompute_file"] = None if side is None else str(side)
+        echo_json(data)
+        return
+    print_search_recompute(result)
+    if output is not None:
+        typer.echo(str(output))
+        typer.echo(str(side))
+
+
+def print_search_recompute(result: RecomputeResult) -> None:
+    """The chosen order and set, every order tried, and the time lost against the uncapped best."""
+    from rich.table import Table
+
+    cap = result.cap
+    s = result.schedule
+    table = Table(title=f"search --recompute auto: {s.num_ranks} ranks, {s.num_microbatches} microbatches, cap "
+                        f"{cap if cap.unit == 'act' else fmt_bytes(cap.amount)} per rank ({result.sim.unit})")
+    for col in ("order", "makespan", "recomputed", "time lost"):
+        table.add_column(col)
+    base = result.uncapped.makespan
+    for source, makespan, count in sorted(result.tried, key=lambda x: x[1]):
+        if makespan == float("inf"):
+            table.add_row(source, "does not fit", "-", "-", style="dim")
+            continue
+        table.add_row(source, f"{makespan:.6g}", str(count), f"{makespan / base - 1:+.1%}",
+                      style="bold" if source == result.source or result.source.startswith(source) else None)
+    con = console()
+    con.print(table)
+    total = s.num_stages * s.num_microbatches
+    con.print(f"chosen: {result.source}, makespan {result.makespan:.6g}, peak {_peak_text(result.peak, cap.unit)}, "
+              f"recomputing {len(result.recompute)} of {total} (stage, microbatch) activations", highlight=False)
+    con.print(f"uncapped best {base:.6g} (peak {_peak_text(peak_of(result.uncapped.sim, cap.unit), cap.unit)}): "
+              f"time lost {result.time_lost:+.1%}; {result.elapsed_s:.1f}s", highlight=False)
 
 
 def searched_for_report(

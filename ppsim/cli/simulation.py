@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -14,6 +15,7 @@ from ppsim.cli.common import (
     console,
     echo_json,
     one_schedule,
+    recompute_for,
     run_simulation,
     user_errors,
     warn_cap_without_bytes,
@@ -32,6 +34,7 @@ from ppsim.cli.options import (
     MemCapOpt,
     ProfileOpt,
     RanksOpt,
+    RecomputeOpt,
     SplitOpt,
     TorchtitanConfigOpt,
     VOpt,
@@ -61,6 +64,7 @@ def simulate_cmd(
     split: SplitOpt = None,
     layers_per_stage: LayersPerStageOpt = None,
     torchtitan_config: TorchtitanConfigOpt = None,
+    recompute: RecomputeOpt = None,
 ) -> None:
     """Discrete-event replay; with -s A,B,C (or -s A -s B) simulates several and ranks them by makespan."""
     from ppsim.compare import compare
@@ -73,6 +77,7 @@ def simulate_cmd(
     comparison = compare(
         names, builder=lambda name: inputs.schedule(name, directions, allow_large=allow_large),
         costs=cost_model, scope=cost_scope, memory_cap_bytes=cap, allow_large=allow_large,
+        recompute=recompute_for(recompute),
     )
     warn_comparison(comparison, several=len(names) > 1)
     results = list(comparison.results)
@@ -93,7 +98,8 @@ def print_results(results: list[SimResult]) -> None:
         for i, r in enumerate(results, 1):
             peak_b = [p.peak_memory_bytes for p in r.per_rank if p.peak_memory_bytes is not None]
             table.add_row(
-                str(i), r.schedule.name, f"{r.makespan:.6g}", f"{r.bubble_ratio:.1%}",
+                str(i), r.schedule.name + (f" (recomputing {len(r.recompute)})" if r.recompute else ""),
+                f"{r.makespan:.6g}", f"{r.bubble_ratio:.1%}",
                 str(max(p.peak_activations for p in r.per_rank)), fmt_bytes(max(peak_b)) if peak_b else "-",
             )
         con.print(table)
@@ -102,6 +108,8 @@ def print_results(results: list[SimResult]) -> None:
         table = Table(
             title=f"{s.name}: {s.num_ranks} ranks, {s.num_microbatches} microbatches, {s.num_stages} stages — "
             f"makespan {r.makespan:.6g} {unit}, bubble {r.bubble_ratio:.1%}"
+            + (f", recomputing {len(r.recompute)} of {s.num_stages * s.num_microbatches} activations"
+               if r.recompute else "")
         )
         for col in ("rank", "busy", "idle", "bubble", "peak act.", "peak bytes"):
             table.add_column(col, justify="right")
@@ -137,6 +145,7 @@ def plot_cmd(
     split: SplitOpt = None,
     layers_per_stage: LayersPerStageOpt = None,
     torchtitan_config: TorchtitanConfigOpt = None,
+    recompute: RecomputeOpt = None,
 ) -> None:
     """Gantt chart like the DualPipe figure (default file <schedule>_r<R>_m<M>.png); prints its path."""
     from ppsim.viz import PLOT_FORMATS
@@ -159,7 +168,8 @@ def plot_cmd(
     cost_model = inputs.cost_model
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
-    result = run_simulation(sched, cost_model, cost_scope, cap)
+    name = one_schedule(inputs.names)
+    result = run_simulation(sched, cost_model, cost_scope, cap, recompute_for(recompute)(name, sched))
     path = plot_to_file(result, output, dpi=dpi, memory=memory, comm=comm)
     typer.echo(str(path))
 
@@ -185,6 +195,7 @@ def report_cmd(
         bool, typer.Option("--search", help="Add the order `ppsim search` finds under --memory-cap (8act or bytes).")
     ] = False,
     search_time: Annotated[float, typer.Option("--search-time", help="Seconds for --search (default 10).")] = 10.0,
+    recompute: RecomputeOpt = None,
 ) -> None:
     """One self-contained HTML page comparing schedules: ranking, Gantts, memory, bubbles."""
     if output.suffix.lower() not in (".html", ".htm"):
@@ -211,8 +222,13 @@ def report_cmd(
             return searched[name]
         return inputs.schedule(name, directions, allow_large=allow_large, figure=True)
 
+    by_option = recompute_for(recompute)
+
+    def recomputed(name: str, schedule: Schedule) -> AbstractSet[tuple[int, int]]:
+        return frozenset() if name in searched else by_option(name, schedule)
+
     comparison = compare(list(names) + list(searched), builder=builder, costs=cost_model, scope=cost_scope,
-                         memory_cap_bytes=cap, figure=True, allow_large=allow_large)
+                         memory_cap_bytes=cap, figure=True, allow_large=allow_large, recompute=recomputed)
     warn_comparison(comparison, several=len(names) > 1)
     path = write_report(comparison, output, memory_cap_bytes=cap)
     typer.echo(str(path))
