@@ -46,7 +46,7 @@ from ppsim.torchtitan import (
     parse_overrides,
 )
 
-_PREFIXES = ("torchtitan.models", "torchtitan.experiments")
+_PREFIXES = ("torchtitan.models", "torchtitan.experiments", "torchtitan.experiments.rl.examples")
 __all__ = ["TorchtitanMissingError", "load_registry_job", "read_registry_settings"]
 
 
@@ -131,15 +131,16 @@ def _parse_name(value: str) -> tuple[str, str]:
 
 
 def _config_module(value: str, module_name: str) -> ModuleType:
-    """The config registry module as torchtitan's ConfigManager finds it: a short name under torchtitan.models /
-    torchtitan.experiments, or a dotted path (its ``.config_registry`` first)."""
-    if "." in module_name:
-        candidates = [f"{module_name}.config_registry", module_name]
-    else:
+    """The config registry module as torchtitan's ConfigManager finds it: a short name of torchtitan's models or
+    experiments (``MODULE.config_registry`` under them), else a module path (its ``.config_registry`` first)."""
+    shorts = _short_names()
+    if module_name in shorts:
         candidates = [f"{prefix}.{module_name}.config_registry" for prefix in _PREFIXES]
+    else:
+        candidates = [f"{module_name}.config_registry", module_name]
     for candidate in candidates:
         try:
-            with _quiet(), _cwd_importable("." in module_name):
+            with _quiet(), _cwd_importable(module_name not in shorts):
                 return importlib.import_module(candidate)
         except ModuleNotFoundError as exc:
             if exc.name is not None and not candidate.startswith(exc.name):
@@ -149,10 +150,11 @@ def _config_module(value: str, module_name: str) -> ModuleType:
         except Exception as exc:  # noqa: BLE001  (a broken registry module is the user's, not ppsim's, bug)
             raise TorchtitanConfigError(f"--torchtitan-config {value}: importing {candidate} failed "
                                         f"({type(exc).__name__}: {_first_line(exc)}); fix that module") from None
-    models = _model_folders()
-    close = difflib.get_close_matches(module_name, models, n=3, cutoff=0.5)
+    models = sorted(_short_names(models_only=True))
+    close = difflib.get_close_matches(module_name, sorted(shorts), n=3, cutoff=0.5)
     hint = f"did you mean {' or '.join(close)}?" if close else f"torchtitan's models are {', '.join(models)}"
-    raise TorchtitanConfigError(f"--torchtitan-config {value}: no config registry module {module_name!r}; {hint}")
+    raise TorchtitanConfigError(f"--torchtitan-config {value}: no config registry module {module_name!r} (neither a "
+                                f"torchtitan model nor an importable module); {hint}")
 
 
 def _call_config(value: str, module: ModuleType, config_name: str) -> Any:
@@ -225,12 +227,17 @@ def _torch_knows(schedule: str) -> bool:
     return True
 
 
-def _model_folders() -> list[str]:
+def _short_names(*, models_only: bool = False) -> frozenset[str]:
+    """The module short names torchtitan's ConfigManager accepts (its models, and its experiments)."""
+    from torchtitan.models import _supported_models
+
+    if models_only:
+        return frozenset(_supported_models)
     try:
-        from torchtitan.models import _supported_models
+        from torchtitan.experiments import _supported_experiments
     except ImportError:
-        return []
-    return sorted(_supported_models)
+        _supported_experiments = frozenset()
+    return frozenset(_supported_models) | frozenset(_supported_experiments)
 
 
 def _first_line(exc: BaseException) -> str:

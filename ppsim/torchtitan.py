@@ -525,7 +525,7 @@ def parse_overrides(args: Sequence[str], fields: Mapping[str, Any], *, source: s
             continue
         if _is_nested_list(annotation):
             values = [value] if has_value else []
-            while not has_value and i < len(args) and not args[i].startswith("--"):
+            while not has_value and i < len(args) and not args[i].startswith("-"):
                 values.append(args[i])
                 i += 1
             if not values:
@@ -699,13 +699,22 @@ def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
     return table
 
 
+_AGREE_KEYS = {
+    "-s/--schedule": ("parallelism.pipeline_parallel_schedule",),
+    "-r/--ranks": ("parallelism.pipeline_parallel_degree",),
+    "-m/--mb": ("training.local_batch_size", "parallelism.pipeline_parallel_microbatch_size"),
+    "-v/--stages-per-rank": ("parallelism.pipeline_parallel_layers_per_stage",),
+    "--layers-per-stage": ("parallelism.pipeline_parallel_layers_per_stage",),
+}
+
+
 def _agree(settings: JobSettings, option: str, given: Any, from_config: Any, *, same: Any = None) -> None:
     if given is None:
         return
     equal = same(given, from_config) if same is not None and from_config is not None else given == from_config
     if not equal:
         shown = "not set" if from_config is None else str(from_config)
-        change = "change the file" if settings.in_file else "override the config's key"
+        change = "change the file" if settings.in_file else settings.fix(*_AGREE_KEYS[option])
         raise TorchtitanConfigError(
             f"{option} {given} contradicts {settings.source}, which gives {shown}; "
             f"drop {option.split('/')[0]} or {change}"
