@@ -15,7 +15,6 @@ names the extra to install.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import logging
 import os
@@ -41,6 +40,7 @@ from ppsim.torchtitan import (
     JobSettings,
     TorchtitanConfigError,
     TorchtitanJob,
+    close_matches,
     job_from_settings,
     override_fields_of,
     parse_overrides,
@@ -151,7 +151,7 @@ def _config_module(value: str, module_name: str) -> ModuleType:
             raise TorchtitanConfigError(f"--torchtitan-config {value}: importing {candidate} failed "
                                         f"({type(exc).__name__}: {_first_line(exc)}); fix that module") from None
     models = sorted(_short_names(models_only=True))
-    close = difflib.get_close_matches(module_name, sorted(shorts), n=3, cutoff=0.5)
+    close = close_matches(module_name, sorted(shorts))
     hint = f"did you mean {' or '.join(close)}?" if close else f"torchtitan's models are {', '.join(models)}"
     raise TorchtitanConfigError(f"--torchtitan-config {value}: no config registry module {module_name!r} (neither a "
                                 f"torchtitan model nor an importable module); {hint}")
@@ -163,7 +163,7 @@ def _call_config(value: str, module: ModuleType, config_name: str) -> Any:
         available = [n for n in dir(module) if not n.startswith("_") and n[:1].islower()
                      and callable(getattr(module, n)) and getattr(getattr(module, n), "__module__", "") ==
                      module.__name__]
-        close = difflib.get_close_matches(config_name, available, n=3, cutoff=0.5)
+        close = close_matches(config_name, available)
         listed = close or available[:8]
         hint = ("did you mean " + " or ".join(f"{module_short(module)}:{n}" for n in close) + "?") if close else (
             "its config functions are " + ", ".join(listed) + (" ..." if len(available) > len(listed) else ""))

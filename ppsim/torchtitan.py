@@ -158,8 +158,7 @@ class TorchtitanJob:
 
 def is_registry_name(value: str) -> bool:
     """``MODULE:CONFIG`` (a torchtitan config function) rather than a TOML path."""
-    return (re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value) is not None
-            and not value.lower().endswith(".toml") and not Path(value).exists())
+    return ":" in value and not value.lower().endswith(".toml") and not Path(value).exists()
 
 
 # --- TOML ------------------------------------------------------------------------------------------------------
@@ -556,10 +555,16 @@ def _stray(token: str) -> str:
     return f"unexpected argument {_shown(token)}: options take the form --name VALUE; see --help"
 
 
+def close_matches(word: str, options: Sequence[str]) -> list[str]:
+    """The options a typo of ``word`` most likely meant: the very close ones if any, else up to three close ones."""
+    return (difflib.get_close_matches(word, options, n=3, cutoff=0.9)
+            or difflib.get_close_matches(word, options, n=3, cutoff=0.6))
+
+
 def _unknown(name: str, fields: Mapping[str, Any], source: str) -> str:
     section = name.split(".", 1)[0]
     same = [k for k in fields if k.startswith(section + ".")]
-    close = difflib.get_close_matches(name, same, n=3, cutoff=0.6)
+    close = close_matches(name, same)
     where = f" in --torchtitan-config {source}" if source else ""
     hint = (f"did you mean {' or '.join('--' + c for c in close)}?" if close
             else f"the {section} keys are listed by torchtitan's --help")
