@@ -82,7 +82,7 @@ _FQN_KEYS = ("module_fqns_per_model_part", "pipeline_parallel_module_fqns_per_mo
 _LAYER_FQN = re.compile(r"^layers\.(\d{1,6})$")
 EMBEDDING_MODULES = ("tok_embeddings",)
 HEAD_MODULES = ("norm", "output", "lm_head")
-"""The non-layer module names ppsim's model has: torchtitan's LLM layout (``output`` before 0.3.0, ``lm_head`` since)."""
+"""The non-layer module names of ppsim's model: torchtitan's LLM layout (``output`` before 0.3.0, ``lm_head`` since)."""
 
 
 class TorchtitanConfigError(PPSimError):
@@ -529,7 +529,7 @@ def parse_overrides(args: Sequence[str], fields: Mapping[str, Any], *, source: s
                 i += 1
             if not values:
                 raise TorchtitanConfigError(f"--{name} needs a value: module names per part, each part "
-                                            "comma-separated, e.g. --" + name + " tok_embeddings,layers.0 layers.1,norm")
+                                            f"comma-separated, e.g. --{name} tok_embeddings,layers.0 layers.1,norm")
             out[name] = _convert(name, values, annotation)
             continue
         if not has_value:

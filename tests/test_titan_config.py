@@ -217,7 +217,8 @@ def test_plot_and_report_take_a_config_function(registry_job, tmp_path: Path) ->
 def test_a_profile_of_another_model_is_refused(registry_job, tmp_path: Path) -> None:
     profile = save_profile(make_v2_profile(num_layers=8), tmp_path / "p.json")
     code, _, err = invoke(["simulate", "--torchtitan-config", LLAMA, *PP2, "--profile", str(profile)])
-    assert code == 2 and "models 8 layers but llama3/debugmodel" in err and "--model torchtitan:llama3/debugmodel" in err
+    assert code == 2 and "models 8 layers but llama3/debugmodel" in err
+    assert "--model torchtitan:llama3/debugmodel" in err
     profile = save_profile(make_v2_profile(num_layers=6), tmp_path / "p6.json")
     code, out, err = invoke(["simulate", "--torchtitan-config", LLAMA, *PP2, "--profile", str(profile), "--json"])
     assert code == 0, err
