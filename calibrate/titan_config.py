@@ -35,7 +35,7 @@ from ppsim.calibrate.titan_split import (
     torch_schedule_names,
 )
 from ppsim.model_config import ModelConfig
-from ppsim.split import SplitSpec, resolve_split
+from ppsim.split import SplitError, SplitSpec, resolve_split
 from ppsim.torchtitan import (
     JobSettings,
     TorchtitanConfigError,
@@ -110,8 +110,14 @@ def with_torchtitan_stages(job: TorchtitanJob, *, num_layers: int | None,
     if module_lists:
         names = tuple(tuple(part) for part in module_lists)
     else:
-        names = stage_module_names(num_stages, num_layers, input_weight=spec.input_weight,
-                                   output_weight=spec.output_weight)
+        try:
+            names = stage_module_names(num_stages, num_layers, input_weight=spec.input_weight,
+                                       output_weight=spec.output_weight)
+        except SplitError as exc:
+            fix = ("change pipeline_parallel_degree or the schedule in the file" if job.in_file else
+                   "pass a smaller --parallelism.pipeline_parallel_degree or a single-stage schedule")
+            raise TorchtitanConfigError(f"--torchtitan-config {job.source}: {job.num_ranks} ranks x "
+                                        f"{job.stages_per_rank} stages per rank: {str(exc).rsplit('; ', 1)[0]}; {fix}") from None
     counts = layers_per_part(names)
     # ppsim.split computes the same counts (tests/test_titan_split.py); torchtitan's are the ones used
     if counts != resolve_split(spec, num_layers, num_stages, schedule=job.schedule):

@@ -349,8 +349,8 @@ def _warn_unused(settings: JobSettings, warnings: list[str]) -> None:
                 warnings.append(f"parallelism.{key} is not honoured (torchtitan dropped it); use --split with the "
                                 "same layers per stage")
             continue
-        if not settings.in_file and key not in _HARMLESS_PARALLELISM:
-            continue  # a config function holds every field of ParallelismConfig: name only the known dimensions
+        if not settings.in_file and key not in _HARMLESS_PARALLELISM and not key.startswith("pipeline_"):
+            continue  # a config function holds every field of ParallelismConfig: name the dimensions ppsim knows
         warnings.append(f"parallelism.{key} = {_shown(value)} is not honoured: ppsim simulates the pipeline "
                         "dimension only")
 
