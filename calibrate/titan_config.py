@@ -63,6 +63,7 @@ def read_registry_settings(value: str, overrides: Sequence[str] = ()) -> JobSett
     parsed = parse_overrides(overrides, fields, source=value)
     parallelism = _replace(value, parallelism, "parallelism", parsed)
     training = _replace(value, training, "training", parsed)
+    notes = _whole_config_check(config, parallelism, training) if parsed else ()
     spec = getattr(config, "model_spec", None)
     family, flavor = getattr(spec, "name", None), getattr(spec, "flavor", None)
     layers = getattr(getattr(spec, "model", None), "layers", None)
@@ -72,6 +73,7 @@ def read_registry_settings(value: str, overrides: Sequence[str] = ()) -> JobSett
         model_source=f"torchtitan:{family}/{flavor}" if family and flavor else None,
         num_model_layers=len(layers) if isinstance(layers, (list, tuple)) else None,
         known_schedules=torch_schedule_names() + ((schedule,) if _torch_knows(schedule) else ()),
+        notes=notes,
     )
 
 
@@ -217,6 +219,18 @@ def _replace(value: str, obj: Any, section: str, parsed: dict[str, Any]) -> Any:
         shown = " ".join(f"--{section}.{k} {v}" for k, v in changes.items())
         raise TorchtitanConfigError(f"--torchtitan-config {value}: {shown}: torchtitan refuses it "
                                     f"({_first_line(exc)})") from None
+
+
+def _whole_config_check(config: Any, parallelism: Any, training: Any) -> tuple[str, ...]:
+    """torchtitan's checks across sections (``Trainer.Config.__post_init__``) on the overridden config: a failure
+    is a warning (the pipeline is still the one simulated), naming what torchtitan's command line would need."""
+    try:
+        with _quiet():
+            dataclasses.replace(config, parallelism=parallelism, training=training)
+    except (ValueError, TypeError) as exc:
+        return (f"torchtitan would refuse this job as overridden ({_first_line(exc)}); ppsim simulates its "
+                "pipeline anyway",)
+    return ()
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:

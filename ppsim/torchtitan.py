@@ -105,6 +105,8 @@ class JobSettings:
     """The layer count of the job's model, when the config says (a config function's model does)."""
     known_schedules: tuple[str, ...] | None = None
     """The schedule names the installed torchtitan runs (``None``: the names ppsim knows torch has)."""
+    notes: tuple[str, ...] = ()
+    """Warnings found while reading (e.g. a check of torchtitan's that the overridden config fails)."""
 
     def fix(self, *keys: str) -> str:
         """How the user changes ``keys`` (``section.key``): in the file, or with overrides."""
@@ -244,7 +246,7 @@ def job_from_settings(
     :class:`TorchtitanConfigError` line)."""
     source = settings.source
     par, train = settings.parallelism, settings.training
-    warnings: list[str] = []
+    warnings: list[str] = list(settings.notes)
 
     def get(section: str, key: str, kind: type, *, minimum: int | None = None) -> Any:
         table = par if section == "parallelism" else train

@@ -30,7 +30,9 @@ from ppsim.torchtitan import (
 
 runner = CliRunner()
 LLAMA = "llama3:llama3_debugmodel"
-PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
+PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--training.disable_cuda_graphs"]
+"""Two pipeline ranks; torchtitan 0.3.0 refuses a pipeline unless CUDA graphs are off (its own command line needs
+the same flag)."""
 
 
 def has_torchtitan() -> bool:
@@ -168,6 +170,13 @@ def test_a_config_function_becomes_torchtitans_pipeline(registry_job) -> None:
 
 
 @pytest.mark.torch
+def test_an_override_torchtitans_own_checks_refuse_is_named(registry_job) -> None:
+    job = registry_job(LLAMA, overrides=["--parallelism.pipeline_parallel_degree", "2"])
+    assert job.num_ranks == 2
+    assert [w for w in job.warnings if "torchtitan would refuse" in w and "--training.disable_cuda_graphs" in w]
+
+
+@pytest.mark.torch
 def test_a_full_module_path_is_read_as_torchtitans_command_line_reads_it(registry_job) -> None:
     job = registry_job("torchtitan.models.llama3:llama3_debugmodel", overrides=PP2)
     assert job.model_source == "torchtitan:llama3/debugmodel"
@@ -274,7 +283,8 @@ def test_a_users_own_config_module_is_read(registry_job, tmp_path: Path, monkeyp
         (LLAMA, [*PP2, "--parallelism.module_fqns_per_model_part", "tok_embeddings,layers.1", "layers.0,norm"],
          "module_fqns_per_model_part part 0 lists layers.1"),
         (LLAMA, [], "pass --parallelism.pipeline_parallel_degree 2"),
-        (LLAMA, ["--parallelism.pipeline_parallel_degree", "8"], "cannot be greater than effective layers"),
+        (LLAMA, ["--parallelism.pipeline_parallel_degree", "8", "--training.disable_cuda_graphs"],
+         "cannot be greater than effective layers"),
         (LLAMA, [*PP2, "-r", "4"], "pass --parallelism.pipeline_parallel_degree VALUE"),
     ],
 )
