@@ -22,7 +22,7 @@ import re
 import sys
 import typing
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from types import ModuleType
 from typing import Any
 
@@ -155,7 +155,7 @@ def _config_module(value: str, module_name: str) -> ModuleType:
                 raise TorchtitanConfigError(f"--torchtitan-config {value}: {candidate} needs {exc.name}, which is "
                                             "not installed; install it") from None
             continue
-        except Exception as exc:  # noqa: BLE001  (a broken registry module is the user's, not ppsim's, bug)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001  (a broken registry module is the user's bug)
             raise TorchtitanConfigError(f"--torchtitan-config {value}: importing {candidate} failed "
                                         f"({type(exc).__name__}: {_first_line(exc)}); fix that module") from None
     models = sorted(_short_names(models_only=True))
@@ -180,6 +180,9 @@ def _call_config(value: str, module: ModuleType, config_name: str) -> Any:
     try:
         with _quiet():
             return fn()
+    except SystemExit as exc:
+        raise TorchtitanConfigError(f"--torchtitan-config {value}: {config_name}() called sys.exit({exc.code!r}) "
+                                    "instead of returning a Trainer.Config; fix the config function") from None
     except Exception as exc:  # noqa: BLE001  (the config function is the user's code)
         raise TorchtitanConfigError(f"--torchtitan-config {value}: {config_name}() raised {type(exc).__name__}: "
                                     f"{_first_line(exc)}; fix the config function or pick another") from None
@@ -281,10 +284,12 @@ def _cwd_importable(wanted: bool) -> Iterator[None]:
 
 @contextmanager
 def _quiet() -> Iterator[None]:
-    """torchtitan logs on the root logger while configs are built; the CLI prints only its own lines."""
+    """torchtitan logs on the root logger while configs are built, and a config function may print: the CLI prints
+    only its own lines, and stdout (``--json``) only ppsim's output."""
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)
     try:
-        yield
+        with redirect_stdout(sys.stderr):
+            yield
     finally:
         logging.disable(previous)

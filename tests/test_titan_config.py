@@ -247,6 +247,7 @@ def user_configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         "def two_ranks():\n    c = llama3_debugmodel()\n    c.parallelism.pipeline_parallel_degree = 2\n"
         "    c.parallelism.pipeline_parallel_schedule = '1F1B'\n    return c\n\n"
         "def needs_a_gpu():\n    raise RuntimeError('no CUDA device\\nsecond line')\n\n"
+        "def exits():\n    import sys\n    sys.exit(0)\n\n"
         "def not_a_job():\n    return 42\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -269,7 +270,8 @@ def test_a_users_own_config_module_is_read(registry_job, tmp_path: Path, monkeyp
         ("llama3:", [], "give MODULE:CONFIG"),
         ("USER:needs_a_gpu", [], "needs_a_gpu() raised RuntimeError: no CUDA device"),
         ("USER:not_a_job", [], "not a Trainer.Config"),
-        ("USER:zzz", [], "its config functions are needs_a_gpu, not_a_job, two_ranks"),
+        ("USER:exits", [], "exits() called sys.exit(0)"),
+        ("USER:zzz", [], "its config functions are exits, needs_a_gpu, not_a_job, two_ranks"),
         (LLAMA, ["--parallelism.pipeline_parallel_degre", "2"], "did you mean --parallelism.pipeline_parallel_degree"),
         (LLAMA, ["--parallelism.pipeline_parallel_degree", "two"], "not an integer"),
         (LLAMA, ["--training.local_batch_size", "1.5"], "not an integer"),
