@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from profile_v2 import make_v2_profile
 from typer.testing import CliRunner
 
@@ -96,6 +98,13 @@ def test_bad_overrides_are_one_line(args: list[str], says: str) -> None:
     with pytest.raises(TorchtitanConfigError) as info:
         parse_overrides(args, FIELDS)
     assert says in str(info.value) and "\n" not in str(info.value)
+
+
+@given(value=st.integers(-(10**12), 10**12), key=st.sampled_from(["pipeline_parallel_degree", "pipeline-parallel-degree"]),
+       joined=st.booleans())
+def test_an_integer_override_reads_the_same_in_every_spelling(value: int, key: str, joined: bool) -> None:
+    args = [f"--parallelism.{key}={value}"] if joined else [f"--parallelism.{key}", str(value)]
+    assert parse_overrides(args, FIELDS) == {"parallelism.pipeline_parallel_degree": value}
 
 
 def test_registry_names_and_toml_paths_are_told_apart(tmp_path: Path) -> None:
