@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import logging
 import os
 import re
@@ -116,10 +117,11 @@ def with_torchtitan_stages(job: TorchtitanJob, *, num_layers: int | None,
             names = stage_module_names(num_stages, num_layers, input_weight=spec.input_weight,
                                        output_weight=spec.output_weight)
         except SplitError as exc:
-            fix = ("change pipeline_parallel_degree or the schedule in the file" if job.in_file else
-                   "pass a smaller --parallelism.pipeline_parallel_degree or a single-stage schedule")
+            fix = ("pass a smaller --parallelism.pipeline_parallel_degree"
+                   + (" or a single-stage schedule" if job.stages_per_rank > 1 else ""))
+            reason = str(exc).rsplit("; ", 1)[0]
             raise TorchtitanConfigError(f"--torchtitan-config {job.source}: {job.num_ranks} ranks x "
-                                        f"{job.stages_per_rank} stages per rank: {str(exc).rsplit('; ', 1)[0]}; {fix}") from None
+                                        f"{job.stages_per_rank} stages per rank: {reason}; {fix}") from None
     counts = layers_per_part(names)
     # ppsim.split computes the same counts (tests/test_titan_split.py); torchtitan's are the ones used
     if counts != resolve_split(spec, num_layers, num_stages, schedule=job.schedule):
@@ -167,10 +169,14 @@ def _config_module(value: str, module_name: str) -> ModuleType:
 
 def _call_config(value: str, module: ModuleType, config_name: str) -> Any:
     fn = getattr(module, config_name, None)
-    if fn is None or not callable(fn):
+    if fn is not None and not _is_config_function(fn):
+        raise TorchtitanConfigError(f"--torchtitan-config {value}: {module.__name__}.{config_name} is not a config "
+                                    "function (a Python function taking no arguments that returns a Trainer.Config); "
+                                    "name one of its config functions")
+    if fn is None:
         available = [n for n in dir(module) if not n.startswith("_") and n[:1].islower()
-                     and callable(getattr(module, n)) and getattr(getattr(module, n), "__module__", "") ==
-                     module.__name__]
+                     and _is_config_function(getattr(module, n))
+                     and getattr(getattr(module, n), "__module__", "") == module.__name__]
         close = close_matches(config_name, available)
         listed = close or available[:8]
         hint = ("did you mean " + " or ".join(f"{module_short(module)}:{n}" for n in close) + "?") if close else (
@@ -186,6 +192,17 @@ def _call_config(value: str, module: ModuleType, config_name: str) -> Any:
     except Exception as exc:  # noqa: BLE001  (the config function is the user's code)
         raise TorchtitanConfigError(f"--torchtitan-config {value}: {config_name}() raised {type(exc).__name__}: "
                                     f"{_first_line(exc)}; fix the config function or pick another") from None
+
+
+def _is_config_function(obj: Any) -> bool:
+    """A Python function callable without arguments (builtins such as ``os.abort`` are never called)."""
+    if not inspect.isfunction(obj):
+        return False
+    try:
+        params = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params)
 
 
 def module_short(module: ModuleType) -> str:

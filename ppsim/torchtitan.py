@@ -384,6 +384,9 @@ def _schedule(settings: JobSettings, sched_name: str, csv: str) -> tuple[str, bo
             raise TorchtitanConfigError(f"--torchtitan-config {source}: pipeline_parallel_schedule_csv {csv!r} is not "
                                         "a file (torchtitan resolves it from the working directory); "
                                         + settings.fix("parallelism.pipeline_parallel_schedule_csv"))
+        if csv_path.suffix.lower() != ".csv":
+            raise TorchtitanConfigError(f"--torchtitan-config {source}: pipeline_parallel_schedule_csv {csv!r}: ppsim "
+                                        "reads schedule files named *.csv; give the file a .csv name")
         single = key == "pipelineschedulesingle" or (key in by_torch and by_torch[key].fixed_stages_per_rank == 1)
         return str(csv_path), single, None
     if key in _CSV_ONLY:

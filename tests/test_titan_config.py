@@ -100,8 +100,8 @@ def test_bad_overrides_are_one_line(args: list[str], says: str) -> None:
     assert says in str(info.value) and "\n" not in str(info.value)
 
 
-@given(value=st.integers(-(10**12), 10**12), key=st.sampled_from(["pipeline_parallel_degree", "pipeline-parallel-degree"]),
-       joined=st.booleans())
+@given(value=st.integers(-(10**12), 10**12),
+       key=st.sampled_from(["pipeline_parallel_degree", "pipeline-parallel-degree"]), joined=st.booleans())
 def test_an_integer_override_reads_the_same_in_every_spelling(value: int, key: str, joined: bool) -> None:
     args = [f"--parallelism.{key}={value}"] if joined else [f"--parallelism.{key}", str(value)]
     assert parse_overrides(args, FIELDS) == {"parallelism.pipeline_parallel_degree": value}
@@ -280,6 +280,7 @@ def test_a_users_own_config_module_is_read(registry_job, tmp_path: Path, monkeyp
         ("USER:needs_a_gpu", [], "needs_a_gpu() raised RuntimeError: no CUDA device"),
         ("USER:not_a_job", [], "not a Trainer.Config"),
         ("USER:exits", [], "exits() called sys.exit(0)"),
+        ("llama3:model_registry", [], "model_registry is not a config function"),  # needs a flavor: never called
         ("USER:zzz", [], "its config functions are exits, needs_a_gpu, not_a_job, two_ranks"),
         (LLAMA, ["--parallelism.pipeline_parallel_degre", "2"], "did you mean --parallelism.pipeline_parallel_degree"),
         (LLAMA, ["--parallelism.pipeline_parallel_degree", "two"], "not an integer"),
@@ -287,6 +288,7 @@ def test_a_users_own_config_module_is_read(registry_job, tmp_path: Path, monkeyp
         (LLAMA, ["--parallelism.spmd_backend", "mpi"], "must be one of"),
         (LLAMA, [*PP2, "--training.local_batch_size", "3", "--parallelism.pipeline_parallel_microbatch_size", "2"],
          "not divisible by"),
+        (LLAMA, [*PP2, "--parallelism.pipeline_parallel_schedule_csv", "TMP/order.txt"], "files named *.csv"),
         (LLAMA, [*PP2, "--parallelism.pipeline_parallel_schedule", "PipelineScheduleMulti"],
          "needs pipeline_parallel_schedule_csv"),
         (LLAMA, [*PP2, "--parallelism.pipeline_parallel_schedule", "ZBH1"], "is not one torchtitan runs"),
@@ -303,5 +305,7 @@ def test_bad_config_functions_and_overrides_are_one_line(
     registry_job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str, extra: list[str], says: str
 ) -> None:
     config = config.replace("USER", user_configs(tmp_path, monkeypatch))
+    (tmp_path / "order.txt").write_text("F0\n")
+    extra = [a.replace("TMP", str(tmp_path)) for a in extra]
     code, out, err = invoke(["simulate", "--torchtitan-config", config, *extra])
     assert code == 2 and says in err and err.count("\n") == 1 and out == "", err
