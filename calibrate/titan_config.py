@@ -223,8 +223,13 @@ def _sections(value: str, config: Any) -> tuple[Any, Any]:
 
 
 def _hints(obj: Any) -> dict[str, Any]:
-    hints = typing.get_type_hints(type(obj))
-    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(obj) if f.init}
+    """Each init field's type (an annotation that does not resolve takes no override: ``Any`` is refused)."""
+    try:
+        hints = typing.get_type_hints(type(obj))
+    except Exception:  # noqa: BLE001  (a forward reference torchtitan's module cannot resolve)
+        hints = {}
+    return {f.name: hints.get(f.name, f.type if not isinstance(f.type, str) else Any)
+            for f in dataclasses.fields(obj) if f.init}
 
 
 def _replace(value: str, obj: Any, section: str, parsed: dict[str, Any]) -> Any:
