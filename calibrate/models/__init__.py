@@ -227,7 +227,7 @@ def parse_model_source(text: str | None = None, options: ModelOptions | None = N
     options = options or ModelOptions()
     if text is None:
         text = f"builtin:{preset or 'tiny'}"
-    elif preset is not None and preset.lower() != "tiny":
+    elif preset is not None:
         raise ModelSourceError(f"--preset {preset} and --model {text} both given: --preset is an alias of "
                                f"--model builtin:{preset}; pass only --model")
     raw = text.strip()

@@ -178,7 +178,7 @@ def stage_input(
 # --- the model source (``--model builtin:NAME``) ------------------------------------------------------------------
 def resolve(name: str, options: ModelOptions, *, device: str = "cpu") -> ModelSource:
     """``builtin:NAME`` with the size options: the preset's shapes, ``custom`` when an option changed them."""
-    from ppsim.calibrate.models import Estimate, ModelSource, ModelSourceError
+    from ppsim.calibrate.models import ModelSourceError
     from ppsim.model_config import PRESETS
 
     key = name.strip().lower()
@@ -188,6 +188,25 @@ def resolve(name: str, options: ModelOptions, *, device: str = "cpu") -> ModelSo
     base = PRESETS[key]
     changes = {k: v for k, v in options.given().items() if getattr(base, k) != v}
     config = base.replace(preset="custom", **changes) if changes else base
+    return source_for(config, device=device, options=options, name=key)
+
+
+def source_for(config: ModelConfig, *, device: str = "cpu", options: ModelOptions | None = None,
+               name: str | None = None) -> ModelSource:
+    """The builtin source of ``config`` (a preset's shapes, or ``custom`` ones)."""
+    from ppsim.calibrate.models import Estimate, ModelOptions, ModelSource
+    from ppsim.model_config import PRESETS
+
+    if options is None:
+        base = PRESETS.get(config.preset)
+        if base is not None and base == config:
+            options = ModelOptions()
+        else:  # custom shapes: the options that rebuild them from tiny
+            base = PRESETS["tiny"]
+            options = ModelOptions(**{k: getattr(config, k) for k in (*MODEL_FIELDS, "dtype")
+                                      if getattr(config, k) != getattr(base, k)})
+    if name is None:
+        name = config.preset if config.preset in PRESETS else "tiny"
     h, f, v, item = config.hidden, config.ffn, config.vocab, config.itemsize
     layer_params = 4 * h * h + 3 * h * f + 2 * h
     tokens = config.mb_size * config.seq_len
@@ -200,7 +219,7 @@ def resolve(name: str, options: ModelOptions, *, device: str = "cpu") -> ModelSo
         head_activation_bytes=tokens * v * 8,
     )
     return ModelSource(
-        text=f"builtin:{key}", scheme="builtin", config=config,
+        text=f"builtin:{name}", scheme="builtin", config=config,
         layer_kinds=("layer",) * config.layers,
         kind_descriptions=(("layer", f"attention ({config.heads} heads) + SwiGLU MLP ({config.ffn})"),),
         num_params=estimate.param_bytes // item, attention="sdpa", estimate=estimate, device=device,
