@@ -106,8 +106,7 @@ def estimate(config: ModelConfig | ModelSource, *, device: str, reps: int, warmu
     # per token: 2 flops per parameter forward; attention scores 4 * seq * hidden
     layer_flops = 2 * tokens * layer_params + 4 * tokens * config.seq_len * config.hidden
     head_flops = 2 * tokens * max(1, est.head_param_bytes // item)
-    units = units_of(source)
-    num_layers = sum(u.num_layers for u in units) + 1
+    num_layers = 1 + num_common_layers(source) + len(source.kinds) - 1  # the layers of every unit
     # per repetition: F, B, (F), I, W, FB ~ 3 forwards and 2.5 backwards (2x forward each) of the units' layers
     per_rep = 8 * (num_layers * layer_flops + 2 * head_flops)
     seconds = (warmup + reps) * per_rep / (GPU_FLOPS if device == "cuda" else CPU_FLOPS)

@@ -115,11 +115,6 @@ def calibrate_command(
     overheads on this machine; write a profile that serves any schedule and stage count."""
     from ppsim.calibrate.calibration import CalibrationOptions, check_limits
 
-    source = resolve_source(
-        model, preset, device=device.value, hidden=hidden, heads=heads, ffn=ffn, layers=layers, vocab=vocab,
-        seq_len=seq_len, mb_size=mb_size, dtype=None if dtype is None else dtype.value,
-    )
-    config = source.config
     for name, value, least in (("--warmup", warmup, 0), ("--reps", reps, 1)):
         if value < least:
             raise PPSimError(f"{name} {value}: must be at least {least}; e.g. {name} {max(least, 3)}")
@@ -127,11 +122,16 @@ def calibrate_command(
         raise PPSimError(f"--stages {stages}: must be at least 1; e.g. --stages 4")
     if not (init_timeout > 0 and math.isfinite(init_timeout)):
         raise PPSimError(f"--init-timeout {init_timeout}: must be a positive number of seconds; e.g. 60")
+    check_output(output, "-o", suffix=".json")
+    source = resolve_source(
+        model, preset, device=device.value, hidden=hidden, heads=heads, ffn=ffn, layers=layers, vocab=vocab,
+        seq_len=seq_len, mb_size=mb_size, dtype=None if dtype is None else dtype.value,
+    )
+    config = source.config
     if check_stages:
         from ppsim.split import default_split
 
         default_split(config.layers, stages)
-    check_output(output, "-o", suffix=".json")
     opts = CalibrationOptions(
         output=output, config=config, num_stages=stages, device=device.value, warmup=warmup, reps=reps,
         resume=resume, p2p=p2p, probe=probe, check_stages=check_stages, init_timeout_s=init_timeout,

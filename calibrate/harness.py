@@ -28,7 +28,8 @@ import torch
 
 from ppsim.calibrate.torch_adapter import backward_functions
 from ppsim.calibrate.models import ModelSource
-from ppsim.calibrate.models.builtin import DTYPES, ModelConfig, build_stage, loss_fn, source_for, split_layers
+from ppsim.calibrate.model import DTYPES, ModelConfig, build_stage, loss_fn, split_layers
+from ppsim.calibrate.models.builtin import source_for
 from ppsim.errors import PPSimError
 
 Tick = Callable[[], None]
