@@ -161,6 +161,10 @@ def execute(options: RunOptions) -> RunReport | None:
     spec = exec_spec(options, schedule, costs, time_scale, model, device)
     if world is None:
         check_machine(options, schedule, model)
+    if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:
+        import sys
+
+        print(model.summary(), file=sys.stderr, flush=True)
     from ppsim.simulate import simulate
 
     predicted = simulate(schedule, prediction_costs(costs, time_scale))  # before anything runs
