@@ -32,6 +32,7 @@ from ppsim.ir import Schedule
 if TYPE_CHECKING:
     from ppsim.calibrate.launch import RankContext
     from ppsim.calibrate.model import ModelConfig
+    from ppsim.calibrate.models import ModelSource
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -74,6 +75,8 @@ class ExecSpec:
     """Layers per stage (the split the prediction composed); ``None``: the even split."""
     recompute: frozenset[tuple[int, int]] = frozenset()
     """(stage, microbatch) whose forward runs under ``torch.utils.checkpoint`` (recomputed in its backward)."""
+    source: ModelSource | None = None
+    """The executed model (``--model``); ``None``: the builtin model of ``model``."""
 
 
 @dataclass(frozen=True)
@@ -339,7 +342,7 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     my_stages = schedule.stages_of(rank)
     modules = build_modules(spec.model, schedule.num_stages, my_stages, synthetic=spec.synthetic, seed=spec.seed,
-                            device=device, counts=spec.layer_counts)
+                            device=device, counts=spec.layer_counts, source=spec.source)
     sleep_s = spec.sleep_s[rank] if spec.synthetic and spec.sleep_s is not None else None
     clock = _Clock(sleep_s, cuda)
     stages = [torch_adapter.pipeline_stage(modules[s], s, schedule.num_stages, device) for s in my_stages]
@@ -362,7 +365,9 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     expected = expected_computations(schedule, rank)
     kinds = step_kinds(spec)
     last_timed = max(i for i, k in enumerate(kinds) if k == "timed")
-    param_storages = {p.untyped_storage().data_ptr() for m in modules.values() for p in m.parameters()}
+    # parameters and buffers (a RoPE table) live as long as the module: not activations
+    param_storages = {t.untyped_storage().data_ptr() for m in modules.values()
+                      for t in (*m.parameters(), *m.buffers())}
     saved = _PeakSaved(param_storages)
     peak_allocated: int | None = None
     per_step: list[list[tuple[float, float, float, float | None]]] = []
@@ -403,7 +408,8 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
             step_walls.append(t1 - t0)
 
     grads = {
-        reference_name(spec.model, schedule.num_stages, s, name, synthetic=spec.synthetic, counts=spec.layer_counts):
+        reference_name(spec.model, schedule.num_stages, s, name, synthetic=spec.synthetic, counts=spec.layer_counts,
+                       source=spec.source):
             p.grad.detach().to("cpu", torch.float32)
         for s, mod in modules.items()
         for name, p in mod.named_parameters()
@@ -542,7 +548,7 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any) -> Me
         grads.update(g["grads"])
     loss = next(g["loss"] for g in gathered if g["loss"] is not None)
     ref = check_against_reference(spec.model, schedule.num_stages, schedule.num_microbatches, grads,
-                                  synthetic=spec.synthetic, seed=spec.seed, device=device)
+                                  synthetic=spec.synthetic, seed=spec.seed, device=device, source=spec.source)
     notes: list[str] = []
     if spec.device == "cuda":
         name = torch.cuda.get_device_name(device)

@@ -1,4 +1,4 @@
-"""The model `ppsim calibrate` measures and `ppsim run` executes: a decoder-only transformer of plain torch modules.
+"""The builtin model (``--model builtin:NAME``): a decoder-only transformer of plain torch modules.
 
 Embedding; ``layers`` blocks of (RMSNorm, causal self-attention via ``scaled_dot_product_attention``, RMSNorm,
 SwiGLU MLP) with residuals; final RMSNorm and LM head. The loss (cross-entropy, mean) is applied outside the last
@@ -10,6 +10,7 @@ with the same seed hold identical weights, whatever the split.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -71,15 +72,17 @@ class StageModule(nn.Module):
     ``(mb, seq)`` int64) and with final norm + LM head if ``has_head`` (output: logits ``(mb, seq, vocab)``)."""
 
     def __init__(
-        self, config: ModelConfig, layers: tuple[int, int], *, has_embedding: bool, has_head: bool, seed: int = 0
+        self, config: ModelConfig, layers: tuple[int, int], *, has_embedding: bool, has_head: bool, seed: int = 0,
+        layer_ids: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.layer_range = layers
+        self.layer_ids = tuple(range(*layers)) if layer_ids is None else tuple(layer_ids)
         self.has_embedding = has_embedding
         self.has_head = has_head
         self.embedding = _seeded(seed, 0, lambda: nn.Embedding(config.vocab, config.hidden)) if has_embedding else None
-        self.layers = nn.ModuleList(_seeded(seed, 1 + i, lambda: Block(config)) for i in range(*layers))
+        self.layers = nn.ModuleList(_seeded(seed, 1 + i, lambda: Block(config)) for i in self.layer_ids)
         if has_head:
             self.norm = _seeded(seed, config.layers + 1, lambda: nn.RMSNorm(config.hidden))
             self.head = _seeded(seed, config.layers + 2, lambda: nn.Linear(config.hidden, config.vocab, bias=False))
