@@ -238,7 +238,8 @@ def _order(r: int, num_ranks: int, kinds: list[list[int]], ws: list[list[int]]) 
 Offsets = tuple[tuple[int, int, int, int], ...]
 
 
-def building_blocks(num_ranks: int) -> list[Offsets]:
+@lru_cache(maxsize=64)
+def building_blocks(num_ranks: int) -> tuple[Offsets, ...]:
     """Every building block of the paper's uniform-offset family, as block-0 slots per rank (deduplicated).
 
     Rank 0's four F/I kinds sit anywhere in the period (its first-chunk F at 0). From each rank to the next, the
@@ -260,7 +261,7 @@ def building_blocks(num_ranks: int) -> list[Offsets]:
                             pos = _positions((0, second_f, second_i, first_i), R, d0, d1, n0)
                             if pos is not None:
                                 seen.setdefault(_absolute(pos), None)
-    return list(seen)
+    return tuple(seen)
 
 
 def _positions(

@@ -4,7 +4,8 @@ The paper's family (:func:`ppsim.schedules._vshape.building_blocks`: V-Min, V-Ha
 them, up to ZBV's memory) is built by the same repeat-squeeze-reorder as the named V-Min and V-Half. A block whose
 repeated pattern holds more than the cap is skipped (the reordered schedule holds no more than the pattern); the
 rest are tried from the most memory down (more memory, shorter schedule, as a rule), each simulated with the
-search's costs and kept when it fits. The named V schedules themselves are already the search's baseline.
+search's costs and kept when it fits, while the phase's time lasts (ranking the blocks included), and only up to
+:data:`MAX_SEED_RANKS` ranks. The named V schedules themselves are already the search's baseline.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from ppsim.schedules._vshape import block_schedule, building_blocks, plain_peak
 from ppsim.search.common import MemoryCap, fits, is_v
 
 
+MAX_SEED_RANKS = 32
+"""Beyond this many ranks the family (about 60 R blocks, each reordered in O(R M)) is not tried."""
+
+
 def v_block_seeds(
     template: Schedule, costs: CostModel, problem: Problem, cap: MemoryCap, *, deadline: float,
     max_count: int | None = None,
@@ -28,15 +33,18 @@ def v_block_seeds(
     blocks are built (nothing for a placement other than V)."""
     from ppsim.simulate import simulate
 
-    if not is_v(template):
+    if not is_v(template) or template.num_ranks > MAX_SEED_RANKS:
         return
     R, M = template.num_ranks, template.num_microbatches
-    limit = _count_limit(problem, cap)
-    ranked = sorted(
-        ((peak, k, offsets) for k, offsets in enumerate(building_blocks(R))
-         if (peak := plain_peak(offsets, M)) <= min(limit, 2 * R)),
-        key=lambda x: (-x[0], x[1]),
-    )
+    limit = min(_count_limit(problem, cap), 2 * R)
+    ranked = []
+    for k, offsets in enumerate(building_blocks(R)):
+        if time.perf_counter() >= deadline:
+            break
+        peak = plain_peak(offsets, M)
+        if peak <= limit:
+            ranked.append((-peak, k, offsets))
+    ranked.sort()
     seen: set[tuple[object, ...]] = set()
     for count, (_, _, offsets) in enumerate(ranked):
         if time.perf_counter() >= deadline or (max_count is not None and count >= max_count):
