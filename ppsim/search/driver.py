@@ -158,18 +158,9 @@ def search(
     t0 = time.perf_counter()
     # Phase 0: set-up
     costs = parse_costs(None) if costs is None else costs
-    placement = Placement(placement)
-    _check_sizes(num_ranks, num_microbatches, time_limit)
-    cap = MemoryCap(math.inf, "act") if memory_cap is None else parse_memory_cap(memory_cap)
-    if cap.unit == "bytes" and not costs.has_memory:
-        raise MemoryCapError(
-            f"--memory-cap {memory_cap}: a cap in bytes needs activation sizes; pass --profile P.json "
-            "or give the cap as activations (e.g. 8act)"
-        )
-    templates = _templates(num_ranks, num_microbatches, placement, num_stages_per_rank)
+    cap = _check_inputs(num_ranks, num_microbatches, costs, memory_cap, time_limit, solver)
+    templates = _templates(num_ranks, num_microbatches, Placement(placement), num_stages_per_rank)
     _check_work(templates, num_ranks, num_microbatches, time_limit, allow_large)
-    if solver not in ("auto", "cpsat", "none"):
-        raise PPSimError(f"--solver {solver!r}: choose auto, cpsat or none")
     cases, cost_scope = _cases(templates, costs, cap, cost_scope)
     _check_some_order_fits(cap, cases)
     run = _Run(cases, cap, [lower_bound(p) for _, _, p in cases], t0, t0 + time_limit, random.Random(seed),
@@ -202,11 +193,24 @@ def search(
 
 
 # --- Phase 0: set-up -------------------------------------------------------------------------------------------------
-def _check_sizes(num_ranks: int, num_microbatches: int, time_limit: float) -> None:
+def _check_inputs(
+    num_ranks: int, num_microbatches: int, costs: CostModel, memory_cap: MemoryCap | str | float | None,
+    time_limit: float, solver: Solver | str,
+) -> MemoryCap:
+    """Sizes, time limit, solver and cap checked before any work; returns the cap."""
     if num_ranks < 1 or num_microbatches < 1:
         raise PPSimError(f"--ranks {num_ranks} --mb {num_microbatches}: need at least 1 of each; e.g. -r 4 -m 8")
     if not math.isfinite(time_limit) or time_limit <= 0:
         raise PPSimError(f"--time-limit {time_limit}: must be a positive number of seconds; e.g. --time-limit 10")
+    if solver not in ("auto", "cpsat", "none"):
+        raise PPSimError(f"--solver {solver!r}: choose auto, cpsat or none")
+    cap = MemoryCap(math.inf, "act") if memory_cap is None else parse_memory_cap(memory_cap)
+    if cap.unit == "bytes" and not costs.has_memory:
+        raise MemoryCapError(
+            f"--memory-cap {memory_cap}: a cap in bytes needs activation sizes; pass --profile P.json "
+            "or give the cap as activations (e.g. 8act)"
+        )
+    return cap
 
 
 def _check_work(templates: list[Schedule], num_ranks: int, num_microbatches: int, time_limit: float,
@@ -221,8 +225,6 @@ def _check_work(templates: list[Schedule], num_ranks: int, num_microbatches: int
 
 
 def _use_cpsat(solver: Solver | str) -> bool:
-    if solver not in ("auto", "cpsat", "none"):
-        raise PPSimError(f"--solver {solver!r}: choose auto, cpsat or none")
     solver = Solver(solver).value
     if solver == "cpsat" and not cpsat.available():
         raise PPSimError("--solver cpsat needs OR-Tools; pip install 'ppsim[search]' (or ortools), or drop --solver")
