@@ -661,3 +661,15 @@ def test_ctrl_c_before_any_order_says_no_order_yet(monkeypatch: pytest.MonkeyPat
     code, out, err = _search(["-r", "4", "-m", "8", "--memory-cap", "2act", "-q"], tmp_path)
     assert code == 130, err
     assert out == "" and "Interrupted: no order yet" in err and "Traceback" not in err
+
+
+def test_with_allow_large_the_time_limit_still_ends_the_search() -> None:
+    """A first list-scheduling pass longer than the limit is cut at the deadline, not run to its end."""
+    from ppsim.search import MemoryCapError, search
+
+    try:  # 8 activations on 256 ranks: no named schedule fits, so only list scheduling can find an order
+        result = search(256, 16, None, "8act", time_limit=0.5, solver="none", allow_large=True)
+    except MemoryCapError as exc:
+        assert "no order found within the time limit" in str(exc)
+    else:
+        assert result.stopped == "time limit"

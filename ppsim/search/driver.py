@@ -365,7 +365,7 @@ def _list_scheduling(run: _Run, phase_end: float, max_orders: int | None) -> lis
 def _try_rule(run: _Run, elites: list[list[Elite]], k: int, rule: Rule) -> bool:
     """List-schedule case ``k`` with ``rule``; keep the order among the case's elites; True if it is the best yet."""
     tpl, _, prob = run.cases[k]
-    out = list_schedule(prob, rule)
+    out = list_schedule(prob, rule, deadline=run.deadline)  # one pass of a big case may outlast the time limit
     run.evaluations += 1
     if out is None or max(out[2]) > run.cap.amount + 1e-9:
         return False
