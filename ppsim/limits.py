@@ -43,10 +43,10 @@ MAX_REPORT_RANKS = 2 * MAX_FIGURE_RANKS
 
 MAX_SEARCH_ACTIONS = 100_000
 """Largest order ``ppsim search`` takes without ``--allow-large`` (about 20 ms per simulation)."""
-SEARCH_PASS_SECONDS = 2.5e-7
-"""One list-scheduling pass of the search takes about this x R^2.5 x M x v^1.8 seconds (a rank waiting for its
-inputs rescans the others; measured on 2 loaded cores: R=64, M=16, one stage per rank 0.15 s, R=128 0.7 s, R=256
-4.4 s; V placement 3.5x)."""
+SEARCH_PASS_SECONDS = 1.5e-7
+"""One list-scheduling pass of the search takes about this x R^2.5 x M x v^2.3 seconds (a rank waiting for its
+inputs may rescan the others; measured on 2 loaded cores, M=16, one stage per rank: R=64 0.07 s, R=128 0.35 s,
+R=256 2.1 s; V placement 4-5x)."""
 
 BYTES_PER_ACTION = 300
 """Memory the simulator holds per action (schedule, timeline, result), measured on the perf target."""
@@ -130,7 +130,7 @@ def estimate_search(
     """``stages_per_rank``: one entry per placement searched (1..v for loop, 2 for V)."""
     R, M = max(num_ranks, 0), max(num_microbatches, 0)
     actions = sum(R * v * M * 3 for v in stages_per_rank)
-    first_pass = sum(SEARCH_PASS_SECONDS * R**2.5 * M * v**1.8 for v in stages_per_rank)
+    first_pass = sum(SEARCH_PASS_SECONDS * R**2.5 * M * v**2.3 for v in stages_per_rank)
     named = num_named * actions / ACTIONS_PER_SECOND
     what = f"search -r {num_ranks} -m {num_microbatches}"
     return SearchEstimate(what, R, actions, first_pass + named)

@@ -243,7 +243,9 @@ def list_schedule(
                 choice = ("w", -1)  # memory blocks every forward and no backward is known: W is the only progress
         if choice is None:
             known = [c[0] for c in fwd + bwd if t < c[0] < _INF]
-            later = min(known + [e[0] for e in heap if e[0] > t], default=_INF)
+            # the next time another rank decides: the heap's top when it is later than t, else a scan
+            other = heap[0][0] if heap and heap[0][0] > t else min((e[0] for e in heap if e[0] > t), default=_INF)
+            later = min(known + [other], default=_INF)
             if later == _INF:
                 if not heap:
                     return None
