@@ -303,7 +303,7 @@ def test_lower_bound_never_exceeds_any_named_schedule_that_fits(placement: str, 
         for cap_count in range(2, 4 * ranks + 1, 3):
             cap = MemoryCap(cap_count, "act")
             lb = lower_bound(_problem(templates[0], costs, cap))
-            for named, _, _ in _named(None, templates, ranks, mb, costs, "stage", cap):
+            for named, _, _ in _named(templates, ranks, mb, costs, "stage", cap):
                 if named.fits:
                     assert lb <= named.makespan + 1e-9, (named.name, ranks, mb, cap_count)
 
@@ -438,7 +438,7 @@ def test_the_proven_bound_is_never_above_a_feasible_order(
     problem = problem_for(tpl, costs, MemoryCap(cap, "act"))
     saving = max(pair_saving(problem, tpl.stages_of(r)) for r in range(ranks))
     assert cpsat.provable(problem, pair_saving=saving)
-    feasible = [sim.makespan for named, _, sim in _named(None, [tpl], ranks, mb, costs, "stage", MemoryCap(cap, "act"))
+    feasible = [sim.makespan for named, _, sim in _named([tpl], ranks, mb, costs, "stage", MemoryCap(cap, "act"))
                 if named.fits]
     if placement == "v":
         for offsets in building_blocks(ranks):
@@ -447,7 +447,7 @@ def test_the_proven_bound_is_never_above_a_feasible_order(
                 feasible.append(sim.makespan)
     if not feasible:
         return
-    incumbent = min((named for named in _named(None, [tpl], ranks, mb, costs, "stage", MemoryCap(cap, "act"))
+    incumbent = min((named for named in _named([tpl], ranks, mb, costs, "stage", MemoryCap(cap, "act"))
                      if named[0].fits), key=lambda x: x[0].makespan, default=None)
     if incumbent is None:
         return

@@ -167,7 +167,7 @@ def search(
                progress, last_report=t0)
     run.report("set-up", force=True)
     use_cpsat = _use_cpsat(solver)
-    named = _named(run, [tpl for tpl, _, _ in cases], num_ranks, num_microbatches, costs, cost_scope)
+    named = _named([tpl for tpl, _, _ in cases], num_ranks, num_microbatches, costs, cost_scope, cap, run=run)
     fitting = sorted((x for x in named if x[0].fits), key=lambda x: x[0].makespan)
     if fitting:
         run.best = _Best(fitting[0][0].makespan, fitting[0][1], fitting[0][0].name)
@@ -267,16 +267,14 @@ def _cases(
 
 
 def _named(
-    run: _Run | None, templates: list[Schedule], num_ranks: int, num_microbatches: int, costs: CostModel,
-    scope: str, cap: MemoryCap | None = None,
+    templates: list[Schedule], num_ranks: int, num_microbatches: int, costs: CostModel, scope: str, cap: MemoryCap,
+    *, run: _Run | None = None,
 ) -> list[Named]:
     """Every named schedule of the templates' placements, simulated under the same costs, with its peak (with a
-    ``run``: its cap, and only while its clock allows)."""
+    ``run``: reported as set-up, and only while its clock allows)."""
     from ppsim.schedules import all_specs, get_schedule
     from ppsim.simulate import simulate
 
-    cap = run.cap if run is not None else cap
-    assert cap is not None
     placements = {t.stage_to_rank for t in templates}
     out = []
     for spec in all_specs():
