@@ -19,6 +19,7 @@ import math
 import random
 import time
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from typing import Callable
 
 from ppsim.compare import resolve_scope
@@ -47,7 +48,7 @@ from ppsim.search.common import (
 )
 from ppsim.search.local import local_search
 from ppsim.search.rules import fixed_rules, mutate, pairs_help, random_rule
-from ppsim.search.seeds import v_block_seeds
+from ppsim.search.seeds import v_block_seeds, v_greedy_seeds
 
 SETUP_GRACE_S = 1.0
 """The named schedules are timed even past the time limit by up to this much (fixed start-up costs), so that a
@@ -174,8 +175,10 @@ def search(
     stopped = "done"
     try:
         # Phase 1: seeds, then list scheduling
-        _v_seeds(run, t0 + (0.15 if use_cpsat else 0.25) * time_limit, max_orders)
-        phase1_end = t0 + (0.3 if use_cpsat else 0.6) * time_limit
+        now = time.perf_counter()
+        left = max(0.0, run.deadline - now)  # the shares are of the time the set-up left
+        _v_seeds(run, now + (0.15 if use_cpsat else 0.25) * left, max_orders)
+        phase1_end = now + (0.3 if use_cpsat else 0.6) * left
         elites = _list_scheduling(run, phase1_end, None if max_orders is None else max(1, int(0.6 * max_orders)))
         starts = _local_starts(run, elites, fitting[0] if fitting else None, costs, cost_scope)
         # Phase 2: CP-SAT
@@ -315,9 +318,12 @@ SEED_SOURCE = "V building block"
 
 
 def _v_seeds(run: _Run, phase_end: float, max_count: int | None) -> None:
-    """The V building blocks that fit the cap (V placement only); the best two become local-search starts."""
+    """The greedy V orders and the V building blocks that fit the cap (V placement only); the best two become
+    local-search starts."""
     for tpl, tcosts, prob in run.cases:
-        for schedule, sim in v_block_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end, max_count=max_count):
+        blocks = v_block_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end, max_count=max_count)
+        greedy = v_greedy_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end)
+        for schedule, sim in chain(greedy, blocks):
             if run.optimal():
                 return
             run.evaluations += 1
