@@ -5,8 +5,13 @@
 Grid: R in {4, 8}, M in {8, 16, 24}, I in {1, 2} with F = W = 1 (B = I + W), comm in {0, 0.1}, cap R and 2R
 activations (one microbatch's activations of one stage, one stage per rank): 48 cases. Per case it prints the
 searched makespan, the best named schedule that fits the cap, the lower bound, and the share of the named
-schedule's gap to the bound that the search closed. Then the targets, a timed R=8, M=32 search with per-stage
-(profile-like) costs and a byte cap, and the zero-bubble authors' published numbers beside ppsim's.
+schedule's gap to the bound that the search closed. Then the V-shape memory levels (issue 19): V placement at
+the peaks of V-Min, V-Half and ZBV (R in {4, 8}, M in {8, 16}, F = I = W = 1, comm in {0, 0.1}), the searched
+makespan beside the best named schedule and the best controllable-memory building block that fit, the bound, and
+whether the order is proven optimal. Then the targets, a timed R=8, M=32 search with per-stage (profile-like) costs
+and a byte cap, and the zero-bubble authors' published numbers beside ppsim's.
+
+Timings depend on the machine and its load: the first lines print the machine and the spread of a fixed workload.
 """
 
 from __future__ import annotations
@@ -73,6 +78,48 @@ def grid(time_limit: float, quick: bool) -> bool:
     return ok
 
 
+def best_blocks(R: int, M: int, costs: CostModel) -> dict[int, float]:
+    """The fastest building block (repeated and reordered, as V-Half) at each peak, in chunk activations."""
+    from ppsim.schedules._vshape import block_schedule, building_blocks
+
+    best: dict[int, float] = {}
+    for offsets in building_blocks(R):
+        sim = simulate(block_schedule(R, M, offsets), costs)
+        peak = max(p.peak_activations for p in sim.per_rank)
+        best[peak] = min(best.get(peak, float("inf")), sim.makespan)
+    return best
+
+
+def v_levels(time_limit: float, quick: bool) -> bool:
+    """V placement at the V-Min, V-Half and ZBV memory levels: searched <= best named and <= best block."""
+    print(f"\nV-shape memory levels ({time_limit:g} s per case)")
+    print(f"{'R':>2} {'M':>3} {'comm':>4} {'level':<7} {'cap':>4} | {'searched':>9} {'named':>9} {'(name)':<14} "
+          f"{'block':>8} {'bound':>8} {'gap':>6}  proof")
+    rows = []
+    for R, M in ((4, 8), (8, 16)):
+        for comm in (0.0, 0.1):
+            if quick and (R, M, comm) != (4, 8, 0.1):
+                continue
+            costs = parse_costs(f"F=1,I=1,W=1,B=2,comm={comm}")
+            blocks = best_blocks(R, M, costs)
+            for level in ("V-Min", "V-Half", "ZBVZeroBubble"):
+                cap = max(p.peak_activations for p in simulate(get_schedule(level, R, M), costs).per_rank)
+                res = search(R, M, costs, f"{cap}act", placement="v", time_limit=time_limit, seed=0)
+                best = res.best_named
+                named = best.makespan if best else float("inf")
+                block = min((v for peak, v in blocks.items() if peak <= cap), default=float("inf"))
+                proof = "optimal" if res.optimal else f"gap ({res.bound_source})"
+                rows.append((res.makespan, named, block, res.optimal))
+                print(f"{R:>2} {M:>3} {comm:>4} {level[:7]:<7} {cap:>4} | {res.makespan:>9.2f} {named:>9.2f} "
+                      f"{best.name if best else '-':<14} {block:>8.2f} {res.lower_bound:>8.2f} {res.gap:>6.1%}  "
+                      f"{proof}", flush=True)
+    n = len(rows)
+    not_worse = sum(r[0] <= min(r[1], r[2]) + 1e-9 for r in rows)
+    print(f"target: searched <= best named and <= best building block that fit: {not_worse}/{n} "
+          f"{'PASS' if not_worse == n else 'FAIL'}; proven optimal: {sum(r[3] for r in rows)}/{n}")
+    return not_worse == n
+
+
 def profile_like_costs(num_stages: int) -> CostModel:
     """Per-stage costs shaped like a calibrated transformer: an embedding-heavy first stage, a loss-heavy last one."""
     f = [1.0e-3 * (1.0 + 0.08 * (s % 3)) for s in range(num_stages)]
@@ -116,6 +163,13 @@ def sail_sg_lines(time_limit: float) -> None:
     res = search(8, 8, c, "8act", time_limit=time_limit)
     print(f"  loop, F=I=W=1, comm 0.1, cap 8act: their auto 32.4 | ppsim ZBH1 {zbh1.makespan:.4g} | "
           f"searched {res.makespan:.4g} | bound {res.lower_bound:.4g}")
+    for R, M, theirs in ((4, 8, 55.2), (8, 16, 117.8)):
+        half = simulate(get_schedule("V-Half", R, M), c)
+        print(f"  V-Half {R}x{M}, F=I=W=1, comm 0.1: their V-Half {theirs} | ppsim V-Half {half.makespan:.4g} at "
+              f"{max(p.peak_activations for p in half.per_rank)} chunk activations")
+    res = search(4, 8, c, "6act", placement="v", time_limit=time_limit)
+    print(f"  V 4x8, F=I=W=1, comm 0.1, cap 6act (V-Half's): their v_auto_schedule 54.8 | searched {res.makespan:.4g} "
+          f"| bound {res.lower_bound:.4g}")
     for text, theirs in (("F=1,B=2,I=1,W=1", 55.0), ("F=1,B=2,I=1,W=1,comm=0.1", 58.2), ("F=1,B=3,I=2,W=1", 78.0)):
         c = parse_costs(text)
         zbv = simulate(get_schedule("ZBVZeroBubble", 8, 8), c)
@@ -178,6 +232,7 @@ def main() -> int:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
           f"python {platform.python_version()}; {machine_noise()}")
     ok = grid(args.time_limit, args.quick)
+    ok = v_levels(args.time_limit, args.quick) and ok
     ok = timed_profile_case(min(8.0, 4 * args.time_limit)) and ok
     sail_sg_lines(args.time_limit)
     recompute_frontier(args.time_limit)

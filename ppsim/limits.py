@@ -18,6 +18,8 @@ A refusal names the estimate, the limit and the override (``--allow-large`` on t
 | :data:`MAX_FIGURE_RANKS` | 1,000 ranks | ``plot`` and ``report`` |
 | :data:`MAX_COMPARE_ACTIONS` | 2,000,000 computations | all schedules of one ``simulate -s A,B,...`` together |
 | :data:`MAX_REPORT_ACTIONS` / :data:`MAX_REPORT_RANKS` | 100,000 computations / 2,000 rows | all figures of one ``report`` together |
+| :data:`MAX_SEARCH_ACTIONS` | 100,000 computations per order | ``search`` (it builds and simulates thousands of orders) |
+| set-up within ``--time-limit`` | :func:`estimate_search` | ``search``: timing the named schedules and a first order must fit the time limit |
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ MAX_FIGURE_RANKS = 1_000
 MAX_COMPARE_ACTIONS = MAX_ACTIONS
 MAX_REPORT_ACTIONS = 2 * MAX_FIGURE_ACTIONS
 MAX_REPORT_RANKS = 2 * MAX_FIGURE_RANKS
+
+MAX_SEARCH_ACTIONS = 100_000
+"""Largest order ``ppsim search`` takes without ``--allow-large`` (about 20 ms per simulation)."""
+SEARCH_PASS_SECONDS = 1.5e-7
+"""One list-scheduling pass of the search takes about this x R^2.5 x M x v^2.3 seconds (a rank waiting for its
+inputs may rescan the others; measured on 2 loaded cores, M=16, one stage per rank: R=64 0.07 s, R=128 0.35 s,
+R=256 2.1 s; V placement 4-5x)."""
 
 BYTES_PER_ACTION = 300
 """Memory the simulator holds per action (schedule, timeline, result), measured on the perf target."""
@@ -102,6 +111,43 @@ def check_work(estimate: WorkEstimate, *, allow_large: bool = False, max_actions
             f"{estimate.describe()}: more than the limit of {max_actions:,} actions; use fewer ranks or "
             f"microbatches, or pass {OVERRIDE_FLAG} to run it anyway"
         )
+
+
+@dataclass(frozen=True)
+class SearchEstimate:
+    """What a search's set-up costs, known before it starts: one order's actions (all placements together) and the
+    seconds to time the named schedules and list-schedule a first order."""
+
+    what: str
+    num_ranks: int
+    num_actions: int
+    setup_seconds: float
+
+
+def estimate_search(
+    num_ranks: int, num_microbatches: int, stages_per_rank: tuple[int, ...], *, num_named: int
+) -> SearchEstimate:
+    """``stages_per_rank``: one entry per placement searched (1..v for loop, 2 for V)."""
+    R, M = max(num_ranks, 0), max(num_microbatches, 0)
+    actions = sum(R * v * M * 3 for v in stages_per_rank)
+    first_pass = sum(SEARCH_PASS_SECONDS * R**2.5 * M * v**2.3 for v in stages_per_rank)
+    named = num_named * actions / ACTIONS_PER_SECOND
+    what = f"search -r {num_ranks} -m {num_microbatches}"
+    return SearchEstimate(what, R, actions, first_pass + named)
+
+
+def check_search(estimate: SearchEstimate, *, time_limit: float, allow_large: bool = False) -> None:
+    """Refuse a search whose orders exceed :data:`MAX_SEARCH_ACTIONS` or whose set-up cannot fit ``time_limit``."""
+    check_work(WorkEstimate(estimate.what, estimate.num_ranks, estimate.num_actions), allow_large=allow_large,
+               max_actions=MAX_SEARCH_ACTIONS)
+    if allow_large or estimate.setup_seconds <= time_limit:
+        return
+    raise WorkLimitError(
+        f"{estimate.what}: about {estimate.num_actions:,} actions per order; timing the named schedules and a first "
+        f"order alone takes ~{_fmt_seconds(estimate.setup_seconds)}, more than --time-limit {time_limit:g}; raise "
+        f"--time-limit to {max(1, round(estimate.setup_seconds + 0.5))} or more, use fewer ranks or microbatches, "
+        f"or pass {OVERRIDE_FLAG} to run it anyway"
+    )
 
 
 def check_figure(what: str, num_ranks: int, num_actions: int, *, allow_large: bool = False) -> None:

@@ -568,3 +568,108 @@ def test_a_hangup_while_writing_leaves_no_temporary_file(tmp_path: Path) -> None
     proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out.png")], capture_output=True, timeout=60)
     assert proc.returncode == -signal.SIGHUP, proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# =====================================================================================================================
+# --- search: bounded work, time limits, Ctrl-C (issue 18, the `search` engineer's block; kept apart from the above) --
+# =====================================================================================================================
+def _search(args: list[str], tmp_path: Path) -> tuple[int, str, str]:
+    return invoke(["search", *args], tmp_path)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    # the issue's examples: each ran 20 s or more; now refused before any work, naming the estimate
+    (["-r", "2048", "-m", "16", "--memory-cap", "8act", "--time-limit", "2"], "more than --time-limit 2"),
+    (["-r", "1000", "-m", "16", "--memory-cap", "8act", "--placement", "any"], "limit of 100,000 actions"),
+    (["-r", "512", "-m", "16", "--memory-cap", "8act", "--time-limit", "1"], "more than --time-limit 1"),
+    (["-r", "64", "-m", "1000", "--memory-cap", "8act"], "limit of 100,000 actions"),
+])
+def test_search_beyond_the_limits_is_refused_with_the_estimate(args: list[str], says: str, tmp_path: Path) -> None:
+    code, _, err = _search(args, tmp_path)
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and says in lines[0] and "--allow-large" in lines[0] and "actions" in lines[0], err
+
+
+def test_search_estimate_grows_with_every_size() -> None:
+    base = limits.estimate_search(64, 16, (1,), num_named=12)
+    for bigger in (limits.estimate_search(128, 16, (1,), num_named=12), limits.estimate_search(64, 32, (1,), num_named=12),
+                   limits.estimate_search(64, 16, (2,), num_named=12), limits.estimate_search(64, 16, (1, 2), num_named=12)):
+        assert bigger.num_actions > base.num_actions and bigger.setup_seconds > base.setup_seconds
+    with pytest.raises(limits.WorkLimitError, match="--time-limit 0.5"):
+        limits.check_search(limits.estimate_search(512, 16, (1,), num_named=12), time_limit=0.5)
+    limits.check_search(limits.estimate_search(512, 16, (1,), num_named=12), time_limit=0.5, allow_large=True)
+
+
+def test_library_search_refuses_the_same_work() -> None:
+    from ppsim.search import search
+
+    with pytest.raises(limits.WorkLimitError, match="--allow-large"):
+        search(2048, 16, None, "8act", time_limit=2)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0"])
+def test_search_time_limit_must_be_a_positive_finite_number(value: str, tmp_path: Path) -> None:
+    code, _, err = _search(["-r", "4", "-m", "8", "--memory-cap", "8act", "--time-limit", value], tmp_path)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "--time-limit" in lines[0] and "positive number of seconds" in lines[0]
+
+
+@pytest.mark.parametrize("search_flag", [[], ["--search", "--memory-cap", "8act"]])
+def test_report_search_time_nan_is_refused_with_or_without_search(search_flag: list[str], tmp_path: Path) -> None:
+    code, _, err = invoke(["report", "-s", "1F1B", "-r", "4", "-m", "8", *search_flag, "--search-time", "nan",
+                           "-o", str(tmp_path / "r.html")], tmp_path)
+    assert code == 2 and "--search-time nan" in err and not (tmp_path / "r.html").exists()
+
+
+def test_search_progress_starts_with_the_set_up_line(tmp_path: Path) -> None:
+    code, _, err = _search(["-r", "4", "-m", "8", "--memory-cap", "6act", "--placement", "v", "--time-limit", "0.5",
+                            "--solver", "none"], tmp_path)
+    assert code == 0, err
+    first = err.splitlines()[0]
+    assert "set-up" in first and "no order yet" in first and "0 orders" in first
+
+
+def _interrupt_list_scheduling(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ppsim.search.driver as driver
+
+    def interrupted(*_args: object, **_kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver, "list_schedule", interrupted)  # Ctrl-C in the first list-scheduling pass
+
+
+def test_ctrl_c_in_the_first_pass_prints_the_best_so_far_and_exits_130(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _interrupt_list_scheduling(monkeypatch)
+    out_csv = tmp_path / "best.csv"
+    v6 = ["-r", "4", "-m", "8", "--memory-cap", "6act", "--placement", "v", "--solver", "none",
+          "--costs", "F=1,B=2,I=1,W=1,comm=0.1"]  # a case no order closes at once
+    code, out, err = _search([*v6, "-q", "-o", str(out_csv)], tmp_path)
+    assert code == 130, err
+    assert "searched" in out and "V-Half" in out  # the table, with the best order so far
+    assert "Interrupted: the best order found so far is shown and written." in err
+    assert out_csv.exists()
+    code, out, err = _search([*v6, "--json"], tmp_path)
+    assert code == 130 and json.loads(out)["stopped"] == "interrupted"
+
+
+def test_ctrl_c_before_any_order_says_no_order_yet(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _interrupt_list_scheduling(monkeypatch)
+    # 2 activations per rank: no named schedule fits, so nothing is known when list scheduling is interrupted
+    code, out, err = _search(["-r", "4", "-m", "8", "--memory-cap", "2act", "-q"], tmp_path)
+    assert code == 130, err
+    assert out == "" and "Interrupted: no order yet" in err and "Traceback" not in err
+
+
+def test_with_allow_large_the_time_limit_still_ends_the_search() -> None:
+    """A first list-scheduling pass longer than the limit is cut at the deadline, not run to its end."""
+    from ppsim.search import MemoryCapError, search
+
+    try:  # 8 activations on 256 ranks: no named schedule fits, so only list scheduling can find an order
+        result = search(256, 16, None, "8act", time_limit=0.5, solver="none", allow_large=True)
+    except MemoryCapError as exc:
+        assert "no order found within the time limit" in str(exc)
+    else:
+        assert result.stopped == "time limit"

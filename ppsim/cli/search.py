@@ -22,10 +22,6 @@ if TYPE_CHECKING:
     from ppsim.search.recompute import RecomputeResult
 
 
-MAX_SEARCH_ACTIONS = 100_000
-"""Largest order `ppsim search` takes without --allow-large (about 20 ms per list-scheduling pass)."""
-
-
 @app.command("search")
 @user_errors
 def search_cmd(
@@ -67,13 +63,7 @@ def search_cmd(
     recompute: RecomputeOpt = None,
 ) -> None:
     """Search for the order with the smallest simulated makespan that fits the memory cap on every rank."""
-    from ppsim.limits import WorkEstimate, check_work
     from ppsim.search import search
-
-    # the search builds and simulates thousands of orders: bound one order's size well below the one-shot limit
-    v = 2 if placement is not Placement.loop else (stages_per_rank or 1)
-    check_work(WorkEstimate(f"search -r {ranks} -m {mb} -v {v}", ranks, max(ranks, 0) * v * max(mb, 0) * 3),
-               allow_large=allow_large, max_actions=MAX_SEARCH_ACTIONS)
 
     auto = _recompute_mode(recompute)
     if output is not None:
@@ -83,17 +73,22 @@ def search_cmd(
 
     def progress(p: Progress) -> None:
         if show:
-            typer.echo(f"  {p.elapsed_s:5.1f}s  {p.evaluations:6d} orders  best {p.best_makespan:.6g}  "
+            best = "no order yet" if p.best_makespan == float("inf") else f"best {p.best_makespan:.6g}"
+            typer.echo(f"  {p.elapsed_s:5.1f}s  {p.evaluations:6d} orders  {best}  "
                        f"(bound {p.lower_bound:.6g}, {p.phase})", err=True)
 
-    if auto:
-        _search_recompute(ranks, mb, cost_model, memory_cap, placement=placement, stages_per_rank=stages_per_rank,
-                          time_limit=time_limit, seed=seed, cost_scope=cost_scope, max_orders=max_orders,
-                          solver=solver, progress=progress, output=output, json_out=json_out)
-        return
-    result = search(ranks, mb, cost_model, memory_cap, placement=placement, num_stages_per_rank=stages_per_rank,
-                    time_limit=time_limit, seed=seed, cost_scope=None if cost_scope is None else cost_scope.value,
-                    max_orders=max_orders, solver=solver, progress=progress)
+    try:
+        if auto:
+            _search_recompute(ranks, mb, cost_model, memory_cap, placement=placement, stages_per_rank=stages_per_rank,
+                              time_limit=time_limit, seed=seed, cost_scope=cost_scope, max_orders=max_orders,
+                              solver=solver, progress=progress, output=output, json_out=json_out)
+            return
+        result = search(ranks, mb, cost_model, memory_cap, placement=placement, num_stages_per_rank=stages_per_rank,
+                        time_limit=time_limit, seed=seed, cost_scope=None if cost_scope is None else cost_scope.value,
+                        max_orders=max_orders, solver=solver, progress=progress, allow_large=allow_large)
+    except KeyboardInterrupt:
+        typer.echo("Interrupted: no order yet (the search had not found one that fits).", err=True)
+        raise typer.Exit(code=130) from None
     if output is not None:
         from ppsim.formats import to_csv_text
         from ppsim.io import write_atomic
@@ -103,10 +98,13 @@ def search_cmd(
         data = result.to_dict()
         data["output"] = None if output is None else str(output)
         echo_json(data)
-        return
-    print_search(result)
-    if output is not None:
-        typer.echo(str(output))
+    else:
+        print_search(result)
+        if output is not None:
+            typer.echo(str(output))
+    if result.stopped == "interrupted":
+        typer.echo("Interrupted: the best order found so far is shown" + (" and written." if output else "."), err=True)
+        raise typer.Exit(code=130)
 
 
 def _recompute_mode(option: str | None) -> bool:
@@ -179,7 +177,7 @@ def print_search_recompute(result: RecomputeResult) -> None:
 
 def searched_for_report(
     ranks: int | None, mb: int | None, cost_model: CostModel, memory_cap: str | None, cost_scope: object,
-    time_limit: float,
+    time_limit: float, *, allow_large: bool = False,
 ) -> tuple[Schedule, int | None]:
     """`ppsim report --search`: the searched order (placement any) and the byte cap to flag ranks with."""
     from ppsim.search import search
@@ -188,12 +186,20 @@ def searched_for_report(
         raise PPSimError("--search needs -r, -m and --memory-cap (e.g. -r 4 -m 16 --memory-cap 8act)")
     scope = getattr(cost_scope, "value", cost_scope)
     result = search(ranks, mb, cost_model, memory_cap, placement=Placement.any, time_limit=time_limit,
-                    cost_scope=None if scope is None else str(scope))
+                    cost_scope=None if scope is None else str(scope), allow_large=allow_large)
     typer.echo(f"searched: {result.makespan:.6g} ({result.source}); {bound_line(result)}", err=True)
     from dataclasses import replace
 
     cap = int(result.cap.amount) if result.cap.unit == "bytes" else None
     return replace(result.schedule, name=SEARCH_NAME), cap
+
+
+def check_time_limit(value: float, option: str) -> None:
+    """A time limit is a positive, finite number of seconds (NaN, inf and 0 are refused in one line)."""
+    import math
+
+    if not math.isfinite(value) or value <= 0:
+        raise PPSimError(f"{option} {value}: must be a positive number of seconds; e.g. {option} 10")
 
 
 def bound_line(result: SearchResult) -> str:

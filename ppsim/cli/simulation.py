@@ -207,6 +207,9 @@ def report_cmd(
     """One self-contained HTML page comparing schedules: ranking, Gantts, memory, bubbles."""
     if output.suffix.lower() not in (".html", ".htm"):
         raise PPSimError(f"-o {output}: a report is an HTML page; use a name ending in .html")
+    from ppsim.cli.search import check_time_limit
+
+    check_time_limit(search_time, "--search-time")  # refused even without --search: no option is silently ignored
     check_writable(output, example="report.html")
     from ppsim.compare import compare
     from ppsim.viz.report import write_report
@@ -219,7 +222,8 @@ def report_cmd(
     if search:
         from ppsim.cli.search import searched_for_report
 
-        found, cap = searched_for_report(inputs.ranks, inputs.mb, cost_model, memory_cap, cost_scope, search_time)
+        found, cap = searched_for_report(inputs.ranks, inputs.mb, cost_model, memory_cap, cost_scope, search_time,
+                                         allow_large=allow_large)
         searched[found.name] = found
     else:
         cap = parse_bytes(memory_cap)

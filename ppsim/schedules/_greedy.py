@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import random
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -127,8 +128,11 @@ class _Rank:
     pending_w: deque = field(default_factory=deque)
 
 
-def list_schedule(problem: Problem, rule: Rule) -> tuple[tuple[tuple[Action, ...], ...], float, tuple[float, ...]] | None:
-    """Per-rank orders, their makespan and per-rank peak memory; ``None`` when the rule's limits stall the ranks."""
+def list_schedule(
+    problem: Problem, rule: Rule, *, deadline: float | None = None
+) -> tuple[tuple[tuple[Action, ...], ...], float, tuple[float, ...]] | None:
+    """Per-rank orders, their makespan and per-rank peak memory; ``None`` when the rule's limits stall the ranks,
+    or when the clock (``time.perf_counter()``) passes ``deadline`` first."""
     tpl = problem.template
     R, M = tpl.num_ranks, tpl.num_microbatches
     S = tpl.num_stages
@@ -192,7 +196,11 @@ def list_schedule(problem: Problem, rule: Rule) -> tuple[tuple[tuple[Action, ...
         return Action(s, _I, mb)
 
     stalls = 0
+    steps = 0
     while left:
+        steps += 1
+        if deadline is not None and steps % 1024 == 0 and time.perf_counter() >= deadline:
+            return None
         t, _, r = heapq.heappop(heap)
         st = ranks[r]
         t = max(t, st.free)
@@ -235,7 +243,9 @@ def list_schedule(problem: Problem, rule: Rule) -> tuple[tuple[tuple[Action, ...
                 choice = ("w", -1)  # memory blocks every forward and no backward is known: W is the only progress
         if choice is None:
             known = [c[0] for c in fwd + bwd if t < c[0] < _INF]
-            later = min(known + [e[0] for e in heap if e[0] > t], default=_INF)
+            # the next time another rank decides: the heap's top when it is later than t, else a scan
+            other = heap[0][0] if heap and heap[0][0] > t else min((e[0] for e in heap if e[0] > t), default=_INF)
+            later = min(known + [other], default=_INF)
             if later == _INF:
                 if not heap:
                     return None

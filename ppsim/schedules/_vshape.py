@@ -90,6 +90,8 @@ class _Rank:
 
     kinds: list[list[int]]
     ws: list[int] | None
+    walk: _Walk | None = None
+    """Without W in place: the rank's events and the state after each, kept up to date by the moves."""
 
 
 def _place_w(kinds: list[list[int]], *, per_chunk: bool) -> list[list[int]]:
@@ -189,14 +191,65 @@ def _move(ranks: list[_Rank], r: int, k: int, mb: int, t: int, used: set[int], l
                 slots[mb] = slot
                 return slot
         return t
+    # Each I's W runs at the next free slot: only the events from the new slot on see a change
+    if rank.walk is None:
+        rank.walk = _Walk(rank)
+    event = (t, _HOLDS[k], k >= _I1)
     for slot in range(ready + 1, t):
-        if slot in used:
-            continue
-        slots[mb] = slot
-        if _peak(rank) <= limit:
+        if slot not in used and rank.walk.peak_if_moved(event, slot) <= limit:
+            slots[mb] = slot
+            rank.walk.move(event, slot)
             return slot
-    slots[mb] = t
     return t
+
+
+class _Walk:
+    """A rank's events in time order, ``(slot, change in activations, whether it owes a W)``, with the state
+    ``(held, owed, peak)`` after each; each I's W runs at the next free slot (the rank's W not in place)."""
+
+    def __init__(self, rank: _Rank) -> None:
+        self.events = sorted((t, _HOLDS[k], k >= _I1) for k in range(KINDS) for t in rank.kinds[k])
+        self.states: list[tuple[int, int, int]] = []
+        self._redo(0)
+
+    def _state_before(self, i: int) -> tuple[int, int, int, int]:
+        if i == 0:
+            return 0, 0, 0, -1
+        held, owed, peak = self.states[i - 1]
+        return held, owed, peak, self.events[i - 1][0]
+
+    @staticmethod
+    def _step(state: tuple[int, int, int, int], event: tuple[int, int, bool]) -> tuple[int, int, int, int]:
+        held, owed, peak, last = state
+        t, change, owes = event
+        released = min(owed, t - last - 1)
+        held += change - released
+        owed += owes - released
+        return held, owed, max(peak, held), t
+
+    def _redo(self, i: int) -> None:
+        del self.states[i:]
+        state = self._state_before(i)
+        for event in self.events[i:]:
+            state = self._step(state, event)
+            self.states.append(state[:3])
+
+    def peak_if_moved(self, event: tuple[int, int, bool], slot: int) -> int:
+        """The rank's peak with ``event`` moved to ``slot`` (earlier): the state before ``slot`` is unchanged."""
+        i = bisect_left(self.events, (slot,))
+        state = self._state_before(i)
+        moved = (slot, event[1], event[2])
+        state = self._step(state, moved)
+        for other in self.events[i:]:
+            if other != event:
+                state = self._step(state, other)
+        return state[2]
+
+    def move(self, event: tuple[int, int, bool], slot: int) -> None:
+        self.events.remove(event)
+        i = bisect_left(self.events, (slot,))
+        self.events.insert(i, (slot, event[1], event[2]))
+        self._redo(i)
 
 
 def _room_from(rank: _Rank, first: int, end: int, limit: int) -> int:
@@ -238,7 +291,8 @@ def _order(r: int, num_ranks: int, kinds: list[list[int]], ws: list[list[int]]) 
 Offsets = tuple[tuple[int, int, int, int], ...]
 
 
-def building_blocks(num_ranks: int) -> list[Offsets]:
+@lru_cache(maxsize=64)
+def building_blocks(num_ranks: int) -> tuple[Offsets, ...]:
     """Every building block of the paper's uniform-offset family, as block-0 slots per rank (deduplicated).
 
     Rank 0's four F/I kinds sit anywhere in the period (its first-chunk F at 0). From each rank to the next, the
@@ -260,7 +314,7 @@ def building_blocks(num_ranks: int) -> list[Offsets]:
                             pos = _positions((0, second_f, second_i, first_i), R, d0, d1, n0)
                             if pos is not None:
                                 seen.setdefault(_absolute(pos), None)
-    return list(seen)
+    return tuple(seen)
 
 
 def _positions(

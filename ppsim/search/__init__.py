@@ -23,7 +23,8 @@ Deterministic for a seed; honours a time limit; Ctrl-C returns the best so far.
 | ``common`` | the value types (:class:`MemoryCap`, :class:`SearchResult`, ...) and the helpers every phase shares |
 | ``driver`` | :func:`search`, split by phase |
 | ``bounds`` | :func:`lower_bound`, :func:`smallest_cap` |
-| ``seeds`` | V placement: the controllable-memory building blocks that fit the cap |
+| ``seeds`` | V placement: the controllable-memory building blocks and the greedy V orders that fit the cap |
+| ``vgreedy`` | the greedy V construction (the zero-bubble authors' ZB-V greedy, rebuilt) at a memory level |
 | ``rules`` | the list-scheduling rules: fixed, random, mutated |
 | ``local`` | local search on one order |
 | ``cpsat`` | the optional CP-SAT model |

@@ -19,6 +19,7 @@ import math
 import random
 import time
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from typing import Callable
 
 from ppsim.compare import resolve_scope
@@ -47,7 +48,11 @@ from ppsim.search.common import (
 )
 from ppsim.search.local import local_search
 from ppsim.search.rules import fixed_rules, mutate, pairs_help, random_rule
-from ppsim.search.seeds import v_block_seeds
+from ppsim.search.seeds import v_block_seeds, v_greedy_seeds
+
+SETUP_GRACE_S = 1.0
+"""The named schedules are timed even past the time limit by up to this much (fixed start-up costs), so that a
+short limit still compares against them; a set-up estimated longer than the limit is refused before it starts."""
 
 Named = tuple[NamedResult, Schedule, SimResult]
 Case = tuple[Schedule, CostModel, Problem]
@@ -132,6 +137,7 @@ def search(
     max_orders: int | None = None,
     solver: Solver | str = Solver.auto,
     progress: Callable[[Progress], None] | None = None,
+    allow_large: bool = False,
 ) -> SearchResult:
     """Search for the compute order with the smallest simulated makespan that fits ``memory_cap`` on every rank.
 
@@ -144,42 +150,44 @@ def search(
     ``max_orders`` small enough for the time limit (see docs/search.md). ``solver``: ``"auto"`` polishes with
     OR-Tools' CP-SAT when it is installed (``pip install ppsim[search]``), ``"cpsat"`` requires it, ``"none"``
     never uses it.
+
+    The work is estimated first (:func:`ppsim.limits.estimate_search`): an order beyond the limit, or a set-up
+    (timing the named schedules, a first order) that cannot fit ``time_limit``, is refused unless ``allow_large``.
+    ``time_limit`` bounds the whole call, set-up included; ``progress`` hears of the set-up at once. Ctrl-C
+    returns the best order so far (``stopped == "interrupted"``), or raises ``KeyboardInterrupt`` if there is none.
     """
     t0 = time.perf_counter()
     # Phase 0: set-up
     costs = parse_costs(None) if costs is None else costs
-    placement = Placement(placement)
-    _check_sizes(num_ranks, num_microbatches, time_limit)
-    cap = MemoryCap(math.inf, "act") if memory_cap is None else parse_memory_cap(memory_cap)
-    if cap.unit == "bytes" and not costs.has_memory:
-        raise MemoryCapError(
-            f"--memory-cap {memory_cap}: a cap in bytes needs activation sizes; pass --profile P.json "
-            "or give the cap as activations (e.g. 8act)"
-        )
-    cases, cost_scope = _cases(num_ranks, num_microbatches, costs, cap, placement, num_stages_per_rank, cost_scope)
-    templates = [tpl for tpl, _, _ in cases]
-    named = _named(templates, num_ranks, num_microbatches, costs, cap, cost_scope)
-    _check_some_order_fits(cap, cases, named)
-    use_cpsat = _use_cpsat(solver)
+    cap = _check_inputs(num_ranks, num_microbatches, costs, memory_cap, time_limit, solver)
+    templates = _templates(num_ranks, num_microbatches, Placement(placement), num_stages_per_rank)
+    _check_work(templates, num_ranks, num_microbatches, time_limit, allow_large)
+    cases, cost_scope = _cases(templates, costs, cap, cost_scope)
+    _check_some_order_fits(cap, cases)
     run = _Run(cases, cap, [lower_bound(p) for _, _, p in cases], t0, t0 + time_limit, random.Random(seed),
                progress, last_report=t0)
+    run.report("set-up", force=True)
+    use_cpsat = _use_cpsat(solver)
+    named = _named([tpl for tpl, _, _ in cases], num_ranks, num_microbatches, costs, cost_scope, cap, run=run)
     fitting = sorted((x for x in named if x[0].fits), key=lambda x: x[0].makespan)
     if fitting:
         run.best = _Best(fitting[0][0].makespan, fitting[0][1], fitting[0][0].name)
     stopped = "done"
     try:
         # Phase 1: seeds, then list scheduling
-        _v_seeds(run, t0 + (0.15 if use_cpsat else 0.25) * time_limit, max_orders)
-        phase1_end = t0 + (0.3 if use_cpsat else 0.6) * time_limit
+        now = time.perf_counter()
+        left = max(0.0, run.deadline - now)  # the shares are of the time the set-up left
+        _v_seeds(run, now + (0.15 if use_cpsat else 0.25) * left, max_orders)
+        phase1_end = now + (0.3 if use_cpsat else 0.6) * left
         elites = _list_scheduling(run, phase1_end, None if max_orders is None else max(1, int(0.6 * max_orders)))
-        starts = _local_starts(run, elites, fitting[0][1] if fitting else None, costs, cost_scope)
+        starts = _local_starts(run, elites, fitting[0] if fitting else None, costs, cost_scope)
         # Phase 2: CP-SAT
         if use_cpsat and starts and not run.optimal() and run.deadline - time.perf_counter() > 0.3:
             _cpsat_polish(run, starts, seed=seed, max_orders=max_orders)
         # Phase 3: local search (nothing to gain once the best order meets the bound)
         if not run.optimal():
             _local_phase(run, starts, max_orders)
-        if time.perf_counter() >= run.deadline:
+        if time.perf_counter() >= run.deadline and not run.optimal():
             stopped = "time limit"
     except KeyboardInterrupt:
         stopped = "interrupted"
@@ -188,16 +196,38 @@ def search(
 
 
 # --- Phase 0: set-up -------------------------------------------------------------------------------------------------
-def _check_sizes(num_ranks: int, num_microbatches: int, time_limit: float) -> None:
+def _check_inputs(
+    num_ranks: int, num_microbatches: int, costs: CostModel, memory_cap: MemoryCap | str | float | None,
+    time_limit: float, solver: Solver | str,
+) -> MemoryCap:
+    """Sizes, time limit, solver and cap checked before any work; returns the cap."""
     if num_ranks < 1 or num_microbatches < 1:
         raise PPSimError(f"--ranks {num_ranks} --mb {num_microbatches}: need at least 1 of each; e.g. -r 4 -m 8")
-    if time_limit <= 0:
-        raise PPSimError(f"--time-limit {time_limit}: must be positive (seconds); e.g. --time-limit 10")
+    if not math.isfinite(time_limit) or time_limit <= 0:
+        raise PPSimError(f"--time-limit {time_limit}: must be a positive number of seconds; e.g. --time-limit 10")
+    if solver not in ("auto", "cpsat", "none"):
+        raise PPSimError(f"--solver {solver!r}: choose auto, cpsat or none")
+    cap = MemoryCap(math.inf, "act") if memory_cap is None else parse_memory_cap(memory_cap)
+    if cap.unit == "bytes" and not costs.has_memory:
+        raise MemoryCapError(
+            f"--memory-cap {memory_cap}: a cap in bytes needs activation sizes; pass --profile P.json "
+            "or give the cap as activations (e.g. 8act)"
+        )
+    return cap
+
+
+def _check_work(templates: list[Schedule], num_ranks: int, num_microbatches: int, time_limit: float,
+                allow_large: bool) -> None:
+    """Refuse, before any work, a search whose orders or set-up are beyond :mod:`ppsim.limits`."""
+    from ppsim.limits import check_search, estimate_search
+    from ppsim.schedules import all_specs
+
+    stages = tuple(t.num_stages_per_rank for t in templates)
+    estimate = estimate_search(num_ranks, num_microbatches, stages, num_named=len(all_specs()))
+    check_search(estimate, time_limit=time_limit, allow_large=allow_large)
 
 
 def _use_cpsat(solver: Solver | str) -> bool:
-    if solver not in ("auto", "cpsat", "none"):
-        raise PPSimError(f"--solver {solver!r}: choose auto, cpsat or none")
     solver = Solver(solver).value
     if solver == "cpsat" and not cpsat.available():
         raise PPSimError("--solver cpsat needs OR-Tools; pip install 'ppsim[search]' (or ortools), or drop --solver")
@@ -220,11 +250,9 @@ def _templates(num_ranks: int, num_microbatches: int, placement: Placement, v: i
 
 
 def _cases(
-    num_ranks: int, num_microbatches: int, costs: CostModel, cap: MemoryCap, placement: Placement, v: int | None,
-    cost_scope: str | None,
+    templates: list[Schedule], costs: CostModel, cap: MemoryCap, cost_scope: str | None
 ) -> tuple[list[Case], str]:
     """One case per placement the costs can describe (a profile fixes the stage count), and the cost scope."""
-    templates = _templates(num_ranks, num_microbatches, placement, v)
     scope = resolve_scope(templates, costs, cost_scope)[0].value  # the comparability rule of ppsim.compare
     cases: list[Case] = []
     errors: list[PPSimError] = []
@@ -242,9 +270,11 @@ def _cases(
 
 
 def _named(
-    templates: list[Schedule], num_ranks: int, num_microbatches: int, costs: CostModel, cap: MemoryCap, scope: str
+    templates: list[Schedule], num_ranks: int, num_microbatches: int, costs: CostModel, scope: str, cap: MemoryCap,
+    *, run: _Run | None = None,
 ) -> list[Named]:
-    """Every named schedule of the templates' placements, simulated under the same costs, with its peak."""
+    """Every named schedule of the templates' placements, simulated under the same costs, with its peak (with a
+    ``run``: reported as set-up, and only while its clock allows)."""
     from ppsim.schedules import all_specs, get_schedule
     from ppsim.simulate import simulate
 
@@ -253,6 +283,10 @@ def _named(
     for spec in all_specs():
         vs = [spec.fixed_stages_per_rank] if spec.fixed_stages_per_rank else sorted({t.num_stages_per_rank for t in templates})
         for v in vs:
+            if run is not None:
+                if time.perf_counter() >= run.deadline + SETUP_GRACE_S:
+                    return out  # the time limit bounds the set-up too
+                run.report("set-up")
             try:
                 sched = get_schedule(spec.name, num_ranks, num_microbatches, v)
                 if sched.stage_to_rank not in placements or len(sched.pipelines) != 1:
@@ -267,11 +301,12 @@ def _named(
     return out
 
 
-def _check_some_order_fits(cap: MemoryCap, cases: list[Case], named: list[Named]) -> None:
+def _check_some_order_fits(cap: MemoryCap, cases: list[Case]) -> None:
+    """Refuse, before any work, a cap below one microbatch's activations on all of a rank's stages (no order, named
+    or searched, can hold less)."""
     need = min(smallest_cap(p) for _, _, p in cases)
-    if need > cap.amount + 1e-9 and not any(n.fits for n, _, _ in named):
-        smallest = min([need] + [n.peak for n, _, _ in named])
-        shown = f"{smallest:g}act" if cap.unit == "act" else f"{int(math.ceil(smallest))} bytes"
+    if need > cap.amount + 1e-9:
+        shown = f"{need:g}act" if cap.unit == "act" else f"{int(math.ceil(need))} bytes"
         raise MemoryCapError(
             f"--memory-cap {cap}: no order fits; every rank must hold at least one microbatch's activations on all "
             f"its stages; the smallest feasible cap is {shown}; pass --memory-cap {shown.replace(' bytes', '')} or more"
@@ -283,9 +318,12 @@ SEED_SOURCE = "V building block"
 
 
 def _v_seeds(run: _Run, phase_end: float, max_count: int | None) -> None:
-    """The V building blocks that fit the cap (V placement only); the best two become local-search starts."""
+    """The greedy V orders and the V building blocks that fit the cap (V placement only); the best two become
+    local-search starts."""
     for tpl, tcosts, prob in run.cases:
-        for schedule, sim in v_block_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end, max_count=max_count):
+        blocks = v_block_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end, max_count=max_count)
+        greedy = v_greedy_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end)
+        for schedule, sim in chain(greedy, blocks):
             if run.optimal():
                 return
             run.evaluations += 1
@@ -310,6 +348,7 @@ def _list_scheduling(run: _Run, phase_end: float, max_orders: int | None) -> lis
             if run.best.schedule is not None and (time.perf_counter() >= phase_end or run.optimal()):
                 break
             _try_rule(run, elites, k, rule)
+            run.report("list scheduling")
     turn = 0
     stale = 0
     while (time.perf_counter() < phase_end and stale < 4000 and not run.optimal()
@@ -330,7 +369,7 @@ def _list_scheduling(run: _Run, phase_end: float, max_orders: int | None) -> lis
 def _try_rule(run: _Run, elites: list[list[Elite]], k: int, rule: Rule) -> bool:
     """List-schedule case ``k`` with ``rule``; keep the order among the case's elites; True if it is the best yet."""
     tpl, _, prob = run.cases[k]
-    out = list_schedule(prob, rule)
+    out = list_schedule(prob, rule, deadline=run.deadline)  # one pass of a big case may outlast the time limit
     run.evaluations += 1
     if out is None or max(out[2]) > run.cap.amount + 1e-9:
         return False
@@ -343,17 +382,16 @@ def _try_rule(run: _Run, elites: list[list[Elite]], k: int, rule: Rule) -> bool:
 
 
 def _local_starts(
-    run: _Run, elites: list[list[Elite]], best_named: Schedule | None, costs: CostModel, scope: str
+    run: _Run, elites: list[list[Elite]], best_named: Named | None, costs: CostModel, scope: str
 ) -> list[tuple[Schedule, CostModel]]:
-    """The orders local search starts from: each case's best three and the best named one, fastest first."""
-    from ppsim.simulate import simulate
-
-    starts = [(e[3], run.cases[k][1]) for k, elite in enumerate(elites) for e in elite[:3]]
-    starts += [(schedule, run.costs_of(schedule)) for _, schedule in run.seeds]
+    """The orders local search starts from: each case's best three, the best two seeds and the best named one,
+    fastest first (their makespans are known: nothing is simulated again)."""
+    timed = [(e[0], e[3], run.cases[k][1]) for k, elite in enumerate(elites) for e in elite[:3]]
+    timed += [(makespan, schedule, run.costs_of(schedule)) for makespan, schedule in run.seeds]
     if best_named is not None:
-        starts.append((best_named, costs_for(costs, best_named, scope=scope)))
-    starts.sort(key=lambda x: simulate(x[0], x[1]).makespan)
-    return starts
+        timed.append((best_named[0].makespan, best_named[1], costs_for(costs, best_named[1], scope=scope)))
+    timed.sort(key=lambda x: x[0])
+    return [(schedule, tcosts) for _, schedule, tcosts in timed]
 
 
 # --- Phase 2: CP-SAT -------------------------------------------------------------------------------------------------
@@ -418,6 +456,8 @@ def _result(
     from ppsim.simulate import simulate
 
     best = run.best
+    if best.schedule is None and stopped == "interrupted":
+        raise KeyboardInterrupt  # no order yet
     if best.schedule is None:
         raise MemoryCapError(
             f"--memory-cap {run.cap}: no order found within the time limit; raise --time-limit or the cap"

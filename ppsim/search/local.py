@@ -38,6 +38,7 @@ def local_search(
     n = 0
     failures = 0
     while time.perf_counter() < deadline and failures < 3000 and (max_tries is None or n < max_tries):
+        report("local search")  # rate-limited by the caller: a line every half second
         rows = [list(r) for r in current.actions]
         r = rng.randrange(len(rows))
         if not rows[r]:

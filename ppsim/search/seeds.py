@@ -1,10 +1,12 @@
-"""Seeds for V placement: the controllable-memory building-block family at every memory level up to the cap.
+"""Seeds for V placement: the controllable-memory building-block family at every memory level up to the cap, and
+the greedy V construction (:mod:`ppsim.search.vgreedy`) at the highest level the cap allows.
 
 The paper's family (:func:`ppsim.schedules._vshape.building_blocks`: V-Min, V-Half and the blocks between and above
 them, up to ZBV's memory) is built by the same repeat-squeeze-reorder as the named V-Min and V-Half. A block whose
 repeated pattern holds more than the cap is skipped (the reordered schedule holds no more than the pattern); the
 rest are tried from the most memory down (more memory, shorter schedule, as a rule), each simulated with the
-search's costs and kept when it fits. The named V schedules themselves are already the search's baseline.
+search's costs and kept when it fits, while the phase's time lasts (ranking the blocks included), and only up to
+:data:`MAX_SEED_RANKS` ranks. The named V schedules themselves are already the search's baseline.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from ppsim.schedules._vshape import block_schedule, building_blocks, plain_peak
 from ppsim.search.common import MemoryCap, fits, is_v
 
 
+MAX_SEED_RANKS = 32
+"""Beyond this many ranks the family (about 60 R blocks, each reordered in O(R M)) is not tried."""
+
+
 def v_block_seeds(
     template: Schedule, costs: CostModel, problem: Problem, cap: MemoryCap, *, deadline: float,
     max_count: int | None = None,
@@ -28,15 +34,18 @@ def v_block_seeds(
     blocks are built (nothing for a placement other than V)."""
     from ppsim.simulate import simulate
 
-    if not is_v(template):
+    if not is_v(template) or template.num_ranks > MAX_SEED_RANKS:
         return
     R, M = template.num_ranks, template.num_microbatches
-    limit = _count_limit(problem, cap)
-    ranked = sorted(
-        ((peak, k, offsets) for k, offsets in enumerate(building_blocks(R))
-         if (peak := plain_peak(offsets, M)) <= min(limit, 2 * R)),
-        key=lambda x: (-x[0], x[1]),
-    )
+    limit = min(_count_limit(problem, cap), 2 * R)
+    ranked = []
+    for k, offsets in enumerate(building_blocks(R)):
+        if time.perf_counter() >= deadline:
+            break
+        peak = plain_peak(offsets, M)
+        if peak <= limit:
+            ranked.append((-peak, k, offsets))
+    ranked.sort()
     seen: set[tuple[object, ...]] = set()
     for count, (_, _, offsets) in enumerate(ranked):
         if time.perf_counter() >= deadline or (max_count is not None and count >= max_count):
@@ -49,6 +58,32 @@ def v_block_seeds(
         sim = simulate(schedule, costs)
         if fits(sim, cap):
             yield schedule, sim
+
+
+def v_greedy_seeds(
+    template: Schedule, costs: CostModel, problem: Problem, cap: MemoryCap, *, deadline: float
+) -> Iterator[tuple[Schedule, SimResult]]:
+    """The greedy V orders (mean per-chunk F, I, W and hand-off delay of ``problem``) at each memory level from the
+    cap's (at most ZBV's 2R) down, while ``deadline`` allows; those that fit. In practice the construction
+    completes at 2R chunk activations, where it is often faster than ZBV with communication."""
+    from ppsim.search.vgreedy import greedy_v
+    from ppsim.simulate import simulate
+
+    if not is_v(template) or template.num_ranks > MAX_SEED_RANKS:
+        return
+    R, M, S = template.num_ranks, template.num_microbatches, template.num_stages
+    mean = (sum(problem.f) / S, sum(problem.i) / S, sum(problem.w) / S)
+    delays = [d for d in problem.fwd_delay if d > 0]
+    comm = sum(delays) / len(delays) if delays else 0.0
+    top = int(min(_count_limit(problem, cap), 2 * R))
+    for level in range(top, R - 1, -1):
+        if time.perf_counter() >= deadline:
+            return
+        for schedule in greedy_v(R, M, mean, comm, level):
+            schedule = template.with_actions(schedule.actions)
+            sim = simulate(schedule, costs)
+            if fits(sim, cap):
+                yield schedule, sim
 
 
 def _count_limit(problem: Problem, cap: MemoryCap) -> float:
