@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import PPSimError
+from ppsim.limits import MAX_CALIBRATION_S, MEMORY_SHARE  # work and memory limits (``--allow-large`` lifts them)
 from ppsim.profile import Stat, load_profile
 
 if TYPE_CHECKING:
@@ -50,8 +51,6 @@ if TYPE_CHECKING:
 OPS = ("F", "B", "I", "W", "FB")
 #: Layers in the multi-layer unit (fewer when the model has fewer).
 K_LAYERS = 4
-#: Work and memory limits of one calibration (``--allow-large`` lifts them).
-MAX_CALIBRATION_S = 3600.0
 CPU_FLOPS = 2e10
 GPU_FLOPS = 1e14
 PROBE_STEPS = 4
@@ -76,23 +75,42 @@ class CalibrationOptions:
 
 
 # --- limits (no torch needed) -----------------------------------------------------------------------------------
-def estimate(config: ModelConfig, *, device: str, reps: int, warmup: int) -> tuple[float, int]:
-    """``(seconds, bytes)``: a rough estimate of the calibration's work and of the largest unit's memory."""
+def estimate(config: ModelConfig, *, device: str, reps: int, warmup: int, probe: bool = False,
+             check_stages: bool = False) -> tuple[float, int]:
+    """``(seconds, bytes)``: a rough estimate of the calibration's work and of the largest unit's memory; with
+    ``probe``, the runtime probe too (the whole model on two ranks, with its non-pipelined reference); with
+    ``check_stages``, the whole model measured stage by stage."""
     item = {"float32": 4, "bfloat16": 2, "float16": 2}[config.dtype]
     tokens = config.mb_size * config.seq_len
     h, f, v, s = config.hidden, config.ffn, config.vocab, config.seq_len
     layer_flops = 2 * tokens * (4 * h * h + 3 * h * f) + 4 * tokens * s * h
     head_flops = 2 * tokens * h * v
     k = min(K_LAYERS, config.layers)
+    flops_per_s = GPU_FLOPS if device == "cuda" else CPU_FLOPS
     # per repetition: F, B, (F), I, W, FB ~ 3 forwards and 2.5 backwards (2x forward each) of 1 + k layers and head
     per_rep = 8 * ((1 + k) * layer_flops + head_flops)
-    seconds = (warmup + reps) * per_rep / (GPU_FLOPS if device == "cuda" else CPU_FLOPS)
+    flops = (warmup + reps) * per_rep
+    model_flops = config.layers * layer_flops + head_flops  # one forward of the whole model, one microbatch
+    if check_stages:
+        flops += (warmup + reps) * 8 * model_flops
     layer_params = 4 * h * h + 3 * h * f
     attn_scores = config.mb_size * config.heads * s * s * item * (0 if device == "cuda" else 3)
     per_layer_act = tokens * (12 * h + 4 * f) * item + attn_scores
-    weights = 4 * (k * layer_params + v * h) * item  # weights, grads and two optimizer-sized temporaries
-    activations = 3 * (k * per_layer_act + tokens * v * 8)  # up to three microbatches alive (pending pair)
-    return seconds, weights + activations
+    num_layers = config.layers if check_stages else k
+    weights = 4 * (num_layers * layer_params + v * h) * item  # weights, grads and two optimizer-sized temporaries
+    activations = 3 * (num_layers * per_layer_act + tokens * v * 8)  # up to three microbatches alive (pending pair)
+    need = weights + activations
+    if probe and config.layers >= 2:
+        from ppsim.calibrate import runtime_model as rm
+        from ppsim.calibrate.run import estimate_run_bytes
+        from ppsim.schedules import get_schedule
+
+        ranks, microbatches = rm.probe_shape(False)
+        steps = PROBE_STEPS + PROBE_WARMUP + 1  # and the reference
+        flops += steps * microbatches * 3 * model_flops
+        need = max(need, estimate_run_bytes(config, get_schedule(rm.PROBE_SCHEDULE, ranks, microbatches),
+                                            synthetic=False))
+    return flops / flops_per_s, need
 
 
 def check_limits(opts: CalibrationOptions) -> None:
@@ -101,22 +119,28 @@ def check_limits(opts: CalibrationOptions) -> None:
         return
     from ppsim.calibrate.launch import available_memory_bytes
 
-    seconds, need = estimate(opts.config, device=opts.device, reps=opts.reps, warmup=opts.warmup)
-    shape = (f"hidden {opts.config.hidden}, ffn {opts.config.ffn}, vocab {opts.config.vocab}, "
-             f"microbatch {opts.config.mb_size}x{opts.config.seq_len}")
+    seconds, need = estimate(opts.config, device=opts.device, reps=opts.reps, warmup=opts.warmup,
+                             probe=opts.probe, check_stages=opts.check_stages)
+    shape = (f"{opts.config.layers:,} layers, hidden {opts.config.hidden}, ffn {opts.config.ffn}, vocab "
+             f"{opts.config.vocab}, microbatch {opts.config.mb_size}x{opts.config.seq_len}")
+    whole = " (the runtime probe runs the whole model: --no-probe skips it)" if opts.probe else ""
     have = available_memory_bytes() if opts.device == "cpu" else None
-    if have is not None and need > 0.8 * have:
+    if have is not None and need > MEMORY_SHARE * have:
         raise PPSimError(
             f"calibrating the {opts.config.preset} model ({shape}) needs about {need / 2**30:.1f} GiB but "
-            f"{have / 2**30:.1f} GiB is available; lower --seq-len or --mb-size, use a smaller --preset, or pass "
-            "--allow-large"
+            f"{have / 2**30:.1f} GiB is available{whole}; lower --layers, --seq-len or --mb-size, use a smaller "
+            "--preset, or pass --allow-large"
         )
     if seconds > MAX_CALIBRATION_S:
         raise PPSimError(
             f"calibrating the {opts.config.preset} model ({shape}) on {opts.device} would take about "
-            f"{seconds / 3600:.1f} h (limit {MAX_CALIBRATION_S / 3600:g} h); lower --seq-len, --reps or use a "
-            "smaller --preset, calibrate on a GPU, or pass --allow-large"
+            f"{_hours(seconds)} (limit {MAX_CALIBRATION_S / 3600:g} h){whole}; lower --layers, --seq-len or --reps, "
+            "use a smaller --preset, calibrate on a GPU, or pass --allow-large"
         )
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:,.1f} h" if seconds < 86400 * 10 else f"{seconds / 86400:,.0f} days"
 
 
 # --- the units and their composition ----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from ppsim.errors import PPSimError
+from ppsim.limits import check_timeout
 
 if TYPE_CHECKING:
     from ppsim.calibrate.run import RunReport
@@ -72,10 +73,10 @@ def calibrate_command(
         Optional[DType], typer.Option("--dtype", case_sensitive=False, help="float32, bfloat16 or float16.")
     ] = None,
     stages: Annotated[
-        int,
+        Optional[int],
         typer.Option("--stages", help="With --check-stages: how many stages (torchtitan's default split) to "
-                     "measure whole. The profile's blocks serve any stage count."),
-    ] = 4,
+                     "measure whole (default 4). The profile's blocks serve any stage count."),
+    ] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed repetitions before each measurement.")] = 3,
     reps: Annotated[int, typer.Option("--reps", help="Timed repetitions per measurement.")] = 20,
     resume: Annotated[
@@ -111,10 +112,13 @@ def calibrate_command(
     for name, value, least in (("--warmup", warmup, 0), ("--reps", reps, 1)):
         if value < least:
             raise PPSimError(f"{name} {value}: must be at least {least}; e.g. {name} {max(least, 3)}")
-    if stages < 1:
+    if stages is not None and stages < 1:
         raise PPSimError(f"--stages {stages}: must be at least 1; e.g. --stages 4")
-    if not (init_timeout > 0 and math.isfinite(init_timeout)):
-        raise PPSimError(f"--init-timeout {init_timeout}: must be a positive number of seconds; e.g. 60")
+    if stages is not None and not check_stages:  # the Slurm scripts pass it always: a warning, not a refusal
+        typer.echo(f"warning: --stages {stages} is used only with --check-stages (the profile's blocks serve any "
+                   "stage count), so it is ignored", err=True)
+    stages = 4 if stages is None else stages
+    check_timeout("--init-timeout", init_timeout, least=1.0)
     if check_stages:
         from ppsim.split import default_split
 
@@ -269,9 +273,9 @@ def run_command(
                                ("--steps", steps, 1), ("--warmup", warmup, 0), ("--probes", probes, 0)):
         if value is not None and value < least:
             raise PPSimError(f"{name} {value}: must be at least {least}")
-    for name, number, least in (("--time-unit", time_unit, 1e-4), ("--timeout", timeout, 1.0)):
-        if not (math.isfinite(number) and number >= least):
-            raise PPSimError(f"{name} {number}: must be a finite number >= {least:g}")
+    if not (math.isfinite(time_unit) and time_unit >= 1e-4):
+        raise PPSimError(f"--time-unit {time_unit}: must be a finite number >= 0.0001")
+    check_timeout("--timeout", timeout, least=1.0)
     for path, what in ((output, "-o"), (plot, "--plot")):
         if path is not None:
             check_output(path, what)

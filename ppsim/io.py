@@ -234,21 +234,32 @@ def parse_bytes(text: str | None, *, option: str = "--memory-cap") -> int | None
     if text is None:
         return None
     fix = "give a positive size in bytes such as 80000000000, 80GB or 80GiB"
+    shown = _quoted(text)
+    too_large = (f"{option} {shown}: larger than {MAX_BYTES} bytes (8 EiB), the largest size ppsim represents; "
+                 f"{fix}")
     m = _SIZE_RE.match(text)
     if m is None:
-        raise SizeError(f"{option} {text!r}: not a size; {fix}")
+        raise SizeError(f"{option} {shown}: not a size; {fix}")
     try:
         value = Decimal(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
-    except InvalidOperation:
-        raise SizeError(f"{option} {text!r}: not a size; {fix}") from None
+    except (InvalidOperation, ArithmeticError):  # 1e1000000 overflows the decimal context
+        if m.group(1).startswith("-"):
+            raise SizeError(f"{option} {shown}: must be positive; {fix}") from None
+        raise SizeError(too_large) from None
     if not value.is_finite() or value > MAX_BYTES:
-        raise SizeError(f"{option} {text!r}: larger than {MAX_BYTES} bytes (8 EiB), the largest size ppsim "
-                        f"represents; {fix}")
+        raise SizeError(too_large)
     if value <= 0:
-        raise SizeError(f"{option} {text!r}: must be positive; {fix}")
+        raise SizeError(f"{option} {shown}: must be positive; {fix}")
     if value < 1:
-        raise SizeError(f"{option} {text!r}: less than one byte; {fix}")
+        raise SizeError(f"{option} {shown}: less than one byte; {fix}")
     return int(value)
+
+
+def _quoted(text: str, limit: int = 40) -> str:
+    """A user's value for a one-line message: quoted, a long one cut in the middle with its length."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:16]!r}...{text[-8:]!r} ({len(text):,} characters)"
 
 
 def parse_memory_cap(text: str | None, *, option: str = "--memory-cap") -> int | ActivationCap | None:
@@ -258,7 +269,10 @@ def parse_memory_cap(text: str | None, *, option: str = "--memory-cap") -> int |
     m = _ACT_RE.match(text)
     if m is None:
         return parse_bytes(text, option=option)
-    count = int(m.group(1))
+    digits = m.group(1).lstrip("0")
+    if len(digits) > 12:  # int() of thousands of digits is slow or refused; no rank holds 10**12 activations
+        raise SizeError(f"{option} {_quoted(text)}: more than 10**12 activations per rank; give a count such as 8act")
+    count = int(digits or "0")
     if count < 1:
         raise SizeError(f"{option} {text!r}: an activation cap must be at least 1act; e.g. 8act")
     return ActivationCap(count)

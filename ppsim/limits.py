@@ -18,6 +18,12 @@ A refusal names the estimate, the limit and the override (``--allow-large`` on t
 | :data:`MAX_FIGURE_RANKS` | 1,000 ranks | ``plot`` and ``report`` |
 | :data:`MAX_COMPARE_ACTIONS` | 2,000,000 computations | all schedules of one ``simulate -s A,B,...`` together |
 | :data:`MAX_REPORT_ACTIONS` / :data:`MAX_REPORT_RANKS` | 100,000 computations / 2,000 rows | all figures of one ``report`` together |
+| :data:`MAX_RUN_ACTIONS` | 100,000 actions | one step of ``ppsim run`` (every action runs and is timed) |
+| :data:`MAX_RUN_STEPS` / :data:`MAX_RUN_EXECUTED` | 1,000 steps / 1,000,000 actions | warm-up, timed and probe steps of one ``run`` |
+| :data:`MAX_REAL_RANKS_PER_CORE` / :data:`MAX_SYNTHETIC_RANKS` | 4 per core / 64 | local rank processes of ``run`` |
+| :data:`MAX_CALIBRATION_S` | 1 h (estimated) | one ``calibrate``, the runtime probe of the whole model included |
+| :data:`MAX_TIMEOUT_S` | 7 days | ``run --timeout``, ``calibrate --init-timeout`` (not liftable) |
+| :data:`MAX_MODEL_DIM` | 2**31 - 1 | each model size (hidden, heads, ffn, layers, vocab, seq_len, mb_size; not liftable) |
 """
 
 from __future__ import annotations
@@ -38,6 +44,19 @@ MAX_FIGURE_RANKS = 1_000
 MAX_COMPARE_ACTIONS = MAX_ACTIONS
 MAX_REPORT_ACTIONS = 2 * MAX_FIGURE_ACTIONS
 MAX_REPORT_RANKS = 2 * MAX_FIGURE_RANKS
+
+MAX_RUN_ACTIONS = 100_000
+MAX_RUN_STEPS = 1_000
+MAX_RUN_EXECUTED = 1_000_000
+MAX_REAL_RANKS_PER_CORE = 4
+MAX_SYNTHETIC_RANKS = 64
+MEMORY_SHARE = 0.8
+"""Share of the available memory a run or a calibration may plan to use."""
+MAX_CALIBRATION_S = 3600.0
+MAX_TIMEOUT_S = 7 * 86_400.0
+"""Longest timeout a command takes: beyond it, thread waits overflow (no override: nothing needs longer)."""
+MAX_MODEL_DIM = 2**31 - 1
+"""Largest model size (torch's index range; no override: nothing larger can be built)."""
 
 BYTES_PER_ACTION = 300
 """Memory the simulator holds per action (schedule, timeline, result), measured on the perf target."""
@@ -154,6 +173,30 @@ def check_file_size(path: str, num_bytes: int, *, allow_large: bool = False) -> 
         f"schedule file {path!r} is {fmt_bytes(num_bytes)}, more than the limit of {fmt_bytes(MAX_FILE_BYTES)} "
         f"(about {MAX_FILE_ACTIONS:,} actions); pass a smaller file, or {OVERRIDE_FLAG} to read it anyway"
     )
+
+
+def check_run_steps(what: str, *, num_actions: int, num_steps: int, allow_large: bool = False) -> None:
+    """Refuse a ``ppsim run`` of more than :data:`MAX_RUN_STEPS` steps or :data:`MAX_RUN_EXECUTED` executed
+    actions (``num_actions`` per step, ``num_steps`` warm-up, timed and probe steps together)."""
+    if allow_large:
+        return
+    executed = num_actions * num_steps
+    if num_steps > MAX_RUN_STEPS or executed > MAX_RUN_EXECUTED:
+        raise WorkLimitError(
+            f"{what}: {num_steps:,} steps of {num_actions:,} actions, about {executed:,} executed and timed actions, "
+            f"beyond the limit of {MAX_RUN_STEPS:,} steps and {MAX_RUN_EXECUTED:,} actions; use fewer --steps, "
+            f"--warmup or --probes, or pass {OVERRIDE_FLAG} to run it anyway"
+        )
+
+
+def check_timeout(option: str, seconds: float, *, least: float) -> float:
+    """``seconds`` if it is a finite number of seconds in ``[least, MAX_TIMEOUT_S]``; else a one-line refusal."""
+    if not (isinstance(seconds, (int, float)) and least <= seconds <= MAX_TIMEOUT_S):  # also refuses NaN
+        raise PPSimError(
+            f"{option} {seconds}: must be a number of seconds from {least:g} to {MAX_TIMEOUT_S:,.0f} (7 days); "
+            f"e.g. {option} 600"
+        )
+    return float(seconds)
 
 
 def _is_known(key: str) -> bool:
