@@ -228,6 +228,11 @@ def run_command(
         Optional[Path],
         typer.Option("--profile", help="Profile JSON from `ppsim calibrate` (default: calibrate here first)."),
     ] = None,
+    profile_out: Annotated[
+        Optional[Path],
+        typer.Option("--profile-out", help="Without --profile: keep the calibration made first here (default: "
+                     "next to -o as NAME.profile.json; an existing file is never replaced)."),
+    ] = None,
     split: Annotated[
         Optional[str],
         typer.Option("--split", metavar="N,N,...", help="Layers per stage (per-block profile), as for simulate."),
@@ -255,12 +260,15 @@ def run_command(
         typer.Option("--costs", help='With --synthetic: per-op costs in units of --time-unit, e.g. "F=1,B=2,comm=0".'),
     ] = None,
     time_unit: Annotated[
-        float, typer.Option("--time-unit", help="With --synthetic --costs: seconds per cost unit.")
-    ] = 0.01,
+        Optional[float], typer.Option("--time-unit", help="With --synthetic --costs: seconds per cost unit "
+                                      "(default 0.01).")
+    ] = None,
     preset: Annotated[
-        str, typer.Option("--preset", help="Model to calibrate and run when no --profile is given (tiny, 1b, 8b).")
-    ] = "tiny",
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and the batch.")] = 0,
+        Optional[str], typer.Option("--preset", help="Model to calibrate and run when no --profile is given (tiny, "
+                                    "1b, 8b; default tiny).")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and the batch.", min=0,
+                                      max=2**63 - 1)] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="Stop the processes after this many seconds.")] = 600.0,
     override_limits: Annotated[
         bool, typer.Option("--allow-large", help="Run even beyond the work, rank and memory limits.")
@@ -273,12 +281,16 @@ def run_command(
                                ("--steps", steps, 1), ("--warmup", warmup, 0), ("--probes", probes, 0)):
         if value is not None and value < least:
             raise PPSimError(f"{name} {value}: must be at least {least}")
-    if not (math.isfinite(time_unit) and time_unit >= 1e-4):
+    check_ignored_run_options(synthetic=synthetic, profile=profile, costs=costs, time_unit=time_unit, preset=preset,
+                              split=split, layers_per_stage=layers_per_stage, profile_out=profile_out)
+    if time_unit is not None and not (math.isfinite(time_unit) and time_unit >= 1e-4):
         raise PPSimError(f"--time-unit {time_unit}: must be a finite number >= 0.0001")
     check_timeout("--timeout", timeout, least=1.0)
-    for path, what in ((output, "-o"), (plot, "--plot")):
+    for path, what in ((output, "-o"), (plot, "--plot"), (profile_out, "--profile-out")):
         if path is not None:
-            check_output(path, what)
+            check_output(path, what, suffix=".json" if what == "--profile-out" else None)
+    save_calibration = calibration_path(output, profile_out, profile=profile, synthetic=synthetic)
+    check_distinct((("-o", output), ("--plot", plot), ("--profile-out", save_calibration), ("--profile", profile)))
     if plot is not None:
         if plot.suffix.lower() not in PLOT_SUFFIXES:
             raise PPSimError(
@@ -294,9 +306,9 @@ def run_command(
 
     options = RunOptions(
         schedule=schedule, num_ranks=ranks, num_microbatches=mb, num_stages_per_rank=stages_per_rank,
-        backend=backend.value, profile=profile, costs=costs, synthetic=synthetic, time_unit_s=time_unit,
-        preset=preset, num_steps=steps, num_warmup=warmup, num_probes=probes, seed=seed, timeout_s=timeout,
-        save_calibration=None if output is None else output.with_name(output.stem + ".profile.json"),
+        backend=backend.value, profile=profile, costs=costs, synthetic=synthetic,
+        time_unit_s=0.01 if time_unit is None else time_unit, preset=preset or "tiny", num_steps=steps, num_warmup=warmup, num_probes=probes, seed=seed, timeout_s=timeout,
+        save_calibration=save_calibration,
         override_limits=override_limits, split=split, layers_per_stage=layers_per_stage,
     )
     report = execute(options)
@@ -327,6 +339,59 @@ def run_command(
             err=True,
         )
         raise typer.Exit(code=1)
+
+
+def check_ignored_run_options(*, synthetic: bool, profile: Path | None, costs: str | None, time_unit: float | None,
+                              preset: str | None, split: str | None, layers_per_stage: int | None,
+                              profile_out: Path | None) -> None:
+    """Refuse, in one line, an option this run would ignore."""
+    if time_unit is not None and not (synthetic and profile is None):
+        why = "a profile's costs are seconds already" if synthetic else "a real run computes instead of sleeping"
+        raise PPSimError(f"--time-unit {time_unit}: applies to --synthetic runs with --costs only ({why}); drop it")
+    if preset is not None and profile is not None:
+        raise PPSimError(f"--preset {preset}: a run with --profile runs the profile's own model; drop --preset (or "
+                         "--profile to calibrate the preset first)")
+    if profile is not None and profile_out is not None:
+        raise PPSimError(f"--profile-out {profile_out}: keeps the calibration a run without --profile makes first; "
+                         "with --profile nothing is calibrated, so drop it")
+    if synthetic and profile is None:
+        if profile_out is not None:
+            raise PPSimError(f"--profile-out {profile_out}: a --synthetic run without --profile calibrates nothing; "
+                             "drop it")
+        for option, value in (("--split", split), ("--layers-per-stage", layers_per_stage)):
+            if value is not None:
+                raise PPSimError(f"{option} {value}: synthetic stages from a cost string have no layers to split; "
+                                 "pass a per-block --profile, or drop it")
+
+
+def check_distinct(paths: tuple[tuple[str, Path | None], ...]) -> None:
+    """Refuse two options naming one file (the second write would replace the first, or read what it writes)."""
+    import os
+
+    seen: dict[str, str] = {}
+    for option, path in paths:
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            raise PPSimError(f"{option} {path}: the same file as {seen[real]}; give each its own file")
+        seen[real] = option
+
+
+def calibration_path(output: Path | None, profile_out: Path | None, *, profile: Path | None,
+                     synthetic: bool) -> Path | None:
+    """Where a run without --profile keeps its calibration: --profile-out, or NAME.profile.json beside -o; a file
+    already there is refused now, before anything runs (it is created new, never replaced)."""
+    if profile is not None or synthetic:
+        return None
+    path = profile_out
+    if path is None and output is not None:
+        path = output.with_name(output.stem + ".profile.json")
+    if path is not None and (path.exists() or path.is_symlink()):
+        from ppsim.calibrate.run import profile_taken
+
+        raise PPSimError(profile_taken(path))
+    return path
 
 
 def print_run_summary(report: RunReport) -> None:

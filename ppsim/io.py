@@ -74,6 +74,29 @@ def write_atomic(path: str | os.PathLike[str], content: Content, *, option: str 
     return target
 
 
+def reserve_new(path: str | os.PathLike[str], *, refusal: str) -> Path:
+    """Create ``path`` as an empty file, only if nothing is there (``O_EXCL``: no race with another writer), for a
+    file whose name ppsim chose: what a user keeps under that name is never replaced. ``refusal`` is the one-line
+    error when the name is taken. Write it later with :func:`write_atomic`; :func:`release_unused` removes it if it
+    is still empty."""
+    target = Path(path)
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        raise OutputPathError(refusal) from None
+    except OSError as exc:
+        raise _output_error(target, exc, "--profile-out") from None
+    os.close(fd)
+    return target
+
+
+def release_unused(path: str | os.PathLike[str]) -> None:
+    """Remove a file :func:`reserve_new` created if nothing was written into it."""
+    with contextlib.suppress(OSError):
+        if os.stat(path).st_size == 0:
+            os.unlink(path)
+
+
 def check_writable(path: str | os.PathLike[str], *, option: str = "-o", example: str = "out.csv") -> None:
     """Refuse, before any work is done, an output path that ``write_atomic`` could not write."""
     target = Path(path)
