@@ -156,9 +156,12 @@ def export_cmd(
     if fmt is ExportFormat.csv:
         from ppsim.formats import write_csv
 
-        if split is not None or layers_per_stage is not None:
-            typer.echo("warning: --split/--layers-per-stage only change timings; a csv export has none, so they "
-                       "are ignored", err=True)
+        timing = (("--costs", costs), ("--profile", profile), ("--cost-scope", cost_scope and cost_scope.value),
+                  ("--split", split), ("--layers-per-stage", layers_per_stage))
+        for option, value in timing:
+            if value is not None:
+                raise PPSimError(f"{option} {value}: a csv export is the order only (no timings), so it would be "
+                                 "ignored; drop it, or export --format json or chrome to get timings")
         path = write_csv(sched, output)
     else:
         from ppsim import export

@@ -127,7 +127,10 @@ def plot_cmd(
     output: Annotated[
         Optional[Path], typer.Option("--output", "-o", help="png/svg/pdf (static) or html (interactive).")
     ] = None,
-    dpi: Annotated[int, typer.Option("--dpi", help="Resolution of png output.", min=20, max=1200)] = 200,
+    dpi: Annotated[
+        Optional[int], typer.Option("--dpi", help="Resolution of png output (default 200; svg/pdf: of their raster "
+                                    "parts).", min=20, max=1200)
+    ] = None,
     memory: Annotated[bool, typer.Option("--memory", help="Add a memory-over-time panel per rank.")] = False,
     comm: Annotated[bool, typer.Option("--comm", help="Draw p2p hand-offs between ranks as arrows.")] = False,
     memory_cap: MemCapOpt = None,
@@ -153,6 +156,9 @@ def plot_cmd(
         raise PPSimError(
             f"-o {output}: unknown extension {output.suffix or '(none)'!r}; use one of {', '.join(PLOT_FORMATS)}"
         )
+    if dpi is not None and output.suffix.lower() in (".html", ".htm"):
+        raise PPSimError(f"--dpi {dpi}: an html chart is drawn by the browser at any resolution, so it would be "
+                         "ignored; drop --dpi, or write .png")
     check_writable(output, example="out.png")
     from ppsim.viz import plot_to_file
 
@@ -160,7 +166,7 @@ def plot_cmd(
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
     result = run_simulation(sched, cost_model, cost_scope, cap)
-    path = plot_to_file(result, output, dpi=dpi, memory=memory, comm=comm)
+    path = plot_to_file(result, output, dpi=200 if dpi is None else dpi, memory=memory, comm=comm)
     typer.echo(str(path))
 
 
@@ -184,11 +190,15 @@ def report_cmd(
     search: Annotated[
         bool, typer.Option("--search", help="Add the order `ppsim search` finds under --memory-cap (8act or bytes).")
     ] = False,
-    search_time: Annotated[float, typer.Option("--search-time", help="Seconds for --search (default 10).")] = 10.0,
+    search_time: Annotated[
+        Optional[float], typer.Option("--search-time", help="Seconds for --search (default 10).")
+    ] = None,
 ) -> None:
     """One self-contained HTML page comparing schedules: ranking, Gantts, memory, bubbles."""
     if output.suffix.lower() not in (".html", ".htm"):
         raise PPSimError(f"-o {output}: a report is an HTML page; use a name ending in .html")
+    if search_time is not None and not search:
+        raise PPSimError(f"--search-time {search_time}: applies to --search only; add --search or drop it")
     check_writable(output, example="report.html")
     from ppsim.compare import compare
     from ppsim.viz.report import write_report
@@ -200,7 +210,8 @@ def report_cmd(
     if search:
         from ppsim.cli.search import searched_for_report
 
-        found, cap = searched_for_report(inputs.ranks, inputs.mb, cost_model, memory_cap, cost_scope, search_time)
+        found, cap = searched_for_report(inputs.ranks, inputs.mb, cost_model, memory_cap, cost_scope,
+                                          10.0 if search_time is None else search_time)
         searched[found.name] = found
     else:
         cap = parse_bytes(memory_cap)
