@@ -290,7 +290,10 @@ def run_command(
         if path is not None:
             check_output(path, what, suffix=".json" if what == "--profile-out" else None)
     save_calibration = calibration_path(output, profile_out, profile=profile, synthetic=synthetic)
-    check_distinct((("-o", output), ("--plot", plot), ("--profile-out", save_calibration), ("--profile", profile)))
+    from ppsim.io import check_distinct
+
+    check_distinct((("-s", schedule if schedule.lower().endswith(".csv") else None), ("--profile", profile),
+                    ("-o", output), ("--plot", plot), ("--profile-out", save_calibration)))
     if plot is not None:
         if plot.suffix.lower() not in PLOT_SUFFIXES:
             raise PPSimError(
@@ -362,20 +365,6 @@ def check_ignored_run_options(*, synthetic: bool, profile: Path | None, costs: s
             if value is not None:
                 raise PPSimError(f"{option} {value}: synthetic stages from a cost string have no layers to split; "
                                  "pass a per-block --profile, or drop it")
-
-
-def check_distinct(paths: tuple[tuple[str, Path | None], ...]) -> None:
-    """Refuse two options naming one file (the second write would replace the first, or read what it writes)."""
-    import os
-
-    seen: dict[str, str] = {}
-    for option, path in paths:
-        if path is None:
-            continue
-        real = os.path.realpath(path)
-        if real in seen:
-            raise PPSimError(f"{option} {path}: the same file as {seen[real]}; give each its own file")
-        seen[real] = option
 
 
 def calibration_path(output: Path | None, profile_out: Path | None, *, profile: Path | None,

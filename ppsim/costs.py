@@ -286,8 +286,11 @@ def _overlap_ratio(costs: CostModel, pos: int) -> float:
 
 def parse_costs(text: str | None) -> CostModel:
     """Parse ``--costs "F=1,B=2,I=1,W=1,FB=2.5,comm=0.1"`` (any subset; see the contract for defaults)."""
-    if text is None or not text.strip():
+    if text is None:
         return CostModel(source="default")
+    if not text.strip():  # an unset shell variable, most likely: say so rather than use the defaults silently
+        raise CostError(f"--costs {text!r}: give KEY=VALUE pairs, e.g. \"F=1,B=2,comm=0.1\"; drop --costs for the "
+                        "defaults (F=1, B=2, I=W=1)")
     canonical = {k.lower(): k for k in COST_KEYS}
     given: dict[str, float] = {}
     for item in text.split(","):

@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Union
+from typing import BinaryIO, Callable, Iterable, Iterator, Union
 
 from ppsim.errors import OutputPathError, SizeError
 
@@ -72,6 +72,21 @@ def write_atomic(path: str | os.PathLike[str], content: Content, *, option: str 
         _unlink_quietly(tmp)
         raise
     return target
+
+
+def check_distinct(paths: Iterable[tuple[str, str | os.PathLike[str] | None]]) -> None:
+    """Refuse two options that name one file, ``(option, path)`` pairs, outputs and inputs alike: an output over an
+    input (``export -s my.csv -o my.csv --format json``) would replace what the command reads, and two outputs
+    would replace each other. Paths are compared after symlinks are followed; ``None`` is skipped."""
+    seen: dict[str, str] = {}
+    for option, path in paths:
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            raise OutputPathError(f"{option} {_show(Path(path))}: the same file as {seen[real]}; give each its own "
+                                  "file (an output never replaces an input or another output)")
+        seen[real] = option
 
 
 def reserve_new(path: str | os.PathLike[str], *, refusal: str) -> Path:

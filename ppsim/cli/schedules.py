@@ -11,6 +11,7 @@ from ppsim.cli._app import app
 from ppsim.cli.common import (
     build_costs,
     build_schedule,
+    check_outputs_apart,
     console,
     echo_json,
     one_schedule,
@@ -153,6 +154,7 @@ def export_cmd(
     """Write the schedule as torch's compute-only CSV, timed JSON, or a Chrome/Perfetto trace."""
     sched = build_schedule(one_schedule(schedule), ranks, mb, stages_per_rank, directions, allow_large=allow_large)
     check_writable(output)
+    check_outputs_apart([("-o", output)], schedules=schedule, inputs=[("--profile", profile)])
     if fmt is ExportFormat.csv:
         from ppsim.formats import write_csv
 

@@ -11,6 +11,7 @@ from ppsim.cli._app import app
 from ppsim.cli.common import (
     build_inputs,
     check_figure,
+    check_outputs_apart,
     console,
     echo_json,
     one_schedule,
@@ -160,6 +161,8 @@ def plot_cmd(
         raise PPSimError(f"--dpi {dpi}: an html chart is drawn by the browser at any resolution, so it would be "
                          "ignored; drop --dpi, or write .png")
     check_writable(output, example="out.png")
+    check_outputs_apart([("-o", output)], schedules=schedule,
+                        inputs=[("--profile", profile), ("--torchtitan-config", torchtitan_config)])
     from ppsim.viz import plot_to_file
 
     cost_model = inputs.cost_model
@@ -200,6 +203,8 @@ def report_cmd(
     if search_time is not None and not search:
         raise PPSimError(f"--search-time {search_time}: applies to --search only; add --search or drop it")
     check_writable(output, example="report.html")
+    check_outputs_apart([("-o", output)], schedules=schedule,
+                        inputs=[("--profile", profile), ("--torchtitan-config", torchtitan_config)])
     from ppsim.compare import compare
     from ppsim.viz.report import write_report
 
