@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import shutil
 import statistics
 import tempfile
 from dataclasses import dataclass
@@ -327,7 +328,11 @@ def costs_and_model(
     path, where = calibrate_here(model, device, save_to=options.save_calibration)
     if path is None:  # a torchrun rank other than 0: it only executes, rank 0 predicts
         return parse_costs(None), 1.0, model, where
-    costs, scale, model, _ = profile_costs(options, path, schedule, device)
+    try:
+        costs, scale, model, _ = profile_costs(options, path, schedule, device)
+    finally:
+        if options.save_calibration is None:  # the unsaved calibration's folder: read, so no longer needed
+            shutil.rmtree(path.parent, ignore_errors=True)
     return costs, scale, model, where
 
 
@@ -388,8 +393,12 @@ def calibrate_here(model: ModelConfig, device: str, *, save_to: Path | None = No
             return run(save_to), str(save_to)
         finally:
             release_unused(save_to)  # a calibration that wrote nothing leaves no empty file behind
-    tmp = Path(tempfile.mkdtemp(prefix="ppsim-run-"))
-    return run(tmp / "profile.json"), "calibrated by ppsim run (not saved)"
+    tmp = Path(tempfile.mkdtemp(prefix="ppsim-run-"))  # removed once read (costs_and_model), or on failure
+    try:
+        return run(tmp / "profile.json"), "calibrated by ppsim run (not saved)"
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def profile_taken(path: Path) -> str:
