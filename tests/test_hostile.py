@@ -590,6 +590,7 @@ def test_an_output_never_replaces_an_input_or_another_output(args: list[str], fi
     (["export", "-s", "1F1B", "-r", "2", "-m", "4", "--layers-per-stage", "3", "-o", "x.csv"], "--layers-per-stage"),
     (["plot", "-s", "1F1B", "-r", "2", "-m", "4", "-o", "x.html", "--dpi", "300"], "--dpi 300"),
     (["report", "-s", "1F1B", "-r", "2", "-m", "4", "-o", "x.html", "--search-time", "5"], "--search"),
+    (["plot", "-s", "1F1B", "-r", "2", "-m", "4", "-o", "x.png", "--memory-cap", "1GB"], "add --memory"),
     (["simulate", "-s", "1F1B", "-r", "2", "-m", "4", "--costs", ""], "--costs ''"),
     (["run", "-s", "1F1B", "-r", "2", "-m", "2", "--time-unit", "0.5", "-o", "x.json"], "--time-unit 0.5"),
     (["run", "-s", "1F1B", "-r", "2", "-m", "2", "--preset", "8b", "--profile", "p.json"], "--preset 8b"),

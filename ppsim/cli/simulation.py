@@ -167,6 +167,9 @@ def plot_cmd(
 
     cost_model = inputs.cost_model
     cap = parse_bytes(memory_cap)
+    if cap is not None and not memory:
+        raise PPSimError(f"--memory-cap {memory_cap}: a plot draws the cap on its memory panel, so without --memory "
+                         "it would be ignored; add --memory, or use `ppsim simulate` to flag ranks over it")
     warn_cap_without_bytes(cap, cost_model)
     result = run_simulation(sched, cost_model, cost_scope, cap)
     path = plot_to_file(result, output, dpi=200 if dpi is None else dpi, memory=memory, comm=comm)
