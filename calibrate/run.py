@@ -388,7 +388,7 @@ def calibrate_here(model: ModelConfig, device: str, *, save_to: Path | None = No
         return path if calibrate(opts) is not None else None
 
     if save_to is not None:
-        reserve_new(save_to, refusal=profile_taken(save_to))
+        reserve_new(save_to, refusal=profile_taken(save_to), option="--profile-out")
         try:
             return run(save_to), str(save_to)
         finally:

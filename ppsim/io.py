@@ -89,7 +89,7 @@ def check_distinct(paths: Iterable[tuple[str, str | os.PathLike[str] | None]]) -
         seen[real] = option
 
 
-def reserve_new(path: str | os.PathLike[str], *, refusal: str) -> Path:
+def reserve_new(path: str | os.PathLike[str], *, refusal: str, option: str = "-o") -> Path:
     """Create ``path`` as an empty file, only if nothing is there (``O_EXCL``: no race with another writer), for a
     file whose name ppsim chose: what a user keeps under that name is never replaced. ``refusal`` is the one-line
     error when the name is taken. Write it later with :func:`write_atomic`; :func:`release_unused` removes it if it
@@ -100,7 +100,7 @@ def reserve_new(path: str | os.PathLike[str], *, refusal: str) -> Path:
     except FileExistsError:
         raise OutputPathError(refusal) from None
     except OSError as exc:
-        raise _output_error(target, exc, "--profile-out") from None
+        raise _output_error(target, exc, option) from None
     os.close(fd)
     return target
 

@@ -563,6 +563,18 @@ def test_the_automatic_calibration_file_is_created_new_or_refused(tmp_path: Path
     assert not (tmp_path / "new.json").exists()  # the empty reservation is released
 
 
+def test_plot_without_o_never_replaces_a_file_of_its_default_name(tmp_path: Path) -> None:
+    mine = tmp_path / "1F1B_r2_m2.png"
+    mine.write_text("my figure")
+    code, out, err = invoke(["plot", "-s", "1F1B", "-r", "2", "-m", "2"], tmp_path)
+    assert code == 2, out + err
+    assert "-o 1F1B_r2_m2.png to replace it" in _one_error(err)
+    assert mine.read_text() == "my figure"
+    code, _, err = invoke(["plot", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "1F1B_r2_m2.png"], tmp_path)
+    assert code == 0, err  # asked by name: replaced
+    assert mine.read_bytes().startswith(b"\x89PNG")
+
+
 @pytest.mark.parametrize("args", [
     ["export", "-s", "six.csv", "-o", "six.csv", "--format", "json"],
     ["export", "-s", "six.csv", "-o", "./six.csv"],

@@ -38,7 +38,7 @@ from ppsim.cli.options import (
     VOpt,
 )
 from ppsim.errors import PPSimError
-from ppsim.io import check_writable, fmt_bytes, parse_bytes
+from ppsim.io import check_writable, fmt_bytes, parse_bytes, release_unused, reserve_new
 
 if TYPE_CHECKING:
     from ppsim.ir import Schedule
@@ -151,8 +151,11 @@ def plot_cmd(
                           layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
     sched = inputs.schedule(one_schedule(inputs.names), directions, allow_large=allow_large, figure=True)
     check_figure(sched, allow_large=allow_large)
+    default_name = output is None
     if output is None:
         output = Path(f"{sched.name}_r{sched.num_ranks}_m{sched.num_microbatches}.png")
+        if output.exists() or output.is_symlink():
+            raise PPSimError(default_taken(output))
     if output.suffix.lower() not in PLOT_FORMATS:
         raise PPSimError(
             f"-o {output}: unknown extension {output.suffix or '(none)'!r}; use one of {', '.join(PLOT_FORMATS)}"
@@ -172,8 +175,19 @@ def plot_cmd(
                          "it would be ignored; add --memory, or use `ppsim simulate` to flag ranks over it")
     warn_cap_without_bytes(cap, cost_model)
     result = run_simulation(sched, cost_model, cost_scope, cap)
-    path = plot_to_file(result, output, dpi=200 if dpi is None else dpi, memory=memory, comm=comm)
+    if default_name:  # a name ppsim chose: created new, never over a file that appeared meanwhile
+        reserve_new(output, refusal=default_taken(output))
+    try:
+        path = plot_to_file(result, output, dpi=200 if dpi is None else dpi, memory=memory, comm=comm)
+    finally:
+        if default_name:
+            release_unused(output)
     typer.echo(str(path))
+
+
+def default_taken(path: Path) -> str:
+    return (f"{path} exists: without -o, plot writes this default name and never replaces a file; pass -o {path} to "
+            "replace it, or -o another name")
 
 
 @app.command("report")
