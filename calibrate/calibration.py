@@ -102,14 +102,12 @@ def estimate(config: ModelConfig, *, device: str, reps: int, warmup: int, probe:
     need = weights + activations
     if probe and config.layers >= 2:
         from ppsim.calibrate import runtime_model as rm
-        from ppsim.calibrate.run import estimate_run_bytes
-        from ppsim.schedules import get_schedule
+        from ppsim.limits import run_memory_bytes
 
         ranks, microbatches = rm.probe_shape(False)
         steps = PROBE_STEPS + PROBE_WARMUP + 1  # and the reference
         flops += steps * microbatches * 3 * model_flops
-        need = max(need, estimate_run_bytes(config, get_schedule(rm.PROBE_SCHEDULE, ranks, microbatches),
-                                            synthetic=False))
+        need = max(need, run_memory_bytes(config, num_ranks=ranks, num_microbatches=microbatches, synthetic=False))
     return flops / flops_per_s, need
 
 
@@ -127,7 +125,7 @@ def check_limits(opts: CalibrationOptions) -> None:
     have = available_memory_bytes() if opts.device == "cpu" else None
     if have is not None and need > MEMORY_SHARE * have:
         raise PPSimError(
-            f"calibrating the {opts.config.preset} model ({shape}) needs about {need / 2**30:.1f} GiB but "
+            f"calibrating the {opts.config.preset} model ({shape}) needs about {need / 2**30:,.4g} GiB but "
             f"{have / 2**30:.1f} GiB is available{whole}; lower --layers, --seq-len or --mb-size, use a smaller "
             "--preset, or pass --allow-large"
         )

@@ -119,10 +119,6 @@ def calibrate_command(
                    "stage count), so it is ignored", err=True)
     stages = 4 if stages is None else stages
     check_timeout("--init-timeout", init_timeout, least=1.0)
-    if check_stages:
-        from ppsim.split import default_split
-
-        default_split(config.layers, stages)
     check_output(output, "-o", suffix=".json")
     opts = CalibrationOptions(
         output=output, config=config, num_stages=stages, device=device.value, warmup=warmup, reps=reps,
@@ -130,6 +126,10 @@ def calibrate_command(
         override_limits=override_limits,
     )
     check_limits(opts)  # before torch: the estimate needs none
+    if check_stages:  # after the estimate: the split takes time in the number of stages
+        from ppsim.split import default_split
+
+        default_split(config.layers, stages)
     from ppsim.calibrate.calibration import calibrate
 
     try:

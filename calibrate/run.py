@@ -285,20 +285,12 @@ def check_machine(options: RunOptions, schedule: Schedule, model: ModelConfig) -
 
 
 def estimate_run_bytes(model: ModelConfig, schedule: Schedule, *, synthetic: bool) -> int:
-    """A generous estimate of what a local run holds: per rank the torch runtime (~300 MiB), weights and gradients
-    of its stages, activations of every microbatch; plus the non-pipelined reference on rank 0."""
-    item = model.itemsize
-    tokens = model.mb_size * model.seq_len
-    if synthetic:
-        per_mb = 4 * tokens * model.hidden * item
-        weights = 2 * model.vocab * model.hidden * item
-    else:
-        layer = 4 * model.hidden * model.hidden + 3 * model.hidden * model.ffn
-        weights = (model.layers * layer + 2 * model.vocab * model.hidden) * item
-        per_mb = model.layers * tokens * (12 * model.hidden + 4 * model.ffn) * item + tokens * model.vocab * 8
-    runtime = 300 << 20
-    m = schedule.num_microbatches
-    return schedule.num_ranks * runtime + 2 * (2 * weights) + 2 * m * per_mb
+    """A generous estimate of what a local run holds (:func:`ppsim.limits.run_memory_bytes`, which the calibration's
+    probe shares)."""
+    from ppsim.limits import run_memory_bytes
+
+    return run_memory_bytes(model, num_ranks=schedule.num_ranks, num_microbatches=schedule.num_microbatches,
+                            synthetic=synthetic)
 
 
 def _gib(n: float) -> str:

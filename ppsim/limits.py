@@ -29,9 +29,13 @@ A refusal names the estimate, the limit and the override (``--allow-large`` on t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ppsim.errors import PPSimError
 from ppsim.io import fmt_bytes
+
+if TYPE_CHECKING:
+    from ppsim.model_config import ModelConfig
 
 MAX_ACTIONS = 2_000_000
 MAX_RANKS = 2_048
@@ -197,6 +201,23 @@ def check_timeout(option: str, seconds: float, *, least: float) -> float:
             f"e.g. {option} 600"
         )
     return float(seconds)
+
+
+def run_memory_bytes(model: ModelConfig, *, num_ranks: int, num_microbatches: int, synthetic: bool) -> int:
+    """A generous estimate of what a local ``ppsim run`` (or calibrate's runtime probe) holds: per rank the torch
+    runtime (~300 MiB), weights and gradients of its stages, activations of every microbatch; plus the
+    non-pipelined reference on rank 0."""
+    item = model.itemsize
+    tokens = model.mb_size * model.seq_len
+    if synthetic:
+        per_mb = 4 * tokens * model.hidden * item
+        weights = 2 * model.vocab * model.hidden * item
+    else:
+        layer = 4 * model.hidden * model.hidden + 3 * model.hidden * model.ffn
+        weights = (model.layers * layer + 2 * model.vocab * model.hidden) * item
+        per_mb = model.layers * tokens * (12 * model.hidden + 4 * model.ffn) * item + tokens * model.vocab * 8
+    runtime = 300 << 20
+    return num_ranks * runtime + 2 * (2 * weights) + 2 * num_microbatches * per_mb
 
 
 def _is_known(key: str) -> bool:

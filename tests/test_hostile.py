@@ -485,6 +485,7 @@ def test_the_divisor_hint_is_bounded_and_still_the_nearest() -> None:
 @pytest.mark.parametrize(("args", "says"), [
     (["--layers", "100000"], "100,000 layers"),  # the runtime probe builds the whole model: it was not estimated
     (["--hidden", "9" * 23], "2,147,483,647"),  # beyond any tensor size (and the estimate's float range)
+    (["--layers", "2147483647", "--check-stages", "--stages", "2147483647"], "--allow-large"),  # split first: hung
     (["--init-timeout", "1e300"], "7 days"),  # overflowed a thread wait after the units were measured
     (["--init-timeout", "nan"], "--init-timeout nan"),
 ])
