@@ -310,7 +310,8 @@ def run_command(
     options = RunOptions(
         schedule=schedule, num_ranks=ranks, num_microbatches=mb, num_stages_per_rank=stages_per_rank,
         backend=backend.value, profile=profile, costs=costs, synthetic=synthetic,
-        time_unit_s=0.01 if time_unit is None else time_unit, preset=preset or "tiny", num_steps=steps, num_warmup=warmup, num_probes=probes, seed=seed, timeout_s=timeout,
+        time_unit_s=0.01 if time_unit is None else time_unit, preset=preset or "tiny", num_steps=steps,
+        num_warmup=warmup, num_probes=probes, seed=seed, timeout_s=timeout,
         save_calibration=save_calibration,
         override_limits=override_limits, split=split, layers_per_stage=layers_per_stage,
     )

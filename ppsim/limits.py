@@ -19,11 +19,11 @@ A refusal names the estimate, the limit and the override (``--allow-large`` on t
 | :data:`MAX_COMPARE_ACTIONS` | 2,000,000 computations | all schedules of one ``simulate -s A,B,...`` together |
 | :data:`MAX_REPORT_ACTIONS` / :data:`MAX_REPORT_RANKS` | 100,000 computations / 2,000 rows | all figures of one ``report`` together |
 | :data:`MAX_RUN_ACTIONS` | 100,000 actions | one step of ``ppsim run`` (every action runs and is timed) |
-| :data:`MAX_RUN_STEPS` / :data:`MAX_RUN_EXECUTED` | 1,000 steps / 1,000,000 actions | warm-up, timed and probe steps of one ``run`` |
+| :data:`MAX_RUN_STEPS` / :data:`MAX_RUN_EXECUTED` | 1,000 steps / 1M actions | all the steps of one ``run`` |
 | :data:`MAX_REAL_RANKS_PER_CORE` / :data:`MAX_SYNTHETIC_RANKS` | 4 per core / 64 | local rank processes of ``run`` |
 | :data:`MAX_CALIBRATION_S` | 1 h (estimated) | one ``calibrate``, the runtime probe of the whole model included |
 | :data:`MAX_TIMEOUT_S` | 7 days | ``run --timeout``, ``calibrate --init-timeout`` (not liftable) |
-| :data:`MAX_MODEL_DIM` | 2**31 - 1 | each model size (hidden, heads, ffn, layers, vocab, seq_len, mb_size; not liftable) |
+| :data:`MAX_MODEL_DIM` | 2**31 - 1 | each model size (hidden, layers, ...; not liftable) |
 """
 
 from __future__ import annotations

@@ -594,7 +594,7 @@ def test_an_output_never_replaces_an_input_or_another_output(args: list[str], fi
     assert {name: (files / name).read_bytes() for name in before} == before
 
 
-# --- 18: silent wrong answers: every option takes effect or is refused -------------------------------------------------
+# --- 18: silent wrong answers: every option takes effect or is refused -----------------------------------------
 @pytest.mark.parametrize(("args", "says"), [
     (["export", "-s", "1F1B", "-r", "2", "-m", "4", "--profile", "nope.json", "-o", "x.csv"], "--profile nope.json"),
     (["export", "-s", "1F1B", "-r", "2", "-m", "4", "--split", "9,9,9,9", "-o", "x.csv"], "--split 9,9,9,9"),
