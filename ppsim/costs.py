@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ppsim.errors import CostError
 from ppsim.ir import Action, ActionType, Schedule
+from ppsim.limits import MAX_COST, MIN_COST  # noqa: F401  (the range of one op's time; re-exported)
 from ppsim.split import SplitError, SplitSpec, check_split, format_split, resolve_split, stage_blocks
 
 if TYPE_CHECKING:
@@ -36,11 +37,6 @@ COST_KEYS = ("F", "B", "I", "W", "FB", "comm")
 _OP_KEYS = ("F", "B", "I", "W", "FB")
 _DEFAULT_F = 1.0
 _DEFAULT_B = 2.0
-MAX_COST = 1e12
-"""Largest time one op (or ``comm``) may take in a cost string: a step sums millions of them, and beyond this
-results lose precision and eventually overflow to inf/NaN."""
-MIN_COST = 1e-12
-"""Smallest non-zero time per op in a cost string (any unit): 24 orders of magnitude between the two limits."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,10 @@ A refusal names the estimate, the limit and the override (``--allow-large`` on t
 | :data:`MAX_CALIBRATION_S` | 1 h (estimated) | one ``calibrate``, the runtime probe of the whole model included |
 | :data:`MAX_TIMEOUT_S` | 7 days | ``run --timeout``, ``calibrate --init-timeout`` (not liftable) |
 | :data:`MAX_MODEL_DIM` | 2**31 - 1 | each model size (hidden, layers, ...; not liftable) |
+| :data:`MAX_COST` / :data:`MIN_COST` | 1e12 / 1e-12 | one op's time in ``--costs`` (0 allowed; not liftable) |
+| :data:`MAX_STAGES` | 100,000 | a count in ``--split``, ``--layers-per-stage`` (not liftable) |
+| :data:`MAX_PROFILE_BYTES` | 64 MiB | a profile file read (not liftable) |
+| :data:`MAX_SLEEP_S` | 1 h | one synthetic computation of ``run --synthetic`` (not liftable) |
 """
 
 from __future__ import annotations
@@ -61,6 +65,17 @@ MAX_TIMEOUT_S = 7 * 86_400.0
 """Longest timeout a command takes: beyond it, thread waits overflow (no override: nothing needs longer)."""
 MAX_MODEL_DIM = 2**31 - 1
 """Largest model size (torch's index range; no override: nothing larger can be built)."""
+MAX_COST = 1e12
+"""Largest time one op (or ``comm``) may take in a cost string: a step sums millions of them, and beyond this
+results lose precision and eventually overflow to inf/NaN."""
+MIN_COST = 1e-12
+"""Smallest non-zero time per op in a cost string (any unit): 24 orders of magnitude between the two limits."""
+MAX_STAGES = 100_000
+"""Largest count in a split given on the command line (far beyond any real pipeline)."""
+MAX_PROFILE_BYTES = 64 * 1024 * 1024
+"""Largest profile file read (a tiny-model profile with 20 samples per timing is a few tens of kB)."""
+MAX_SLEEP_S = 3600.0
+"""The longest a single synthetic computation may sleep (seconds); longer costs are a user error, not a hang."""
 
 BYTES_PER_ACTION = 300
 """Memory the simulator holds per action (schedule, timeline, result), measured on the perf target."""
