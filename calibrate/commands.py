@@ -377,9 +377,9 @@ def calibration_path(output: Path | None, profile_out: Path | None, *, profile: 
     path = profile_out
     if path is None and output is not None:
         path = output.with_name(output.stem + ".profile.json")
-    if path is not None and (path.exists() or path.is_symlink()):
-        from ppsim.calibrate.run import profile_taken
+    from ppsim.calibrate.run import profile_taken, writes_profile
 
+    if path is not None and writes_profile() and (path.exists() or path.is_symlink()):
         raise PPSimError(profile_taken(path))
     return path
 

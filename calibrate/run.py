@@ -379,6 +379,8 @@ def calibrate_here(model: ModelConfig, device: str, *, save_to: Path | None = No
         print(f"no --profile: calibrating the {model.preset} model on {device} first", file=sys.stderr, flush=True)
         return path if calibrate(opts) is not None else None
 
+    if save_to is not None and not writes_profile():
+        return run(save_to), str(save_to)  # a torchrun rank other than 0: rank 0 creates and writes the file
     if save_to is not None:
         reserve_new(save_to, refusal=profile_taken(save_to), option="--profile-out")
         try:
@@ -391,6 +393,13 @@ def calibrate_here(model: ModelConfig, device: str, *, save_to: Path | None = No
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def writes_profile() -> bool:
+    """Whether this process writes the calibration's profile: a local run, or rank 0 of a torchrun job."""
+    from ppsim.calibrate.launch import under_torchrun
+
+    return not under_torchrun() or os.environ.get("RANK") == "0"
 
 
 def profile_taken(path: Path) -> str:

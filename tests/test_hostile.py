@@ -576,6 +576,22 @@ def test_plot_without_o_never_replaces_a_file_of_its_default_name(tmp_path: Path
     assert mine.read_bytes().startswith(b"\x89PNG")
 
 
+def test_under_torchrun_only_rank_0_creates_the_calibration_file(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppsim.calibrate import calibration, run
+    from ppsim.calibrate.commands import calibration_path
+    from ppsim.model_config import get_preset
+
+    shared = tmp_path / "r.profile.json"
+    shared.write_text("")  # rank 0 (on a shared file system) reserved it already
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(calibration, "calibrate", lambda opts: None)  # a rank other than 0 writes nothing
+    assert calibration_path(tmp_path / "r.json", None, profile=None, synthetic=False) == shared
+    assert run.calibrate_here(get_preset("tiny"), "cpu", save_to=shared)[0] is None
+    assert shared.exists()  # not rank 1's to remove
+
+
 @pytest.mark.parametrize("args", [
     ["export", "-s", "six.csv", "-o", "six.csv", "--format", "json"],
     ["export", "-s", "six.csv", "-o", "./six.csv"],
