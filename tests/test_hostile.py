@@ -576,6 +576,22 @@ def test_plot_without_o_never_replaces_a_file_of_its_default_name(tmp_path: Path
     assert mine.read_bytes().startswith(b"\x89PNG")
 
 
+def test_an_unsaved_calibration_leaves_no_temporary_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    from ppsim.calibrate import calibration, run
+    from ppsim.model_config import get_preset
+
+    def failed(opts: object) -> None:
+        raise RuntimeError("the calibration failed")
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(calibration, "calibrate", failed)
+    with pytest.raises(RuntimeError):
+        run.calibrate_here(get_preset("tiny"), "cpu")
+    assert list(tmp_path.iterdir()) == []  # every `run` without -o left a ppsim-run-* folder behind
+
+
 def test_under_torchrun_only_rank_0_creates_the_calibration_file(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from ppsim.calibrate import calibration, run
