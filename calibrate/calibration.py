@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import PPSimError
+from ppsim.limits import MAX_CALIBRATION_S, MEMORY_SHARE  # work and memory limits (``--allow-large`` lifts them)
 from ppsim.profile import Stat, load_profile
 
 if TYPE_CHECKING:
@@ -51,8 +52,6 @@ if TYPE_CHECKING:
 OPS = ("F", "B", "I", "W", "FB")
 #: Layers in the multi-layer unit (fewer when the model has fewer).
 K_LAYERS = 4
-#: Work and memory limits of one calibration (``--allow-large`` lifts them).
-MAX_CALIBRATION_S = 3600.0
 CPU_FLOPS = 2e10
 GPU_FLOPS = 1e14
 PROBE_STEPS = 4
@@ -87,9 +86,12 @@ class CalibrationOptions:
 
 
 # --- limits (no torch needed) -----------------------------------------------------------------------------------
-def estimate(config: ModelConfig | ModelSource, *, device: str, reps: int, warmup: int) -> tuple[float, int]:
+def estimate(config: ModelConfig | ModelSource, *, device: str, reps: int, warmup: int, probe: bool = False,
+             check_stages: bool = False) -> tuple[float, int]:
     """``(seconds, bytes)``: a rough estimate of the calibration's work and of its memory (the units measured at
-    once; a torchtitan or factory model is also built whole once, to cut the units from)."""
+    once; a torchtitan or factory model is also built whole once, to cut the units from); with ``probe``, the
+    runtime probe too (the whole model on two ranks, with its non-pipelined reference); with ``check_stages``, the
+    whole model measured stage by stage."""
     from ppsim.calibrate.models import ModelSource
 
     if isinstance(config, ModelSource):
@@ -109,13 +111,26 @@ def estimate(config: ModelConfig | ModelSource, *, device: str, reps: int, warmu
     num_layers = 1 + num_common_layers(source) + len(source.kinds) - 1  # the layers of every unit
     # per repetition: F, B, (F), I, W, FB ~ 3 forwards and 2.5 backwards (2x forward each) of the units' layers
     per_rep = 8 * (num_layers * layer_flops + 2 * head_flops)
-    seconds = (warmup + reps) * per_rep / (GPU_FLOPS if device == "cuda" else CPU_FLOPS)
+    flops = (warmup + reps) * per_rep
+    model_flops = config.layers * layer_flops + head_flops  # one forward of the whole model, one microbatch
+    if check_stages:
+        flops += (warmup + reps) * 8 * model_flops
     unit_weights = num_layers * est.largest_layer_param_bytes + est.embed_param_bytes + est.head_param_bytes
     weights = 4 * unit_weights  # weights, grads and two optimizer-sized temporaries
     if source.scheme != "builtin":
         weights += est.param_bytes  # the whole model, built once to cut the units from
+    if check_stages:
+        weights += 4 * est.param_bytes
     activations = 3 * (num_layers * est.layer_activation_bytes + est.head_activation_bytes)
-    return seconds, weights + activations
+    need = weights + activations
+    if probe and config.layers >= 2:
+        from ppsim.calibrate import runtime_model as rm
+
+        ranks, microbatches = rm.probe_shape(False)
+        steps = PROBE_STEPS + PROBE_WARMUP + 1  # and the reference
+        flops += steps * microbatches * 3 * model_flops
+        need = max(need, source.run_bytes(num_ranks=ranks, num_microbatches=microbatches, synthetic=False))
+    return flops / (GPU_FLOPS if device == "cuda" else CPU_FLOPS), need
 
 
 def check_limits(opts: CalibrationOptions) -> None:
@@ -127,24 +142,30 @@ def check_limits(opts: CalibrationOptions) -> None:
     from ppsim.calibrate.models import fmt_count
 
     source = opts.model_source
-    seconds, need = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup)
+    seconds, need = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
+                             check_stages=opts.check_stages)
     shape = (f"{fmt_count(source.num_params)} parameters ({source.estimate.param_bytes / 2**30:.3g} GiB), "
-             f"hidden {opts.config.hidden}, vocab {opts.config.vocab}, "
+             f"{opts.config.layers:,} layers, hidden {opts.config.hidden}, vocab {opts.config.vocab}, "
              f"microbatch {opts.config.mb_size}x{opts.config.seq_len}")
     name = source.text if source.scheme != "builtin" else opts.config.preset
+    whole = " (the runtime probe runs the whole model: --no-probe skips it)" if opts.probe else ""
     have = available_memory_bytes() if opts.device == "cpu" else None
-    if have is not None and need > 0.8 * have:
+    if have is not None and need > MEMORY_SHARE * have:
         raise PPSimError(
-            f"calibrating the {name} model ({shape}) needs about {need / 2**30:.1f} GiB but "
-            f"{have / 2**30:.1f} GiB is available; lower --seq-len, --mb-size or --layers, use a smaller model, or "
-            "pass --allow-large"
+            f"calibrating the {name} model ({shape}) needs about {need / 2**30:,.4g} GiB but "
+            f"{have / 2**30:.1f} GiB is available{whole}; lower --layers, --seq-len or --mb-size, use a smaller "
+            "model, or pass --allow-large"
         )
     if seconds > MAX_CALIBRATION_S:
         raise PPSimError(
             f"calibrating the {name} model ({shape}) on {opts.device} would take about "
-            f"{seconds / 3600:.1f} h (limit {MAX_CALIBRATION_S / 3600:g} h); lower --seq-len, --reps or use a "
-            "smaller model, calibrate on a GPU, or pass --allow-large"
+            f"{_hours(seconds)} (limit {MAX_CALIBRATION_S / 3600:g} h){whole}; lower --layers, --seq-len or --reps, "
+            "use a smaller model, calibrate on a GPU, or pass --allow-large"
         )
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:,.1f} h" if seconds < 86400 * 10 else f"{seconds / 86400:,.0f} days"
 
 
 # --- the units and their composition ----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from ppsim.errors import PPSimError
+from ppsim.limits import check_timeout
 
 if TYPE_CHECKING:
     from ppsim.calibrate.models import ModelSource
@@ -83,10 +84,10 @@ def calibrate_command(
         Optional[DType], typer.Option("--dtype", case_sensitive=False, help="float32, bfloat16 or float16.")
     ] = None,
     stages: Annotated[
-        int,
+        Optional[int],
         typer.Option("--stages", help="With --check-stages: how many stages (torchtitan's default split) to "
-                     "measure whole. The profile's blocks serve any stage count."),
-    ] = 4,
+                     "measure whole (default 4). The profile's blocks serve any stage count."),
+    ] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed repetitions before each measurement.")] = 3,
     reps: Annotated[int, typer.Option("--reps", help="Timed repetitions per measurement.")] = 20,
     resume: Annotated[
@@ -118,26 +119,29 @@ def calibrate_command(
     for name, value, least in (("--warmup", warmup, 0), ("--reps", reps, 1)):
         if value < least:
             raise PPSimError(f"{name} {value}: must be at least {least}; e.g. {name} {max(least, 3)}")
-    if stages < 1:
+    if stages is not None and stages < 1:
         raise PPSimError(f"--stages {stages}: must be at least 1; e.g. --stages 4")
-    if not (init_timeout > 0 and math.isfinite(init_timeout)):
-        raise PPSimError(f"--init-timeout {init_timeout}: must be a positive number of seconds; e.g. 60")
+    if stages is not None and not check_stages:  # the Slurm scripts pass it always: a warning, not a refusal
+        typer.echo(f"warning: --stages {stages} is used only with --check-stages (the profile's blocks serve any "
+                   "stage count), so it is ignored", err=True)
+    stages = 4 if stages is None else stages
+    check_timeout("--init-timeout", init_timeout, least=1.0)
     check_output(output, "-o", suffix=".json")
     source = resolve_source(
         model, preset, device=device.value, hidden=hidden, heads=heads, ffn=ffn, layers=layers, vocab=vocab,
         seq_len=seq_len, mb_size=mb_size, dtype=None if dtype is None else dtype.value,
     )
     config = source.config
-    if check_stages:
-        from ppsim.split import default_split
-
-        default_split(config.layers, stages)
     opts = CalibrationOptions(
         output=output, config=config, num_stages=stages, device=device.value, warmup=warmup, reps=reps,
         resume=resume, p2p=p2p, probe=probe, check_stages=check_stages, init_timeout_s=init_timeout,
         override_limits=override_limits, source=source,
     )
     check_limits(opts)  # before torch: the estimate needs none
+    if check_stages:  # after the estimate: the split takes time in the number of stages
+        from ppsim.split import default_split
+
+        default_split(config.layers, stages)
     from ppsim.calibrate.calibration import calibrate
 
     try:
@@ -244,6 +248,11 @@ def run_command(
         Optional[Path],
         typer.Option("--profile", help="Profile JSON from `ppsim calibrate` (default: calibrate here first)."),
     ] = None,
+    profile_out: Annotated[
+        Optional[Path],
+        typer.Option("--profile-out", help="Without --profile: keep the calibration made first here (default: "
+                     "next to -o as NAME.profile.json; an existing file is never replaced)."),
+    ] = None,
     split: Annotated[
         Optional[str],
         typer.Option("--split", metavar="N,N,...", help="Layers per stage (per-block profile), as for simulate."),
@@ -271,8 +280,9 @@ def run_command(
         typer.Option("--costs", help='With --synthetic: per-op costs in units of --time-unit, e.g. "F=1,B=2,comm=0".'),
     ] = None,
     time_unit: Annotated[
-        float, typer.Option("--time-unit", help="With --synthetic --costs: seconds per cost unit.")
-    ] = 0.01,
+        Optional[float], typer.Option("--time-unit", help="With --synthetic --costs: seconds per cost unit "
+                                      "(default 0.01).")
+    ] = None,
     model: Annotated[
         Optional[str],
         typer.Option("--model", metavar="SOURCE", help="Model to run (default: the profile's, else builtin:tiny): "
@@ -287,7 +297,8 @@ def run_command(
     dtype: Annotated[
         Optional[DType], typer.Option("--dtype", case_sensitive=False, help="float32, bfloat16 or float16.")
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and the batch.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and the batch.", min=0,
+                                      max=2**63 - 1)] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="Stop the processes after this many seconds.")] = 600.0,
     override_limits: Annotated[
         bool, typer.Option("--allow-large", help="Run even beyond the work, rank and memory limits.")
@@ -306,12 +317,19 @@ def run_command(
                                ("--steps", steps, 1), ("--warmup", warmup, 0), ("--probes", probes, 0)):
         if value is not None and value < least:
             raise PPSimError(f"{name} {value}: must be at least {least}")
-    for name, number, least in (("--time-unit", time_unit, 1e-4), ("--timeout", timeout, 1.0)):
-        if not (math.isfinite(number) and number >= least):
-            raise PPSimError(f"{name} {number}: must be a finite number >= {least:g}")
-    for path, what in ((output, "-o"), (plot, "--plot")):
+    check_ignored_run_options(synthetic=synthetic, profile=profile, costs=costs, time_unit=time_unit, preset=preset,
+                              split=split, layers_per_stage=layers_per_stage, profile_out=profile_out)
+    if time_unit is not None and not (math.isfinite(time_unit) and time_unit >= 1e-4):
+        raise PPSimError(f"--time-unit {time_unit}: must be a finite number >= 0.0001")
+    check_timeout("--timeout", timeout, least=1.0)
+    for path, what in ((output, "-o"), (plot, "--plot"), (profile_out, "--profile-out")):
         if path is not None:
-            check_output(path, what)
+            check_output(path, what, suffix=".json" if what == "--profile-out" else None)
+    save_calibration = calibration_path(output, profile_out, profile=profile, synthetic=synthetic)
+    from ppsim.io import check_distinct
+
+    check_distinct((("-s", schedule if schedule.lower().endswith(".csv") else None), ("--profile", profile),
+                    ("-o", output), ("--plot", plot), ("--profile-out", save_calibration)))
     if plot is not None:
         if plot.suffix.lower() not in PLOT_SUFFIXES:
             raise PPSimError(
@@ -333,9 +351,10 @@ def run_command(
 
     options = RunOptions(
         schedule=schedule, num_ranks=ranks, num_microbatches=mb, num_stages_per_rank=stages_per_rank,
-        backend=backend.value, profile=profile, costs=costs, synthetic=synthetic, time_unit_s=time_unit,
-        preset=preset, model=model, model_options=sizes, num_steps=steps, num_warmup=warmup, num_probes=probes, seed=seed, timeout_s=timeout,
-        save_calibration=None if output is None else output.with_name(output.stem + ".profile.json"),
+        backend=backend.value, profile=profile, costs=costs, synthetic=synthetic,
+        time_unit_s=0.01 if time_unit is None else time_unit, preset=preset, model=model, model_options=sizes,
+        num_steps=steps, num_warmup=warmup, num_probes=probes, seed=seed, timeout_s=timeout,
+        save_calibration=save_calibration,
         override_limits=override_limits, split=split, layers_per_stage=layers_per_stage, recompute=recompute,
     )
     report = execute(options)
@@ -366,6 +385,45 @@ def run_command(
             err=True,
         )
         raise typer.Exit(code=1)
+
+
+def check_ignored_run_options(*, synthetic: bool, profile: Path | None, costs: str | None, time_unit: float | None,
+                              preset: str | None, split: str | None, layers_per_stage: int | None,
+                              profile_out: Path | None) -> None:
+    """Refuse, in one line, an option this run would ignore."""
+    if time_unit is not None and not (synthetic and profile is None):
+        why = "a profile's costs are seconds already" if synthetic else "a real run computes instead of sleeping"
+        raise PPSimError(f"--time-unit {time_unit}: applies to --synthetic runs with --costs only ({why}); drop it")
+    if preset is not None and profile is not None:
+        raise PPSimError(f"--preset {preset}: a run with --profile runs the profile's own model; drop --preset (or "
+                         "--profile to calibrate the preset first)")
+    if profile is not None and profile_out is not None:
+        raise PPSimError(f"--profile-out {profile_out}: keeps the calibration a run without --profile makes first; "
+                         "with --profile nothing is calibrated, so drop it")
+    if synthetic and profile is None:
+        if profile_out is not None:
+            raise PPSimError(f"--profile-out {profile_out}: a --synthetic run without --profile calibrates nothing; "
+                             "drop it")
+        for option, value in (("--split", split), ("--layers-per-stage", layers_per_stage)):
+            if value is not None:
+                raise PPSimError(f"{option} {value}: synthetic stages from a cost string have no layers to split; "
+                                 "pass a per-block --profile, or drop it")
+
+
+def calibration_path(output: Path | None, profile_out: Path | None, *, profile: Path | None,
+                     synthetic: bool) -> Path | None:
+    """Where a run without --profile keeps its calibration: --profile-out, or NAME.profile.json beside -o; a file
+    already there is refused now, before anything runs (it is created new, never replaced)."""
+    if profile is not None or synthetic:
+        return None
+    path = profile_out
+    if path is None and output is not None:
+        path = output.with_name(output.stem + ".profile.json")
+    from ppsim.calibrate.run import profile_taken, writes_profile
+
+    if path is not None and writes_profile() and (path.exists() or path.is_symlink()):
+        raise PPSimError(profile_taken(path))
+    return path
 
 
 def print_run_summary(report: RunReport) -> None:

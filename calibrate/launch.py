@@ -151,6 +151,7 @@ def run_local(
 
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))
+    _start_forkserver_deaf_to_ctrl_c()
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
     queue = ctx.SimpleQueue()
     procs = [
@@ -161,8 +162,9 @@ def run_local(
     interrupted = False
     try:
         with _terminate_raises():
-            for p in procs:
-                p.start()
+            with _ctrl_c_deferred():  # a Ctrl-C mid-start would orphan a worker whose pid was not yet known
+                for p in procs:
+                    p.start()
             return _await(procs, queue, timeout_s, what, on_message)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the teardown below is bounded, whatever it meets
         interrupted = True
@@ -173,6 +175,40 @@ def run_local(
         del store
         if interrupted:
             cancel_exit_if_stuck()  # a caller that goes on after Ctrl-C is not ended later
+
+
+def _start_forkserver_deaf_to_ctrl_c() -> None:
+    """Start the fork server with SIGINT ignored, which it keeps across its exec: a terminal's Ctrl-C goes to the
+    whole foreground process group, and the server, still importing its preload, would die of it with a traceback.
+    This process alone handles Ctrl-C and stops the workers (they inherit the server's SIG_IGN)."""
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """Record a Ctrl-C during the block and raise ``KeyboardInterrupt`` after it, not inside: raised within
+    ``Process.start()`` it would orphan a worker whose pid was not yet stored, and that worker would fail noisily
+    once this process is gone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 STUCK_EXIT_S = 15.0

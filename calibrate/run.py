@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import shutil
 import statistics
 import tempfile
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import PPSimError
+from ppsim.limits import MAX_REAL_RANKS_PER_CORE, MAX_SYNTHETIC_RANKS, MEMORY_SHARE  # --allow-large lifts them
+from ppsim.limits import MAX_RUN_ACTIONS as MAX_ACTIONS
 
 if TYPE_CHECKING:
     from ppsim.calibrate.executor import ExecSpec, Measurement
@@ -35,12 +38,6 @@ if TYPE_CHECKING:
 DEFAULT_STEPS = 5
 DEFAULT_WARMUP = 3
 DEFAULT_TIME_UNIT_S = 0.01
-#: Work limits (``--allow-large`` lifts them): actions in one step, and ranks per CPU core for real ranks.
-MAX_ACTIONS = 100_000
-MAX_REAL_RANKS_PER_CORE = 4
-MAX_SYNTHETIC_RANKS = 64
-#: Share of the available memory a run may plan to use.
-MEMORY_SHARE = 0.8
 
 Bars = list[tuple[int, float, float, str]]
 """(rank, start, end, computation) per drawn bar."""
@@ -171,6 +168,7 @@ def execute(options: RunOptions) -> RunReport | None:
     from ppsim.simulate import simulate
 
     predicted = simulate(schedule, prediction_costs(costs, time_scale), recompute=chosen)  # before anything runs
+    check_predicted_time(options, predicted)
     if world is None:
         measurement = executor.launch(spec)
     else:
@@ -215,12 +213,36 @@ def load_checked_schedule(options: RunOptions) -> Schedule:
     if actions > MAX_ACTIONS and not options.override_limits:
         raise PPSimError(f"{options.schedule}: {actions:,} actions per step (limit {MAX_ACTIONS:,}); use fewer "
                          "microbatches or ranks, or pass --allow-large")
+    from ppsim.limits import check_run_steps
+
+    check_run_steps(f"{schedule.name} -r {schedule.num_ranks} -m {schedule.num_microbatches}", num_actions=actions,
+                    num_steps=total_steps(options), allow_large=options.override_limits)
     problems = validate(schedule)
     if problems:
         first = str(problems[0])
         more = f" (and {len(problems) - 1} more; see `ppsim validate`)" if len(problems) > 1 else ""
         raise PPSimError(f"{options.schedule}: {first}{more}; torch's runtime would fail or hang on it; fix the order")
     return schedule
+
+
+def total_steps(options: RunOptions) -> int:
+    """Warm-up, timed and probe steps: every one executes the whole order."""
+    probes = options.num_steps if options.num_probes is None else options.num_probes
+    return options.num_warmup + options.num_steps + probes
+
+
+def check_predicted_time(options: RunOptions, predicted: SimResult) -> None:
+    """Refuse, before any rank starts, a run whose predicted steps alone outlast ``--timeout``."""
+    if options.override_limits:
+        return
+    steps = total_steps(options)
+    need = predicted.makespan * steps
+    if need > options.timeout_s:
+        raise PPSimError(
+            f"{predicted.schedule.name}: {steps:,} steps of about {predicted.makespan:.3g} s each (the prediction) "
+            f"need about {need:,.0f} s, beyond --timeout {options.timeout_s:g} s; use fewer --steps, --warmup or "
+            "--probes, raise --timeout, or pass --allow-large to start it anyway"
+        )
 
 
 def run_source(options: RunOptions, device: str) -> ModelSource:
@@ -294,23 +316,10 @@ def check_machine(options: RunOptions, schedule: Schedule, model: ModelSource) -
 
 
 def estimate_run_bytes(source: ModelSource, schedule: Schedule, *, synthetic: bool) -> int:
-    """A generous estimate of what a local run holds: per rank the torch runtime (~300 MiB), weights and gradients
-    of its stages, activations of every microbatch; plus the non-pipelined reference on rank 0. A torchtitan or
-    factory model is built whole on every rank before it is cut, so each rank counts the whole model once more."""
-    model, est = source.config, source.estimate
-    item = model.itemsize
-    tokens = model.mb_size * model.seq_len
-    if synthetic:
-        per_mb = 4 * tokens * model.hidden * item
-        weights = 2 * model.vocab * model.hidden * item
-        whole = 0
-    else:
-        weights = est.param_bytes
-        per_mb = model.layers * est.layer_activation_bytes + est.head_activation_bytes
-        whole = 0 if source.scheme == "builtin" else schedule.num_ranks * est.param_bytes
-    runtime = 300 << 20
-    m = schedule.num_microbatches
-    return schedule.num_ranks * runtime + 2 * (2 * weights) + 2 * m * per_mb + whole
+    """A generous estimate of what a local run holds (:meth:`ModelSource.run_bytes`, which the calibration's probe
+    shares)."""
+    return source.run_bytes(num_ranks=schedule.num_ranks, num_microbatches=schedule.num_microbatches,
+                            synthetic=synthetic)
 
 
 def _gib(n: float) -> str:
@@ -339,7 +348,11 @@ def costs_and_model(
     path, where = calibrate_here(model, device, save_to=options.save_calibration)
     if path is None:  # a torchrun rank other than 0: it only executes, rank 0 predicts
         return parse_costs(None), 1.0, model, where
-    costs, scale, model, _ = profile_costs(options, path, schedule, device)
+    try:
+        costs, scale, model, _ = profile_costs(options, path, schedule, device)
+    finally:
+        if options.save_calibration is None:  # the unsaved calibration's folder: read, so no longer needed
+            shutil.rmtree(path.parent, ignore_errors=True)
     return costs, scale, model, where
 
 
@@ -409,20 +422,45 @@ def synthetic_runtime(costs: CostModel, profile: Any) -> CostModel:
 
 def calibrate_here(model: ModelSource, device: str, *, save_to: Path | None = None) -> tuple[Path | None, str]:
     """Calibrate ``model`` on this machine as `ppsim calibrate` does; returns the profile's path (``None`` on
-    torchrun ranks other than 0) and a description of where it is."""
+    torchrun ranks other than 0) and a description of where it is. ``save_to`` is created new: an existing file
+    there (a user's) is refused, never replaced."""
     import sys
 
     from ppsim.calibrate.calibration import CalibrationOptions, calibrate
+    from ppsim.io import release_unused, reserve_new
 
     def run(path: Path) -> Path | None:
         opts = CalibrationOptions(output=path, config=model.config, device=device, source=model)
         print(f"no --profile: calibrating the {model.text} model on {device} first", file=sys.stderr, flush=True)
         return path if calibrate(opts) is not None else None
 
+    if save_to is not None and not writes_profile():
+        return run(save_to), str(save_to)  # a torchrun rank other than 0: rank 0 creates and writes the file
     if save_to is not None:
-        return run(save_to), str(save_to)
-    tmp = Path(tempfile.mkdtemp(prefix="ppsim-run-"))
-    return run(tmp / "profile.json"), "calibrated by ppsim run (not saved)"
+        reserve_new(save_to, refusal=profile_taken(save_to), option="--profile-out")
+        try:
+            return run(save_to), str(save_to)
+        finally:
+            release_unused(save_to)  # a calibration that wrote nothing leaves no empty file behind
+    tmp = Path(tempfile.mkdtemp(prefix="ppsim-run-"))  # removed once read (costs_and_model), or on failure
+    try:
+        return run(tmp / "profile.json"), "calibrated by ppsim run (not saved)"
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def writes_profile() -> bool:
+    """Whether this process writes the calibration's profile: a local run, or rank 0 of a torchrun job."""
+    from ppsim.calibrate.launch import under_torchrun
+
+    return not under_torchrun() or os.environ.get("RANK") == "0"
+
+
+def profile_taken(path: Path) -> str:
+    """The refusal when the automatic calibration's file name is taken."""
+    return (f"{path} exists: a run without --profile calibrates first and keeps the profile there, and never replaces "
+            f"a file; pass --profile {path} to use it, or --profile-out NEW.json to keep the new one elsewhere")
 
 
 def prediction_costs(costs: CostModel, time_scale: float) -> CostModel:

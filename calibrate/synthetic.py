@@ -14,14 +14,14 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ppsim.limits import MAX_SLEEP_S
+
 if TYPE_CHECKING:
     from ppsim.calibrate.model import ModelConfig
     from ppsim.costs import CostModel
     from ppsim.ir import Schedule
 
 SYNTHETIC_VOCAB = 32
-#: The longest a single synthetic computation may sleep (seconds); longer costs are a user error, not a hang.
-MAX_SLEEP_S = 3600.0
 _CLASS: type | None = None
 
 

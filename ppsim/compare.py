@@ -160,7 +160,8 @@ def compare(
     allow_large: bool = False,
     recompute: Callable[[str, Schedule], Set[tuple[int, int]]] | None = None,
 ) -> Comparison:
-    """Build each schedule in ``names``, skip those that cannot run (reasons kept), simulate the rest, rank them.
+    """Build each schedule in ``names``, skip those that cannot run or whose costs do not fit them (a ``--split`` of
+    another chain length; reasons kept), simulate the rest, rank them.
 
     A single name that cannot be built raises its error; when none of several can, raises
     :class:`NothingToCompareError` listing why. ``scope=None`` applies the comparability rule (module docstring).
@@ -219,10 +220,20 @@ def compare(
             f"--schedule {','.join(names)!r}: none of these schedules can run this configuration ({reasons})"
         )
     chosen, reason, scope_notes = resolve_scope(built, cost_model, scope)
-    results = [
-        simulate(s, costs_for(cost_model, s, scope=chosen.value), memory_cap_bytes=memory_cap_bytes, recompute=rc)
-        for s, rc in zip(built, recomputed)
-    ]
+    results = []
+    for schedule, rc in zip(built, recomputed):
+        try:  # costs that do not fit this schedule (a --split of another length): skip it, keep the others
+            costs = costs_for(cost_model, schedule, scope=chosen.value)
+            results.append(simulate(schedule, costs, memory_cap_bytes=memory_cap_bytes, recompute=rc))
+        except PPSimError as exc:
+            if len(names) == 1:
+                raise
+            skipped.append(Skipped(schedule.name, str(exc)))
+    if not results:
+        reasons = "; ".join(f"{s.name}: {s.reason}" for s in skipped)
+        raise NothingToCompareError(
+            f"--schedule {','.join(names)!r}: none of these schedules can run this configuration ({reasons})"
+        )
     return Comparison(
         results=tuple(rank(results)),
         skipped=tuple(skipped),

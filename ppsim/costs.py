@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ppsim.errors import CostError
 from ppsim.ir import Action, ActionType, Schedule
+from ppsim.limits import MAX_COST, MIN_COST  # noqa: F401  (the range of one op's time; re-exported)
 from ppsim.split import SplitError, SplitSpec, check_split, format_split, resolve_split, stage_blocks
 
 if TYPE_CHECKING:
@@ -36,11 +37,6 @@ COST_KEYS = ("F", "B", "I", "W", "FB", "comm", "recompute_act")
 _OP_KEYS = ("F", "B", "I", "W", "FB")
 _DEFAULT_F = 1.0
 _DEFAULT_B = 2.0
-MAX_COST = 1e12
-"""Largest time one op (or ``comm``) may take in a cost string: a step sums millions of them, and beyond this
-results lose precision and eventually overflow to inf/NaN."""
-MIN_COST = 1e-12
-"""Smallest non-zero time per op in a cost string (any unit): 24 orders of magnitude between the two limits."""
 ACTIVATION_PARTS = 1_000_000
 """Activation counts are kept in millionths of one activation when a recomputed one holds a fraction of it (its
 boundary input), so sums and peaks stay exact integers."""
@@ -329,8 +325,11 @@ def _overlap_ratio(costs: CostModel, pos: int) -> float:
 
 def parse_costs(text: str | None) -> CostModel:
     """Parse ``--costs "F=1,B=2,I=1,W=1,FB=2.5,comm=0.1"`` (any subset; see the contract for defaults)."""
-    if text is None or not text.strip():
+    if text is None:
         return CostModel(source="default")
+    if not text.strip():  # an unset shell variable, most likely: say so rather than use the defaults silently
+        raise CostError(f"--costs {text!r}: give KEY=VALUE pairs, e.g. \"F=1,B=2,comm=0.1\"; drop --costs for the "
+                        "defaults (F=1, B=2, I=W=1)")
     canonical = {k.lower(): k for k in COST_KEYS}
     given: dict[str, float] = {}
     for item in text.split(","):

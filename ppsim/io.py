@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Union
+from typing import BinaryIO, Callable, Iterable, Iterator, Union
 
 from ppsim.errors import OutputPathError, SizeError
 
@@ -72,6 +72,44 @@ def write_atomic(path: str | os.PathLike[str], content: Content, *, option: str 
         _unlink_quietly(tmp)
         raise
     return target
+
+
+def check_distinct(paths: Iterable[tuple[str, str | os.PathLike[str] | None]]) -> None:
+    """Refuse two options that name one file, ``(option, path)`` pairs, outputs and inputs alike: an output over an
+    input (``export -s my.csv -o my.csv --format json``) would replace what the command reads, and two outputs
+    would replace each other. Paths are compared after symlinks are followed; ``None`` is skipped."""
+    seen: dict[str, str] = {}
+    for option, path in paths:
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            raise OutputPathError(f"{option} {_show(Path(path))}: the same file as {seen[real]}; give each its own "
+                                  "file (an output never replaces an input or another output)")
+        seen[real] = option
+
+
+def reserve_new(path: str | os.PathLike[str], *, refusal: str, option: str = "-o") -> Path:
+    """Create ``path`` as an empty file, only if nothing is there (``O_EXCL``: no race with another writer), for a
+    file whose name ppsim chose: what a user keeps under that name is never replaced. ``refusal`` is the one-line
+    error when the name is taken. Write it later with :func:`write_atomic`; :func:`release_unused` removes it if it
+    is still empty."""
+    target = Path(path)
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        raise OutputPathError(refusal) from None
+    except OSError as exc:
+        raise _output_error(target, exc, option) from None
+    os.close(fd)
+    return target
+
+
+def release_unused(path: str | os.PathLike[str]) -> None:
+    """Remove a file :func:`reserve_new` created if nothing was written into it."""
+    with contextlib.suppress(OSError):
+        if os.stat(path).st_size == 0:
+            os.unlink(path)
 
 
 def check_writable(path: str | os.PathLike[str], *, option: str = "-o", example: str = "out.csv") -> None:
@@ -235,21 +273,32 @@ def parse_bytes(text: str | None, *, option: str = "--memory-cap") -> int | None
     if text is None:
         return None
     fix = "give a positive size in bytes such as 80000000000, 80GB or 80GiB"
+    shown = _quoted(text)
+    too_large = (f"{option} {shown}: larger than {MAX_BYTES} bytes (8 EiB), the largest size ppsim represents; "
+                 f"{fix}")
     m = _SIZE_RE.match(text)
     if m is None:
-        raise SizeError(f"{option} {text!r}: not a size; {fix}")
+        raise SizeError(f"{option} {shown}: not a size; {fix}")
     try:
         value = Decimal(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
-    except InvalidOperation:
-        raise SizeError(f"{option} {text!r}: not a size; {fix}") from None
+    except (InvalidOperation, ArithmeticError):  # 1e1000000 overflows the decimal context
+        if m.group(1).startswith("-"):
+            raise SizeError(f"{option} {shown}: must be positive; {fix}") from None
+        raise SizeError(too_large) from None
     if not value.is_finite() or value > MAX_BYTES:
-        raise SizeError(f"{option} {text!r}: larger than {MAX_BYTES} bytes (8 EiB), the largest size ppsim "
-                        f"represents; {fix}")
+        raise SizeError(too_large)
     if value <= 0:
-        raise SizeError(f"{option} {text!r}: must be positive; {fix}")
+        raise SizeError(f"{option} {shown}: must be positive; {fix}")
     if value < 1:
-        raise SizeError(f"{option} {text!r}: less than one byte; {fix}")
+        raise SizeError(f"{option} {shown}: less than one byte; {fix}")
     return int(value)
+
+
+def _quoted(text: str, limit: int = 40) -> str:
+    """A user's value for a one-line message: quoted, a long one cut in the middle with its length."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:16]!r}...{text[-8:]!r} ({len(text):,} characters)"
 
 
 def parse_memory_cap(text: str | None, *, option: str = "--memory-cap") -> int | ActivationCap | None:
@@ -259,7 +308,11 @@ def parse_memory_cap(text: str | None, *, option: str = "--memory-cap") -> int |
     m = _ACT_RE.match(text)
     if m is None:
         return parse_bytes(text, option=option)
-    count = float(m.group(1)) if "." in m.group(1) else int(m.group(1))
+    whole = m.group(1).split(".")[0].lstrip("0")
+    if len(whole) > 12 or len(m.group(1)) > 40:  # thousands of digits are slow to convert; no rank holds 10**12
+        raise SizeError(f"{option} {_quoted(text)}: more than 10**12 activations per rank or too many digits; give a "
+                        "count such as 8act")
+    count = float(m.group(1)) if "." in m.group(1) else int(whole or "0")
     if count < 1:
         raise SizeError(f"{option} {text!r}: an activation cap must be at least 1act; e.g. 8act")
     return ActivationCap(count)

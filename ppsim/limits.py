@@ -20,14 +20,28 @@ A refusal names the estimate, the limit and the override (``--allow-large`` on t
 | :data:`MAX_REPORT_ACTIONS` / :data:`MAX_REPORT_RANKS` | 100,000 computations / 2,000 rows | all figures of one ``report`` together |
 | :data:`MAX_SEARCH_ACTIONS` | 100,000 computations per order | ``search`` (it builds and simulates thousands of orders) |
 | set-up within ``--time-limit`` | :func:`estimate_search` | ``search``: timing the named schedules and a first order must fit the time limit |
+| :data:`MAX_RUN_ACTIONS` | 100,000 actions | one step of ``ppsim run`` (every action runs and is timed) |
+| :data:`MAX_RUN_STEPS` / :data:`MAX_RUN_EXECUTED` | 1,000 steps / 1M actions | all the steps of one ``run`` |
+| :data:`MAX_REAL_RANKS_PER_CORE` / :data:`MAX_SYNTHETIC_RANKS` | 4 per core / 64 | local rank processes of ``run`` |
+| :data:`MAX_CALIBRATION_S` | 1 h (estimated) | one ``calibrate``, the runtime probe of the whole model included |
+| :data:`MAX_TIMEOUT_S` | 7 days | ``run --timeout``, ``calibrate --init-timeout`` (not liftable) |
+| :data:`MAX_MODEL_DIM` | 2**31 - 1 | each model size (hidden, layers, ...; not liftable) |
+| :data:`MAX_COST` / :data:`MIN_COST` | 1e12 / 1e-12 | one op's time in ``--costs`` (0 allowed; not liftable) |
+| :data:`MAX_STAGES` | 100,000 | a count in ``--split``, ``--layers-per-stage`` (not liftable) |
+| :data:`MAX_PROFILE_BYTES` | 64 MiB | a profile file read (not liftable) |
+| :data:`MAX_SLEEP_S` | 1 h | one synthetic computation of ``run --synthetic`` (not liftable) |
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ppsim.errors import PPSimError
 from ppsim.io import fmt_bytes
+
+if TYPE_CHECKING:
+    from ppsim.model_config import ModelConfig
 
 MAX_ACTIONS = 2_000_000
 MAX_RANKS = 2_048
@@ -47,6 +61,29 @@ SEARCH_PASS_SECONDS = 1.5e-7
 """One list-scheduling pass of the search takes about this x R^2.5 x M x v^2.3 seconds (a rank waiting for its
 inputs may rescan the others; measured on 2 loaded cores, M=16, one stage per rank: R=64 0.07 s, R=128 0.35 s,
 R=256 2.1 s; V placement 4-5x)."""
+MAX_RUN_ACTIONS = 100_000
+MAX_RUN_STEPS = 1_000
+MAX_RUN_EXECUTED = 1_000_000
+MAX_REAL_RANKS_PER_CORE = 4
+MAX_SYNTHETIC_RANKS = 64
+MEMORY_SHARE = 0.8
+"""Share of the available memory a run or a calibration may plan to use."""
+MAX_CALIBRATION_S = 3600.0
+MAX_TIMEOUT_S = 7 * 86_400.0
+"""Longest timeout a command takes: beyond it, thread waits overflow (no override: nothing needs longer)."""
+MAX_MODEL_DIM = 2**31 - 1
+"""Largest model size (torch's index range; no override: nothing larger can be built)."""
+MAX_COST = 1e12
+"""Largest time one op (or ``comm``) may take in a cost string: a step sums millions of them, and beyond this
+results lose precision and eventually overflow to inf/NaN."""
+MIN_COST = 1e-12
+"""Smallest non-zero time per op in a cost string (any unit): 24 orders of magnitude between the two limits."""
+MAX_STAGES = 100_000
+"""Largest count in a split given on the command line (far beyond any real pipeline)."""
+MAX_PROFILE_BYTES = 64 * 1024 * 1024
+"""Largest profile file read (a tiny-model profile with 20 samples per timing is a few tens of kB)."""
+MAX_SLEEP_S = 3600.0
+"""The longest a single synthetic computation may sleep (seconds); longer costs are a user error, not a hang."""
 
 BYTES_PER_ACTION = 300
 """Memory the simulator holds per action (schedule, timeline, result), measured on the perf target."""
@@ -200,6 +237,41 @@ def check_file_size(path: str, num_bytes: int, *, allow_large: bool = False) -> 
         f"schedule file {path!r} is {fmt_bytes(num_bytes)}, more than the limit of {fmt_bytes(MAX_FILE_BYTES)} "
         f"(about {MAX_FILE_ACTIONS:,} actions); pass a smaller file, or {OVERRIDE_FLAG} to read it anyway"
     )
+
+
+def check_run_steps(what: str, *, num_actions: int, num_steps: int, allow_large: bool = False) -> None:
+    """Refuse a ``ppsim run`` of more than :data:`MAX_RUN_STEPS` steps or :data:`MAX_RUN_EXECUTED` executed
+    actions (``num_actions`` per step, ``num_steps`` warm-up, timed and probe steps together)."""
+    if allow_large:
+        return
+    executed = num_actions * num_steps
+    if num_steps > MAX_RUN_STEPS or executed > MAX_RUN_EXECUTED:
+        raise WorkLimitError(
+            f"{what}: {num_steps:,} steps of {num_actions:,} actions, about {executed:,} executed and timed actions, "
+            f"beyond the limit of {MAX_RUN_STEPS:,} steps and {MAX_RUN_EXECUTED:,} actions; use fewer --steps, "
+            f"--warmup or --probes, or pass {OVERRIDE_FLAG} to run it anyway"
+        )
+
+
+def check_timeout(option: str, seconds: float, *, least: float) -> float:
+    """``seconds`` if it is a finite number of seconds in ``[least, MAX_TIMEOUT_S]``; else a one-line refusal."""
+    if not (isinstance(seconds, (int, float)) and least <= seconds <= MAX_TIMEOUT_S):  # also refuses NaN
+        raise PPSimError(
+            f"{option} {seconds}: must be a number of seconds from {least:g} to {MAX_TIMEOUT_S:,.0f} (7 days); "
+            f"e.g. {option} 600"
+        )
+    return float(seconds)
+
+
+def run_memory_bytes(*, num_ranks: int, num_microbatches: int, weight_bytes: int, microbatch_bytes: int,
+                     whole_model_bytes: int = 0) -> int:
+    """A generous estimate of what a local ``ppsim run`` (or calibrate's runtime probe) holds: per rank the torch
+    runtime (~300 MiB) and ``whole_model_bytes`` (a model built whole before it is cut), weights and gradients of
+    the stages, activations of every microbatch; plus the non-pipelined reference on rank 0. The sizes come from
+    the model source (``ModelSource.run_bytes``)."""
+    runtime = 300 << 20
+    return (num_ranks * (runtime + whole_model_bytes) + 2 * (2 * weight_bytes)
+            + 2 * num_microbatches * microbatch_bytes)
 
 
 def _is_known(key: str) -> bool:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppsim.errors import PPSimError
+from ppsim.limits import MAX_MODEL_DIM
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 """Bytes per element of each dtype a model may use."""
@@ -39,9 +40,12 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in MODEL_FIELDS:
             value = getattr(self, name)
+            opt = name.replace("_", "-")
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                opt = name.replace("_", "-")
                 raise PPSimError(f"--{opt} {value!r}: must be a positive integer; e.g. --{opt} {TINY_VALUES[name]}")
+            if value > MAX_MODEL_DIM:
+                raise PPSimError(f"--{opt} {_short(value)}: more than {MAX_MODEL_DIM:,}, the largest size torch can "
+                                 f"index; e.g. --{opt} {TINY_VALUES[name]}")
         if self.hidden % self.heads:
             raise PPSimError(
                 f"--hidden {self.hidden} with --heads {self.heads}: hidden must be divisible by heads; "
@@ -101,8 +105,20 @@ def get_preset(name: str) -> ModelConfig:
         raise PPSimError(f"--preset {name!r}: unknown preset; use one of {', '.join(PRESETS)}") from None
 
 
-def _divisor_near(n: int, target: int) -> int:
-    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - target), d))
+def _divisor_near(n: int, target: int, *, window: int = 4096) -> int:
+    """A divisor of ``n`` near ``target`` (the nearer, then the smaller), looked for within ``window`` of it: a
+    hint, so bounded work even for a huge prime ``n`` (1 always divides)."""
+    target = min(max(target, 1), n)
+    for delta in range(window + 1):
+        for d in (target - delta, target + delta):
+            if 1 <= d <= n and n % d == 0:
+                return d
+    return 1
+
+
+def _short(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
 
 
 def split_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:

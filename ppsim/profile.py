@@ -24,6 +24,7 @@ from typing import Any
 
 from ppsim.errors import CostError, PPSimError
 from ppsim.io import write_atomic
+from ppsim.limits import MAX_PROFILE_BYTES
 from ppsim.model_config import DTYPE_BYTES, MODEL_KEYS, ModelConfig
 
 SCHEMA = "ppsim.profile"
@@ -37,8 +38,6 @@ RECV_POSTINGS = ("early", "consumer")
 BLOCK_EMBED = "embed"
 BLOCK_LAYER = "layer"
 BLOCK_HEAD = "head"
-MAX_PROFILE_BYTES = 64 * 1024 * 1024
-"""Largest profile file read (a tiny-model profile with 20 samples per timing is a few tens of kB)."""
 MAX_INT = 2**63 - 1
 """Largest byte count or count accepted (int64, what torch reports)."""
 OPS = ("F", "B", "I", "W", "FB")

@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ppsim.errors import CostError
+from ppsim.limits import MAX_STAGES
 
-MAX_STAGES = 100_000
-"""Largest count in a split given on the command line (far beyond any real pipeline)."""
 
 
 class SplitError(CostError):

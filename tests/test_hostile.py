@@ -443,6 +443,346 @@ def test_calibrate_refuses_an_absurd_sequence_length(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "seq" in proc.stderr
 
 
+# === issue 18, third adversarial pass (hostile engineer): one section per class, one defect per test ==============
+def _one_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def _profile_with(tmp_path: Path, **model: object) -> Path:
+    from profile_v2 import make_v2_profile
+
+    doc = make_v2_profile().to_dict()
+    doc["model"].update(model)
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+# --- 18: unbounded work and hangs ------------------------------------------------------------------------------------
+def test_a_profile_with_a_prime_hidden_size_is_refused_at_once(tmp_path: Path) -> None:
+    # the "divisible by heads" hint searched every number up to the hidden size: 10**9 steps for a prime
+    path = _profile_with(tmp_path, hidden=1_000_000_007, heads=2)
+    proc = _cli(["simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--profile", str(path)], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "divisible by heads" in _one_error(proc.stderr)
+
+
+def test_calibrate_refuses_a_prime_hidden_size_with_a_divisor_hint(tmp_path: Path) -> None:
+    proc = _cli(["calibrate", "--hidden", "1000000007", "--heads", "2", "-o", str(tmp_path / "p.json")], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "e.g. --heads 1" in _one_error(proc.stderr)
+
+
+def test_the_divisor_hint_is_bounded_and_still_the_nearest() -> None:
+    from ppsim.model_config import _divisor_near
+
+    assert _divisor_near(2**61 - 1, 3) == 1  # a Mersenne prime: a linear scan would never end
+    assert (_divisor_near(128, 5), _divisor_near(12, 5), _divisor_near(100, 3)) == (4, 4, 2)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--layers", "100000"], "100,000 layers"),  # the runtime probe builds the whole model: it was not estimated
+    (["--hidden", "9" * 23], "2,147,483,647"),  # beyond any tensor size (and the estimate's float range)
+    (["--layers", "2147483647", "--check-stages", "--stages", "2147483647"], "--allow-large"),  # split first: hung
+    (["--init-timeout", "1e300"], "7 days"),  # overflowed a thread wait after the units were measured
+    (["--init-timeout", "nan"], "--init-timeout nan"),
+])
+def test_calibrate_estimates_or_refuses_absurd_sizes_before_starting(args: list[str], says: str,
+                                                                     tmp_path: Path) -> None:
+    code, out, err = invoke(["calibrate", *args, "-o", str(tmp_path / "p.json")], tmp_path)
+    assert code == 2, out + err
+    assert says in _one_error(err)
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_the_calibration_estimate_counts_the_probe_of_the_whole_model() -> None:
+    from ppsim.calibrate.calibration import estimate
+    from ppsim.model_config import get_preset
+
+    deep = get_preset("tiny").replace(preset="custom", layers=100_000)
+    units_only = estimate(deep, device="cpu", reps=20, warmup=3)
+    with_probe = estimate(deep, device="cpu", reps=20, warmup=3, probe=True)
+    assert with_probe[0] > 1000 * units_only[0] and with_probe[1] > 1000 * units_only[1]
+
+
+def test_run_steps_are_bounded() -> None:
+    limits.check_run_steps("x", num_actions=8, num_steps=limits.MAX_RUN_STEPS)
+    with pytest.raises(limits.WorkLimitError, match="--allow-large"):
+        limits.check_run_steps("x", num_actions=8, num_steps=1_000_000_000)
+    with pytest.raises(limits.WorkLimitError, match="1,000,000 actions"):
+        limits.check_run_steps("x", num_actions=10_000, num_steps=200)
+    limits.check_run_steps("x", num_actions=8, num_steps=1_000_000_000, allow_large=True)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("args", "says"), [
+    (["--steps", "1000000000"], "1,000 steps"),
+    (["--warmup", "1000000000", "--synthetic"], "1,000 steps"),
+    (["--synthetic", "--costs", "F=1,B=1", "--time-unit", "1", "--timeout", "3"], "beyond --timeout 3 s"),
+    (["--timeout", "1e300", "--synthetic"], "7 days"),
+])
+def test_run_refuses_work_beyond_its_limits_before_any_rank_starts(args: list[str], says: str,
+                                                                  tmp_path: Path) -> None:
+    import multiprocessing
+
+    code, out, err = invoke(["run", "-s", "1F1B", "-r", "2", "-m", "2", *args], tmp_path)
+    assert code == 2, out + err
+    assert says in _one_error(err)
+    assert multiprocessing.active_children() == []
+
+
+# --- 18: data loss: nothing a user wrote is replaced without being asked ----------------------------------------------
+def test_run_without_a_profile_never_replaces_a_users_file(tmp_path: Path) -> None:
+    mine = tmp_path / "r.profile.json"
+    mine.write_text("my notes")
+    code, out, err = invoke(["run", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "r.json"], tmp_path)
+    assert code == 2, out + err
+    line = _one_error(err)
+    assert "r.profile.json exists" in line and "--profile r.profile.json" in line and "--profile-out" in line
+    assert mine.read_text() == "my notes"
+
+
+def test_the_automatic_calibration_file_is_created_new_or_refused(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppsim.calibrate import calibration, run
+    from ppsim.errors import OutputPathError
+    from ppsim.model_config import get_preset
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise AssertionError("calibrated over a user's file")
+
+    monkeypatch.setattr(calibration, "calibrate", fail)
+    mine = tmp_path / "taken.json"
+    mine.write_text("mine")
+    with pytest.raises(OutputPathError, match="exists"):  # the name taken after the CLI's check: still refused
+        run.calibrate_here(get_preset("tiny"), "cpu", save_to=mine)
+    assert mine.read_text() == "mine"
+    monkeypatch.setattr(calibration, "calibrate", lambda opts: None)  # writes nothing
+    run.calibrate_here(get_preset("tiny"), "cpu", save_to=tmp_path / "new.json")
+    assert not (tmp_path / "new.json").exists()  # the empty reservation is released
+
+
+def test_plot_without_o_never_replaces_a_file_of_its_default_name(tmp_path: Path) -> None:
+    mine = tmp_path / "1F1B_r2_m2.png"
+    mine.write_text("my figure")
+    code, out, err = invoke(["plot", "-s", "1F1B", "-r", "2", "-m", "2"], tmp_path)
+    assert code == 2, out + err
+    assert "-o 1F1B_r2_m2.png to replace it" in _one_error(err)
+    assert mine.read_text() == "my figure"
+    code, _, err = invoke(["plot", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "1F1B_r2_m2.png"], tmp_path)
+    assert code == 0, err  # asked by name: replaced
+    assert mine.read_bytes().startswith(b"\x89PNG")
+
+
+def test_an_unsaved_calibration_leaves_no_temporary_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    from ppsim.calibrate import calibration, run
+    from ppsim.model_config import get_preset
+
+    def failed(opts: object) -> None:
+        raise RuntimeError("the calibration failed")
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(calibration, "calibrate", failed)
+    with pytest.raises(RuntimeError):
+        run.calibrate_here(get_preset("tiny"), "cpu")
+    assert list(tmp_path.iterdir()) == []  # every `run` without -o left a ppsim-run-* folder behind
+
+
+def test_under_torchrun_only_rank_0_creates_the_calibration_file(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppsim.calibrate import calibration, run
+    from ppsim.calibrate.commands import calibration_path
+    from ppsim.model_config import get_preset
+
+    shared = tmp_path / "r.profile.json"
+    shared.write_text("")  # rank 0 (on a shared file system) reserved it already
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(calibration, "calibrate", lambda opts: None)  # a rank other than 0 writes nothing
+    assert calibration_path(tmp_path / "r.json", None, profile=None, synthetic=False) == shared
+    assert run.calibrate_here(get_preset("tiny"), "cpu", save_to=shared)[0] is None
+    assert shared.exists()  # not rank 1's to remove
+
+
+@pytest.mark.parametrize("args", [
+    ["export", "-s", "six.csv", "-o", "six.csv", "--format", "json"],
+    ["export", "-s", "six.csv", "-o", "./six.csv"],
+    ["export", "-s", "1F1B", "-r", "2", "-m", "2", "--format", "json", "--profile", "p.json", "-o", "p.json"],
+    ["run", "-s", "six.csv", "--synthetic", "-o", "six.csv"],
+    ["run", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "r.json", "--profile-out", "r.json"],
+])
+def test_an_output_never_replaces_an_input_or_another_output(args: list[str], files: Path) -> None:
+    from profile_v2 import make_v2_profile
+
+    (files / "p.json").write_text(json.dumps(make_v2_profile().to_dict()))
+    before = {name: (files / name).read_bytes() for name in ("six.csv", "p.json")}
+    code, out, err = invoke(args, files)
+    assert code == 2, out + err
+    assert "the same file as" in _one_error(err)
+    assert {name: (files / name).read_bytes() for name in before} == before
+
+
+# --- 18: silent wrong answers: every option takes effect or is refused -----------------------------------------
+@pytest.mark.parametrize(("args", "says"), [
+    (["export", "-s", "1F1B", "-r", "2", "-m", "4", "--profile", "nope.json", "-o", "x.csv"], "--profile nope.json"),
+    (["export", "-s", "1F1B", "-r", "2", "-m", "4", "--split", "9,9,9,9", "-o", "x.csv"], "--split 9,9,9,9"),
+    (["export", "-s", "1F1B", "-r", "2", "-m", "4", "--costs", "F=2", "-o", "x.csv"], "--costs F=2"),
+    (["export", "-s", "1F1B", "-r", "2", "-m", "4", "--cost-scope", "rank", "-o", "x.csv"], "--cost-scope rank"),
+    (["export", "-s", "1F1B", "-r", "2", "-m", "4", "--layers-per-stage", "3", "-o", "x.csv"], "--layers-per-stage"),
+    (["plot", "-s", "1F1B", "-r", "2", "-m", "4", "-o", "x.html", "--dpi", "300"], "--dpi 300"),
+    (["report", "-s", "1F1B", "-r", "2", "-m", "4", "-o", "x.html", "--search-time", "5"], "--search"),
+    (["plot", "-s", "1F1B", "-r", "2", "-m", "4", "-o", "x.png", "--memory-cap", "1GB"], "add --memory"),
+    (["simulate", "-s", "1F1B", "-r", "2", "-m", "4", "--costs", ""], "--costs ''"),
+    (["run", "-s", "1F1B", "-r", "2", "-m", "2", "--time-unit", "0.5", "-o", "x.json"], "--time-unit 0.5"),
+    (["run", "-s", "1F1B", "-r", "2", "-m", "2", "--preset", "8b", "--profile", "p.json"], "--preset 8b"),
+    (["run", "-s", "1F1B", "-r", "2", "-m", "2", "--synthetic", "--split", "1,1"], "--split 1,1"),
+    (["run", "-s", "1F1B", "-r", "2", "-m", "2", "--synthetic", "--profile-out", "x.json"], "--profile-out"),
+    (["run", "-s", "1F1B", "-r", "2", "-m", "2", "--profile", "p.json", "--profile-out", "x.json"], "--profile-out"),
+])
+def test_an_option_the_command_would_ignore_is_refused(args: list[str], says: str, tmp_path: Path) -> None:
+    code, out, err = invoke(args, tmp_path)
+    assert code == 2, out + err
+    assert says in _one_error(err)
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**63)])
+def test_a_seed_torch_cannot_take_is_refused(seed: str, tmp_path: Path) -> None:
+    code, _, err = invoke(["run", "-s", "1F1B", "-r", "2", "-m", "2", "--synthetic", "--seed", seed], tmp_path)
+    assert code == 2 and "--seed" in err  # typer's range check (main() prints it as one line)
+
+
+def test_calibrate_stages_without_check_stages_is_not_silent(tmp_path: Path) -> None:
+    code, _, err = invoke(["calibrate", "--stages", "3", "--init-timeout", "0", "-o", "p.json"], tmp_path)
+    assert code == 2  # stopped by the bad timeout, after the warning
+    assert "warning: --stages 3 is used only with --check-stages" in err
+
+
+# --- 18: exit codes: 2 and one short line for every user mistake --------------------------------------------------
+@pytest.mark.parametrize("cap", ["1e1000000", "9" * 5000, "-1e1000000", "9" * 5000 + "act"])
+def test_absurd_memory_caps_exit_2_with_a_short_line(cap: str, tmp_path: Path) -> None:
+    code, out, err = invoke(["simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--memory-cap", cap], tmp_path)
+    assert code == 2, out + err
+    assert len(_one_error(err)) < 300
+
+
+def test_absurd_activation_caps_are_size_errors() -> None:
+    from ppsim.errors import SizeError
+    from ppsim.io import parse_memory_cap
+
+    with pytest.raises(SizeError, match="10\\*\\*12"):
+        parse_memory_cap("9" * 5000 + "act")  # int() of 5,000 digits raised ValueError (exit 1)
+    assert str(parse_memory_cap("008act")) == "8act"
+
+
+NON_ROOT_OUTPUTS = [
+    ["export", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "ro/x.csv"],
+    ["export", "-s", "1F1B", "-r", "2", "-m", "2", "--format", "json", "-o", "ro/x.json"],
+    ["plot", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "ro/x.png"],
+    ["report", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "ro/x.html"],
+    ["calibrate", "-o", "ro/x.json"],
+    ["run", "-s", "1F1B", "-r", "2", "-m", "2", "--synthetic", "-o", "ro/x.json"],
+    ["run", "-s", "1F1B", "-r", "2", "-m", "2", "--synthetic", "--plot", "ro/x.png"],
+]
+
+
+@pytest.mark.parametrize("args", NON_ROOT_OUTPUTS, ids=lambda a: " ".join(a[:1] + a[-2:]))
+def test_a_read_only_folder_for_a_non_root_user_exits_2_naming_the_fix(args: list[str], tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ro").mkdir()
+    real_access = os.access
+    ro = str(tmp_path / "ro")
+
+    def access(path: object, mode: int, *rest: object, **kw: object) -> bool:  # what a non-root user is told
+        if os.path.realpath(str(path)).startswith(ro) and mode & os.W_OK:
+            return False
+        return real_access(path, mode, *rest, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "access", access)
+    code, out, err = invoke(args, tmp_path)
+    assert code == 2, out + err
+    assert "is not writable; choose another path" in _one_error(err)
+
+
+def test_a_write_refused_despite_access_exits_2_naming_the_fix(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import tempfile
+
+    def denied(*args: object, **kwargs: object) -> None:  # access() said yes (root squash, ACLs); the write says no
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    code, out, err = invoke(["export", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "x.csv"], tmp_path)
+    assert code == 2, out + err
+    assert "permission denied; choose a path you can write to" in _one_error(err)
+
+
+CTRL_C = [
+    ("list", ["list"], "ppsim.schedules", "all_specs"),
+    ("show", ["show", "-s", "1F1B", "-r", "2", "-m", "2"], "ppsim.formats", "to_text_grid"),
+    ("validate", ["validate", "six.csv"], "ppsim.validate", "validate"),
+    ("export", ["export", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "x.csv"], "ppsim.formats", "write_csv"),
+    ("simulate", ["simulate", "-s", "1F1B", "-r", "2", "-m", "2"], "ppsim.compare", "compare"),
+    ("plot", ["plot", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "x.png"], "ppsim.viz", "plot_to_file"),
+    ("report", ["report", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "x.html"], "ppsim.viz.report", "write_report"),
+    ("calibrate", ["calibrate", "-o", "x.json"], "ppsim.calibrate.calibration", "calibrate"),
+    ("run", ["run", "-s", "1F1B", "-r", "2", "-m", "2", "--synthetic"], "ppsim.calibrate.run", "execute"),
+]
+
+
+@pytest.mark.parametrize(("cmd", "args", "module", "name"), CTRL_C, ids=[c[0] for c in CTRL_C])
+def test_ctrl_c_in_any_command_exits_130(cmd: str, args: list[str], module: str, name: str, files: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    def interrupted(*a: object, **k: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib.import_module(module), name, interrupted)
+    code, _, err = invoke(args, files)
+    assert code == 130, err
+    assert "Traceback" not in err and ("Interrupted." in err or "interrupted" in err)
+
+
+def test_ctrl_c_while_workers_start_is_raised_after_the_start() -> None:
+    from ppsim.calibrate.launch import _ctrl_c_deferred
+
+    steps = []
+    with pytest.raises(KeyboardInterrupt):
+        with _ctrl_c_deferred():
+            os.kill(os.getpid(), signal.SIGINT)  # inside Process.start() it would orphan a worker
+            steps.append("the block ran to its end")
+    assert steps == ["the block ran to its end"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# --- 18: limits that do not fit every schedule of a command ---------------------------------------------------------
+def test_a_split_that_fits_one_schedule_skips_the_other_and_names_it(tmp_path: Path) -> None:
+    path = _profile_with(tmp_path)
+    code, out, err = invoke(["simulate", "-s", "1F1B,Interleaved1F1B", "-r", "2", "-m", "4", "--profile", str(path),
+                             "--split", "4,4", "--json"], tmp_path)
+    assert code == 0, err
+    assert [r["schedule"] for r in json.loads(out)] == ["1F1B"]
+    assert "skipped Interleaved1F1B: --split 4,4 gives 2 stages" in err
+    code, _, err = invoke(["report", "-s", "Interleaved1F1B,1F1B", "-r", "2", "-m", "4", "--profile", str(path),
+                           "--layers-per-stage", "5", "-o", "r.html"], tmp_path)
+    assert code == 0 and "skipped Interleaved1F1B" in err and (tmp_path / "r.html").exists()
+
+
+def test_a_split_that_fits_no_schedule_is_refused_with_every_reason(tmp_path: Path) -> None:
+    path = _profile_with(tmp_path)
+    code, _, err = invoke(["simulate", "-s", "Interleaved1F1B,DualPipeV", "-r", "2", "-m", "4", "--profile",
+                           str(path), "--split", "4,4"], tmp_path)
+    assert code == 2
+    line = _one_error(err)
+    assert "none of these schedules" in line and "Interleaved1F1B:" in line and "DualPipeV:" in line
+
+
 # --- first contact ---------------------------------------------------------------------------------------------------
 def test_version_option(tmp_path: Path) -> None:
     proc = _cli(["--version"], tmp_path)

@@ -161,6 +161,23 @@ class ModelSource:
                 f"microbatch {self.config.mb_size}x{self.config.seq_len}, {self.config.dtype}; "
                 f"attention: {self.attention}")
 
+    def run_bytes(self, *, num_ranks: int, num_microbatches: int, synthetic: bool) -> int:
+        """What a local run of this model on ``num_ranks`` ranks holds (:func:`ppsim.limits.run_memory_bytes`;
+        ``synthetic``: sleeping stages that only pass boundary tensors)."""
+        from ppsim.limits import run_memory_bytes
+
+        cfg, est = self.config, self.estimate
+        tokens = cfg.mb_size * cfg.seq_len
+        if synthetic:
+            return run_memory_bytes(num_ranks=num_ranks, num_microbatches=num_microbatches,
+                                    weight_bytes=2 * cfg.vocab * cfg.hidden * cfg.itemsize,
+                                    microbatch_bytes=4 * tokens * cfg.hidden * cfg.itemsize)
+        return run_memory_bytes(
+            num_ranks=num_ranks, num_microbatches=num_microbatches, weight_bytes=est.param_bytes,
+            microbatch_bytes=cfg.layers * est.layer_activation_bytes + est.head_activation_bytes,
+            whole_model_bytes=0 if self.scheme == "builtin" else est.param_bytes,
+        )
+
     # --- torch ---------------------------------------------------------------------------------------------------
     def build_full(self, *, seed: int = 0, device: str | torch.device = "cpu") -> nn.Module:
         """The unsplit model, weights fixed by ``seed``, placed on ``device`` in the model's dtype."""

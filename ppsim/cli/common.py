@@ -95,6 +95,16 @@ def split_names(values: str | list[str]) -> list[str]:
     return names
 
 
+def check_outputs_apart(outputs: list[tuple[str, Path | None]], *, schedules: list[str] | str | None = None,
+                        inputs: tuple[tuple[str, Path | None], ...] | list[tuple[str, Path | None]] = ()) -> None:
+    """Refuse an output that is one of the command's input files (a schedule CSV, a profile) or another output."""
+    from ppsim.io import check_distinct
+
+    names = [] if not schedules else split_names(schedules)
+    files: list[tuple[str, Any]] = [("-s", n) for n in names if n.lower().endswith(".csv")]
+    check_distinct([*files, *inputs, *outputs])
+
+
 def warn(lines: Any) -> None:
     for line in lines:
         typer.echo(line, err=True)

@@ -11,6 +11,7 @@ from ppsim.cli._app import app
 from ppsim.cli.common import (
     build_costs,
     build_schedule,
+    check_outputs_apart,
     console,
     echo_json,
     one_schedule,
@@ -153,12 +154,16 @@ def export_cmd(
     """Write the schedule as torch's compute-only CSV, timed JSON, or a Chrome/Perfetto trace."""
     sched = build_schedule(one_schedule(schedule), ranks, mb, stages_per_rank, directions, allow_large=allow_large)
     check_writable(output)
+    check_outputs_apart([("-o", output)], schedules=schedule, inputs=[("--profile", profile)])
     if fmt is ExportFormat.csv:
         from ppsim.formats import write_csv
 
-        if split is not None or layers_per_stage is not None:
-            typer.echo("warning: --split/--layers-per-stage only change timings; a csv export has none, so they "
-                       "are ignored", err=True)
+        timing = (("--costs", costs), ("--profile", profile), ("--cost-scope", cost_scope and cost_scope.value),
+                  ("--split", split), ("--layers-per-stage", layers_per_stage))
+        for option, value in timing:
+            if value is not None:
+                raise PPSimError(f"{option} {value}: a csv export is the order only (no timings), so it would be "
+                                 "ignored; drop it, or export --format json or chrome to get timings")
         path = write_csv(sched, output)
     else:
         from ppsim import export

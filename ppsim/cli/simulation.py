@@ -13,6 +13,7 @@ from ppsim.cli.common import (
     JOB_CONTEXT,
     build_inputs,
     check_figure,
+    check_outputs_apart,
     console,
     echo_json,
     job_overrides,
@@ -42,7 +43,7 @@ from ppsim.cli.options import (
     VOpt,
 )
 from ppsim.errors import PPSimError
-from ppsim.io import check_writable, fmt_bytes, parse_bytes
+from ppsim.io import check_writable, fmt_bytes, parse_bytes, release_unused, reserve_new
 
 if TYPE_CHECKING:
     from ppsim.ir import Schedule
@@ -140,7 +141,10 @@ def plot_cmd(
     output: Annotated[
         Optional[Path], typer.Option("--output", "-o", help="png/svg/pdf (static) or html (interactive).")
     ] = None,
-    dpi: Annotated[int, typer.Option("--dpi", help="Resolution of png output.", min=20, max=1200)] = 200,
+    dpi: Annotated[
+        Optional[int], typer.Option("--dpi", help="Resolution of png output (default 200; svg/pdf: of their raster "
+                                    "parts).", min=20, max=1200)
+    ] = None,
     memory: Annotated[bool, typer.Option("--memory", help="Add a memory-over-time panel per rank.")] = False,
     comm: Annotated[bool, typer.Option("--comm", help="Draw p2p hand-offs between ranks as arrows.")] = False,
     memory_cap: MemCapOpt = None,
@@ -162,22 +166,44 @@ def plot_cmd(
                           overrides=job_overrides(ctx, torchtitan_config))
     sched = inputs.schedule(one_schedule(inputs.names), directions, allow_large=allow_large, figure=True)
     check_figure(sched, allow_large=allow_large)
+    default_name = output is None
     if output is None:
         output = Path(f"{sched.name}_r{sched.num_ranks}_m{sched.num_microbatches}.png")
+        if output.exists() or output.is_symlink():
+            raise PPSimError(default_taken(output))
     if output.suffix.lower() not in PLOT_FORMATS:
         raise PPSimError(
             f"-o {output}: unknown extension {output.suffix or '(none)'!r}; use one of {', '.join(PLOT_FORMATS)}"
         )
+    if dpi is not None and output.suffix.lower() in (".html", ".htm"):
+        raise PPSimError(f"--dpi {dpi}: an html chart is drawn by the browser at any resolution, so it would be "
+                         "ignored; drop --dpi, or write .png")
     check_writable(output, example="out.png")
+    check_outputs_apart([("-o", output)], schedules=schedule,
+                        inputs=[("--profile", profile), ("--torchtitan-config", torchtitan_config)])
     from ppsim.viz import plot_to_file
 
     cost_model = inputs.cost_model
     cap = parse_bytes(memory_cap)
+    if cap is not None and not memory:
+        raise PPSimError(f"--memory-cap {memory_cap}: a plot draws the cap on its memory panel, so without --memory "
+                         "it would be ignored; add --memory, or use `ppsim simulate` to flag ranks over it")
     warn_cap_without_bytes(cap, cost_model)
     name = one_schedule(inputs.names)
     result = run_simulation(sched, cost_model, cost_scope, cap, recompute_for(recompute)(name, sched))
-    path = plot_to_file(result, output, dpi=dpi, memory=memory, comm=comm)
+    if default_name:  # a name ppsim chose: created new, never over a file that appeared meanwhile
+        reserve_new(output, refusal=default_taken(output))
+    try:
+        path = plot_to_file(result, output, dpi=200 if dpi is None else dpi, memory=memory, comm=comm)
+    finally:
+        if default_name:
+            release_unused(output)
     typer.echo(str(path))
+
+
+def default_taken(path: Path) -> str:
+    return (f"{path} exists: without -o, plot writes this default name and never replaces a file; pass -o {path} to "
+            "replace it, or -o another name")
 
 
 @app.command("report", context_settings=JOB_CONTEXT)
@@ -201,7 +227,9 @@ def report_cmd(
     search: Annotated[
         bool, typer.Option("--search", help="Add the order `ppsim search` finds under --memory-cap (8act or bytes).")
     ] = False,
-    search_time: Annotated[float, typer.Option("--search-time", help="Seconds for --search (default 10).")] = 10.0,
+    search_time: Annotated[
+        Optional[float], typer.Option("--search-time", help="Seconds for --search (default 10).")
+    ] = None,
     recompute: RecomputeOpt = None,
 ) -> None:
     """One self-contained HTML page comparing schedules: ranking, Gantts, memory, bubbles."""
@@ -209,8 +237,13 @@ def report_cmd(
         raise PPSimError(f"-o {output}: a report is an HTML page; use a name ending in .html")
     from ppsim.cli.search import check_time_limit
 
-    check_time_limit(search_time, "--search-time")  # refused even without --search: no option is silently ignored
+    if search_time is not None:
+        check_time_limit(search_time, "--search-time")
+        if not search:
+            raise PPSimError(f"--search-time {search_time}: applies to --search only; add --search or drop it")
     check_writable(output, example="report.html")
+    check_outputs_apart([("-o", output)], schedules=schedule,
+                        inputs=[("--profile", profile), ("--torchtitan-config", torchtitan_config)])
     from ppsim.compare import compare
     from ppsim.viz.report import write_report
 
@@ -222,8 +255,8 @@ def report_cmd(
     if search:
         from ppsim.cli.search import searched_for_report
 
-        found, cap = searched_for_report(inputs.ranks, inputs.mb, cost_model, memory_cap, cost_scope, search_time,
-                                         allow_large=allow_large)
+        found, cap = searched_for_report(inputs.ranks, inputs.mb, cost_model, memory_cap, cost_scope,
+                                         10.0 if search_time is None else search_time, allow_large=allow_large)
         searched[found.name] = found
     else:
         cap = parse_bytes(memory_cap)
