@@ -499,6 +499,7 @@ def test_calibrate_estimates_or_refuses_absurd_sizes_before_starting(args: list[
 
 def test_the_calibration_estimate_counts_the_probe_of_the_whole_model() -> None:
     from ppsim.calibrate.calibration import estimate
+    from ppsim.calibrate.models.builtin import source_for
     from ppsim.model_config import get_preset
 
     deep = get_preset("tiny").replace(preset="custom", layers=100_000)
@@ -548,6 +549,7 @@ def test_the_automatic_calibration_file_is_created_new_or_refused(tmp_path: Path
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from ppsim.calibrate import calibration, run
     from ppsim.errors import OutputPathError
+    from ppsim.calibrate.models.builtin import source_for
     from ppsim.model_config import get_preset
 
     def fail(*args: object, **kwargs: object) -> None:
@@ -557,10 +559,10 @@ def test_the_automatic_calibration_file_is_created_new_or_refused(tmp_path: Path
     mine = tmp_path / "taken.json"
     mine.write_text("mine")
     with pytest.raises(OutputPathError, match="exists"):  # the name taken after the CLI's check: still refused
-        run.calibrate_here(get_preset("tiny"), "cpu", save_to=mine)
+        run.calibrate_here(source_for(get_preset("tiny")), "cpu", save_to=mine)
     assert mine.read_text() == "mine"
     monkeypatch.setattr(calibration, "calibrate", lambda opts: None)  # writes nothing
-    run.calibrate_here(get_preset("tiny"), "cpu", save_to=tmp_path / "new.json")
+    run.calibrate_here(source_for(get_preset("tiny")), "cpu", save_to=tmp_path / "new.json")
     assert not (tmp_path / "new.json").exists()  # the empty reservation is released
 
 
@@ -580,6 +582,7 @@ def test_an_unsaved_calibration_leaves_no_temporary_folder(tmp_path: Path, monke
     import tempfile
 
     from ppsim.calibrate import calibration, run
+    from ppsim.calibrate.models.builtin import source_for
     from ppsim.model_config import get_preset
 
     def failed(opts: object) -> None:
@@ -588,7 +591,7 @@ def test_an_unsaved_calibration_leaves_no_temporary_folder(tmp_path: Path, monke
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(calibration, "calibrate", failed)
     with pytest.raises(RuntimeError):
-        run.calibrate_here(get_preset("tiny"), "cpu")
+        run.calibrate_here(source_for(get_preset("tiny")), "cpu")
     assert list(tmp_path.iterdir()) == []  # every `run` without -o left a ppsim-run-* folder behind
 
 
@@ -596,6 +599,7 @@ def test_under_torchrun_only_rank_0_creates_the_calibration_file(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from ppsim.calibrate import calibration, run
     from ppsim.calibrate.commands import calibration_path
+    from ppsim.calibrate.models.builtin import source_for
     from ppsim.model_config import get_preset
 
     shared = tmp_path / "r.profile.json"
@@ -604,7 +608,7 @@ def test_under_torchrun_only_rank_0_creates_the_calibration_file(tmp_path: Path,
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setattr(calibration, "calibrate", lambda opts: None)  # a rank other than 0 writes nothing
     assert calibration_path(tmp_path / "r.json", None, profile=None, synthetic=False) == shared
-    assert run.calibrate_here(get_preset("tiny"), "cpu", save_to=shared)[0] is None
+    assert run.calibrate_here(source_for(get_preset("tiny")), "cpu", save_to=shared)[0] is None
     assert shared.exists()  # not rank 1's to remove
 
 
