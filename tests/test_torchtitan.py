@@ -83,12 +83,46 @@ def test_layers_per_stage_without_a_layer_count_asks_for_a_profile(tmp_path: Pat
 
 
 def test_settings_ppsim_cannot_honour_are_named(tmp_path: Path) -> None:
-    path = toml(tmp_path, "pipeline_parallel_degree = 2\ntensor_parallel_degree = 2\ndata_parallel_shard_degree = -1\n"
-                          'module_fqns_per_model_part = [["tok_embeddings", "layers.1"], ["layers.0", "norm"]]')
+    path = toml(tmp_path, "pipeline_parallel_degree = 2\ntensor_parallel_degree = 2\ndata_parallel_shard_degree = -1")
     job = load_torchtitan_job(path)
     text = " | ".join(job.warnings)
-    assert "tensor_parallel_degree" in text and "module_fqns_per_model_part" in text
+    assert "tensor_parallel_degree" in text
     assert "data_parallel_shard_degree" not in text
+
+
+@pytest.mark.parametrize(
+    ("parts", "needle"),
+    [
+        ([["tok_embeddings", "layers.1"], ["layers.0", "norm"]], "where layers.0 comes next"),
+        ([["layers.0"], ["tok_embeddings", "layers.1", "norm", "output"]], "part 1 holds tok_embeddings"),
+        ([["tok_embeddings", "layers.0", "norm"], ["layers.1", "output"]], "part 0 holds norm"),
+        ([["tok_embeddings", "vision_encoder", "layers.0"], ["layers.1", "norm", "output"]], "'vision_encoder'"),
+        ([["tok_embeddings", 3], ["layers.0", "norm"]], "not a module name"),
+        ("tok_embeddings", "not a list of module-name lists"),
+    ],
+)
+def test_module_lists_ppsim_cannot_simulate_are_refused_naming_the_key(
+    tmp_path: Path, parts: object, needle: str
+) -> None:
+    """torchtitan would build these stages; ppsim would simulate another split, so it says so instead (issue 18)."""
+    path = toml(tmp_path, f"pipeline_parallel_degree = 2\nmodule_fqns_per_model_part = {json.dumps(parts)}")
+    with pytest.raises(TorchtitanConfigError) as info:
+        load_torchtitan_job(path)
+    text = str(info.value)
+    assert "module_fqns_per_model_part" in text and needle in text and "\n" not in text
+
+
+def test_module_lists_with_layers_per_stage_name_the_dropped_key(tmp_path: Path) -> None:
+    parts = [["tok_embeddings", "layers.0", "layers.1"], ["layers.2", "layers.3", "norm", "output"]]
+    path = toml(tmp_path, "pipeline_parallel_degree = 2\npipeline_parallel_layers_per_stage = 3\n"
+                          f"module_fqns_per_model_part = {json.dumps(parts)}")
+    job = load_torchtitan_job(path, num_layers=4)
+    assert job.split == SplitSpec(split=(2, 2))
+    assert any("pipeline_parallel_layers_per_stage = 3 does not decide the split" in w for w in job.warnings)
+    result = CliRunner().invoke(app, ["simulate", "--torchtitan-config", str(path), "--profile",
+                                      str(save_profile(make_v2_profile(num_layers=4), tmp_path / "p.json"))])
+    assert result.exit_code == 0, result.output
+    assert "warning: parallelism.pipeline_parallel_layers_per_stage" in result.stderr
 
 
 def test_microbatch_shape_differing_from_the_profile_is_named(tmp_path: Path) -> None:

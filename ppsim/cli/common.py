@@ -170,26 +170,29 @@ def build_inputs(
     profile: Path | None,
     split: str | None = None,
     layers_per_stage: int | None = None,
-    torchtitan_config: Path | None = None,
+    torchtitan_config: str | Path | None = None,
+    overrides: list[str] | None = None,
 ) -> Inputs:
-    """Schedules and costs from the options, or from a torchtitan job config (which must agree with them)."""
+    """Schedules and costs from the options, or from a torchtitan job config (which must agree with them);
+    ``overrides``: the job config's overrides (``--parallelism.KEY VALUE``, from :func:`job_overrides`)."""
+    overrides = overrides or []
     cost_model = build_costs(costs, profile, split, layers_per_stage)
     given = None if not schedule else split_names(schedule)
     if torchtitan_config is None:
         if given is None:
-            raise PPSimError("--schedule/-s is required (or --torchtitan-config job.toml); e.g. -s 1F1B -r 4 -m 8")
+            raise PPSimError("--schedule/-s is required (or --torchtitan-config MODULE:CONFIG or job.toml); e.g. "
+                             "-s 1F1B -r 4 -m 8")
         return Inputs(given, ranks, mb, stages_per_rank, cost_model)
     from dataclasses import replace
 
     from ppsim.split import parse_split
-    from ppsim.torchtitan import load_torchtitan_job
 
     if given is not None and len(given) > 1:
         raise PPSimError(f"--schedule {','.join(given)!r} with --torchtitan-config: the job config runs one "
                          "schedule; drop -s or give that one")
     blocks = cost_model.blocks
-    job = load_torchtitan_job(
-        torchtitan_config,
+    job = load_job(
+        str(torchtitan_config), overrides,
         num_layers=None if blocks is None else blocks.num_layers,
         model=None if blocks is None else blocks.model,
         schedule=None if given is None else given[0], num_ranks=ranks, num_microbatches=mb,
@@ -200,6 +203,45 @@ def build_inputs(
     if blocks is not None:
         cost_model = replace(cost_model, split=job.split)
     return Inputs([job.schedule], job.num_ranks, job.num_microbatches, job.stages_per_rank, cost_model, job)
+
+
+def load_job(value: str, overrides: list[str], **kwargs: Any) -> TorchtitanJob:
+    """A torchtitan job from ``MODULE:CONFIG`` (torchtitan's config registry, ``ppsim.calibrate.titan_config``) or
+    from an older release's TOML file (``ppsim.torchtitan``)."""
+    from ppsim.torchtitan import is_registry_name, load_torchtitan_job
+
+    if is_registry_name(value):
+        from ppsim.calibrate.titan_config import load_registry_job
+
+        return load_registry_job(value, overrides=overrides, **kwargs)
+    return load_torchtitan_job(value, overrides=overrides, **kwargs)
+
+
+JOB_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+"""``context_settings`` of the commands that take --torchtitan-config: the job config's overrides
+(``--parallelism.KEY VALUE``) arrive as extra arguments, as on torchtitan's own command line."""
+
+
+def job_overrides(ctx: typer.Context, torchtitan_config: object) -> list[str]:
+    """The extra arguments of a command that takes --torchtitan-config: job config overrides, which need the
+    config; anything else is a mistyped option or a stray value, refused in one line (click would have)."""
+    args = list(ctx.args)
+    if not args:
+        return []
+    first = args[0]
+    if first.startswith("--") and "." in first.split("=", 1)[0]:
+        if torchtitan_config is None:
+            raise PPSimError(f"{first.split('=', 1)[0]} overrides a torchtitan job config key: pass "
+                             "--torchtitan-config MODULE:CONFIG (or job.toml) with it")
+        return args
+    if first.startswith("-"):
+        import difflib
+
+        names = [opt for p in ctx.command.params for opt in (*p.opts, *p.secondary_opts)]
+        close = difflib.get_close_matches(first.split("=", 1)[0], names, n=2, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(close)}?" if close else f"; see `{ctx.command_path} --help`"
+        raise PPSimError(f"no such option: {first}{hint}")
+    raise PPSimError(f"unexpected argument {first!r}: this command takes options only (e.g. -s 1F1B); see --help")
 
 
 def run_simulation(

@@ -66,9 +66,12 @@ LayersPerStageOpt = Annotated[
                  "schedule's chain length (per-block profile)."),
 ]
 TorchtitanConfigOpt = Annotated[
-    Optional[Path],
-    typer.Option("--torchtitan-config", help="torchtitan job TOML: simulate the pipeline it would run "
-                 "([parallelism] pipeline_parallel_*, [training] local_batch_size)."),
+    Optional[str],
+    typer.Option("--torchtitan-config", metavar="MODULE:CONFIG|FILE.toml",
+                 help="torchtitan job config: a config function of torchtitan's registry (e.g. "
+                 "llama3:llama3_debugmodel; needs the torchtitan extra) or an older release's job TOML; simulate the "
+                 "pipeline it would run. Override its keys as torchtitan does: --parallelism.KEY VALUE, "
+                 "--training.KEY VALUE."),
 ]
 MemCapOpt = Annotated[
     Optional[str], typer.Option("--memory-cap", help="Flag ranks whose peak memory exceeds BYTES (e.g. 80e9, 80GiB).")

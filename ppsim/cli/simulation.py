@@ -9,10 +9,12 @@ import typer
 
 from ppsim.cli._app import app
 from ppsim.cli.common import (
+    JOB_CONTEXT,
     build_inputs,
     check_figure,
     console,
     echo_json,
+    job_overrides,
     one_schedule,
     run_simulation,
     user_errors,
@@ -44,9 +46,10 @@ if TYPE_CHECKING:
     from ppsim.result import SimResult
 
 
-@app.command("simulate")
+@app.command("simulate", context_settings=JOB_CONTEXT)
 @user_errors
 def simulate_cmd(
+    ctx: typer.Context,
     schedule: MaybeSchedulesOpt = None,
     ranks: RanksOpt = None,
     mb: MbOpt = None,
@@ -66,7 +69,8 @@ def simulate_cmd(
     from ppsim.compare import compare
 
     inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
-                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config,
+                          overrides=job_overrides(ctx, torchtitan_config))
     names, cost_model = inputs.names, inputs.cost_model
     cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
@@ -115,9 +119,10 @@ def print_results(results: list[SimResult]) -> None:
 
 
 
-@app.command("plot")
+@app.command("plot", context_settings=JOB_CONTEXT)
 @user_errors
 def plot_cmd(
+    ctx: typer.Context,
     schedule: MaybeScheduleOpt = None,
     ranks: RanksOpt = None,
     mb: MbOpt = None,
@@ -144,7 +149,8 @@ def plot_cmd(
     if schedule:
         one_schedule(schedule)
     inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
-                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config,
+                          overrides=job_overrides(ctx, torchtitan_config))
     sched = inputs.schedule(one_schedule(inputs.names), directions, allow_large=allow_large, figure=True)
     check_figure(sched, allow_large=allow_large)
     if output is None:
@@ -164,9 +170,10 @@ def plot_cmd(
     typer.echo(str(path))
 
 
-@app.command("report")
+@app.command("report", context_settings=JOB_CONTEXT)
 @user_errors
 def report_cmd(
+    ctx: typer.Context,
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write (self-contained, offline).")],
     schedule: MaybeSchedulesOpt = None,
     ranks: RanksOpt = None,
@@ -194,7 +201,8 @@ def report_cmd(
     from ppsim.viz.report import write_report
 
     inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
-                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config)
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config,
+                          overrides=job_overrides(ctx, torchtitan_config))
     names, cost_model = inputs.names, inputs.cost_model
     searched: dict[str, Schedule] = {}
     if search:

@@ -1,0 +1,270 @@
+"""torchtitan 0.3.0 job configs: a config function in a model's ``config_registry`` (``MODULE:CONFIG``, e.g.
+``llama3:llama3_debugmodel``) returning a ``Trainer.Config``, with ``--parallelism.KEY VALUE`` overrides.
+
+This module turns such a config into the :class:`ppsim.torchtitan.JobSettings` the core reads TOML files into, so
+one builder (:func:`ppsim.torchtitan.job_from_settings`) serves both forms; then it cuts and places the stages with
+torchtitan's own functions (:mod:`ppsim.calibrate.titan_split`). torchtitan is imported lazily: without it, one line
+names the extra to install.
+
+``MODULE`` is a folder under ``torchtitan.models`` (or ``torchtitan.experiments``) or a full dotted module path, and
+``CONFIG`` a function of its ``config_registry``, as torchtitan's own ``--module`` / ``--config`` choose them
+(``torchtitan/config/manager.py``). The overrides follow torchtitan's (tyro's) rules: see
+:func:`ppsim.torchtitan.parse_overrides`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import logging
+import os
+import re
+import sys
+import typing
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+from ppsim.calibrate.titan_split import (
+    TorchtitanMissingError,
+    import_torchtitan,
+    layers_per_part,
+    rank_stage_indices,
+    stage_module_names,
+    torch_schedule_names,
+)
+from ppsim.model_config import ModelConfig
+from ppsim.split import SplitSpec, resolve_split
+from ppsim.torchtitan import (
+    JobSettings,
+    TorchtitanConfigError,
+    TorchtitanJob,
+    job_from_settings,
+    override_fields_of,
+    parse_overrides,
+)
+
+_PREFIXES = ("torchtitan.models", "torchtitan.experiments", "torchtitan.experiments.rl.examples")
+__all__ = ["TorchtitanMissingError", "load_registry_job", "read_registry_settings"]
+
+
+def read_registry_settings(value: str, overrides: Sequence[str] = ()) -> JobSettings:
+    """The settings of ``MODULE:CONFIG`` with ``overrides`` applied (typed by torchtitan's dataclass fields and
+    checked by their own ``__post_init__``); every problem is one :class:`TorchtitanConfigError` line."""
+    module_name, config_name = _parse_name(value)
+    import_torchtitan(f"--torchtitan-config {value}")
+    module = _config_module(value, module_name)
+    config = _call_config(value, module, config_name)
+    parallelism, training = _sections(value, config)
+    fields = {**override_fields_of("parallelism", _hints(parallelism)),
+              **override_fields_of("training", _hints(training))}
+    parsed = parse_overrides(overrides, fields, source=value)
+    parallelism = _replace(value, parallelism, "parallelism", parsed)
+    training = _replace(value, training, "training", parsed)
+    spec = getattr(config, "model_spec", None)
+    family, flavor = getattr(spec, "name", None), getattr(spec, "flavor", None)
+    layers = getattr(getattr(spec, "model", None), "layers", None)
+    schedule = str(parallelism.pipeline_parallel_schedule)
+    return JobSettings(
+        source=value, parallelism=_as_dict(parallelism), training=_as_dict(training), in_file=False,
+        model_source=f"torchtitan:{family}/{flavor}" if family and flavor else None,
+        num_model_layers=len(layers) if isinstance(layers, (list, tuple)) else None,
+        known_schedules=torch_schedule_names() + ((schedule,) if _torch_knows(schedule) else ()),
+    )
+
+
+def load_registry_job(
+    value: str,
+    *,
+    overrides: Sequence[str] = (),
+    num_layers: int | None = None,
+    model: ModelConfig | None = None,
+    schedule: str | None = None,
+    num_ranks: int | None = None,
+    num_microbatches: int | None = None,
+    stages_per_rank: int | None = None,
+    layers_per_stage: int | None = None,
+    split: tuple[int, ...] | None = None,
+) -> TorchtitanJob:
+    """The pipeline a config function describes, its stages cut and placed by torchtitan's functions."""
+    settings = read_registry_settings(value, overrides)
+    job = job_from_settings(
+        settings, num_layers=num_layers, model=model, schedule=schedule, num_ranks=num_ranks,
+        num_microbatches=num_microbatches, stages_per_rank=stages_per_rank, layers_per_stage=layers_per_stage,
+        split=split,
+    )
+    return with_torchtitan_stages(job, num_layers=settings.num_model_layers or num_layers,
+                                  module_lists=settings.parallelism.get("module_fqns_per_model_part"))
+
+
+def with_torchtitan_stages(job: TorchtitanJob, *, num_layers: int | None,
+                           module_lists: Any = None) -> TorchtitanJob:
+    """``job`` with its stages' module names and rank placement from torchtitan (when the stage count is known:
+    not for a CSV, whose file decides), and its split made explicit from those names."""
+    if job.stages_per_rank is None or num_layers is None:
+        return job
+    num_stages = job.num_ranks * job.stages_per_rank
+    spec = job.split
+    if module_lists:
+        names = tuple(tuple(part) for part in module_lists)
+    else:
+        names = stage_module_names(num_stages, num_layers, input_weight=spec.input_weight,
+                                   output_weight=spec.output_weight)
+    counts = layers_per_part(names)
+    # ppsim.split computes the same counts (tests/test_titan_split.py); torchtitan's are the ones used
+    if counts != resolve_split(spec, num_layers, num_stages, schedule=job.schedule):
+        spec = SplitSpec(split=counts, input_weight=spec.input_weight, output_weight=spec.output_weight)
+    placement = rank_stage_indices(job.torch_schedule, num_ranks=job.num_ranks, num_stages=num_stages)
+    return dataclasses.replace(job, split=spec, stage_modules=names, rank_stages=placement)
+
+
+# --- reading the config ----------------------------------------------------------------------------------------
+def _parse_name(value: str) -> tuple[str, str]:
+    match = re.fullmatch(r"([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*):([A-Za-z_]\w*)", value)
+    if match is None:
+        raise TorchtitanConfigError(f"--torchtitan-config {value!r}: give MODULE:CONFIG (a torchtitan model folder or "
+                                    "dotted module, and a function of its config_registry), e.g. "
+                                    "llama3:llama3_debugmodel, or a job .toml file")
+    return match.group(1), match.group(2)
+
+
+def _config_module(value: str, module_name: str) -> ModuleType:
+    """The config registry module as torchtitan's ConfigManager finds it: a short name of torchtitan's models or
+    experiments (``MODULE.config_registry`` under them), else a module path (its ``.config_registry`` first)."""
+    shorts = _short_names()
+    if module_name in shorts:
+        candidates = [f"{prefix}.{module_name}.config_registry" for prefix in _PREFIXES]
+    else:
+        candidates = [f"{module_name}.config_registry", module_name]
+    for candidate in candidates:
+        try:
+            with _quiet(), _cwd_importable(module_name not in shorts):
+                return importlib.import_module(candidate)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and not candidate.startswith(exc.name):
+                raise TorchtitanConfigError(f"--torchtitan-config {value}: {candidate} needs {exc.name}, which is "
+                                            "not installed; install it") from None
+            continue
+        except Exception as exc:  # noqa: BLE001  (a broken registry module is the user's, not ppsim's, bug)
+            raise TorchtitanConfigError(f"--torchtitan-config {value}: importing {candidate} failed "
+                                        f"({type(exc).__name__}: {_first_line(exc)}); fix that module") from None
+    models = sorted(_short_names(models_only=True))
+    close = difflib.get_close_matches(module_name, sorted(shorts), n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(close)}?" if close else f"torchtitan's models are {', '.join(models)}"
+    raise TorchtitanConfigError(f"--torchtitan-config {value}: no config registry module {module_name!r} (neither a "
+                                f"torchtitan model nor an importable module); {hint}")
+
+
+def _call_config(value: str, module: ModuleType, config_name: str) -> Any:
+    fn = getattr(module, config_name, None)
+    if fn is None or not callable(fn):
+        available = [n for n in dir(module) if not n.startswith("_") and n[:1].islower()
+                     and callable(getattr(module, n)) and getattr(getattr(module, n), "__module__", "") ==
+                     module.__name__]
+        close = difflib.get_close_matches(config_name, available, n=3, cutoff=0.5)
+        listed = close or available[:8]
+        hint = ("did you mean " + " or ".join(f"{module_short(module)}:{n}" for n in close) + "?") if close else (
+            "its config functions are " + ", ".join(listed) + (" ..." if len(available) > len(listed) else ""))
+        raise TorchtitanConfigError(f"--torchtitan-config {value}: {module.__name__} has no config function "
+                                    f"{config_name!r}; {hint}")
+    try:
+        with _quiet():
+            return fn()
+    except Exception as exc:  # noqa: BLE001  (the config function is the user's code)
+        raise TorchtitanConfigError(f"--torchtitan-config {value}: {config_name}() raised {type(exc).__name__}: "
+                                    f"{_first_line(exc)}; fix the config function or pick another") from None
+
+
+def module_short(module: ModuleType) -> str:
+    name = module.__name__.removesuffix(".config_registry")
+    for prefix in _PREFIXES:
+        if name.startswith(prefix + ".") and "." not in name[len(prefix) + 1:]:
+            return name[len(prefix) + 1:]
+    return name
+
+
+def _sections(value: str, config: Any) -> tuple[Any, Any]:
+    parallelism = getattr(config, "parallelism", None)
+    training = getattr(config, "training", None)
+    if not (dataclasses.is_dataclass(parallelism) and dataclasses.is_dataclass(training)):
+        raise TorchtitanConfigError(f"--torchtitan-config {value}: returned {type(config).__name__}, not a "
+                                    "Trainer.Config with parallelism and training; name a training config function")
+    return parallelism, training
+
+
+def _hints(obj: Any) -> dict[str, Any]:
+    hints = typing.get_type_hints(type(obj))
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(obj) if f.init}
+
+
+def _replace(value: str, obj: Any, section: str, parsed: dict[str, Any]) -> Any:
+    """``obj`` with its overrides, validated by torchtitan's own ``__post_init__``."""
+    changes = {k.split(".", 1)[1]: v for k, v in parsed.items() if k.startswith(section + ".")}
+    if not changes:
+        return obj
+    try:
+        with _quiet():
+            return dataclasses.replace(obj, **changes)
+    except (ValueError, TypeError) as exc:
+        shown = " ".join(f"--{section}.{k} {v}" for k, v in changes.items())
+        raise TorchtitanConfigError(f"--torchtitan-config {value}: {shown}: torchtitan refuses it "
+                                    f"({_first_line(exc)})") from None
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+def _torch_knows(schedule: str) -> bool:
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    try:
+        get_schedule_class(schedule)
+    except ValueError:
+        return False
+    return True
+
+
+def _short_names(*, models_only: bool = False) -> frozenset[str]:
+    """The module short names torchtitan's ConfigManager accepts (its models, and its experiments)."""
+    from torchtitan.models import _supported_models
+
+    if models_only:
+        return frozenset(_supported_models)
+    try:
+        from torchtitan.experiments import _supported_experiments
+    except ImportError:
+        _supported_experiments = frozenset()
+    return frozenset(_supported_models) | frozenset(_supported_experiments)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else type(exc).__name__
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+@contextmanager
+def _cwd_importable(wanted: bool) -> Iterator[None]:
+    """A dotted module is found from the working directory too, as ``python -m torchtitan.train`` finds it."""
+    added = wanted and "" not in sys.path and os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        yield
+    finally:
+        if added and os.getcwd() in sys.path:
+            sys.path.remove(os.getcwd())
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """torchtitan logs on the root logger while configs are built; the CLI prints only its own lines."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
