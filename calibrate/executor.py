@@ -23,7 +23,7 @@ import socket
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ppsim.calibrate.numerics import GRAD_RTOL, LOSS_RTOL
 from ppsim.errors import PPSimError
@@ -32,6 +32,8 @@ from ppsim.ir import Schedule
 if TYPE_CHECKING:
     from ppsim.calibrate.launch import RankContext
     from ppsim.calibrate.model import ModelConfig
+    from ppsim.calibrate.models import ModelSource
+    from ppsim.calibrate.numerics import ReferenceCheck
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -72,6 +74,8 @@ class ExecSpec:
     timeout_s: float = DEFAULT_TIMEOUT_S
     layer_counts: tuple[int, ...] | None = None
     """Layers per stage (the split the prediction composed); ``None``: the even split."""
+    source: ModelSource | None = None
+    """The executed model (``--model``); ``None``: the builtin model of ``model``."""
 
 
 @dataclass(frozen=True)
@@ -487,7 +491,10 @@ def _clock_offset(rank: int, world: int, device: Any) -> float:
     return float(buf.item())
 
 
-def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any) -> Measurement:
+def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
+              reference: Callable[[dict[str, Any]], ReferenceCheck] | None = None) -> Measurement:
+    """Rank 0: the gathered payloads as one :class:`Measurement`, gradients checked by ``reference`` (default: the
+    non-pipelined reference of :mod:`ppsim.calibrate.numerics`)."""
     import torch
 
     from ppsim.calibrate.numerics import check_against_reference
@@ -509,8 +516,9 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any) -> Me
     for g in gathered:
         grads.update(g["grads"])
     loss = next(g["loss"] for g in gathered if g["loss"] is not None)
-    ref = check_against_reference(spec.model, schedule.num_stages, schedule.num_microbatches, grads,
-                                  synthetic=spec.synthetic, seed=spec.seed, device=device)
+    ref = reference(grads) if reference is not None else check_against_reference(
+        spec.model, schedule.num_stages, schedule.num_microbatches, grads, synthetic=spec.synthetic, seed=spec.seed,
+        device=device)
     notes: list[str] = []
     if spec.device == "cuda":
         name = torch.cuda.get_device_name(device)
