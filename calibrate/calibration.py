@@ -17,7 +17,7 @@ What is measured (docs/calibration.md):
    sleeping the same costs; fitted into the profile's ``runtime`` section (compute scale, dispatch per
    computation, hand-off time, the receive-posting rule; ``runtime.synthetic`` for synthetic stages).
 
-The profile is a version-2 ``ppsim.profile`` (``blocks``, ``layout``, ``stage_overhead``, ``runtime``, ``p2p``,
+The profile is a version-3 ``ppsim.profile`` (``source``, ``blocks``, ``layout``, ``stage_overhead``, ``runtime``, ``p2p``,
 docs/profile.md) plus ``units`` (the raw unit measurements); it is rewritten atomically after every finished
 measurement and ``done`` lists what is finished (``units``, ``p2p``, ``runtime.real``, ``runtime.synthetic``), so
 ``--resume`` skips it.
@@ -45,7 +45,8 @@ from ppsim.profile import Stat, load_profile
 
 if TYPE_CHECKING:
     from ppsim.calibrate.launch import World
-    from ppsim.calibrate.model import ModelConfig
+    from ppsim.calibrate.models import ModelSource
+    from ppsim.model_config import ModelConfig
 
 OPS = ("F", "B", "I", "W", "FB")
 #: Layers in the multi-layer unit (fewer when the model has fewer).
@@ -73,25 +74,47 @@ class CalibrationOptions:
     init_timeout_s: float = 60.0
     seed: int = 0
     override_limits: bool = False
+    source: ModelSource | None = None
+    """The model (``--model``); ``None``: the builtin model of ``config``."""
+
+    @property
+    def model_source(self) -> ModelSource:
+        if self.source is not None:
+            return self.source
+        from ppsim.calibrate.models.builtin import source_for
+
+        return source_for(self.config, device=self.device)
 
 
 # --- limits (no torch needed) -----------------------------------------------------------------------------------
-def estimate(config: ModelConfig, *, device: str, reps: int, warmup: int) -> tuple[float, int]:
-    """``(seconds, bytes)``: a rough estimate of the calibration's work and of the largest unit's memory."""
-    item = {"float32": 4, "bfloat16": 2, "float16": 2}[config.dtype]
+def estimate(config: ModelConfig | ModelSource, *, device: str, reps: int, warmup: int) -> tuple[float, int]:
+    """``(seconds, bytes)``: a rough estimate of the calibration's work and of its memory (the units measured at
+    once; a torchtitan or factory model is also built whole once, to cut the units from)."""
+    from ppsim.calibrate.models import ModelSource
+
+    if isinstance(config, ModelSource):
+        source = config
+    else:
+        from ppsim.calibrate.models.builtin import source_for
+
+        source = source_for(config, device=device)
+    config = source.config
+    est = source.estimate
     tokens = config.mb_size * config.seq_len
-    h, f, v, s = config.hidden, config.ffn, config.vocab, config.seq_len
-    layer_flops = 2 * tokens * (4 * h * h + 3 * h * f) + 4 * tokens * s * h
-    head_flops = 2 * tokens * h * v
-    k = min(K_LAYERS, config.layers)
-    # per repetition: F, B, (F), I, W, FB ~ 3 forwards and 2.5 backwards (2x forward each) of 1 + k layers and head
-    per_rep = 8 * ((1 + k) * layer_flops + head_flops)
+    item = config.itemsize
+    layer_params = max(1, est.largest_layer_param_bytes // item)
+    # per token: 2 flops per parameter forward; attention scores 4 * seq * hidden
+    layer_flops = 2 * tokens * layer_params + 4 * tokens * config.seq_len * config.hidden
+    head_flops = 2 * tokens * max(1, est.head_param_bytes // item)
+    num_layers = 1 + num_common_layers(source) + len(source.kinds) - 1  # the layers of every unit
+    # per repetition: F, B, (F), I, W, FB ~ 3 forwards and 2.5 backwards (2x forward each) of the units' layers
+    per_rep = 8 * (num_layers * layer_flops + 2 * head_flops)
     seconds = (warmup + reps) * per_rep / (GPU_FLOPS if device == "cuda" else CPU_FLOPS)
-    layer_params = 4 * h * h + 3 * h * f
-    attn_scores = config.mb_size * config.heads * s * s * item * (0 if device == "cuda" else 3)
-    per_layer_act = tokens * (12 * h + 4 * f) * item + attn_scores
-    weights = 4 * (k * layer_params + v * h) * item  # weights, grads and two optimizer-sized temporaries
-    activations = 3 * (k * per_layer_act + tokens * v * 8)  # up to three microbatches alive (pending pair)
+    unit_weights = num_layers * est.largest_layer_param_bytes + est.embed_param_bytes + est.head_param_bytes
+    weights = 4 * unit_weights  # weights, grads and two optimizer-sized temporaries
+    if source.scheme != "builtin":
+        weights += est.param_bytes  # the whole model, built once to cut the units from
+    activations = 3 * (num_layers * est.layer_activation_bytes + est.head_activation_bytes)
     return seconds, weights + activations
 
 
@@ -101,39 +124,79 @@ def check_limits(opts: CalibrationOptions) -> None:
         return
     from ppsim.calibrate.launch import available_memory_bytes
 
-    seconds, need = estimate(opts.config, device=opts.device, reps=opts.reps, warmup=opts.warmup)
-    shape = (f"hidden {opts.config.hidden}, ffn {opts.config.ffn}, vocab {opts.config.vocab}, "
+    source = opts.model_source
+    seconds, need = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup)
+    shape = (f"{source.num_params / 1e6:.4g}M parameters ({source.estimate.param_bytes / 2**30:.3g} GiB), "
+             f"hidden {opts.config.hidden}, vocab {opts.config.vocab}, "
              f"microbatch {opts.config.mb_size}x{opts.config.seq_len}")
+    name = source.text if source.scheme != "builtin" else opts.config.preset
     have = available_memory_bytes() if opts.device == "cpu" else None
     if have is not None and need > 0.8 * have:
         raise PPSimError(
-            f"calibrating the {opts.config.preset} model ({shape}) needs about {need / 2**30:.1f} GiB but "
-            f"{have / 2**30:.1f} GiB is available; lower --seq-len or --mb-size, use a smaller --preset, or pass "
-            "--allow-large"
+            f"calibrating the {name} model ({shape}) needs about {need / 2**30:.1f} GiB but "
+            f"{have / 2**30:.1f} GiB is available; lower --seq-len, --mb-size or --layers, use a smaller model, or "
+            "pass --allow-large"
         )
     if seconds > MAX_CALIBRATION_S:
         raise PPSimError(
-            f"calibrating the {opts.config.preset} model ({shape}) on {opts.device} would take about "
+            f"calibrating the {name} model ({shape}) on {opts.device} would take about "
             f"{seconds / 3600:.1f} h (limit {MAX_CALIBRATION_S / 3600:g} h); lower --seq-len, --reps or use a "
-            "smaller --preset, calibrate on a GPU, or pass --allow-large"
+            "smaller model, calibrate on a GPU, or pass --allow-large"
         )
 
 
 # --- the units and their composition ----------------------------------------------------------------------------
-def units_of(config: ModelConfig) -> list[Any]:
-    from ppsim.calibrate.harness import Unit
+def common_kind(source: ModelSource) -> str:
+    """The most frequent layer kind (the first of equals): measured with 1 and ``K`` layers for the per-stage
+    overhead; every other kind with one layer."""
+    kinds = source.kinds
+    return max(kinds, key=lambda k: (source.layer_kinds.count(k), -kinds.index(k)))
 
-    k = min(K_LAYERS, config.layers)
-    units = [Unit("embed", (0, 0), True, False), Unit("layers1", (0, 1), False, False)]
+
+def kind_units(source: ModelSource) -> dict[str, str]:
+    """Profile block name -> the unit measuring it, for the layer kinds other than the most common one."""
+    common = common_kind(source)
+    single = len(source.kinds) == 1
+    from ppsim.calibrate.models import block_name_of
+
+    return {block_name_of(k, single=single): f"kind.{k}" for k in source.kinds if k != common}
+
+
+def units_of(source: ModelSource | ModelConfig) -> list[Any]:
+    """The units to measure: the embedding alone, 1 and ``K`` layers of the most common layer kind, one layer of
+    every other kind, the head alone."""
+    from ppsim.calibrate.harness import Unit, unit_of
+    from ppsim.calibrate.models import ModelSource
+
+    if not isinstance(source, ModelSource):
+        from ppsim.calibrate.models.builtin import source_for
+
+        source = source_for(source)
+    common = common_kind(source)
+    ids = tuple(i for i, k in enumerate(source.layer_kinds) if k == common)
+    k = min(K_LAYERS, len(ids))
+    units = [Unit("embed", (0, 0), True, False), unit_of("layers1", ids[:1])]
     if k >= 2:
-        units.append(Unit(f"layers{k}", (0, k), False, False))
-    units.append(Unit("head", (config.layers, config.layers), False, True))
+        units.append(unit_of(f"layers{k}", ids[:k]))
+    for kind in source.kinds:
+        if kind != common:
+            units.append(unit_of(f"kind.{kind}", (source.layer_kinds.index(kind),)))
+    n = source.num_layers
+    units.append(Unit("head", (n, n), False, True))
     return units
 
 
-def blocks_from_units(units: dict[str, dict[str, Any]], k: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(blocks, stage_overhead)`` in the version-2 profile's shape, from the measured units (per-repetition
-    samples combined)."""
+def num_common_layers(source: ModelSource) -> int:
+    """``K``: layers in the multi-layer unit."""
+    return min(K_LAYERS, source.layer_kinds.count(common_kind(source)))
+
+
+def blocks_from_units(units: dict[str, dict[str, Any]], k: int, *, layer_block: str = "layer",
+                      other_kinds: dict[str, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(blocks, stage_overhead)`` in the profile's shape, from the measured units (per-repetition samples
+    combined). ``layer_block`` names the block of the most common layer kind (measured by ``layers1`` and
+    ``layers<k>``); ``other_kinds`` maps the block of every other kind to its one-layer unit, whose cost beyond the
+    per-stage overhead is that layer's."""
 
     def samples(name: str, op: str) -> list[float]:
         return list(units[name][op]["samples"])
@@ -144,6 +207,7 @@ def blocks_from_units(units: dict[str, dict[str, Any]], k: int) -> tuple[dict[st
     def ints(name: str, key: str) -> int:
         return int(units[name][key])
 
+    others = dict(other_kinds or {})
     blocks: dict[str, Any] = {}
     overhead: dict[str, Any] = {}
     many = f"layers{k}"
@@ -155,15 +219,19 @@ def blocks_from_units(units: dict[str, dict[str, Any]], k: int) -> tuple[dict[st
         else:  # a one-layer model: no way to separate the overhead
             layer = t1
         over = [max(0.0, a - lay) for a, lay in zip(t1, layer)]
-        blocks.setdefault("layer", {})[op] = combine(lambda x: x, layer)
+        blocks.setdefault(layer_block, {})[op] = combine(lambda x: x, layer)
         overhead[op] = combine(lambda x: x, over)
+        for name, unit in others.items():
+            blocks.setdefault(name, {})[op] = combine(lambda u, o: u - o, samples(unit, op), over)
         blocks.setdefault("embed", {})[op] = combine(lambda e, o: e - o, samples("embed", op), over)
         blocks.setdefault("head", {})[op] = combine(lambda h, o: h - o, samples("head", op), over)
     for key in ("activation_bytes", "activation_bytes_freed_by_I"):
         a1 = ints("layers1", key)
         lay = (ints(many, key) - a1) // (k - 1) if many in units else a1
         over = max(0, a1 - lay)  # a stage saves nothing of its own beyond its blocks: folded into the layer
-        blocks["layer"][key] = max(0, lay) + (over if many not in units else 0)
+        blocks[layer_block][key] = max(0, lay) + (over if many not in units else 0)
+        for name, unit in others.items():
+            blocks[name][key] = max(0, ints(unit, key) - over)
         blocks["embed"][key] = max(0, ints("embed", key) - over)
         blocks["head"][key] = max(0, ints("head", key) - over)
     for block in blocks.values():
@@ -174,7 +242,9 @@ def blocks_from_units(units: dict[str, dict[str, Any]], k: int) -> tuple[dict[st
         for key in ("param_bytes", "grad_bytes", "optimizer_bytes", "output_bytes"):
             blocks[name][key] = units[unit][key]
     for key in ("param_bytes", "grad_bytes", "optimizer_bytes", "output_bytes"):
-        blocks["layer"][key] = units["layers1"][key]
+        blocks[layer_block][key] = units["layers1"][key]
+        for name, unit in others.items():
+            blocks[name][key] = units[unit][key]
     return blocks, overhead
 
 
@@ -243,6 +313,8 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
         torch.set_num_threads(1)
         device = torch.device("cpu")
     doc = new_document(opts, device=device, world_size=world_size, backend=world.backend if world else None)
+    if writer:
+        log(opts.model_source.summary())
     if writer and opts.resume:
         doc = resume_document(opts, doc, log=log)
     rec = Recorder(doc, opts.output, writer=writer)
@@ -257,7 +329,7 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
 
     # 1. units, their repetitions interleaved (the writing rank; under torchrun the others wait for p2p)
     if "units" not in rec.done and writer:
-        todo: list[Any] = units_of(opts.config)
+        todo: list[Any] = units_of(opts.model_source)
         if opts.check_stages:
             todo += check_units(opts)
         log("measuring " + ", ".join(u.name for u in todo) + f" ({opts.reps} interleaved repetitions)")
@@ -305,8 +377,10 @@ def measure_units(opts: CalibrationOptions, units: list[Any], device: Any) -> li
     from ppsim.calibrate import harness
 
     what = "the weights"
+    source = opts.model_source
     try:
-        benches = [harness.StageBench(opts.config, opts.num_stages, 1, device=device, seed=opts.seed, unit=u)
+        benches = [harness.StageBench(opts.config, opts.num_stages, 1, device=device, seed=opts.seed, unit=u,
+                                      source=source)
                    for u in units]
         what = "timings"
         timings = harness.measure_interleaved(benches, warmup=opts.warmup, reps=opts.reps)
@@ -318,9 +392,10 @@ def measure_units(opts: CalibrationOptions, units: list[Any], device: Any) -> li
         raise
     out = []
     for unit, samples, mem in zip(units, timings, memories):
-        static = harness.unit_static(opts.config, unit)
+        static = harness.unit_static(opts.config, unit, source)
         out.append({
             "layers": list(unit.layers), "has_embedding": unit.has_embedding, "has_head": unit.has_head,
+            **({"layer_ids": list(unit.ids)} if unit.ids is not None else {}),
             **{op: Stat.from_samples(v).to_dict() for op, v in samples.items()},
             **dataclasses.asdict(mem),
             "param_bytes": static.param_bytes, "grad_bytes": static.grad_bytes,
@@ -427,7 +502,7 @@ def probe(opts: CalibrationOptions, doc: dict[str, Any], *,
         schedule=schedule, model=model, synthetic=synthetic, sleep_s=sleep_s,
         backend="nccl" if opts.device == "cuda" else "gloo", device=opts.device, num_steps=PROBE_STEPS,
         num_warmup=PROBE_WARMUP, num_probes=0, seed=opts.seed, timeout_s=max(120.0, 4 * opts.init_timeout_s),
-        layer_counts=None if synthetic else costs.split_counts,
+        layer_counts=None if synthetic else costs.split_counts, source=None if synthetic else opts.source,
     )
     measurement = executor.launch(spec)
     return rm.fit_probe(measurement, schedule, costs), (ranks, microbatches)
@@ -456,16 +531,25 @@ def _all_gather(obj: Any) -> list[Any]:
 
 # --- the profile document as it grows ---------------------------------------------------------------------------
 def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, backend: str | None) -> dict[str, Any]:
-    """A version-2 profile with nothing measured yet (sizes known without running are filled in)."""
+    """A version-3 profile with nothing measured yet (sizes known without running are filled in)."""
     import torch
 
     from ppsim.calibrate.harness import unit_static
 
+    from ppsim.calibrate.harness import unit_of
+    from ppsim.calibrate.models import block_name_of
+
     cuda = device.type == "cuda"
+    source = opts.model_source
+    units = units_of(source)
+    per_block = [("embed", units[0])]
+    single = len(source.kinds) == 1
+    for kind in source.kinds:
+        per_block.append((block_name_of(kind, single=single), unit_of(kind, (source.layer_kinds.index(kind),))))
+    per_block.append(("head", units[-1]))
     blocks: dict[str, Any] = {}
-    for name, unit in zip(("embed", "layer", "head"), (units_of(opts.config)[0], units_of(opts.config)[1],
-                                                       units_of(opts.config)[-1])):
-        st = unit_static(opts.config, unit)
+    for name, unit in per_block:
+        st = unit_static(opts.config, unit, source)
         blocks[name] = {**{op: None for op in OPS}, "activation_bytes": None, "activation_bytes_freed_by_I": None,
                         "param_bytes": st.param_bytes, "grad_bytes": st.grad_bytes,
                         "optimizer_bytes": st.optimizer_bytes, "output_bytes": st.output_bytes,
@@ -473,7 +557,7 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
     stages = []
     if opts.check_stages:
         for s, unit in enumerate(check_units(opts)):
-            st = unit_static(opts.config, unit)
+            st = unit_static(opts.config, unit, source)
             stages.append({"stage": s, "layers": list(unit.layers), "has_embedding": unit.has_embedding,
                            "has_head": unit.has_head, **{op: None for op in OPS}, "activation_bytes": None,
                            "activation_bytes_freed_by_I": None, "param_bytes": st.param_bytes,
@@ -482,7 +566,7 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
                            "peak_bytes_allocator": None})
     return {
         "schema": "ppsim.profile",
-        "version": 2,
+        "version": 3,
         "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": opts.device,
         "device_name": torch.cuda.get_device_name(device) if cuda else cpu_name(),
@@ -491,8 +575,9 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
         "world_size": world_size,
         "backend": backend,
         "model": opts.config.to_dict(),
+        "source": source.describe(),
         "blocks": blocks,
-        "layout": ["embed", *(["layer"] * opts.config.layers), "head"],
+        "layout": source.layout(),
         "stage_overhead": None,
         "runtime": None,
         "num_stages": len(stages),
@@ -502,7 +587,7 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
         "done": [],
         "method": {"warmup": opts.warmup, "reps": opts.reps, "timer": "cuda_events" if cuda else "perf_counter",
                    "threads_per_rank": None if cuda else 1, "wall_s": None},
-        "notes": [],
+        "notes": [*source.notes],
         "units": {},
     }
 
@@ -515,12 +600,14 @@ def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Cal
     load_profile(opts.output, allow_incomplete=True)  # one-line errors for a broken file
     old = json.loads(opts.output.read_text(encoding="utf-8"))
     method = old.get("method") or {}
-    theirs = {"model": old.get("model"), "stages": old.get("num_stages"), "device": old.get("device"),
+    theirs = {"model": old.get("model"), "source": (old.get("source") or {}).get("source"),
+              "stages": old.get("num_stages"), "device": old.get("device"),
               "warmup": method.get("warmup"), "reps": method.get("reps")}
-    if old.get("version") != 2 or "units" not in old:
+    if old.get("version") != 3 or "units" not in old:
         raise PPSimError(f"--resume: {opts.output} is a profile of an older ppsim (version {old.get('version')}); "
                          "drop --resume to start over")
-    ours = {"model": fresh["model"], "stages": fresh["num_stages"], "device": fresh["device"],
+    ours = {"model": fresh["model"], "source": fresh["source"]["source"], "stages": fresh["num_stages"],
+            "device": fresh["device"],
             "warmup": opts.warmup, "reps": opts.reps}
     diff = [k for k in ours if theirs[k] != ours[k]]
     if diff:
@@ -572,12 +659,19 @@ class Recorder:
     def compose(self, opts: CalibrationOptions) -> None:
         """Blocks and the per-stage overhead from the units; with ``--check-stages``, a note per stage comparing
         the composition (blocks + overhead) with the stage measured whole."""
-        k = min(K_LAYERS, opts.config.layers)
-        blocks, overhead = blocks_from_units(self.doc["units"], k)
+        from ppsim.calibrate.models import block_name_of
+
+        source = opts.model_source
+        k = num_common_layers(source)
+        layer_block = block_name_of(common_kind(source), single=len(source.kinds) == 1)
+        blocks, overhead = blocks_from_units(self.doc["units"], k, layer_block=layer_block,
+                                             other_kinds=kind_units(source))
         self.doc["blocks"], self.doc["stage_overhead"] = blocks, overhead
+        layout = source.layout()
         for st in self.doc["stages"]:
             n = st["layers"][1] - st["layers"][0]
-            parts = [(overhead, 1), (blocks["layer"], n)]
+            names = layout[1 + st["layers"][0]:1 + st["layers"][1]]
+            parts = [(overhead, 1), *((blocks[name], 1) for name in names)]
             parts += [(blocks["embed"], 1)] if st["has_embedding"] else []
             parts += [(blocks["head"], 1)] if st["has_head"] else []
             errs = []

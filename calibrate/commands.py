@@ -23,6 +23,7 @@ import typer
 from ppsim.errors import PPSimError
 
 if TYPE_CHECKING:
+    from ppsim.calibrate.models import ModelSource
     from ppsim.calibrate.run import RunReport
     from ppsim.model_config import ModelConfig
 
@@ -60,11 +61,21 @@ def register(app: typer.Typer, *, wrap: Callable[[Any], Any] = lambda f: f, plot
 def calibrate_command(
     output: Annotated[Path, typer.Option("--output", "-o", help="Profile JSON to write (atomically, as it goes).")],
     device: Annotated[Device, typer.Option("--device", case_sensitive=False, help="cpu or cuda.")] = Device.cpu,
-    preset: Annotated[str, typer.Option("--preset", help="Model shapes: tiny (CPU, default), 1b, 8b.")] = "tiny",
+    model: Annotated[
+        Optional[str],
+        typer.Option("--model", metavar="SOURCE", help="builtin:tiny (default; also 1b, 8b), "
+                     "torchtitan:FAMILY/FLAVOR (e.g. torchtitan:llama3/debugmodel), or python:PKG.MODULE:FACTORY."),
+    ] = None,
+    preset: Annotated[
+        Optional[str], typer.Option("--preset", help="Alias of --model builtin:NAME: tiny, 1b, 8b.")
+    ] = None,
     hidden: Annotated[Optional[int], typer.Option("--hidden", help="Hidden size (overrides the preset).")] = None,
     heads: Annotated[Optional[int], typer.Option("--heads", help="Attention heads; must divide --hidden.")] = None,
     ffn: Annotated[Optional[int], typer.Option("--ffn", help="SwiGLU inner size.")] = None,
-    layers: Annotated[Optional[int], typer.Option("--layers", help="Transformer blocks in the whole model.")] = None,
+    layers: Annotated[
+        Optional[int], typer.Option("--layers", help="Layers in the whole model (any --model; torchtitan: the "
+                                    "flavor's layers truncated, or extended with its last layer's kind).")
+    ] = None,
     vocab: Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size.")] = None,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Tokens per sequence.")] = None,
     mb_size: Annotated[Optional[int], typer.Option("--mb-size", help="Sequences per microbatch.")] = None,
@@ -104,10 +115,6 @@ def calibrate_command(
     overheads on this machine; write a profile that serves any schedule and stage count."""
     from ppsim.calibrate.calibration import CalibrationOptions, check_limits
 
-    config = resolve_config(
-        preset, hidden=hidden, heads=heads, ffn=ffn, layers=layers, vocab=vocab, seq_len=seq_len, mb_size=mb_size,
-        dtype=None if dtype is None else dtype.value,
-    )
     for name, value, least in (("--warmup", warmup, 0), ("--reps", reps, 1)):
         if value < least:
             raise PPSimError(f"{name} {value}: must be at least {least}; e.g. {name} {max(least, 3)}")
@@ -115,15 +122,20 @@ def calibrate_command(
         raise PPSimError(f"--stages {stages}: must be at least 1; e.g. --stages 4")
     if not (init_timeout > 0 and math.isfinite(init_timeout)):
         raise PPSimError(f"--init-timeout {init_timeout}: must be a positive number of seconds; e.g. 60")
+    check_output(output, "-o", suffix=".json")
+    source = resolve_source(
+        model, preset, device=device.value, hidden=hidden, heads=heads, ffn=ffn, layers=layers, vocab=vocab,
+        seq_len=seq_len, mb_size=mb_size, dtype=None if dtype is None else dtype.value,
+    )
+    config = source.config
     if check_stages:
         from ppsim.split import default_split
 
         default_split(config.layers, stages)
-    check_output(output, "-o", suffix=".json")
     opts = CalibrationOptions(
         output=output, config=config, num_stages=stages, device=device.value, warmup=warmup, reps=reps,
         resume=resume, p2p=p2p, probe=probe, check_stages=check_stages, init_timeout_s=init_timeout,
-        override_limits=override_limits,
+        override_limits=override_limits, source=source,
     )
     check_limits(opts)  # before torch: the estimate needs none
     from ppsim.calibrate.calibration import calibrate
@@ -136,6 +148,13 @@ def calibrate_command(
     if doc is not None:
         print_profile_summary(doc)
         typer.echo(str(output))
+
+
+def resolve_source(model: str | None, preset: str | None, *, device: str = "cpu", **sizes: Any) -> ModelSource:
+    """``--model`` (or its alias ``--preset``) with the model-size options, resolved without building anything."""
+    from ppsim.calibrate.models import ModelOptions, parse_model_source
+
+    return parse_model_source(model, ModelOptions(**sizes), device=device, preset=preset)
 
 
 def resolve_config(preset: str, **overrides: Any) -> ModelConfig:
@@ -168,7 +187,8 @@ def print_profile_summary(doc: dict[str, Any]) -> None:
         return f"{stat['median'] * 1e3:.3g} \\[{stat['p10'] * 1e3:.3g}-{stat['p90'] * 1e3:.3g}]"
 
     wall = (doc.get("method") or {}).get("wall_s")
-    table = Table(title=f"blocks of the {doc['model']['preset']} model on {doc['device_name']}"
+    name = (doc.get("source") or {}).get("source") or doc["model"]["preset"]
+    table = Table(title=f"blocks of the {name} model on {doc['device_name']}"
                   + (f" ({wall:.1f} s)" if wall is not None else "") + "; ms: median \\[p10-p90]")
     for col in ("block", "F", "B", "I", "W", "FB", "activations", "freed by I"):
         table.add_column(col, justify="right")
@@ -253,9 +273,20 @@ def run_command(
     time_unit: Annotated[
         float, typer.Option("--time-unit", help="With --synthetic --costs: seconds per cost unit.")
     ] = 0.01,
+    model: Annotated[
+        Optional[str],
+        typer.Option("--model", metavar="SOURCE", help="Model to run (default: the profile's, else builtin:tiny): "
+                     "builtin:NAME, torchtitan:FAMILY/FLAVOR or python:PKG.MODULE:FACTORY."),
+    ] = None,
     preset: Annotated[
-        str, typer.Option("--preset", help="Model to calibrate and run when no --profile is given (tiny, 1b, 8b).")
-    ] = "tiny",
+        Optional[str], typer.Option("--preset", help="Alias of --model builtin:NAME (tiny, 1b, 8b).")
+    ] = None,
+    layers: Annotated[Optional[int], typer.Option("--layers", help="Layer-count override of --model.")] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Tokens per sequence.")] = None,
+    mb_size: Annotated[Optional[int], typer.Option("--mb-size", help="Sequences per microbatch.")] = None,
+    dtype: Annotated[
+        Optional[DType], typer.Option("--dtype", case_sensitive=False, help="float32, bfloat16 or float16.")
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and the batch.")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="Stop the processes after this many seconds.")] = 600.0,
     override_limits: Annotated[
@@ -286,12 +317,18 @@ def run_command(
         from ppsim.costs import parse_costs
 
         parse_costs(costs)  # one-line errors before anything starts
+    from ppsim.calibrate.models import ModelOptions
     from ppsim.calibrate.run import RunOptions, execute
+
+    sizes = ModelOptions(layers=layers, seq_len=seq_len, mb_size=mb_size,
+                         dtype=None if dtype is None else dtype.value)
+    if profile is None:
+        resolve_source(model, preset, device="cuda" if backend.value == "nccl" else "cpu", **sizes.given())
 
     options = RunOptions(
         schedule=schedule, num_ranks=ranks, num_microbatches=mb, num_stages_per_rank=stages_per_rank,
         backend=backend.value, profile=profile, costs=costs, synthetic=synthetic, time_unit_s=time_unit,
-        preset=preset, num_steps=steps, num_warmup=warmup, num_probes=probes, seed=seed, timeout_s=timeout,
+        preset=preset, model=model, model_options=sizes, num_steps=steps, num_warmup=warmup, num_probes=probes, seed=seed, timeout_s=timeout,
         save_calibration=None if output is None else output.with_name(output.stem + ".profile.json"),
         override_limits=override_limits, split=split, layers_per_stage=layers_per_stage,
     )

@@ -341,7 +341,7 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     my_stages = schedule.stages_of(rank)
     modules = build_modules(spec.model, schedule.num_stages, my_stages, synthetic=spec.synthetic, seed=spec.seed,
-                            device=device, counts=spec.layer_counts)
+                            device=device, counts=spec.layer_counts, source=spec.source)
     sleep_s = spec.sleep_s[rank] if spec.synthetic and spec.sleep_s is not None else None
     clock = _Clock(sleep_s, cuda)
     stages = [torch_adapter.pipeline_stage(modules[s], s, schedule.num_stages, device) for s in my_stages]
@@ -401,7 +401,8 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
             step_walls.append(t1 - t0)
 
     grads = {
-        reference_name(spec.model, schedule.num_stages, s, name, synthetic=spec.synthetic, counts=spec.layer_counts):
+        reference_name(spec.model, schedule.num_stages, s, name, synthetic=spec.synthetic, counts=spec.layer_counts,
+                       source=spec.source):
             p.grad.detach().to("cpu", torch.float32)
         for s, mod in modules.items()
         for name, p in mod.named_parameters()
@@ -518,7 +519,7 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
     loss = next(g["loss"] for g in gathered if g["loss"] is not None)
     ref = reference(grads) if reference is not None else check_against_reference(
         spec.model, schedule.num_stages, schedule.num_microbatches, grads, synthetic=spec.synthetic, seed=spec.seed,
-        device=device)
+        device=device, source=spec.source)
     notes: list[str] = []
     if spec.device == "cuda":
         name = torch.cuda.get_device_name(device)

@@ -27,7 +27,9 @@ from typing import Any
 import torch
 
 from ppsim.calibrate.torch_adapter import backward_functions
-from ppsim.calibrate.model import DTYPES, ModelConfig, StageModule, _place, build_stage, loss_fn, split_layers, stage_input
+from ppsim.calibrate.models import ModelSource
+from ppsim.calibrate.model import DTYPES, ModelConfig, build_stage, loss_fn, split_layers
+from ppsim.calibrate.models.builtin import source_for
 from ppsim.errors import PPSimError
 
 Tick = Callable[[], None]
@@ -125,16 +127,29 @@ def stage_static(config: ModelConfig, num_stages: int, stage: int) -> StageStati
 
 @dataclass(frozen=True)
 class Unit:
-    """A piece of the model measured alone: layers ``[first, last)``, with the embedding and/or the head."""
+    """A piece of the model measured alone: layers ``[first, last)`` (or the layers ``ids``, when given: e.g. one
+    MoE layer of DeepSeek-V3), with the embedding and/or the head."""
 
     name: str
     layers: tuple[int, int]
     has_embedding: bool
     has_head: bool
+    ids: tuple[int, ...] | None = None
+
+    @property
+    def layer_ids(self) -> tuple[int, ...]:
+        return tuple(range(*self.layers)) if self.ids is None else self.ids
 
     @property
     def num_layers(self) -> int:
-        return self.layers[1] - self.layers[0]
+        return len(self.layer_ids)
+
+
+def unit_of(name: str, ids: tuple[int, ...], *, has_embedding: bool = False, has_head: bool = False) -> Unit:
+    """A unit holding the layers ``ids`` (``layers`` records their span)."""
+    span = (ids[0], ids[-1] + 1) if ids else (0, 0)
+    contiguous = ids == tuple(range(*span))
+    return Unit(name, span, has_embedding, has_head, None if contiguous else ids)
 
 
 def stage_unit(config: ModelConfig, num_stages: int, stage: int) -> Unit:
@@ -142,10 +157,11 @@ def stage_unit(config: ModelConfig, num_stages: int, stage: int) -> Unit:
     return Unit(f"stage{stage}", split_layers(config.layers, num_stages)[stage], stage == 0, stage == num_stages - 1)
 
 
-def unit_static(config: ModelConfig, unit: Unit) -> StageStatic:
+def unit_static(config: ModelConfig, unit: Unit, source: ModelSource | None = None) -> StageStatic:
     """Sizes of ``unit`` known without running anything (built on the meta device)."""
-    with torch.device("meta"):
-        module = StageModule(config, unit.layers, has_embedding=unit.has_embedding, has_head=unit.has_head)
+    source = source or source_for(config)
+    module = source.build_stage(unit.layer_ids, has_embedding=unit.has_embedding, has_head=unit.has_head,
+                                device="meta")
     param_bytes = sum(p.numel() * config.itemsize for p in module.parameters())
     return StageStatic(
         layers=unit.layers, has_embedding=unit.has_embedding, has_head=unit.has_head, param_bytes=param_bytes,
@@ -159,10 +175,12 @@ class StageBench:
 
     def __init__(
         self, config: ModelConfig, num_stages: int, stage: int, *, device: torch.device, seed: int = 0,
-        unit: Unit | None = None,
+        unit: Unit | None = None, source: ModelSource | None = None,
     ) -> None:
         if unit is None:
             unit = stage_unit(config, num_stages, stage)
+        source = source or source_for(config)
+        self.source = source
         self.config = config
         self.stage = stage
         self.unit = unit
@@ -170,11 +188,10 @@ class StageBench:
         self.is_last = unit.has_head
         self.device = device
         self.clock = Clock(device)
-        self.module = _place(
-            StageModule(config, unit.layers, has_embedding=unit.has_embedding, has_head=unit.has_head, seed=seed),
-            config, device,
-        )
-        self.input = stage_input(config, 0 if unit.has_embedding else max(stage, 1), seed=seed, device=device)
+        self.module = source.build_stage(unit.layer_ids, has_embedding=unit.has_embedding, has_head=unit.has_head,
+                                         seed=seed, device=device)
+        self.input = source.stage_input(first=unit.has_embedding, salt=0 if unit.has_embedding else max(stage, 1),
+                                        seed=seed, device=device)
         gen = torch.Generator().manual_seed(seed + 104729 * (stage + 1))
         if self.is_last:
             self.targets = torch.randint(0, config.vocab, (config.mb_size, config.seq_len), generator=gen).to(device)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ppsim.calibrate.model import ModelConfig
+    from ppsim.calibrate.models import ModelSource
+    from ppsim.model_config import ModelConfig
 
 #: Gradient tolerance: max |grad - grad_ref| over every parameter element must not exceed this fraction of the
 #: largest reference gradient magnitude (float32; bfloat16/float16 models use the looser value).
@@ -44,26 +45,38 @@ def stage_ranges(model: ModelConfig, num_stages: int, counts: Sequence[int] | No
     return ranges
 
 
+def _source(model: ModelConfig, source: ModelSource | None) -> ModelSource:
+    if source is not None:
+        return source
+    from ppsim.calibrate.models.builtin import source_for
+
+    return source_for(model)
+
+
+def stage_ids(model: ModelConfig, num_stages: int, stage: int, counts: Sequence[int] | None) -> tuple[int, ...]:
+    return tuple(range(*stage_ranges(model, num_stages, counts)[stage]))
+
+
 def build_modules(model: ModelConfig, num_stages: int, stages: Sequence[int], *, synthetic: bool, seed: int,
-                  device: Any, counts: Sequence[int] | None = None) -> dict[int, Any]:
-    """The stage modules one rank holds (same weights as :func:`build_reference`)."""
+                  device: Any, counts: Sequence[int] | None = None,
+                  source: ModelSource | None = None) -> dict[int, Any]:
+    """The stage modules one rank holds (same weights as :func:`build_reference`), built by the model source."""
     if synthetic:
         from ppsim.calibrate.model import DTYPES
         from ppsim.calibrate.synthetic import stage_class
 
         cls = stage_class()
         return {s: cls(model, s, num_stages, seed=seed).to(device=device, dtype=DTYPES[model.dtype]) for s in stages}
-    from ppsim.calibrate.model import StageModule, _place
-
-    ranges = stage_ranges(model, num_stages, counts)
+    src = _source(model, source)
     return {
-        s: _place(StageModule(model, ranges[s], has_embedding=s == 0, has_head=s == num_stages - 1, seed=seed),
-                  model, device)
+        s: src.build_stage(stage_ids(model, num_stages, s, counts), has_embedding=s == 0,
+                           has_head=s == num_stages - 1, seed=seed, device=device)
         for s in stages
     }
 
 
-def build_reference(model: ModelConfig, num_stages: int, *, synthetic: bool, seed: int, device: Any) -> Any:
+def build_reference(model: ModelConfig, num_stages: int, *, synthetic: bool, seed: int, device: Any,
+                    source: ModelSource | None = None) -> Any:
     """The unsplit model with the same weights as the stages."""
     if synthetic:
         import torch
@@ -75,31 +88,26 @@ def build_reference(model: ModelConfig, num_stages: int, *, synthetic: bool, see
         return torch.nn.Sequential(*(cls(model, s, num_stages, seed=seed) for s in range(num_stages))).to(
             device=device, dtype=DTYPES[model.dtype]
         )
-    from ppsim.calibrate.model import build_full_model
-
-    return build_full_model(model, seed=seed, device=device)
+    return _source(model, source).build_full(seed=seed, device=device)
 
 
 def reference_name(model: ModelConfig, num_stages: int, stage: int, local_name: str, *, synthetic: bool,
-                   counts: Sequence[int] | None = None) -> str:
+                   counts: Sequence[int] | None = None, source: ModelSource | None = None) -> str:
     """Name in :func:`build_reference`'s model of a stage module's parameter."""
     if synthetic:
         return f"{stage}.{local_name}"
-    if local_name.startswith("layers."):
-        _, idx, rest = local_name.split(".", 2)
-        first = stage_ranges(model, num_stages, counts)[stage][0]
-        return f"layers.{first + int(idx)}.{rest}"
-    return local_name
+    return _source(model, source).reference_name(stage_ids(model, num_stages, stage, counts), local_name)
 
 
 def check_against_reference(model: ModelConfig, num_stages: int, num_microbatches: int, grads: dict[str, Any], *,
-                            synthetic: bool, seed: int, device: Any) -> ReferenceCheck:
+                            synthetic: bool, seed: int, device: Any,
+                            source: ModelSource | None = None) -> ReferenceCheck:
     """Run the reference and compare ``grads`` (reference parameter name -> pipelined gradient, float32 on CPU)."""
     import torch
 
     from ppsim.calibrate.model import loss_fn, make_batch
 
-    ref = build_reference(model, num_stages, synthetic=synthetic, seed=seed, device=device)
+    ref = build_reference(model, num_stages, synthetic=synthetic, seed=seed, device=device, source=source)
     tokens, targets = make_batch(model, num_microbatches, seed=seed)
     ref_loss = 0.0
     m = num_microbatches

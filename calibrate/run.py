@@ -26,6 +26,7 @@ from ppsim.errors import PPSimError
 if TYPE_CHECKING:
     from ppsim.calibrate.executor import ExecSpec, Measurement
     from ppsim.calibrate.model import ModelConfig
+    from ppsim.calibrate.models import ModelOptions, ModelSource
     from ppsim.calibrate.runtime_model import RuntimeModel
     from ppsim.costs import CostModel
     from ppsim.ir import Schedule
@@ -58,7 +59,12 @@ class RunOptions:
     costs: str | None = None
     synthetic: bool = False
     time_unit_s: float = DEFAULT_TIME_UNIT_S
-    preset: str = "tiny"
+    preset: str | None = None
+    """Alias of ``model="builtin:<preset>"``."""
+    model: str | None = None
+    """``--model SOURCE`` (``None``: the profile's model, else ``builtin:tiny``)."""
+    model_options: ModelOptions | None = None
+    """Model-size options (``--seq-len``, ``--mb-size``, ``--dtype``, ``--layers``)."""
     num_steps: int = DEFAULT_STEPS
     num_warmup: int = DEFAULT_WARMUP
     num_probes: int | None = None
@@ -150,7 +156,7 @@ def execute(options: RunOptions) -> RunReport | None:
             f"(--nproc-per-node) or pass -r {world}"
         )
     if world is None and options.profile is None and not options.synthetic:
-        check_machine(options, schedule, _preset_model(options, schedule))  # before calibrating
+        check_machine(options, schedule, _preset_model(options, schedule, device))  # before calibrating
     costs, time_scale, model, source = costs_and_model(options, schedule, device)
     spec = exec_spec(options, schedule, costs, time_scale, model, device)
     if world is None:
@@ -198,18 +204,24 @@ def load_checked_schedule(options: RunOptions) -> Schedule:
     return schedule
 
 
-def _preset_model(options: RunOptions, schedule: Schedule) -> ModelConfig:
-    """The preset a run without ``--profile`` calibrates, after checking that it can be cut into the schedule's
+def run_source(options: RunOptions, device: str) -> ModelSource:
+    """``--model`` (or ``--preset``) with the size options, resolved without building anything."""
+    from ppsim.calibrate.models import parse_model_source
+
+    return parse_model_source(options.model, options.model_options, device=device, preset=options.preset)
+
+
+def _preset_model(options: RunOptions, schedule: Schedule, device: str = "cpu") -> ModelSource:
+    """The model a run without ``--profile`` calibrates, after checking that it can be cut into the schedule's
     stages (so a model too short for the chain fails before calibrating)."""
-    from ppsim.model_config import get_preset
     from ppsim.split import SplitSpec, parse_split, resolve_split
 
-    model = get_preset(options.preset)
+    source = run_source(options, device)
     spec = SplitSpec(split=None if options.split is None else parse_split(options.split),
                      layers_per_stage=options.layers_per_stage)
-    resolve_split(spec, model.layers, len(schedule.pipelines[0]), schedule=f"{schedule.name} with "
+    resolve_split(spec, source.num_layers, len(schedule.pipelines[0]), schedule=f"{schedule.name} with "
                   f"{schedule.num_ranks} ranks")
-    return model
+    return source
 
 
 def check_backend(options: RunOptions) -> str:
@@ -230,7 +242,7 @@ def check_backend(options: RunOptions) -> str:
     return "cuda"
 
 
-def check_machine(options: RunOptions, schedule: Schedule, model: ModelConfig) -> None:
+def check_machine(options: RunOptions, schedule: Schedule, model: ModelSource) -> None:
     """Refuse more local ranks than this machine holds (cores for real ranks; memory for all), with the estimate."""
     if options.override_limits:
         return
@@ -262,21 +274,24 @@ def check_machine(options: RunOptions, schedule: Schedule, model: ModelConfig) -
         )
 
 
-def estimate_run_bytes(model: ModelConfig, schedule: Schedule, *, synthetic: bool) -> int:
+def estimate_run_bytes(source: ModelSource, schedule: Schedule, *, synthetic: bool) -> int:
     """A generous estimate of what a local run holds: per rank the torch runtime (~300 MiB), weights and gradients
-    of its stages, activations of every microbatch; plus the non-pipelined reference on rank 0."""
+    of its stages, activations of every microbatch; plus the non-pipelined reference on rank 0. A torchtitan or
+    factory model is built whole on every rank before it is cut, so each rank counts the whole model once more."""
+    model, est = source.config, source.estimate
     item = model.itemsize
     tokens = model.mb_size * model.seq_len
     if synthetic:
         per_mb = 4 * tokens * model.hidden * item
         weights = 2 * model.vocab * model.hidden * item
+        whole = 0
     else:
-        layer = 4 * model.hidden * model.hidden + 3 * model.hidden * model.ffn
-        weights = (model.layers * layer + 2 * model.vocab * model.hidden) * item
-        per_mb = model.layers * tokens * (12 * model.hidden + 4 * model.ffn) * item + tokens * model.vocab * 8
+        weights = est.param_bytes
+        per_mb = model.layers * est.layer_activation_bytes + est.head_activation_bytes
+        whole = 0 if source.scheme == "builtin" else schedule.num_ranks * est.param_bytes
     runtime = 300 << 20
     m = schedule.num_microbatches
-    return schedule.num_ranks * runtime + 2 * (2 * weights) + 2 * m * per_mb
+    return schedule.num_ranks * runtime + 2 * (2 * weights) + 2 * m * per_mb + whole
 
 
 def _gib(n: float) -> str:
@@ -285,12 +300,11 @@ def _gib(n: float) -> str:
 
 def costs_and_model(
     options: RunOptions, schedule: Schedule, device: str
-) -> tuple[CostModel, float, ModelConfig, str]:
+) -> tuple[CostModel, float, ModelSource, str]:
     """Costs for the prediction (and for synthetic sleeps), composed for ``schedule``; seconds per cost unit; the
-    executed model's shapes; where the costs came from. A profile is read exactly as ``simulate --profile`` reads it
+    executed model; where the costs came from. A profile is read exactly as ``simulate --profile`` reads it
     (``load_costs`` with the same split options, then ``costs_for``)."""
     from ppsim.costs import parse_costs
-    from ppsim.model_config import get_preset
 
     if options.costs is not None and not options.synthetic:
         raise PPSimError(
@@ -301,8 +315,8 @@ def costs_and_model(
     if options.profile is not None:
         return profile_costs(options, options.profile, schedule, device)
     if options.synthetic:
-        return parse_costs(options.costs), options.time_unit_s, get_preset(options.preset), "cost string"
-    model = get_preset(options.preset)
+        return parse_costs(options.costs), options.time_unit_s, run_source(options, device), "cost string"
+    model = run_source(options, device)
     path, where = calibrate_here(model, device, save_to=options.save_calibration)
     if path is None:  # a torchrun rank other than 0: it only executes, rank 0 predicts
         return parse_costs(None), 1.0, model, where
@@ -311,16 +325,15 @@ def costs_and_model(
 
 
 def profile_costs(options: RunOptions, path: Path, schedule: Schedule,
-                  device: str) -> tuple[CostModel, float, ModelConfig, str]:
+                  device: str) -> tuple[CostModel, float, ModelSource, str]:
     from ppsim.costs import costs_for, load_costs
-    from ppsim.model_config import ModelConfig
     from ppsim.profile import load_profile
 
     prof = load_profile(path)
     costs = costs_for(load_costs(profile=path, split=options.split, layers_per_stage=options.layers_per_stage),
                       schedule)
     costs.check(schedule)
-    model = ModelConfig(**prof.model.to_dict())
+    model = profile_source(options, prof, path, device)
     if options.synthetic:
         costs = synthetic_runtime(costs, prof)
     elif prof.device != device:
@@ -329,6 +342,34 @@ def profile_costs(options: RunOptions, path: Path, schedule: Schedule,
             f"{device} (`ppsim calibrate --device {device}`) or pick the matching --backend"
         )
     return costs, 1.0, model, str(path)
+
+
+def profile_source(options: RunOptions, prof: Any, path: Path, device: str) -> ModelSource:
+    """The model a profile was measured on (version 3: its ``source``; older: the builtin model of its shapes); a
+    ``--model`` naming another model is refused."""
+    from ppsim.calibrate.models import ModelOptions, parse_model_source
+    from ppsim.calibrate.models.builtin import source_for
+    from ppsim.model_config import ModelConfig
+
+    if prof.source is not None:
+        opts = ModelOptions(**{k: v for k, v in prof.source.options.items() if k in ModelOptions.__dataclass_fields__})
+        source = parse_model_source(prof.source.source, opts, device=device)
+    else:
+        source = source_for(ModelConfig(**prof.model.to_dict()), device=device)
+    asked = options.model if options.model is not None else (
+        None if options.preset is None else f"builtin:{options.preset}")
+    if asked is not None or options.model_options not in (None, ModelOptions()):
+        mine = run_source(options, device)
+        if (mine.text, mine.config) != (source.text, source.config):
+            raise PPSimError(f"--profile {path}: measured on {source.text} ({_shape(source)}) but --model asks for "
+                             f"{mine.text} ({_shape(mine)}); drop --model to run the profile's model, or calibrate "
+                             "the one you want")
+    return source
+
+
+def _shape(source: ModelSource) -> str:
+    c = source.config
+    return f"{c.layers} layers, microbatch {c.mb_size}x{c.seq_len}, {c.dtype}"
 
 
 def synthetic_runtime(costs: CostModel, profile: Any) -> CostModel:
@@ -347,7 +388,7 @@ def synthetic_runtime(costs: CostModel, profile: Any) -> CostModel:
     return dataclasses.replace(costs, notes=notes, **changes)
 
 
-def calibrate_here(model: ModelConfig, device: str, *, save_to: Path | None = None) -> tuple[Path | None, str]:
+def calibrate_here(model: ModelSource, device: str, *, save_to: Path | None = None) -> tuple[Path | None, str]:
     """Calibrate ``model`` on this machine as `ppsim calibrate` does; returns the profile's path (``None`` on
     torchrun ranks other than 0) and a description of where it is."""
     import sys
@@ -355,8 +396,8 @@ def calibrate_here(model: ModelConfig, device: str, *, save_to: Path | None = No
     from ppsim.calibrate.calibration import CalibrationOptions, calibrate
 
     def run(path: Path) -> Path | None:
-        opts = CalibrationOptions(output=path, config=model, device=device)
-        print(f"no --profile: calibrating the {model.preset} model on {device} first", file=sys.stderr, flush=True)
+        opts = CalibrationOptions(output=path, config=model.config, device=device, source=model)
+        print(f"no --profile: calibrating the {model.text} model on {device} first", file=sys.stderr, flush=True)
         return path if calibrate(opts) is not None else None
 
     if save_to is not None:
@@ -374,10 +415,11 @@ def prediction_costs(costs: CostModel, time_scale: float) -> CostModel:
 
 
 def exec_spec(
-    options: RunOptions, schedule: Schedule, costs: CostModel, time_scale: float, model: ModelConfig, device: str
+    options: RunOptions, schedule: Schedule, costs: CostModel, time_scale: float, source: ModelSource, device: str
 ) -> ExecSpec:
     from ppsim.calibrate import executor, synthetic
 
+    model = source.config
     sleep_s = None
     if options.synthetic:
         model = synthetic.synthetic_model(model, schedule.num_stages)
@@ -388,6 +430,7 @@ def exec_spec(
         device=device, num_steps=options.num_steps, num_warmup=options.num_warmup,
         num_probes=options.num_steps if options.num_probes is None else options.num_probes, seed=options.seed,
         timeout_s=options.timeout_s, layer_counts=None if options.synthetic else costs.split_counts,
+        source=None if options.synthetic else source,
     )
 
 

@@ -6,8 +6,10 @@ a file. A profile in progress has ``complete: false``, ``null`` for what is not 
 measurement keys in ``done`` (what ``--resume`` skips).
 
 Version 2 stores the model's building blocks (embedding, a transformer layer, the head) instead of whole stages,
-so one profile serves any stage count (:mod:`ppsim.split` composes stages from blocks); version 1 files (fixed
-stages) still load. This module is the only place the schema is validated.
+so one profile serves any stage count (:mod:`ppsim.split` composes stages from blocks); version 3 adds the model
+``source`` (``--model``: source, family, flavor, parameter count, attention backend, each layer's kind) and one
+block per layer kind. Version 1 (fixed stages) and 2 files still load. This module is the only place the schema is
+validated.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from ppsim.io import write_atomic
 from ppsim.model_config import DTYPE_BYTES, MODEL_KEYS, ModelConfig
 
 SCHEMA = "ppsim.profile"
-VERSION = 2
-"""The version :func:`save_profile` writes for a profile with ``blocks``; version 1 (fixed stages) still loads."""
-VERSIONS = (1, 2)
+VERSION = 3
+"""The version `ppsim calibrate` writes (blocks per layer kind and the model ``source``); 1 and 2 still load."""
+VERSIONS = (1, 2, 3)
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("gloo", "nccl")
 DTYPE_NAMES = tuple(DTYPE_BYTES)
@@ -130,6 +132,31 @@ class StageOverhead:
 
     def to_dict(self) -> dict[str, Any]:
         return {op: None if getattr(self, op) is None else getattr(self, op).to_dict() for op in OPS}
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """Version 3: which model was measured (``--model``) and how."""
+
+    source: str
+    """``builtin:tiny``, ``torchtitan:llama3/debugmodel``, ``python:pkg.mod:make``."""
+    scheme: str
+    family: str | None
+    flavor: str | None
+    num_params: int
+    attention: str
+    """Attention backend used, e.g. ``sdpa (FlexAttention has no CPU backward)``."""
+    layer_kinds: tuple[str, ...]
+    """Kind of each layer, in order."""
+    kinds: Mapping[str, str] = field(default_factory=dict)
+    """What distinguishes each kind."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """The model-size options it was measured with (``seq_len``, ``mb_size``, ``dtype``, ``layers``, ...)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "scheme": self.scheme, "family": self.family, "flavor": self.flavor,
+                "num_params": self.num_params, "attention": self.attention, "layer_kinds": list(self.layer_kinds),
+                "kinds": dict(self.kinds), "options": dict(self.options)}
 
 
 @dataclass(frozen=True)
@@ -314,10 +341,14 @@ class Profile:
     """Version 2: the block kind at each model position, in order: ``("embed", "layer", ..., "layer", "head")``."""
     stage_overhead: StageOverhead | None = None
     runtime: RuntimeOverheads | None = None
+    source: SourceInfo | None = None
+    """Version 3: the measured model's source, flavor, parameter count, attention backend and layer kinds."""
 
     @property
     def version(self) -> int:
-        return 1 if self.blocks is None else 2
+        if self.blocks is None:
+            return 1
+        return 2 if self.source is None else 3
 
     @property
     def num_layers(self) -> int:
@@ -330,6 +361,8 @@ class Profile:
             "device_name": self.device_name, "torch_version": self.torch_version, "host": self.host,
             "world_size": self.world_size, "backend": self.backend, "model": self.model.to_dict(),
         }
+        if self.source is not None:
+            out["source"] = self.source.to_dict()
         if self.blocks is not None:
             out["blocks"] = {name: block.to_dict() for name, block in self.blocks.items()}
             out["layout"] = list(self.layout)
@@ -615,6 +648,37 @@ class _Reader:
             raise self.fail("layout", f"holds {len(names) - 2} layers but model.layers is {model.layers}")
         return names
 
+    def source_info(self, value: Any, layout: tuple[str, ...], model: ModelConfig) -> SourceInfo:
+        d = self.obj(value, "source")
+        pre = "source."
+
+        def opt_str(key: str) -> str | None:
+            raw = self.get(d, key, pre, optional=True)
+            return None if raw is None else self.str_(raw, pre + key)
+
+        kinds_raw = self.list_(self.get(d, "layer_kinds", pre), pre + "layer_kinds")
+        layer_kinds = tuple(self.str_(k, f"{pre}layer_kinds[{i}]") for i, k in enumerate(kinds_raw))
+        if len(layer_kinds) != model.layers:
+            raise self.fail(pre + "layer_kinds", f"lists {len(layer_kinds)} layers but model.layers is {model.layers}")
+        single = len(set(layer_kinds)) == 1
+        for i, kind in enumerate(layer_kinds):
+            want = BLOCK_LAYER if single else f"{BLOCK_LAYER}.{kind}"
+            if layout[i + 1] != want:
+                raise self.fail(f"layout[{i + 1}]", f"is {layout[i + 1]!r} but source.layer_kinds[{i}] is {kind!r} "
+                                                    f"(block {want!r})")
+        descriptions = self.obj(self.get(d, "kinds", pre, optional=True) or {}, pre + "kinds")
+        options = self.obj(self.get(d, "options", pre, optional=True) or {}, pre + "options")
+        return SourceInfo(
+            source=self.str_(self.get(d, "source", pre), pre + "source"),
+            scheme=self.str_(self.get(d, "scheme", pre), pre + "scheme"),
+            family=opt_str("family"), flavor=opt_str("flavor"),
+            num_params=self.int_(self.get(d, "num_params", pre), pre + "num_params"),
+            attention=self.str_(self.get(d, "attention", pre), pre + "attention"),
+            layer_kinds=layer_kinds,
+            kinds={self.str_(k, pre + "kinds"): self.str_(v, f"{pre}kinds.{k}") for k, v in descriptions.items()},
+            options=dict(options),
+        )
+
     def blocks(self, value: Any, *, allow_incomplete: bool) -> dict[str, Block]:
         d = self.obj(value, "blocks")
         out: dict[str, Block] = {}
@@ -694,7 +758,7 @@ class _Reader:
         if isinstance(version, bool) or version not in VERSIONS:
             shown = "no version" if version is _MISSING else f"version {_shown(version)}"
             raise CostError(
-                f"profile {self.source}: {shown} is not supported (this ppsim reads versions 1 and 2); "
+                f"profile {self.source}: {shown} is not supported (this ppsim reads versions 1, 2 and 3); "
                 "re-run `ppsim calibrate` with this ppsim"
             )
         complete = self.bool_(self.get(d, "complete", ""), "complete")
@@ -720,6 +784,8 @@ class _Reader:
                 "stage_overhead": self.stage_overhead(self.get(d, "stage_overhead", ""), allow_incomplete=partial_ok),
                 "runtime": self.runtime(self.get(d, "runtime", "")),
             }
+            if version == 3:
+                extra["source"] = self.source_info(self.get(d, "source", ""), extra["layout"], model)
             if complete and not (all(b.is_measured for b in blocks.values())
                                  and extra["stage_overhead"] is not None and extra["stage_overhead"].is_measured):
                 raise self.fail("complete", "is true but some block or stage_overhead measurements are null")

@@ -119,7 +119,7 @@ def test_tiny_preset_calibrates_blocks_and_composes_stages(tiny_profile: Path) -
     path = tiny_profile
     profile = load_profile(path)
     doc = json.loads(path.read_text())
-    assert profile.complete and doc["version"] == 2 and profile.model.preset == "tiny"
+    assert profile.complete and doc["version"] == 3 and profile.model.preset == "tiny"
     assert profile.p2p is None and any("--no-p2p" in n for n in profile.notes)
     assert profile.torch_version == torch.__version__ and profile.device == "cpu" and profile.created.endswith("Z")
     assert set(doc["blocks"]) == {"embed", "layer", "head"} and doc["layout"][0] == "embed"

@@ -206,7 +206,7 @@ def _v2_dict() -> dict[str, Any]:
         (lambda d: d["runtime"]["synthetic"].__setitem__("synthetic", copy.deepcopy(d["runtime"]["synthetic"])),
          "must be null"),
         (lambda d: d["runtime"]["probe"].__setitem__("ranks", 0), "runtime.probe.ranks"),
-        (lambda d: d.__setitem__("version", 3), "version 3 is not supported"),
+        (lambda d: d.__setitem__("version", 4), "version 4 is not supported"),
         (lambda d: d.__setitem__("version", True), "version True is not supported"),
     ],
 )

@@ -183,7 +183,7 @@ class ModelSource:
         else hidden states of the boundary shape in the model's dtype."""
         import torch
 
-        from ppsim.calibrate.models.builtin import DTYPES
+        from ppsim.calibrate.model import DTYPES
 
         gen = torch.Generator().manual_seed(seed + 7919 * (salt + 1))
         cfg = self.config
@@ -194,14 +194,14 @@ class ModelSource:
 
     def make_batch(self, num_microbatches: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and next-token targets, ``(num_microbatches * mb_size, seq_len)`` int64 each, on CPU."""
-        from ppsim.calibrate.models.builtin import make_batch
+        from ppsim.calibrate.model import make_batch
 
         return make_batch(self.config, num_microbatches, seed=seed)
 
     @staticmethod
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Cross-entropy over all tokens (mean), in float32."""
-        from ppsim.calibrate.models.builtin import loss_fn
+        from ppsim.calibrate.model import loss_fn
 
         return loss_fn(logits, targets)
 
@@ -226,8 +226,12 @@ def parse_model_source(text: str | None = None, options: ModelOptions | None = N
     meta device)."""
     options = options or ModelOptions()
     if text is None:
+        if preset is not None:
+            from ppsim.model_config import get_preset
+
+            get_preset(preset)  # the alias's own one-line error
         text = f"builtin:{preset or 'tiny'}"
-    elif preset is not None and preset.lower() != "tiny":
+    elif preset is not None:
         raise ModelSourceError(f"--preset {preset} and --model {text} both given: --preset is an alias of "
                                f"--model builtin:{preset}; pass only --model")
     raw = text.strip()
