@@ -74,6 +74,9 @@ class RunOptions:
     save_calibration: Path | None = None
     """Where to keep the profile when the run calibrates first (no ``profile``)."""
     override_limits: bool = False
+    executor: str = "auto"
+    """Who builds stages and schedule: ``torchtitan`` (its pipeline helpers; ``auto`` for torchtitan models) or
+    ``ppsim`` (ppsim's executor; ``auto`` for every other model). See :mod:`ppsim.calibrate.titan_run`."""
     split: str | None = None
     """Layers per stage, e.g. ``"3,5"`` (``--split``); with ``layers_per_stage``, as `simulate` takes them."""
     layers_per_stage: int | None = None
@@ -145,7 +148,7 @@ class RunReport:
 # --- orchestration ----------------------------------------------------------------------------------------------
 def execute(options: RunOptions) -> RunReport | None:
     """Refuse, predict, run, compare. ``None`` on torchrun ranks other than 0 (rank 0 reports)."""
-    from ppsim.calibrate import executor, launch
+    from ppsim.calibrate import launch, titan_run
 
     schedule = load_checked_schedule(options)
     device = check_backend(options)
@@ -156,18 +159,21 @@ def execute(options: RunOptions) -> RunReport | None:
             f"(--nproc-per-node) or pass -r {world}"
         )
     if world is None and options.profile is None and not options.synthetic:
-        check_machine(options, schedule, _preset_model(options, schedule, device))  # before calibrating
+        early = _preset_model(options, schedule, device)
+        check_machine(options, schedule, early)  # before calibrating
+        titan_run.choose_runner(options.executor, early, schedule, synthetic=False)  # refusals too
     costs, time_scale, model, source = costs_and_model(options, schedule, device)
     spec = exec_spec(options, schedule, costs, time_scale, model, device)
+    runner = titan_run.choose_runner(options.executor, model, schedule, synthetic=options.synthetic)
     if world is None:
         check_machine(options, schedule, model)
     from ppsim.simulate import simulate
 
     predicted = simulate(schedule, prediction_costs(costs, time_scale))  # before anything runs
     if world is None:
-        measurement = executor.launch(spec)
+        measurement = runner.launch(spec)
     else:
-        result = executor.run_rank(spec, rank=int(os.environ["RANK"]), world=world)
+        result = runner.run_rank(spec, rank=int(os.environ["RANK"]), world=world)
         if result is None:
             return None
         measurement = result

@@ -32,6 +32,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import PPSimError
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
 
 TITAN_NOTE = "stages and schedule built by torchtitan's pipeline helpers"
 """The line the run output and the run JSON's notes carry for a run on this path."""
+SUM_NOTE = ("numerics: torchtitan's schedule does not scale gradients (scale_grads=False), so the reference sums "
+            "each microbatch's gradients too; the loss is the mean microbatch loss")
 _LOOP_NAMES = ("1F1B", "Interleaved1F1B")
 _V_NAME = "ZBVZeroBubble"
 
@@ -54,6 +57,32 @@ class TitanRunError(PPSimError):
 
 
 # --- checks in the launching process ---------------------------------------------------------------------------
+EXECUTORS = ("auto", "torchtitan", "ppsim")
+
+
+def choose_runner(executor: str, source: ModelSource, schedule: Schedule, *, synthetic: bool) -> ModuleType:
+    """The module whose ``launch`` / ``run_rank`` execute the run: this one (torchtitan's helpers) for a torchtitan
+    model unless ``executor`` is ``ppsim``, else :mod:`ppsim.calibrate.executor`. Refuses (one line) an explicit
+    ``torchtitan`` for a model or run it cannot serve, and an order torchtitan's runtime cannot run."""
+    import sys
+
+    from ppsim.calibrate import executor as ppsim_executor
+
+    if executor not in EXECUTORS:
+        raise TitanRunError(f"--executor {executor!r}: use one of {', '.join(EXECUTORS)}")
+    if executor == "ppsim" or (executor == "auto" and (synthetic or source.scheme != "torchtitan")):
+        return ppsim_executor
+    if synthetic:
+        raise TitanRunError("--executor torchtitan with --synthetic: synthetic stages are ppsim's own; drop one")
+    if source.scheme != "torchtitan":
+        raise TitanRunError(f"--executor torchtitan with --model {source.text}: torchtitan's pipeline helpers "
+                            "build torchtitan models (--model torchtitan:FAMILY/FLAVOR); use --executor ppsim")
+    refusal = titan_refusal(schedule)
+    if refusal is not None:
+        raise TitanRunError(refusal)
+    return sys.modules[__name__]
+
+
 def placement(schedule: Schedule) -> tuple[tuple[int, ...], ...]:
     """Stage indices per rank, as the ppsim schedule places them."""
     return tuple(tuple(schedule.stages_of(r)) for r in range(schedule.num_ranks))
@@ -312,7 +341,7 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     measurement = executor._assemble(spec, gathered, device, reference=reference)
     import dataclasses
 
-    return dataclasses.replace(measurement, notes=(TITAN_NOTE, *measurement.notes))
+    return dataclasses.replace(measurement, notes=(TITAN_NOTE, SUM_NOTE, *measurement.notes))
 
 
 def _layer_ids(part: Any) -> tuple[int, ...]:
