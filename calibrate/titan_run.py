@@ -27,6 +27,7 @@ rejects. torch and torchtitan are imported inside functions only.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import tempfile
@@ -230,9 +231,13 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
     def loss_fn(output: Any, target: Any) -> tuple[Any, None]:  # torchtitan's convention: (loss, extra)
         return source.loss_fn(output, target), None
 
-    runtime = pp._build_pipeline_schedule(parallelism=parallelism,
-                                          local_batch_size=schedule.num_microbatches * source.config.mb_size,
-                                          stages=stages, loss_fn=loss_fn)
+    logging.disable(logging.WARNING)  # its "fewer microbatches than stages" warning: one run note instead
+    try:
+        runtime = pp._build_pipeline_schedule(parallelism=parallelism,
+                                              local_batch_size=schedule.num_microbatches * source.config.mb_size,
+                                              stages=stages, loss_fn=loss_fn)
+    finally:
+        logging.disable(logging.NOTSET)
     return stages, parts, runtime
 
 
@@ -341,7 +346,11 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     measurement = executor._assemble(spec, gathered, device, reference=reference)
     import dataclasses
 
-    return dataclasses.replace(measurement, notes=(TITAN_NOTE, SUM_NOTE, *measurement.notes))
+    notes = [TITAN_NOTE, SUM_NOTE]
+    if schedule.num_microbatches < schedule.num_stages:
+        notes.append(f"torchtitan warns that {schedule.num_microbatches} microbatches < {schedule.num_stages} "
+                     "stages may leave a bubble; it runs the order all the same")
+    return dataclasses.replace(measurement, notes=(*notes, *measurement.notes))
 
 
 def _layer_ids(part: Any) -> tuple[int, ...]:
