@@ -35,10 +35,10 @@ def invoke(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-def small_source(text: str):
+def small_source(text: str, **sizes: int):
     from ppsim.calibrate.models import ModelOptions, parse_model_source
 
-    return parse_model_source(text, ModelOptions(seq_len=32, mb_size=1))
+    return parse_model_source(text, ModelOptions(seq_len=sizes.pop("seq_len", 32), mb_size=1, **sizes))
 
 
 # --- placement and split (no processes) -------------------------------------------------------------------------
@@ -87,7 +87,7 @@ def test_summed_reference_catches_gradients_scaled_per_microbatch() -> None:
 
     from ppsim.calibrate.titan_run import summed_reference
 
-    source = small_source("torchtitan:llama3/debugmodel")
+    source = small_source("torchtitan:llama3/debugmodel", seq_len=8, layers=2)
     m = 2
     model = source.build_full(seed=0)
     tokens, targets = source.make_batch(m, seed=0)
