@@ -124,9 +124,11 @@ def check_limits(opts: CalibrationOptions) -> None:
         return
     from ppsim.calibrate.launch import available_memory_bytes
 
+    from ppsim.calibrate.models import fmt_count
+
     source = opts.model_source
     seconds, need = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup)
-    shape = (f"{source.num_params / 1e6:.4g}M parameters ({source.estimate.param_bytes / 2**30:.3g} GiB), "
+    shape = (f"{fmt_count(source.num_params)} parameters ({source.estimate.param_bytes / 2**30:.3g} GiB), "
              f"hidden {opts.config.hidden}, vocab {opts.config.vocab}, "
              f"microbatch {opts.config.mb_size}x{opts.config.seq_len}")
     name = source.text if source.scheme != "builtin" else opts.config.preset
@@ -287,8 +289,15 @@ def calibrate(opts: CalibrationOptions, *, log: Callable[[str], None] | None = N
     if distributed:
         world = launch.init_world(backend="nccl" if opts.device == "cuda" else "gloo", timeout_s=opts.init_timeout_s)
     threads = torch.get_num_threads()
+    existed = opts.output.exists()
     try:
         return _calibrate(opts, world, started=started, writer=writer, log=log or _stderr)
+    except PPSimError as exc:
+        from ppsim.calibrate.models import ModelSourceError
+
+        if isinstance(exc, ModelSourceError) and writer and not existed:
+            opts.output.unlink(missing_ok=True)  # the model cannot run here: nothing worth resuming
+        raise
     finally:
         torch.set_num_threads(threads)  # measured with one thread per rank; leave the caller's setting as it was
         if world is not None:
@@ -389,6 +398,13 @@ def measure_units(opts: CalibrationOptions, units: list[Any], device: Any) -> li
     except Exception as exc:
         if harness.is_oom(exc):
             raise harness.oom_error(opts.config, 0, what) from None
+        if source.scheme != "builtin" and not isinstance(exc, PPSimError):
+            from ppsim.calibrate.models import ModelSourceError
+
+            reason = (str(exc).splitlines() or [""])[0][:160] or type(exc).__name__
+            raise ModelSourceError(
+                f"--model {source.text}: measuring {what} on {opts.device} failed ({type(exc).__name__}: {reason}); "
+                "the model may need CUDA (--device cuda on a GPU machine), or pick another flavor") from None
         raise
     out = []
     for unit, samples, mem in zip(units, timings, memories):

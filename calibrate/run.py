@@ -167,6 +167,10 @@ def execute(options: RunOptions) -> RunReport | None:
     runner = titan_run.choose_runner(options.executor, model, schedule, synthetic=options.synthetic)
     if world is None:
         check_machine(options, schedule, model)
+    if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:
+        import sys
+
+        print(model.summary(), file=sys.stderr, flush=True)
     from ppsim.simulate import simulate
 
     predicted = simulate(schedule, prediction_costs(costs, time_scale))  # before anything runs

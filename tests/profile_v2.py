@@ -58,3 +58,26 @@ def make_v2_profile(num_layers: int = 8, *, runtime: bool = True, complete: bool
         stage_overhead=StageOverhead(**{op: stat(t) for op, t in OVERHEAD.items()}),
         runtime=rt,
     )
+
+
+def make_v3_profile(*, complete: bool = True) -> Profile:
+    """Version 3: a DeepSeek-V3-like model of 4 layers, a dense first layer and three MoE layers (MoE twice as
+    expensive), with its ``source``."""
+    import dataclasses
+
+    from ppsim.profile import SourceInfo
+
+    base = make_v2_profile(4, complete=complete)
+    assert base.blocks is not None
+    dense = base.blocks["layer"]
+    moe = block({op: 2 * t for op, t in LAYER.items()}, act=9000, freed=3000, params=5000,
+                out=base.model.boundary_bytes, measured=complete)
+    blocks = {"embed": base.blocks["embed"], "layer.dense": dense, "layer.moe": moe, "head": base.blocks["head"]}
+    source = SourceInfo(
+        source="torchtitan:deepseek_v3/debugmodel", scheme="torchtitan", family="deepseek_v3", flavor="debugmodel",
+        num_params=1234, attention="sdpa (FlexAttention has no CPU backward)",
+        layer_kinds=("dense", "moe", "moe", "moe"), kinds={"dense": "feed-forward", "moe": "MoE"},
+        options={"layers": 4, "seq_len": 4, "mb_size": 1},
+    )
+    return dataclasses.replace(base, blocks=blocks, layout=("embed", "layer.dense", *["layer.moe"] * 3, "head"),
+                               source=source)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from profile_v2 import make_v2_profile
+from profile_v2 import make_v2_profile, make_v3_profile
 
 from ppsim.costs import CostModel, load_costs
 from ppsim.errors import CostError
@@ -225,6 +225,58 @@ def test_v2_profile_may_keep_directly_measured_stages(tmp_path: Path) -> None:
 
 def test_v2_profile_without_runtime_loads() -> None:
     assert Profile.from_dict(make_v2_profile(runtime=False).to_dict()).runtime is None
+
+
+# -- version 3: the model source and one block per layer kind --------------------------------------------------------
+
+
+def test_v3_profile_saves_and_loads_back_equal(tmp_path: Path) -> None:
+    profile = make_v3_profile()
+    data = json.loads(save_profile(profile, tmp_path / "p3.json").read_text())
+    assert data["version"] == 3 and data["source"]["layer_kinds"] == ["dense", "moe", "moe", "moe"]
+    assert data["layout"] == ["embed", "layer.dense", "layer.moe", "layer.moe", "layer.moe", "head"]
+    loaded = load_profile(tmp_path / "p3.json")
+    assert loaded == profile and loaded.version == 3 and loaded.source.attention.startswith("sdpa")
+
+
+def test_v3_stages_add_up_the_layers_they_hold(tmp_path: Path) -> None:
+    """Stage 0 holds the embedding and the dense layer, stage 1 three MoE layers and the head: each stage costs
+    its own blocks (MoE layers cost twice a dense one here)."""
+    from ppsim.costs import costs_for
+    from ppsim.schedules import get_schedule
+
+    profile = make_v3_profile()
+    schedule = get_schedule("1F1B", 2, 4)
+    costs = costs_for(load_costs(profile=save_profile(profile, tmp_path / "p3.json"), split="1,3"), schedule)
+    b, over = profile.blocks, profile.stage_overhead
+    assert costs.F[0] == pytest.approx(b["embed"].F.median + b["layer.dense"].F.median + over.F.median)
+    assert costs.F[1] == pytest.approx(3 * b["layer.moe"].F.median + b["head"].F.median + over.F.median)
+    assert costs.activation_bytes == (b["embed"].activation_bytes + b["layer.dense"].activation_bytes,
+                                      3 * b["layer.moe"].activation_bytes + b["head"].activation_bytes)
+    swapped = costs_for(load_costs(profile=tmp_path / "p3.json", split="3,1"), schedule)
+    assert swapped.F[0] == pytest.approx(b["embed"].F.median + b["layer.dense"].F.median
+                                         + 2 * b["layer.moe"].F.median + over.F.median)
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda d: d.pop("source"), "source is missing"),
+        (lambda d: d["source"]["layer_kinds"].pop(), "lists 3 layers but model.layers is 4"),
+        (lambda d: d["source"]["layer_kinds"].__setitem__(1, "dense"), "layout[2] is 'layer.moe'"),
+        (lambda d: d["source"].__setitem__("num_params", -1), "source.num_params"),
+        (lambda d: d["source"].__setitem__("attention", 3), "source.attention"),
+    ],
+)
+def test_bad_v3_profiles_are_one_line_errors(tmp_path: Path, change: Any, needle: str) -> None:
+    data = make_v3_profile().to_dict()
+    change(data)
+    assert needle in load_error(write_json(tmp_path, data))
+
+
+def test_v1_and_v2_profiles_still_load(tmp_path: Path) -> None:
+    assert load_profile(save_profile(make_v2_profile(), tmp_path / "v2.json")).version == 2
+    assert load_profile(save_profile(make_profile(), tmp_path / "v1.json")).version == 1
 
 
 # -- hostile files: one line, never a traceback -------------------------------------------------------------------

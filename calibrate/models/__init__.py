@@ -151,7 +151,7 @@ class ModelSource:
     def summary(self) -> str:
         """One line for the output: source, parameters, layers by kind, attention."""
         counts = ", ".join(f"{self.layer_kinds.count(k)} {k}" for k in self.kinds)
-        return (f"model {self.text}: {self.num_params / 1e6:.3g}M parameters, {self.num_layers} layers ({counts}), "
+        return (f"model {self.text}: {fmt_count(self.num_params)} parameters, {self.num_layers} layers ({counts}), "
                 f"microbatch {self.config.mb_size}x{self.config.seq_len}, {self.config.dtype}; "
                 f"attention: {self.attention}")
 
@@ -204,6 +204,14 @@ class ModelSource:
         from ppsim.calibrate.model import loss_fn
 
         return loss_fn(logits, targets)
+
+
+def fmt_count(n: int) -> str:
+    """``6.16M``, ``70.6B``."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
 
 
 def place(module: nn.Module, *, device: str | torch.device, dtype: torch.dtype) -> nn.Module:

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 #: Default microbatch for torchtitan flavors: debug flavors are sized to calibrate in a minute on a CPU;
 #: others take torchtitan's usual training sequence length.
-DEBUG_SEQ_LEN, DEBUG_MB_SIZE = 256, 2
+DEBUG_SEQ_LEN, DEBUG_MB_SIZE = 128, 2
 DEFAULT_SEQ_LEN, DEFAULT_MB_SIZE = 2048, 1
 _IGNORED_FIELDS = ("param_init", "sharding_config")
 _NOT_FAMILIES = ("common", "utils")
