@@ -15,15 +15,15 @@ names the extra to install.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
+import inspect
 import logging
 import os
 import re
 import sys
 import typing
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from types import ModuleType
 from typing import Any
 
@@ -36,11 +36,12 @@ from ppsim.calibrate.titan_split import (
     torch_schedule_names,
 )
 from ppsim.model_config import ModelConfig
-from ppsim.split import SplitSpec, resolve_split
+from ppsim.split import SplitError, SplitSpec, resolve_split
 from ppsim.torchtitan import (
     JobSettings,
     TorchtitanConfigError,
     TorchtitanJob,
+    close_matches,
     job_from_settings,
     override_fields_of,
     parse_overrides,
@@ -63,6 +64,7 @@ def read_registry_settings(value: str, overrides: Sequence[str] = ()) -> JobSett
     parsed = parse_overrides(overrides, fields, source=value)
     parallelism = _replace(value, parallelism, "parallelism", parsed)
     training = _replace(value, training, "training", parsed)
+    notes = _whole_config_check(config, parallelism, training) if parsed else ()
     spec = getattr(config, "model_spec", None)
     family, flavor = getattr(spec, "name", None), getattr(spec, "flavor", None)
     layers = getattr(getattr(spec, "model", None), "layers", None)
@@ -72,6 +74,7 @@ def read_registry_settings(value: str, overrides: Sequence[str] = ()) -> JobSett
         model_source=f"torchtitan:{family}/{flavor}" if family and flavor else None,
         num_model_layers=len(layers) if isinstance(layers, (list, tuple)) else None,
         known_schedules=torch_schedule_names() + ((schedule,) if _torch_knows(schedule) else ()),
+        notes=notes,
     )
 
 
@@ -110,8 +113,15 @@ def with_torchtitan_stages(job: TorchtitanJob, *, num_layers: int | None,
     if module_lists:
         names = tuple(tuple(part) for part in module_lists)
     else:
-        names = stage_module_names(num_stages, num_layers, input_weight=spec.input_weight,
-                                   output_weight=spec.output_weight)
+        try:
+            names = stage_module_names(num_stages, num_layers, input_weight=spec.input_weight,
+                                       output_weight=spec.output_weight)
+        except SplitError as exc:
+            fix = ("pass a smaller --parallelism.pipeline_parallel_degree"
+                   + (" or a single-stage schedule" if job.stages_per_rank > 1 else ""))
+            reason = str(exc).rsplit("; ", 1)[0]
+            raise TorchtitanConfigError(f"--torchtitan-config {job.source}: {job.num_ranks} ranks x "
+                                        f"{job.stages_per_rank} stages per rank: {reason}; {fix}") from None
     counts = layers_per_part(names)
     # ppsim.split computes the same counts (tests/test_titan_split.py); torchtitan's are the ones used
     if counts != resolve_split(spec, num_layers, num_stages, schedule=job.schedule):
@@ -147,11 +157,11 @@ def _config_module(value: str, module_name: str) -> ModuleType:
                 raise TorchtitanConfigError(f"--torchtitan-config {value}: {candidate} needs {exc.name}, which is "
                                             "not installed; install it") from None
             continue
-        except Exception as exc:  # noqa: BLE001  (a broken registry module is the user's, not ppsim's, bug)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001  (a broken registry module is the user's bug)
             raise TorchtitanConfigError(f"--torchtitan-config {value}: importing {candidate} failed "
                                         f"({type(exc).__name__}: {_first_line(exc)}); fix that module") from None
     models = sorted(_short_names(models_only=True))
-    close = difflib.get_close_matches(module_name, sorted(shorts), n=3, cutoff=0.5)
+    close = close_matches(module_name, sorted(shorts))
     hint = f"did you mean {' or '.join(close)}?" if close else f"torchtitan's models are {', '.join(models)}"
     raise TorchtitanConfigError(f"--torchtitan-config {value}: no config registry module {module_name!r} (neither a "
                                 f"torchtitan model nor an importable module); {hint}")
@@ -159,11 +169,15 @@ def _config_module(value: str, module_name: str) -> ModuleType:
 
 def _call_config(value: str, module: ModuleType, config_name: str) -> Any:
     fn = getattr(module, config_name, None)
-    if fn is None or not callable(fn):
+    if fn is not None and not _is_config_function(fn):
+        raise TorchtitanConfigError(f"--torchtitan-config {value}: {module.__name__}.{config_name} is not a config "
+                                    "function (a Python function taking no arguments that returns a Trainer.Config); "
+                                    "name one of its config functions")
+    if fn is None:
         available = [n for n in dir(module) if not n.startswith("_") and n[:1].islower()
-                     and callable(getattr(module, n)) and getattr(getattr(module, n), "__module__", "") ==
-                     module.__name__]
-        close = difflib.get_close_matches(config_name, available, n=3, cutoff=0.5)
+                     and _is_config_function(getattr(module, n))
+                     and getattr(getattr(module, n), "__module__", "") == module.__name__]
+        close = close_matches(config_name, available)
         listed = close or available[:8]
         hint = ("did you mean " + " or ".join(f"{module_short(module)}:{n}" for n in close) + "?") if close else (
             "its config functions are " + ", ".join(listed) + (" ..." if len(available) > len(listed) else ""))
@@ -172,9 +186,23 @@ def _call_config(value: str, module: ModuleType, config_name: str) -> Any:
     try:
         with _quiet():
             return fn()
+    except SystemExit as exc:
+        raise TorchtitanConfigError(f"--torchtitan-config {value}: {config_name}() called sys.exit({exc.code!r}) "
+                                    "instead of returning a Trainer.Config; fix the config function") from None
     except Exception as exc:  # noqa: BLE001  (the config function is the user's code)
         raise TorchtitanConfigError(f"--torchtitan-config {value}: {config_name}() raised {type(exc).__name__}: "
                                     f"{_first_line(exc)}; fix the config function or pick another") from None
+
+
+def _is_config_function(obj: Any) -> bool:
+    """A Python function callable without arguments (builtins such as ``os.abort`` are never called)."""
+    if not inspect.isfunction(obj):
+        return False
+    try:
+        params = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params)
 
 
 def module_short(module: ModuleType) -> str:
@@ -195,8 +223,13 @@ def _sections(value: str, config: Any) -> tuple[Any, Any]:
 
 
 def _hints(obj: Any) -> dict[str, Any]:
-    hints = typing.get_type_hints(type(obj))
-    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(obj) if f.init}
+    """Each init field's type (an annotation that does not resolve takes no override: ``Any`` is refused)."""
+    try:
+        hints = typing.get_type_hints(type(obj))
+    except Exception:  # noqa: BLE001  (a forward reference torchtitan's module cannot resolve)
+        hints = {}
+    return {f.name: hints.get(f.name, f.type if not isinstance(f.type, str) else Any)
+            for f in dataclasses.fields(obj) if f.init}
 
 
 def _replace(value: str, obj: Any, section: str, parsed: dict[str, Any]) -> Any:
@@ -211,6 +244,18 @@ def _replace(value: str, obj: Any, section: str, parsed: dict[str, Any]) -> Any:
         shown = " ".join(f"--{section}.{k} {v}" for k, v in changes.items())
         raise TorchtitanConfigError(f"--torchtitan-config {value}: {shown}: torchtitan refuses it "
                                     f"({_first_line(exc)})") from None
+
+
+def _whole_config_check(config: Any, parallelism: Any, training: Any) -> tuple[str, ...]:
+    """torchtitan's checks across sections (``Trainer.Config.__post_init__``) on the overridden config: a failure
+    is a warning (the pipeline is still the one simulated), naming what torchtitan's command line would need."""
+    try:
+        with _quiet():
+            dataclasses.replace(config, parallelism=parallelism, training=training)
+    except (ValueError, TypeError) as exc:
+        return (f"torchtitan would refuse this job as overridden ({_first_line(exc)}); ppsim simulates its "
+                "pipeline anyway",)
+    return ()
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:
@@ -261,10 +306,12 @@ def _cwd_importable(wanted: bool) -> Iterator[None]:
 
 @contextmanager
 def _quiet() -> Iterator[None]:
-    """torchtitan logs on the root logger while configs are built; the CLI prints only its own lines."""
+    """torchtitan logs on the root logger while configs are built, and a config function may print: the CLI prints
+    only its own lines, and stdout (``--json``) only ppsim's output."""
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)
     try:
-        yield
+        with redirect_stdout(sys.stderr):
+            yield
     finally:
         logging.disable(previous)

@@ -82,7 +82,7 @@ _FQN_KEYS = ("module_fqns_per_model_part", "pipeline_parallel_module_fqns_per_mo
 _LAYER_FQN = re.compile(r"^layers\.(\d{1,6})$")
 EMBEDDING_MODULES = ("tok_embeddings",)
 HEAD_MODULES = ("norm", "output", "lm_head")
-"""The non-layer module names ppsim's model has: torchtitan's LLM layout (``output`` before 0.3.0, ``lm_head`` since)."""
+"""The non-layer module names of ppsim's model: torchtitan's LLM layout (``output`` before 0.3.0, ``lm_head`` since)."""
 
 
 class TorchtitanConfigError(PPSimError):
@@ -105,6 +105,8 @@ class JobSettings:
     """The layer count of the job's model, when the config says (a config function's model does)."""
     known_schedules: tuple[str, ...] | None = None
     """The schedule names the installed torchtitan runs (``None``: the names ppsim knows torch has)."""
+    notes: tuple[str, ...] = ()
+    """Warnings found while reading (e.g. a check of torchtitan's that the overridden config fails)."""
 
     def fix(self, *keys: str) -> str:
         """How the user changes ``keys`` (``section.key``): in the file, or with overrides."""
@@ -158,8 +160,7 @@ class TorchtitanJob:
 
 def is_registry_name(value: str) -> bool:
     """``MODULE:CONFIG`` (a torchtitan config function) rather than a TOML path."""
-    return (re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value) is not None
-            and not value.lower().endswith(".toml") and not Path(value).exists())
+    return ":" in value and not value.lower().endswith(".toml") and not Path(value).exists()
 
 
 # --- TOML ------------------------------------------------------------------------------------------------------
@@ -245,7 +246,7 @@ def job_from_settings(
     :class:`TorchtitanConfigError` line)."""
     source = settings.source
     par, train = settings.parallelism, settings.training
-    warnings: list[str] = []
+    warnings: list[str] = list(settings.notes)
 
     def get(section: str, key: str, kind: type, *, minimum: int | None = None) -> Any:
         table = par if section == "parallelism" else train
@@ -350,8 +351,8 @@ def _warn_unused(settings: JobSettings, warnings: list[str]) -> None:
                 warnings.append(f"parallelism.{key} is not honoured (torchtitan dropped it); use --split with the "
                                 "same layers per stage")
             continue
-        if not settings.in_file and key not in _HARMLESS_PARALLELISM:
-            continue  # a config function holds every field of ParallelismConfig: name only the known dimensions
+        if not settings.in_file and key not in _HARMLESS_PARALLELISM and not key.startswith("pipeline_"):
+            continue  # a config function holds every field of ParallelismConfig: name the dimensions ppsim knows
         warnings.append(f"parallelism.{key} = {_shown(value)} is not honoured: ppsim simulates the pipeline "
                         "dimension only")
 
@@ -383,6 +384,9 @@ def _schedule(settings: JobSettings, sched_name: str, csv: str) -> tuple[str, bo
             raise TorchtitanConfigError(f"--torchtitan-config {source}: pipeline_parallel_schedule_csv {csv!r} is not "
                                         "a file (torchtitan resolves it from the working directory); "
                                         + settings.fix("parallelism.pipeline_parallel_schedule_csv"))
+        if csv_path.suffix.lower() != ".csv":
+            raise TorchtitanConfigError(f"--torchtitan-config {source}: pipeline_parallel_schedule_csv {csv!r}: ppsim "
+                                        "reads schedule files named *.csv; give the file a .csv name")
         single = key == "pipelineschedulesingle" or (key in by_torch and by_torch[key].fixed_stages_per_rank == 1)
         return str(csv_path), single, None
     if key in _CSV_ONLY:
@@ -530,7 +534,7 @@ def parse_overrides(args: Sequence[str], fields: Mapping[str, Any], *, source: s
                 i += 1
             if not values:
                 raise TorchtitanConfigError(f"--{name} needs a value: module names per part, each part "
-                                            "comma-separated, e.g. --" + name + " tok_embeddings,layers.0 layers.1,norm")
+                                            f"comma-separated, e.g. --{name} tok_embeddings,layers.0 layers.1,norm")
             out[name] = _convert(name, values, annotation)
             continue
         if not has_value:
@@ -556,10 +560,16 @@ def _stray(token: str) -> str:
     return f"unexpected argument {_shown(token)}: options take the form --name VALUE; see --help"
 
 
+def close_matches(word: str, options: Sequence[str]) -> list[str]:
+    """The options a typo of ``word`` most likely meant: the very close ones if any, else up to three close ones."""
+    return (difflib.get_close_matches(word, options, n=3, cutoff=0.9)
+            or difflib.get_close_matches(word, options, n=3, cutoff=0.6))
+
+
 def _unknown(name: str, fields: Mapping[str, Any], source: str) -> str:
     section = name.split(".", 1)[0]
     same = [k for k in fields if k.startswith(section + ".")]
-    close = difflib.get_close_matches(name, same, n=3, cutoff=0.6)
+    close = close_matches(name, same)
     where = f" in --torchtitan-config {source}" if source else ""
     hint = (f"did you mean {' or '.join('--' + c for c in close)}?" if close
             else f"the {section} keys are listed by torchtitan's --help")

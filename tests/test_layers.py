@@ -3,7 +3,8 @@
 Every module of the three source folders is parsed with ``ast``; every import counts, including those inside
 functions (they run too, only later). Imports under ``if TYPE_CHECKING:`` never run and are left out.
 
-- core: ``ppsim.*`` (including ``ppsim.schedules``) except the three below. It imports no torch, matplotlib or plotly.
+- core: ``ppsim.*`` (including ``ppsim.schedules``) except the three below. It imports no torch, torchtitan,
+  matplotlib or plotly.
 - ``ppsim.viz`` (``viz/``) and ``ppsim.calibrate`` (``calibrate/``): peers above the core; neither imports the other.
 - ``ppsim.cli``: the command line, the only layer allowed to import every other one.
 
@@ -22,7 +23,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = {"ppsim": REPO / "ppsim", "ppsim.viz": REPO / "viz", "ppsim.calibrate": REPO / "calibrate"}
 LAYER = {"core": 0, "viz": 1, "calibrate": 1, "cli": 2}
-CORE_FORBIDDEN = ("torch", "matplotlib", "plotly")
+CORE_FORBIDDEN = ("torch", "torchtitan", "matplotlib", "plotly")
 
 
 @dataclass(frozen=True)

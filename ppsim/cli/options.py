@@ -67,7 +67,7 @@ LayersPerStageOpt = Annotated[
 ]
 TorchtitanConfigOpt = Annotated[
     Optional[str],
-    typer.Option("--torchtitan-config", metavar="MODULE:CONFIG|FILE.toml",
+    typer.Option("--torchtitan-config", metavar="MODULE:CONFIG|TOML",
                  help="torchtitan job config: a config function of torchtitan's registry (e.g. "
                  "llama3:llama3_debugmodel; needs the torchtitan extra) or an older release's job TOML; simulate the "
                  "pipeline it would run. Override its keys as torchtitan does: --parallelism.KEY VALUE, "
