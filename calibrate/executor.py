@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from ppsim.calibrate.numerics import ReferenceCheck
 
 DEFAULT_TIMEOUT_S = 600.0
+RankBody = Callable[["ExecSpec", int, int, int], "Measurement | None"]
+"""``body(spec, rank, world, local_rank)``: one rank's run inside its process group (``calibrate/titan_run.py``
+brings torchtitan's)."""
 
 
 def schedule_refusal(schedule: Schedule) -> str | None:
@@ -179,23 +182,25 @@ def expected_computations(schedule: Schedule, rank: int) -> list[tuple[int, int,
 
 
 # --- launching --------------------------------------------------------------------------------------------------
-def launch(spec: ExecSpec) -> Measurement:
-    """Run ``spec`` on ``spec.schedule.num_ranks`` local processes and return rank 0's gathered measurement."""
+def launch(spec: ExecSpec, *, body: RankBody | None = None) -> Measurement:
+    """Run ``spec`` on ``spec.schedule.num_ranks`` local processes and return rank 0's gathered measurement
+    (``body``: what each rank runs once its process group is up; default this module's)."""
     from ppsim.calibrate import launch as launcher
 
-    return launcher.run_local(_local_rank, (spec,), world_size=spec.schedule.num_ranks, timeout_s=spec.timeout_s,
-                              what="the run")
+    return launcher.run_local(_local_rank, (spec, body), world_size=spec.schedule.num_ranks,
+                              timeout_s=spec.timeout_s, what="the run")
 
 
-def _local_rank(ctx: RankContext, spec: ExecSpec) -> Measurement | None:
+def _local_rank(ctx: RankContext, spec: ExecSpec, body: RankBody | None = None) -> Measurement | None:
     import os
 
     os.environ["LOCAL_RANK"] = str(ctx.rank)  # not the launching torchrun rank's (a calibration probe under torchrun)
-    return run_rank(spec, rank=ctx.rank, world=ctx.world_size, store=ctx.store(spec.timeout_s))
+    return run_rank(spec, rank=ctx.rank, world=ctx.world_size, store=ctx.store(spec.timeout_s), body=body)
 
 
 # --- one rank ---------------------------------------------------------------------------------------------------
-def run_rank(spec: ExecSpec, *, rank: int, world: int, store: Any | None = None) -> Measurement | None:
+def run_rank(spec: ExecSpec, *, rank: int, world: int, store: Any | None = None,
+             body: RankBody | None = None) -> Measurement | None:
     """Run ``spec`` as rank ``rank`` of ``world`` (initialises and tears down the process group).
 
     Returns the gathered :class:`Measurement` on rank 0 and ``None`` elsewhere. With ``store=None`` the process
@@ -223,7 +228,7 @@ def run_rank(spec: ExecSpec, *, rank: int, world: int, store: Any | None = None)
     launch.init_world(backend=spec.backend, timeout_s=spec.timeout_s, store=store,
                       rank=rank if store is not None else None, world_size=world if store is not None else None)
     try:
-        return _run_rank(spec, rank, world, local_rank)
+        return (body or _run_rank)(spec, rank, world, local_rank)
     finally:
         dist.destroy_process_group()
 

@@ -40,7 +40,6 @@ from ppsim.errors import PPSimError
 
 if TYPE_CHECKING:
     from ppsim.calibrate.executor import ExecSpec, Measurement
-    from ppsim.calibrate.launch import RankContext
     from ppsim.calibrate.models import ModelSource
     from ppsim.calibrate.numerics import ReferenceCheck
     from ppsim.ir import Schedule
@@ -161,45 +160,21 @@ def module_names_per_stage(source: ModelSource, num_stages: int,
     return names
 
 
-# --- launching --------------------------------------------------------------------------------------------------
+# --- launching (ppsim's launcher and process group, this module's rank body) ------------------------------------
 def launch(spec: ExecSpec) -> Measurement:
     """Run ``spec`` through torchtitan's path on ``spec.schedule.num_ranks`` local processes; rank 0's
     measurement."""
-    from ppsim.calibrate import launch as launcher
+    from ppsim.calibrate import executor
 
-    return launcher.run_local(_local_rank, (spec,), world_size=spec.schedule.num_ranks, timeout_s=spec.timeout_s,
-                              what="the run")
-
-
-def _local_rank(ctx: RankContext, spec: ExecSpec) -> Measurement | None:
-    os.environ["LOCAL_RANK"] = str(ctx.rank)
-    return run_rank(spec, rank=ctx.rank, world=ctx.world_size, store=ctx.store(spec.timeout_s))
+    return executor.launch(spec, body=_run_rank)
 
 
 def run_rank(spec: ExecSpec, *, rank: int, world: int, store: Any | None = None) -> Measurement | None:
-    """Run ``spec`` as rank ``rank`` of ``world`` through torchtitan's helpers (initialises and tears down the
-    process group; ``store=None``: from torchrun's environment). Rank 0 returns the gathered measurement."""
-    import torch
-    import torch.distributed as dist
+    """Run ``spec`` as rank ``rank`` of ``world`` through torchtitan's helpers (``store=None``: torchrun's
+    environment); rank 0 returns the gathered measurement."""
+    from ppsim.calibrate import executor
 
-    from ppsim.calibrate import launch, torch_adapter
-
-    torch_adapter.check()
-    if world != spec.schedule.num_ranks:
-        raise PPSimError(
-            f"{spec.schedule.name} has {spec.schedule.num_ranks} ranks but the job has {world} processes; "
-            f"launch {spec.schedule.num_ranks} (torchrun --nproc-per-node) or pass -r {world}"
-        )
-    torch.set_num_threads(1)
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    if spec.device == "cuda":
-        torch.cuda.set_device(local_rank)
-    launch.init_world(backend=spec.backend, timeout_s=spec.timeout_s, store=store,
-                      rank=rank if store is not None else None, world_size=world if store is not None else None)
-    try:
-        return _run_rank(spec, rank, world, local_rank)
-    finally:
-        dist.destroy_process_group()
+    return executor.run_rank(spec, rank=rank, world=world, store=store, body=_run_rank)
 
 
 # --- one rank ---------------------------------------------------------------------------------------------------
