@@ -365,7 +365,9 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     expected = expected_computations(schedule, rank)
     kinds = step_kinds(spec)
     last_timed = max(i for i, k in enumerate(kinds) if k == "timed")
-    param_storages = {p.untyped_storage().data_ptr() for m in modules.values() for p in m.parameters()}
+    # parameters and buffers (a RoPE table) live as long as the module: not activations
+    param_storages = {t.untyped_storage().data_ptr() for m in modules.values()
+                      for t in (*m.parameters(), *m.buffers())}
     saved = _PeakSaved(param_storages)
     peak_allocated: int | None = None
     per_step: list[list[tuple[float, float, float, float | None]]] = []

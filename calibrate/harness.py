@@ -348,10 +348,11 @@ class _Held:
 
 
 class _SavedTracker:
-    """Counts unique storages autograd saves for backward, excluding the module's parameters."""
+    """Counts unique storages autograd saves for backward, excluding the module's parameters and buffers."""
 
     def __init__(self, module: torch.nn.Module) -> None:
-        self.param_storages = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        # parameters and buffers (a RoPE table) live as long as the module: not activations
+        self.param_storages = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
         self.refs: dict[int, int] = {}
         self.nbytes: dict[int, int] = {}
 

@@ -256,7 +256,9 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     expected = [e[2] for e in executor.expected_computations(schedule, rank)]
     kinds = executor.step_kinds(spec)
     last_timed = max(i for i, k in enumerate(kinds) if k == "timed")
-    saved = executor._PeakSaved({p.untyped_storage().data_ptr() for m in parts for p in m.parameters()})
+    # parameters and buffers (a RoPE table) live as long as the module: not activations (as in the executor)
+    saved = executor._PeakSaved({t.untyped_storage().data_ptr() for m in parts
+                                 for t in (*m.parameters(), *m.buffers())})
     peak_allocated: int | None = None
     per_step: list[Any] = []
     step_walls: list[float] = []

@@ -168,6 +168,16 @@ def test_bad_torchtitan_sources_give_one_line(tmp_path: Path, args: list[str], e
     assert not out.exists()
 
 
+@pytest.mark.parametrize("model", ["builtin:tiny", pytest.param("torchtitan:llama3/debugmodel",
+                                                                   marks=needs_torchtitan)])
+def test_a_layer_override_that_does_not_fit_the_run_is_refused_before_calibrating(tmp_path: Path,
+                                                                                  model: str) -> None:
+    line = one_line_error(runner.invoke(app, ["run", "--model", model, "--layers", "1", "-s", "1F1B", "-r", "4",
+                                              "-m", "4", "-o", str(tmp_path / "run.json")]))
+    assert "4 stages" in line and "1 layers" in line
+    assert list(tmp_path.iterdir()) == []
+
+
 @needs_torchtitan
 def test_the_unknown_family_line_lists_the_valid_ones(tmp_path: Path) -> None:
     line = one_line_error(runner.invoke(app, ["calibrate", "-o", str(tmp_path / "p.json"), "--model",

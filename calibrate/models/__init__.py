@@ -17,6 +17,12 @@ torchtitan are imported inside them only):
 - :meth:`ModelSource.reference_name` -- a stage parameter's name in the unsplit model;
 - :meth:`ModelSource.stage_input`, :meth:`ModelSource.make_batch`, :meth:`ModelSource.loss_fn`.
 
+For torchtitan's own pipeline helpers (``_pipeline_module_split`` and friends): :meth:`ModelSource.build_full` is
+the whole torchtitan model (its own class, children ``tok_embeddings``, ``layers`` keyed ``"0"``.., ``norm``,
+``lm_head``; CPU attention already SDPA), and ``ppsim.calibrate.models.torchtitan.prepared_config(source)`` the
+config it was built from (layer override and attention substitution applied). Parameter names are torchtitan's, so
+stages split by torchtitan compare with :meth:`build_full`'s gradients by name.
+
 The *blocks* of a model are the embedding, each layer and the head (final norm, LM head and the loss). Layers that
 differ in structure (DeepSeek-V3's dense first layer and its MoE layers) have different *kinds*; the profile measures
 one block per kind (``layer`` when all layers are alike, else ``layer.<kind>``) and records each layer's kind in
