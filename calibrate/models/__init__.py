@@ -306,12 +306,3 @@ def kinds_of(keys: Sequence[Any], bases: Sequence[str], descriptions: Sequence[s
         names[key] = base if used[base] == 1 else f"{base}-{used[base]}"
     return (tuple(names[k] for k in keys),
             tuple((names[k], descriptions[first[k]]) for k in distinct))
-
-
-def layer_override(source_text: str, num_layers: int, wanted: int | None) -> int:
-    """The layer count after ``--layers``, with the one-line refusal for overrides that make no sense."""
-    if wanted is None:
-        return num_layers
-    if wanted < 1:
-        raise ModelSourceError(f"--layers {wanted}: a model needs at least one layer")
-    return wanted
