@@ -49,6 +49,12 @@ class Backend(str, Enum):
     nccl = "nccl"
 
 
+class Executor(str, Enum):
+    auto = "auto"
+    torchtitan = "torchtitan"
+    ppsim = "ppsim"
+
+
 def register(app: typer.Typer, *, wrap: Callable[[Any], Any] = lambda f: f, plot_run: PlotRun | None = None) -> None:
     """Add `calibrate` and `run` to ``app``; ``wrap`` turns user errors into one line; ``plot_run(measured,
     predicted, num_ranks, title, path)`` draws `run --plot` (without it `--plot` is refused)."""
@@ -297,6 +303,12 @@ def run_command(
     dtype: Annotated[
         Optional[DType], typer.Option("--dtype", case_sensitive=False, help="float32, bfloat16 or float16.")
     ] = None,
+    executor: Annotated[
+        Executor,
+        typer.Option("--executor", case_sensitive=False,
+                     help="Who builds the stages and the schedule: torchtitan (its pipeline helpers given ppsim's "
+                     "CSV; auto for torchtitan models) or ppsim (ppsim's executor; auto otherwise)."),
+    ] = Executor.auto,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and the batch.", min=0,
                                       max=2**63 - 1)] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="Stop the processes after this many seconds.")] = 600.0,
@@ -356,6 +368,7 @@ def run_command(
         num_steps=steps, num_warmup=warmup, num_probes=probes, seed=seed, timeout_s=timeout,
         save_calibration=save_calibration,
         override_limits=override_limits, split=split, layers_per_stage=layers_per_stage, recompute=recompute,
+        executor=executor.value,
     )
     report = execute(options)
     if report is None:  # a torchrun rank other than 0
@@ -462,6 +475,8 @@ def print_run_summary(report: RunReport) -> None:
     pi = d["prediction_inputs"]
     typer.echo(f"prediction (before the run, from {pi['source']}): compute x{pi['compute_scale']:.2f}, dispatch "
                f"{fmt_s(pi['dispatch_s'])} per computation, hand-off latency {fmt_s(pi['handoff_latency_s'])}")
+    for note in d["notes"]:
+        typer.echo(note)
     verdict = "OK" if d["grad_ok"] and d["loss_match"] else "MISMATCH"
     typer.echo(
         f"numerics {verdict}: loss {d['loss']:.8g} (reference {d['ref_loss']:.8g}); max |grad - reference| "

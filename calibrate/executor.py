@@ -23,7 +23,7 @@ import socket
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ppsim.calibrate.numerics import GRAD_RTOL, LOSS_RTOL
 from ppsim.errors import PPSimError
@@ -33,8 +33,12 @@ if TYPE_CHECKING:
     from ppsim.calibrate.launch import RankContext
     from ppsim.calibrate.model import ModelConfig
     from ppsim.calibrate.models import ModelSource
+    from ppsim.calibrate.numerics import ReferenceCheck
 
 DEFAULT_TIMEOUT_S = 600.0
+RankBody = Callable[["ExecSpec", int, int, int], "Measurement | None"]
+"""``body(spec, rank, world, local_rank)``: one rank's run inside its process group (``calibrate/titan_run.py``
+brings torchtitan's)."""
 
 
 def schedule_refusal(schedule: Schedule) -> str | None:
@@ -180,23 +184,25 @@ def expected_computations(schedule: Schedule, rank: int) -> list[tuple[int, int,
 
 
 # --- launching --------------------------------------------------------------------------------------------------
-def launch(spec: ExecSpec) -> Measurement:
-    """Run ``spec`` on ``spec.schedule.num_ranks`` local processes and return rank 0's gathered measurement."""
+def launch(spec: ExecSpec, *, body: RankBody | None = None) -> Measurement:
+    """Run ``spec`` on ``spec.schedule.num_ranks`` local processes and return rank 0's gathered measurement
+    (``body``: what each rank runs once its process group is up; default this module's)."""
     from ppsim.calibrate import launch as launcher
 
-    return launcher.run_local(_local_rank, (spec,), world_size=spec.schedule.num_ranks, timeout_s=spec.timeout_s,
-                              what="the run")
+    return launcher.run_local(_local_rank, (spec, body), world_size=spec.schedule.num_ranks,
+                              timeout_s=spec.timeout_s, what="the run")
 
 
-def _local_rank(ctx: RankContext, spec: ExecSpec) -> Measurement | None:
+def _local_rank(ctx: RankContext, spec: ExecSpec, body: RankBody | None = None) -> Measurement | None:
     import os
 
     os.environ["LOCAL_RANK"] = str(ctx.rank)  # not the launching torchrun rank's (a calibration probe under torchrun)
-    return run_rank(spec, rank=ctx.rank, world=ctx.world_size, store=ctx.store(spec.timeout_s))
+    return run_rank(spec, rank=ctx.rank, world=ctx.world_size, store=ctx.store(spec.timeout_s), body=body)
 
 
 # --- one rank ---------------------------------------------------------------------------------------------------
-def run_rank(spec: ExecSpec, *, rank: int, world: int, store: Any | None = None) -> Measurement | None:
+def run_rank(spec: ExecSpec, *, rank: int, world: int, store: Any | None = None,
+             body: RankBody | None = None) -> Measurement | None:
     """Run ``spec`` as rank ``rank`` of ``world`` (initialises and tears down the process group).
 
     Returns the gathered :class:`Measurement` on rank 0 and ``None`` elsewhere. With ``store=None`` the process
@@ -224,7 +230,7 @@ def run_rank(spec: ExecSpec, *, rank: int, world: int, store: Any | None = None)
     launch.init_world(backend=spec.backend, timeout_s=spec.timeout_s, store=store,
                       rank=rank if store is not None else None, world_size=world if store is not None else None)
     try:
-        return _run_rank(spec, rank, world, local_rank)
+        return (body or _run_rank)(spec, rank, world, local_rank)
     finally:
         dist.destroy_process_group()
 
@@ -525,7 +531,10 @@ def _clock_offset(rank: int, world: int, device: Any) -> float:
     return float(buf.item())
 
 
-def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any) -> Measurement:
+def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
+              reference: Callable[[dict[str, Any]], ReferenceCheck] | None = None) -> Measurement:
+    """Rank 0: the gathered payloads as one :class:`Measurement`, gradients checked by ``reference`` (default: the
+    non-pipelined reference of :mod:`ppsim.calibrate.numerics`)."""
     import torch
 
     from ppsim.calibrate.numerics import check_against_reference
@@ -547,8 +556,9 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any) -> Me
     for g in gathered:
         grads.update(g["grads"])
     loss = next(g["loss"] for g in gathered if g["loss"] is not None)
-    ref = check_against_reference(spec.model, schedule.num_stages, schedule.num_microbatches, grads,
-                                  synthetic=spec.synthetic, seed=spec.seed, device=device, source=spec.source)
+    ref = reference(grads) if reference is not None else check_against_reference(
+        spec.model, schedule.num_stages, schedule.num_microbatches, grads, synthetic=spec.synthetic, seed=spec.seed,
+        device=device, source=spec.source)
     notes: list[str] = []
     if spec.device == "cuda":
         name = torch.cuda.get_device_name(device)

@@ -71,6 +71,9 @@ class RunOptions:
     save_calibration: Path | None = None
     """Where to keep the profile when the run calibrates first (no ``profile``)."""
     override_limits: bool = False
+    executor: str = "auto"
+    """Who builds stages and schedule: ``torchtitan`` (its pipeline helpers; ``auto`` for torchtitan models) or
+    ``ppsim`` (ppsim's executor; ``auto`` for every other model). See :mod:`ppsim.calibrate.titan_run`."""
     split: str | None = None
     """Layers per stage, e.g. ``"3,5"`` (``--split``); with ``layers_per_stage``, as `simulate` takes them."""
     layers_per_stage: int | None = None
@@ -144,7 +147,7 @@ class RunReport:
 # --- orchestration ----------------------------------------------------------------------------------------------
 def execute(options: RunOptions) -> RunReport | None:
     """Refuse, predict, run, compare. ``None`` on torchrun ranks other than 0 (rank 0 reports)."""
-    from ppsim.calibrate import executor, launch
+    from ppsim.calibrate import launch, titan_run
 
     schedule = load_checked_schedule(options)
     device = check_backend(options)
@@ -155,10 +158,13 @@ def execute(options: RunOptions) -> RunReport | None:
             f"(--nproc-per-node) or pass -r {world}"
         )
     if world is None and options.profile is None and not options.synthetic:
-        check_machine(options, schedule, _preset_model(options, schedule, device))  # before calibrating
+        early = _preset_model(options, schedule, device)
+        check_machine(options, schedule, early)  # before calibrating
+        titan_run.choose_runner(options.executor, early, schedule, synthetic=False)  # refusals too
     chosen = _recompute_set(options, schedule)
     costs, time_scale, model, source = costs_and_model(options, schedule, device)
     spec = dataclasses.replace(exec_spec(options, schedule, costs, time_scale, model, device), recompute=chosen)
+    runner = titan_run.choose_runner(options.executor, model, schedule, synthetic=options.synthetic)
     if world is None:
         check_machine(options, schedule, model)
     if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:
@@ -170,9 +176,9 @@ def execute(options: RunOptions) -> RunReport | None:
     predicted = simulate(schedule, prediction_costs(costs, time_scale), recompute=chosen)  # before anything runs
     check_predicted_time(options, predicted)
     if world is None:
-        measurement = executor.launch(spec)
+        measurement = runner.launch(spec)
     else:
-        result = executor.run_rank(spec, rank=int(os.environ["RANK"]), world=world)
+        result = runner.run_rank(spec, rank=int(os.environ["RANK"]), world=world)
         if result is None:
             return None
         measurement = result

@@ -1,0 +1,366 @@
+"""`ppsim run` of a torchtitan model through torchtitan's own pipeline helpers (one rank's side, and its checks).
+
+For a ``--model torchtitan:FAMILY/FLAVOR`` run each rank does what torchtitan's ``pipeline_llm`` does, with ppsim's
+order in place of a named schedule:
+
+1. a ``DeviceMesh`` with one ``pp`` dimension over the ranks (gloo on CPU, nccl on CUDA);
+2. the whole model (:meth:`ModelSource.build_full`, same seed on every rank) cut by torchtitan's
+   ``_pipeline_module_split(model, pp_mesh, pp_schedule, device, module_names_per_stage)``: ``pp_schedule`` is a
+   torch schedule name whose rank-to-stage mapping (``_get_pp_rank_to_stage_indices_mapping``: loop or V) equals
+   the ppsim schedule's placement (:func:`titan_placement_name`; checked again against the stages it built);
+3. the schedule from ``_build_pipeline_schedule(parallelism=ParallelismConfig(pipeline_parallel_schedule_csv=
+   <ppsim's compute-only CSV>, ...), local_batch_size=M * mb_size, stages, loss_fn)``: torch's
+   ``_PipelineScheduleRuntime`` loading the CSV, with torchtitan's ``scale_grads=False`` (gradients are the *sum*
+   over microbatches) and its ``(loss, extra)`` loss convention.
+
+ppsim's measurement is kept: every computation timed (``torch_adapter.instrument_stage`` on the stages torchtitan
+built; the after-forward stamp hooks the schedule instance's ``_maybe_compute_loss``), the receive waits, each
+rank's peak saved-activation bytes, gradients gathered under the unsplit model's names. The numerics reference is
+the unsplit model on the same batch, one microbatch at a time, its gradients summed over microbatches as
+``scale_grads=False`` leaves them; the loss compared is the mean microbatch loss.
+
+Orders torchtitan's runtime cannot run are refused in one line before anything starts (:func:`titan_refusal`):
+two pipelines (DualPipe), a placement neither of torchtitan's mappings gives, an order torch's CSV validation
+rejects. torch and torchtitan are imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from ppsim.errors import PPSimError
+
+if TYPE_CHECKING:
+    from ppsim.calibrate.executor import ExecSpec, Measurement
+    from ppsim.calibrate.models import ModelSource
+    from ppsim.calibrate.numerics import ReferenceCheck
+    from ppsim.ir import Schedule
+
+TITAN_NOTE = "stages and schedule built by torchtitan's pipeline helpers"
+"""The line the run output and the run JSON's notes carry for a run on this path."""
+SUM_NOTE = ("numerics: torchtitan's schedule does not scale gradients (scale_grads=False), so the reference sums "
+            "each microbatch's gradients too; the loss is the mean microbatch loss")
+_LOOP_NAMES = ("1F1B", "Interleaved1F1B")
+_V_NAME = "ZBVZeroBubble"
+
+
+class TitanRunError(PPSimError):
+    """torchtitan's pipeline runtime cannot run this order (or this model)."""
+
+
+# --- checks in the launching process ---------------------------------------------------------------------------
+EXECUTORS = ("auto", "torchtitan", "ppsim")
+
+
+def choose_runner(executor: str, source: ModelSource, schedule: Schedule, *, synthetic: bool) -> ModuleType:
+    """The module whose ``launch`` / ``run_rank`` execute the run: this one (torchtitan's helpers) for a torchtitan
+    model unless ``executor`` is ``ppsim``, else :mod:`ppsim.calibrate.executor`. Refuses (one line) an explicit
+    ``torchtitan`` for a model or run it cannot serve, and an order torchtitan's runtime cannot run."""
+    import sys
+
+    from ppsim.calibrate import executor as ppsim_executor
+
+    if executor not in EXECUTORS:
+        raise TitanRunError(f"--executor {executor!r}: use one of {', '.join(EXECUTORS)}")
+    if executor == "ppsim" or (executor == "auto" and (synthetic or source.scheme != "torchtitan")):
+        return ppsim_executor
+    if synthetic:
+        raise TitanRunError("--executor torchtitan with --synthetic: synthetic stages are ppsim's own; drop one")
+    if source.scheme != "torchtitan":
+        raise TitanRunError(f"--executor torchtitan with --model {source.text}: torchtitan's pipeline helpers "
+                            "build torchtitan models (--model torchtitan:FAMILY/FLAVOR); use --executor ppsim")
+    refusal = titan_refusal(schedule)
+    if refusal is not None:
+        raise TitanRunError(refusal)
+    return sys.modules[__name__]
+
+
+def placement(schedule: Schedule) -> tuple[tuple[int, ...], ...]:
+    """Stage indices per rank, as the ppsim schedule places them."""
+    return tuple(tuple(schedule.stages_of(r)) for r in range(schedule.num_ranks))
+
+
+def titan_placement_name(schedule: Schedule) -> str:
+    """A torch schedule name whose torchtitan rank-to-stage mapping equals ``schedule``'s placement (what
+    ``_pipeline_module_split`` is given); :class:`TitanRunError` when neither the loop nor the V mapping does."""
+    from ppsim.calibrate.titan_split import rank_stage_indices
+
+    want = placement(schedule)
+    num_ranks, num_stages = schedule.num_ranks, schedule.num_stages
+    per_rank = {len(stages) for stages in want}
+    candidates = [_LOOP_NAMES[0] if num_stages == num_ranks else _LOOP_NAMES[1]]
+    if num_stages == 2 * num_ranks:
+        candidates.append(_V_NAME)
+    if len(per_rank) == 1 and num_stages % num_ranks == 0:
+        for name in candidates:
+            if rank_stage_indices(name, num_ranks=num_ranks, num_stages=num_stages) == want:
+                return name
+    shown = "; ".join(f"rank {r}: {','.join(map(str, s))}" for r, s in enumerate(want[:4]))
+    more = " ..." if len(want) > 4 else ""
+    raise TitanRunError(
+        f"{schedule.name}: its placement ({shown}{more}) is neither torchtitan's loop placement (rank r holds "
+        f"stages r, r+{num_ranks}, ...) nor its V placement (rank r holds r and {num_stages - 1}-r), so "
+        "torchtitan's _pipeline_module_split cannot build it; search with --placement loop or v, or pass "
+        "--executor ppsim"
+    )
+
+
+def titan_refusal(schedule: Schedule) -> str | None:
+    """Why torchtitan's pipeline path cannot run ``schedule`` (``None`` when it can): torch's runtime limits
+    (:func:`executor.schedule_refusal`), a placement torchtitan cannot express, an order torch's CSV loader
+    refuses (``_validate_schedule``, run here on the same actions)."""
+    from ppsim.calibrate.executor import schedule_refusal
+
+    refusal = schedule_refusal(schedule)
+    if refusal is not None:
+        return refusal
+    try:
+        titan_placement_name(schedule)
+    except TitanRunError as exc:
+        return str(exc)
+    from torch.distributed.pipelining.schedules import _Action, _validate_schedule
+
+    actions = {r: [_Action.from_str(str(a)) for a in row] for r, row in enumerate(schedule.actions)}
+    try:
+        _validate_schedule(actions, schedule.num_ranks, schedule.num_stages, schedule.num_microbatches)
+    except (AssertionError, ValueError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        return (f"{schedule.name} -r {schedule.num_ranks} -m {schedule.num_microbatches}: torch's CSV loader "
+                f"(_PipelineScheduleRuntime._load_csv, which torchtitan uses) refuses the order ({first}); "
+                "pass --executor ppsim to run it through ppsim's executor")
+    return None
+
+
+def module_names_per_stage(source: ModelSource, num_stages: int,
+                           counts: Sequence[int] | None) -> list[list[str]]:
+    """torchtitan's ``module_names_per_stage`` for the split the prediction composed (``counts`` layers per stage;
+    ``None``: torchtitan's own ``_generate_llm_fqn_per_model_part`` with its default weights)."""
+    if counts is None:
+        from ppsim.calibrate.titan_split import stage_module_names
+
+        return [list(p) for p in stage_module_names(num_stages, source.num_layers)]
+    assert len(counts) == num_stages and sum(counts) == source.num_layers, (counts, source.num_layers)
+    names, first = [], 0
+    for s, n in enumerate(counts):
+        part = [f"layers.{i}" for i in range(first, first + n)]
+        first += n
+        if s == 0:
+            part.insert(0, "tok_embeddings")
+        if s == num_stages - 1:
+            part += ["norm", "lm_head"]
+        names.append(part)
+    return names
+
+
+# --- launching (ppsim's launcher and process group, this module's rank body) ------------------------------------
+def launch(spec: ExecSpec) -> Measurement:
+    """Run ``spec`` through torchtitan's path on ``spec.schedule.num_ranks`` local processes; rank 0's
+    measurement."""
+    from ppsim.calibrate import executor
+
+    return executor.launch(spec, body=_run_rank)
+
+
+def run_rank(spec: ExecSpec, *, rank: int, world: int, store: Any | None = None) -> Measurement | None:
+    """Run ``spec`` as rank ``rank`` of ``world`` through torchtitan's helpers (``store=None``: torchrun's
+    environment); rank 0 returns the gathered measurement."""
+    from ppsim.calibrate import executor
+
+    return executor.run_rank(spec, rank=rank, world=world, store=store, body=_run_rank)
+
+
+# --- one rank ---------------------------------------------------------------------------------------------------
+def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) -> tuple[list[Any], list[Any], Any]:
+    """torchtitan's stages and schedule for this rank: ``(stages, model_parts, schedule)``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchtitan.config import ParallelismConfig
+
+    from ppsim.calibrate.titan_split import import_torchtitan
+
+    pp = import_torchtitan("ppsim run through torchtitan's pipeline helpers")
+    schedule, source = spec.schedule, spec.source
+    assert source is not None
+    name = titan_placement_name(schedule)
+    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("pp",))
+    whole = source.build_full(seed=spec.seed, device=device)
+    names = module_names_per_stage(source, schedule.num_stages, spec.layer_counts)
+    stages, parts = pp._pipeline_module_split(whole, mesh, name, device, names)
+    del whole
+    built = tuple(st.stage_index for st in stages)
+    if built != tuple(schedule.stages_of(rank)):
+        raise RuntimeError(f"rank {rank}: torchtitan built stages {built} for {name} but the schedule places "
+                           f"{schedule.stages_of(rank)} here (ppsim bug)")
+    parallelism = ParallelismConfig(
+        pipeline_parallel_degree=world, pipeline_parallel_schedule=name, pipeline_parallel_schedule_csv=csv_path,
+        pipeline_parallel_microbatch_size=source.config.mb_size, module_fqns_per_model_part=names,
+    )
+
+    def loss_fn(output: Any, target: Any) -> tuple[Any, None]:  # torchtitan's convention: (loss, extra)
+        return source.loss_fn(output, target), None
+
+    logging.disable(logging.WARNING)  # its "fewer microbatches than stages" warning: one run note instead
+    try:
+        runtime = pp._build_pipeline_schedule(parallelism=parallelism,
+                                              local_batch_size=schedule.num_microbatches * source.config.mb_size,
+                                              stages=stages, loss_fn=loss_fn)
+    finally:
+        logging.disable(logging.NOTSET)
+    return stages, parts, runtime
+
+
+def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measurement | None:
+    import torch
+    import torch.distributed as dist
+
+    from ppsim.calibrate import executor, torch_adapter
+    from ppsim.formats import write_csv
+
+    schedule, source = spec.schedule, spec.source
+    assert source is not None
+    cuda = spec.device == "cuda"
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    with tempfile.TemporaryDirectory(prefix="ppsim-titan-") as tmp:
+        csv_path = str(write_csv(schedule, os.path.join(tmp, "order.csv")))
+        stages, parts, runtime = _build(spec, rank, world, device, csv_path)
+    clock = executor._Clock(None, cuda)
+    for st in stages:
+        torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post)
+    recompute = getattr(spec, "recompute", frozenset())  # `run --recompute` (wt-recompute): as the executor does
+    for st, part in zip(stages, parts):
+        chosen = frozenset(m for s, m in recompute if s == st.stage_index)
+        if chosen:
+            executor._checkpoint_forwards(st, part, chosen)
+    compute_loss = runtime._maybe_compute_loss
+
+    def maybe_compute_loss(*args: Any, **kwargs: Any) -> None:  # the after-forward stamp
+        compute_loss(*args, **kwargs)
+        clock.finish()
+
+    runtime._maybe_compute_loss = maybe_compute_loss
+
+    tokens, targets = source.make_batch(schedule.num_microbatches, seed=spec.seed)
+    tokens, targets = tokens.to(device), targets.to(device)
+    first = any(st.is_first for st in stages)
+    last = any(st.is_last for st in stages)
+    args = (tokens,) if first else ()
+    kwargs: dict[str, Any] = {"target": targets} if last else {}
+
+    expected = [e[2] for e in executor.expected_computations(schedule, rank)]
+    kinds = executor.step_kinds(spec)
+    last_timed = max(i for i, k in enumerate(kinds) if k == "timed")
+    # parameters and buffers (a RoPE table) live as long as the module: not activations (as in the executor)
+    saved = executor._PeakSaved({t.untyped_storage().data_ptr() for m in parts
+                                 for t in (*m.parameters(), *m.buffers())})
+    peak_allocated: int | None = None
+    per_step: list[Any] = []
+    step_walls: list[float] = []
+    losses: list[Any] = []
+    with torch_adapter.timed_receive_waits(clock.add_wait):
+        for step in range(len(kinds)):
+            for m in parts:
+                m.zero_grad(set_to_none=True)
+            losses = []
+            base_alloc = 0
+            if cuda:
+                torch.cuda.synchronize(device)
+                if step == last_timed:
+                    torch.cuda.reset_peak_memory_stats(device)
+                    base_alloc = torch.cuda.memory_allocated(device)
+            dist.barrier()
+            clock.reset()
+            base_event = None
+            if cuda:
+                base_event = torch.cuda.Event(enable_timing=True)
+                base_event.record()
+            hooks = (torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack) if step == last_timed
+                     else contextlib.nullcontext())
+            t0 = time.perf_counter()
+            with hooks:
+                runtime.step(*args, losses=losses, return_outputs=False, **kwargs)
+            if cuda:
+                torch.cuda.synchronize(device)
+                if step == last_timed:
+                    peak_allocated = max(0, torch.cuda.max_memory_allocated(device) - base_alloc)
+            t1 = time.perf_counter()
+            names = [r[3] for r in clock.records]
+            if names != expected:
+                raise RuntimeError(f"rank {rank} ran {names} but the schedule orders {expected} (ppsim bug)")
+            per_step.append(executor._host_times(clock.records, t0, base_event,
+                                                 executor._posted_times(clock.posted, names)))
+            step_walls.append(t1 - t0)
+
+    grads = {
+        source.reference_name(_layer_ids(part), name): p.grad.detach().to("cpu", torch.float32)
+        for part in parts for name, p in part.named_parameters() if p.grad is not None
+    }
+    params = [p for m in parts for p in m.parameters()]
+    memory = executor.RankMemory(
+        rank=rank, peak_activation_bytes=saved.peak,
+        param_bytes=sum(p.numel() * p.element_size() for p in params),
+        grad_bytes=sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
+        peak_allocated_bytes=peak_allocated,
+    )
+    loss = float(torch.stack([x.detach().float() for x in losses]).mean()) if last else None
+    offset = executor._clock_offset(rank, world, device)
+    payload = {
+        "rank": rank,
+        "times": [[(a - offset, b - offset, w, None if p is None else p - offset) for a, b, w, p in st]
+                  for st in per_step],
+        "walls": step_walls, "grads": grads, "loss": loss, "memory": memory, "host": socket.gethostname(),
+    }
+    gathered: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(payload, gathered, dst=0)
+    if rank != 0:
+        return None
+    assert gathered is not None
+
+    def reference(pipelined: dict[str, Any]) -> ReferenceCheck:
+        return summed_reference(source, schedule.num_microbatches, pipelined, seed=spec.seed, device=device)
+
+    measurement = executor._assemble(spec, gathered, device, reference=reference)
+    import dataclasses
+
+    notes = [TITAN_NOTE, SUM_NOTE]
+    if schedule.num_microbatches < schedule.num_stages:
+        notes.append(f"torchtitan warns that {schedule.num_microbatches} microbatches < {schedule.num_stages} "
+                     "stages may leave a bubble; it runs the order all the same")
+    return dataclasses.replace(measurement, notes=(*notes, *measurement.notes))
+
+
+def _layer_ids(part: Any) -> tuple[int, ...]:
+    layers = getattr(part, "layers", None)
+    return tuple(int(k) for k in layers.keys()) if layers is not None else ()
+
+
+def summed_reference(source: ModelSource, num_microbatches: int, grads: dict[str, Any], *, seed: int,
+                     device: Any) -> ReferenceCheck:
+    """The unsplit model (same weights, same batch) one microbatch at a time, each microbatch's loss backward
+    unscaled: the gradients torchtitan's ``scale_grads=False`` schedule accumulates (their sum over microbatches).
+    ``ref_loss`` is the mean microbatch loss. Compares with ``grads`` (reference name -> pipelined gradient)."""
+    import torch
+
+    from ppsim.calibrate.numerics import ReferenceCheck
+
+    ref = source.build_full(seed=seed, device=device)
+    tokens, targets = source.make_batch(num_microbatches, seed=seed)
+    losses = []
+    for tok, tgt in zip(tokens.to(device).chunk(num_microbatches), targets.to(device).chunk(num_microbatches)):
+        loss = source.loss_fn(ref(tok), tgt)
+        loss.backward()
+        losses.append(float(loss.detach()))
+    ref_grads = {n: p.grad.detach().to("cpu", torch.float32) for n, p in ref.named_parameters() if p.grad is not None}
+    missing = sorted(set(ref_grads) ^ set(grads))
+    if missing:
+        raise RuntimeError(f"parameters without a pipelined or reference gradient: {missing[:5]} (ppsim bug)")
+    diff = max(float((grads[n] - g).abs().max()) for n, g in ref_grads.items())
+    scale = max(float(g.abs().max()) for g in ref_grads.values())
+    return ReferenceCheck(ref_loss=sum(losses) / len(losses), grad_max_abs_diff=diff, grad_ref_max_abs=scale,
+                          num_params_checked=len(ref_grads))
