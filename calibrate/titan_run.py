@@ -233,7 +233,7 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     clock = executor._Clock(None, cuda)
     for st in stages:
         torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post)
-    recompute = getattr(spec, "recompute", frozenset())  # `run --recompute` (wt-recompute): as the executor does
+    recompute = spec.recompute  # `run --recompute`: as the executor does
     for st, part in zip(stages, parts):
         chosen = frozenset(m for s, m in recompute if s == st.stage_index)
         if chosen:
