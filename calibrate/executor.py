@@ -334,10 +334,7 @@ class _Box:
 
 
 def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measurement | None:
-    import contextlib
-
     import torch
-    import torch.distributed as dist
 
     from ppsim.calibrate import torch_adapter
     from ppsim.calibrate.model import loss_fn, make_batch
@@ -354,34 +351,75 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     stages = [torch_adapter.pipeline_stage(modules[s], s, schedule.num_stages, device) for s in my_stages]
     for st in stages:
         torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post)
-    for st, s in zip(stages, my_stages):
-        chosen = frozenset(m for stage, m in spec.recompute if stage == s)
-        if chosen:
-            _checkpoint_forwards(st, modules[s], chosen)
+    checkpoint_chosen(spec, stages, [modules[s] for s in my_stages])
     order = {r: [str(a) for a in row] for r, row in enumerate(schedule.actions)}
     runtime = torch_adapter.runtime(stages, num_microbatches=schedule.num_microbatches, loss_fn=loss_fn,
                                     after_forward=clock.finish, order=order)
-
     tokens, targets = make_batch(spec.model, schedule.num_microbatches, seed=spec.seed)
-    tokens, targets = tokens.to(device), targets.to(device)
-    first, last = 0 in my_stages, schedule.num_stages - 1 in my_stages
-    args = (tokens,) if first else ()
-    kwargs: dict[str, Any] = {"target": targets} if last else {}
+    parts = {s: modules[s] for s in my_stages}
 
-    expected = expected_computations(schedule, rank)
+    def grad_name(stage: int, name: str) -> str:
+        return reference_name(spec.model, schedule.num_stages, stage, name, synthetic=spec.synthetic,
+                              counts=spec.layer_counts, source=spec.source)
+
+    rank_run = RankRun(parts=parts, runtime=runtime, clock=clock, tokens=tokens, targets=targets,
+                       has_first=0 in my_stages, has_last=schedule.num_stages - 1 in my_stages, grad_name=grad_name)
+    return measure_rank(spec, rank, world, device, rank_run)
+
+
+@dataclass
+class RankRun:
+    """What one rank built and steps: its stage modules by stage, the runtime running its order, the clock its
+    stages are instrumented with, the batch, and how its gradients are named in the unsplit model."""
+
+    parts: dict[int, Any]
+    runtime: Any
+    clock: _Clock
+    tokens: Any
+    targets: Any
+    has_first: bool
+    has_last: bool
+    grad_name: Callable[[int, str], str]
+
+
+def checkpoint_chosen(spec: ExecSpec, stages: Sequence[Any], modules: Sequence[Any]) -> None:
+    """``run --recompute``: the chosen (stage, microbatch) forwards of this rank run under checkpointing."""
+    for st, module in zip(stages, modules):
+        chosen = frozenset(m for s, m in spec.recompute if s == st.stage_index)
+        if chosen:
+            _checkpoint_forwards(st, module, chosen)
+
+
+def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRun, *,
+                 reference: Callable[[dict[str, Any]], Any] | None = None) -> Measurement | None:
+    """Step ``run`` through the warm-up, timed and probe steps of ``spec`` (every computation stamped, the last
+    timed step's saved activations counted), then gather every rank's times, gradients, loss and memory on rank 0
+    and assemble them (``reference``: how the gradients are checked; default the executor's)."""
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+
+    from ppsim.calibrate import torch_adapter
+
+    schedule, clock, cuda = spec.schedule, run.clock, spec.device == "cuda"
+    tokens, targets = run.tokens.to(device), run.targets.to(device)
+    args = (tokens,) if run.has_first else ()
+    kwargs: dict[str, Any] = {"target": targets} if run.has_last else {}
+    modules = list(run.parts.values())
+    expected = [e[2] for e in expected_computations(schedule, rank)]
     kinds = step_kinds(spec)
     last_timed = max(i for i, k in enumerate(kinds) if k == "timed")
     # parameters and buffers (a RoPE table) live as long as the module: not activations
-    param_storages = {t.untyped_storage().data_ptr() for m in modules.values()
-                      for t in (*m.parameters(), *m.buffers())}
-    saved = _PeakSaved(param_storages)
+    saved = _PeakSaved({t.untyped_storage().data_ptr() for m in modules for t in (*m.parameters(), *m.buffers())})
     peak_allocated: int | None = None
     per_step: list[list[tuple[float, float, float, float | None]]] = []
     step_walls: list[float] = []
     losses: list[Any] = []
+    base_alloc = 0
     with torch_adapter.timed_receive_waits(clock.add_wait):
         for step in range(len(kinds)):
-            for m in modules.values():
+            for m in modules:
                 m.zero_grad(set_to_none=True)
             losses = []
             if cuda:
@@ -399,36 +437,32 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
                      else contextlib.nullcontext())
             t0 = time.perf_counter()
             with hooks:
-                runtime.step(*args, losses=losses, return_outputs=False, **kwargs)
+                run.runtime.step(*args, losses=losses, return_outputs=False, **kwargs)
             if cuda:
                 torch.cuda.synchronize(device)
                 if step == last_timed:
                     peak_allocated = max(0, torch.cuda.max_memory_allocated(device) - base_alloc)
             t1 = time.perf_counter()
             names = [r[3] for r in clock.records]
-            if names != [e[2] for e in expected]:
-                raise RuntimeError(
-                    f"rank {rank} ran {names} but the schedule orders {[e[2] for e in expected]} (ppsim bug)"
-                )
+            if names != expected:
+                raise RuntimeError(f"rank {rank} ran {names} but the schedule orders {expected} (ppsim bug)")
             per_step.append(_host_times(clock.records, t0, base_event, _posted_times(clock.posted, names)))
             step_walls.append(t1 - t0)
 
     grads = {
-        reference_name(spec.model, schedule.num_stages, s, name, synthetic=spec.synthetic, counts=spec.layer_counts,
-                       source=spec.source):
-            p.grad.detach().to("cpu", torch.float32)
-        for s, mod in modules.items()
+        run.grad_name(s, name): p.grad.detach().to("cpu", torch.float32)
+        for s, mod in run.parts.items()
         for name, p in mod.named_parameters()
         if p.grad is not None
     }
-    params = [p for m in modules.values() for p in m.parameters()]
+    params = [p for m in modules for p in m.parameters()]
     memory = RankMemory(
         rank=rank, peak_activation_bytes=saved.peak,
         param_bytes=sum(p.numel() * p.element_size() for p in params),
         grad_bytes=sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
         peak_allocated_bytes=peak_allocated,
     )
-    loss = float(torch.stack([x.detach().float() for x in losses]).mean()) if last else None
+    loss = float(torch.stack([x.detach().float() for x in losses]).mean()) if run.has_last else None
     offset = _clock_offset(rank, world, device)
     payload = {
         "rank": rank,
@@ -447,7 +481,7 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     if rank != 0:
         return None
     assert gathered is not None
-    return _assemble(spec, gathered, device)
+    return _assemble(spec, gathered, device, reference=reference)
 
 
 def _checkpoint_forwards(stage: Any, module: Any, microbatches: frozenset[int]) -> None:

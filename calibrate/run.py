@@ -20,7 +20,7 @@ import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ppsim.errors import PPSimError
 from ppsim.limits import MAX_REAL_RANKS_PER_CORE, MAX_SYNTHETIC_RANKS, MEMORY_SHARE  # --allow-large lifts them
@@ -28,7 +28,6 @@ from ppsim.limits import MAX_RUN_ACTIONS as MAX_ACTIONS
 
 if TYPE_CHECKING:
     from ppsim.calibrate.executor import ExecSpec, Measurement
-    from ppsim.calibrate.model import ModelConfig
     from ppsim.calibrate.models import ModelOptions, ModelSource
     from ppsim.calibrate.runtime_model import RuntimeModel
     from ppsim.costs import CostModel
@@ -145,8 +144,9 @@ class RunReport:
 
 
 # --- orchestration ----------------------------------------------------------------------------------------------
-def execute(options: RunOptions) -> RunReport | None:
-    """Refuse, predict, run, compare. ``None`` on torchrun ranks other than 0 (rank 0 reports)."""
+def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) -> RunReport | None:
+    """Refuse, predict, run, compare. ``None`` on torchrun ranks other than 0 (rank 0 reports). ``log`` gets the
+    line naming the model before the run starts (default: stderr)."""
     from ppsim.calibrate import launch, titan_run
 
     schedule = load_checked_schedule(options)
@@ -168,9 +168,7 @@ def execute(options: RunOptions) -> RunReport | None:
     if world is None:
         check_machine(options, schedule, model)
     if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:
-        import sys
-
-        print(model.summary(), file=sys.stderr, flush=True)
+        (log or _stderr)(model.summary())
     from ppsim.simulate import simulate
 
     predicted = simulate(schedule, prediction_costs(costs, time_scale), recompute=chosen)  # before anything runs
@@ -672,3 +670,9 @@ def _per_action(schedule: Schedule, step: tuple[Any, ...], predicted: SimResult)
                 entry["halves"] = [{"action": c.name, "start_s": c.start, "end_s": c.end} for c in comps]
             out.append(entry)
     return out
+
+
+def _stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr, flush=True)

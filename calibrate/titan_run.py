@@ -26,12 +26,9 @@ rejects. torch and torchtitan are imported inside functions only.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import socket
 import tempfile
-import time
 from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -218,7 +215,6 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
 
 def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measurement | None:
     import torch
-    import torch.distributed as dist
 
     from ppsim.calibrate import executor, torch_adapter
     from ppsim.formats import write_csv
@@ -233,11 +229,7 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     clock = executor._Clock(None, cuda)
     for st in stages:
         torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post)
-    recompute = spec.recompute  # `run --recompute`: as the executor does
-    for st, part in zip(stages, parts):
-        chosen = frozenset(m for s, m in recompute if s == st.stage_index)
-        if chosen:
-            executor._checkpoint_forwards(st, part, chosen)
+    executor.checkpoint_chosen(spec, stages, parts)
     compute_loss = runtime._maybe_compute_loss
 
     def maybe_compute_loss(*args: Any, **kwargs: Any) -> None:  # the after-forward stamp
@@ -245,87 +237,21 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
         clock.finish()
 
     runtime._maybe_compute_loss = maybe_compute_loss
-
     tokens, targets = source.make_batch(schedule.num_microbatches, seed=spec.seed)
-    tokens, targets = tokens.to(device), targets.to(device)
-    first = any(st.is_first for st in stages)
-    last = any(st.is_last for st in stages)
-    args = (tokens,) if first else ()
-    kwargs: dict[str, Any] = {"target": targets} if last else {}
+    by_stage = {st.stage_index: part for st, part in zip(stages, parts)}
 
-    expected = [e[2] for e in executor.expected_computations(schedule, rank)]
-    kinds = executor.step_kinds(spec)
-    last_timed = max(i for i, k in enumerate(kinds) if k == "timed")
-    # parameters and buffers (a RoPE table) live as long as the module: not activations (as in the executor)
-    saved = executor._PeakSaved({t.untyped_storage().data_ptr() for m in parts
-                                 for t in (*m.parameters(), *m.buffers())})
-    peak_allocated: int | None = None
-    per_step: list[Any] = []
-    step_walls: list[float] = []
-    losses: list[Any] = []
-    with torch_adapter.timed_receive_waits(clock.add_wait):
-        for step in range(len(kinds)):
-            for m in parts:
-                m.zero_grad(set_to_none=True)
-            losses = []
-            base_alloc = 0
-            if cuda:
-                torch.cuda.synchronize(device)
-                if step == last_timed:
-                    torch.cuda.reset_peak_memory_stats(device)
-                    base_alloc = torch.cuda.memory_allocated(device)
-            dist.barrier()
-            clock.reset()
-            base_event = None
-            if cuda:
-                base_event = torch.cuda.Event(enable_timing=True)
-                base_event.record()
-            hooks = (torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack) if step == last_timed
-                     else contextlib.nullcontext())
-            t0 = time.perf_counter()
-            with hooks:
-                runtime.step(*args, losses=losses, return_outputs=False, **kwargs)
-            if cuda:
-                torch.cuda.synchronize(device)
-                if step == last_timed:
-                    peak_allocated = max(0, torch.cuda.max_memory_allocated(device) - base_alloc)
-            t1 = time.perf_counter()
-            names = [r[3] for r in clock.records]
-            if names != expected:
-                raise RuntimeError(f"rank {rank} ran {names} but the schedule orders {expected} (ppsim bug)")
-            per_step.append(executor._host_times(clock.records, t0, base_event,
-                                                 executor._posted_times(clock.posted, names)))
-            step_walls.append(t1 - t0)
-
-    grads = {
-        source.reference_name(_layer_ids(part), name): p.grad.detach().to("cpu", torch.float32)
-        for part in parts for name, p in part.named_parameters() if p.grad is not None
-    }
-    params = [p for m in parts for p in m.parameters()]
-    memory = executor.RankMemory(
-        rank=rank, peak_activation_bytes=saved.peak,
-        param_bytes=sum(p.numel() * p.element_size() for p in params),
-        grad_bytes=sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
-        peak_allocated_bytes=peak_allocated,
-    )
-    loss = float(torch.stack([x.detach().float() for x in losses]).mean()) if last else None
-    offset = executor._clock_offset(rank, world, device)
-    payload = {
-        "rank": rank,
-        "times": [[(a - offset, b - offset, w, None if p is None else p - offset) for a, b, w, p in st]
-                  for st in per_step],
-        "walls": step_walls, "grads": grads, "loss": loss, "memory": memory, "host": socket.gethostname(),
-    }
-    gathered: list[Any] | None = [None] * world if rank == 0 else None
-    dist.gather_object(payload, gathered, dst=0)
-    if rank != 0:
-        return None
-    assert gathered is not None
+    def grad_name(stage: int, name: str) -> str:
+        return source.reference_name(_layer_ids(by_stage[stage]), name)
 
     def reference(pipelined: dict[str, Any]) -> ReferenceCheck:
         return summed_reference(source, schedule.num_microbatches, pipelined, seed=spec.seed, device=device)
 
-    measurement = executor._assemble(spec, gathered, device, reference=reference)
+    rank_run = executor.RankRun(parts=by_stage, runtime=runtime, clock=clock, tokens=tokens, targets=targets,
+                                has_first=any(st.is_first for st in stages), has_last=any(st.is_last for st in stages),
+                                grad_name=grad_name)
+    measurement = executor.measure_rank(spec, rank, world, device, rank_run, reference=reference)
+    if measurement is None:
+        return None
     import dataclasses
 
     notes = [TITAN_NOTE, SUM_NOTE]
