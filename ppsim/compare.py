@@ -15,6 +15,7 @@ from collections.abc import Set
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from ppsim.errors import PPSimError
+from ppsim.costs import CostError
 
 if TYPE_CHECKING:
     from ppsim.costs import CostModel
@@ -129,6 +130,9 @@ def resolve_scope(
     detail = ", ".join(f"{name}: {n}" for name, n in counts)
     if scope is not None:
         chosen = CostScope(scope)
+        if not _uniform(costs):  # a profile: its costs are per stage already, the scope would change nothing
+            raise CostError(f"--cost-scope {chosen.value} applies to --costs; a profile's costs are measured per stage "
+                            "(its blocks compose each schedule's stages), drop --cost-scope")
         notes = []
         if chosen is CostScope.stage and differ and _uniform(costs):
             notes.append(

@@ -849,6 +849,19 @@ def test_a_per_block_profile_gives_byte_sizes_to_the_memory_cap(tmp_path: Path) 
     assert "> cap" in out
 
 
+@pytest.mark.parametrize("scope", ["stage", "rank"])
+def test_a_cost_scope_with_a_profile_is_refused_not_ignored(scope: str, tmp_path: Path) -> None:
+    # a profile's costs are per stage already: `--cost-scope stage` used to be accepted and change nothing
+    path = _v2_profile(tmp_path)
+    for command in (["simulate", "-s", "ZBH1,1F1B"], ["simulate", "-s", "ZBH1"], ["report", "-s", "ZBH1,1F1B",
+                                                                                     "-o", str(tmp_path / "r.html")]):
+        code, out, err = invoke([*command, "-r", "4", "-m", "8", "--profile", str(path), "--cost-scope", scope],
+                                tmp_path)
+        assert code == 2 and "Traceback" not in out + err, (command, err)
+        assert f"--cost-scope {scope} applies to --costs" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_byte_totals_beyond_int64_are_refused_not_wrapped(tmp_path: Path) -> None:
     path = _v2_profile(tmp_path, embed=3 * 10**18)  # each value within int64, four microbatches' worth are not
     code, out, err = invoke(["simulate", "-s", "ZBH1", "-r", "4", "-m", "8", "--profile", str(path), "--json"],
