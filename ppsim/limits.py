@@ -35,13 +35,9 @@ A refusal names the estimate, the limit and the override (``--allow-large`` on t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ppsim.errors import PPSimError
 from ppsim.io import fmt_bytes
-
-if TYPE_CHECKING:
-    from ppsim.model_config import ModelConfig
 
 MAX_ACTIONS = 2_000_000
 MAX_RANKS = 2_048
