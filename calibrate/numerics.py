@@ -103,23 +103,33 @@ def check_against_reference(model: ModelConfig, num_stages: int, num_microbatche
                             synthetic: bool, seed: int, device: Any,
                             source: ModelSource | None = None) -> ReferenceCheck:
     """Run the reference and compare ``grads`` (reference parameter name -> pipelined gradient, float32 on CPU)."""
-    import torch
-
     from ppsim.calibrate.model import loss_fn, make_batch
 
     ref = build_reference(model, num_stages, synthetic=synthetic, seed=seed, device=device, source=source)
     tokens, targets = make_batch(model, num_microbatches, seed=seed)
-    ref_loss = 0.0
+    return compare_with_reference(ref, loss_fn, tokens.to(device), targets.to(device), num_microbatches, grads,
+                                  summed=False)
+
+
+def compare_with_reference(ref: Any, loss_fn: Any, tokens: Any, targets: Any, num_microbatches: int,
+                           grads: dict[str, Any], *, summed: bool) -> ReferenceCheck:
+    """Run the unsplit model ``ref`` one microbatch at a time and compare its gradients with ``grads`` (reference
+    parameter name -> pipelined gradient, float32 on CPU). ``summed``: each microbatch's loss backward unscaled (a
+    schedule with ``scale_grads=False``, torchtitan's: the sum over microbatches); else scaled by 1/M (torch's
+    default: the mean). ``ref_loss`` is the mean microbatch loss either way."""
+    import torch
+
     m = num_microbatches
-    for tok, tgt in zip(tokens.to(device).chunk(m), targets.to(device).chunk(m)):
-        mb_loss = loss_fn(ref(tok), tgt) / m
-        mb_loss.backward()
-        ref_loss += float(mb_loss.detach())
+    losses = []
+    for tok, tgt in zip(tokens.chunk(m), targets.chunk(m)):
+        loss = loss_fn(ref(tok), tgt)
+        (loss if summed else loss / m).backward()
+        losses.append(float(loss.detach()))
     ref_grads = {n: p.grad.detach().to("cpu", torch.float32) for n, p in ref.named_parameters() if p.grad is not None}
     missing = sorted(set(ref_grads) ^ set(grads))
     if missing:
         raise RuntimeError(f"parameters without a pipelined or reference gradient: {missing[:5]} (ppsim bug)")
     diff = max(float((grads[n] - g).abs().max()) for n, g in ref_grads.items())
     scale = max(float(g.abs().max()) for g in ref_grads.values())
-    return ReferenceCheck(ref_loss=ref_loss, grad_max_abs_diff=diff, grad_ref_max_abs=scale,
+    return ReferenceCheck(ref_loss=sum(losses) / m, grad_max_abs_diff=diff, grad_ref_max_abs=scale,
                           num_params_checked=len(ref_grads))

@@ -271,22 +271,9 @@ def summed_reference(source: ModelSource, num_microbatches: int, grads: dict[str
     """The unsplit model (same weights, same batch) one microbatch at a time, each microbatch's loss backward
     unscaled: the gradients torchtitan's ``scale_grads=False`` schedule accumulates (their sum over microbatches).
     ``ref_loss`` is the mean microbatch loss. Compares with ``grads`` (reference name -> pipelined gradient)."""
-    import torch
-
-    from ppsim.calibrate.numerics import ReferenceCheck
+    from ppsim.calibrate.numerics import compare_with_reference
 
     ref = source.build_full(seed=seed, device=device)
     tokens, targets = source.make_batch(num_microbatches, seed=seed)
-    losses = []
-    for tok, tgt in zip(tokens.to(device).chunk(num_microbatches), targets.to(device).chunk(num_microbatches)):
-        loss = source.loss_fn(ref(tok), tgt)
-        loss.backward()
-        losses.append(float(loss.detach()))
-    ref_grads = {n: p.grad.detach().to("cpu", torch.float32) for n, p in ref.named_parameters() if p.grad is not None}
-    missing = sorted(set(ref_grads) ^ set(grads))
-    if missing:
-        raise RuntimeError(f"parameters without a pipelined or reference gradient: {missing[:5]} (ppsim bug)")
-    diff = max(float((grads[n] - g).abs().max()) for n, g in ref_grads.items())
-    scale = max(float(g.abs().max()) for g in ref_grads.values())
-    return ReferenceCheck(ref_loss=sum(losses) / len(losses), grad_max_abs_diff=diff, grad_ref_max_abs=scale,
-                          num_params_checked=len(ref_grads))
+    return compare_with_reference(ref, source.loss_fn, tokens.to(device), targets.to(device), num_microbatches,
+                                  grads, summed=True)
