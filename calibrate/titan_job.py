@@ -204,7 +204,7 @@ def _check_profile(settings: JobSettings, path: Path | None, prof: tuple[str | N
                                     f"{settings.source} runs {text}; {again}, or drop --profile")
     if (seq_len, mb_size) != (options.seq_len, options.mb_size):
         fix = ("" if settings.in_file else
-               f" or pass --training.seq_len {seq_len} --parallelism.pipeline_parallel_microbatch_size {mb_size}")
+               f", or pass --training.seq_len {seq_len} --parallelism.pipeline_parallel_microbatch_size {mb_size}")
         raise TorchtitanConfigError(
             f"--profile {path}: measured at seq_len {seq_len} x microbatch size {mb_size} but --torchtitan-config "
             f"{settings.source} runs {options.seq_len} x {options.mb_size}; {again}{fix}"
