@@ -178,7 +178,13 @@ def calibrate_command(
         resume=resume, p2p=p2p, probe=probe, check_stages=check_stages, init_timeout_s=init_timeout,
         override_limits=override_limits, source=source,
     )
-    check_limits(opts)  # before torch: the estimate needs none
+    try:
+        check_limits(opts)  # before torch: the estimate needs none
+    except PPSimError as exc:
+        if torchtitan_config is None or seq_len is not None or config.seq_len <= 128:
+            raise
+        raise PPSimError(f"{exc}; the job's training.seq_len is {config.seq_len}: e.g. --training.seq_len 128 "
+                         "lowers it") from None
     if check_stages:  # after the estimate: the split takes time in the number of stages
         from ppsim.split import default_split
 

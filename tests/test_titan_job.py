@@ -116,6 +116,21 @@ def test_run_refuses_a_profile_of_another_microbatch_shape(tmp_path: Path) -> No
     assert "--training.seq_len 32" in err
 
 
+@needs_torchtitan
+@pytest.mark.torch
+def test_a_debug_jobs_long_sequences_refused_by_the_estimate_name_the_override(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ppsim.calibrate import launch
+
+    monkeypatch.setattr(launch, "available_memory_bytes", lambda: 2**30)
+    out = tmp_path / "p.json"
+    code, _, err = invoke("calibrate", "--torchtitan-config", LLAMA, "--no-probe", "-o", str(out))
+    one_line_error(code, err, "microbatch 1x2048) needs about")
+    assert err.rstrip().endswith("the job's training.seq_len is 2048: e.g. --training.seq_len 128 lowers it")
+    assert not out.exists()
+
+
 # --- what the job gives (nothing built, nothing run) ---------------------------------------------------------------
 @needs_torchtitan
 @pytest.mark.torch
