@@ -404,6 +404,7 @@ def run_command(
     sizes = ModelOptions(layers=layers, seq_len=seq_len, mb_size=mb_size,
                          dtype=None if dtype is None else dtype.value)
     device = "cuda" if backend.value == "nccl" else "cpu"
+    job = None
     if torchtitan_config is not None:
         from ppsim.calibrate.titan_job import run_inputs
 
@@ -433,7 +434,12 @@ def run_command(
         override_limits=override_limits, split=split, layers_per_stage=layers_per_stage, recompute=recompute,
         executor=executor.value,
     )
-    report = execute(options)
+    try:
+        report = execute(options)
+    except PPSimError as exc:
+        if job is None:
+            raise
+        raise job.in_job_terms(exc) from None
     if report is None:  # a torchrun rank other than 0
         return
     data = report.to_dict()

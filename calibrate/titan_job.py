@@ -17,6 +17,7 @@ A ``--model`` that names another model than the job's, or a ``--profile`` measur
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,6 +48,16 @@ class JobRun:
     @property
     def schedule(self) -> str:
         return self.job.schedule
+
+    def in_job_terms(self, exc: PPSimError) -> PPSimError:
+        """A refusal of the run's ``-r R -m M`` (too many actions, ranks or bytes for this machine) with the job's
+        keys that set them; any other error as it is."""
+        if re.match(r"^(\S+ )?-r \d+", str(exc)) is None:
+            return exc
+        source = self.job.source
+        fix = ("change pipeline_parallel_degree, local_batch_size or seq_len in the file" if self.job.in_file else
+               "pass --parallelism.pipeline_parallel_degree, --training.local_batch_size or --training.seq_len")
+        return PPSimError(f"{exc} (-r and -m come from --torchtitan-config {source}: {fix})")
 
     @property
     def num_ranks(self) -> int:

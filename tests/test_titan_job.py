@@ -131,6 +131,20 @@ def test_a_debug_jobs_long_sequences_refused_by_the_estimate_name_the_override(
     assert not out.exists()
 
 
+@needs_torchtitan
+@pytest.mark.torch
+def test_a_run_too_large_for_this_machine_names_the_jobs_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppsim.calibrate import launch
+
+    monkeypatch.setattr(launch, "available_memory_bytes", lambda: 2**20)
+    out = tmp_path / "run.json"
+    code, _, err = invoke("run", "--torchtitan-config", LLAMA, *PP2, *S32, "--profile", str(LLAMA_PROFILE),
+                          "-o", str(out), *FAST_RUN)
+    one_line_error(code, err, "Interleaved1F1B -r 2 -m 8: needs about")
+    assert "(-r and -m come from --torchtitan-config llama3:llama3_debugmodel: pass " in err
+    assert "--training.local_batch_size" in err and not out.exists()
+
+
 # --- what the job gives (nothing built, nothing run) ---------------------------------------------------------------
 @needs_torchtitan
 @pytest.mark.torch
