@@ -22,6 +22,7 @@ import typer
 
 from ppsim.errors import PPSimError
 from ppsim.limits import check_timeout
+from ppsim.torchtitan import JOB_CONTEXT
 
 if TYPE_CHECKING:
     from ppsim.calibrate.models import ModelSource
@@ -60,12 +61,37 @@ def register(app: typer.Typer, *, wrap: Callable[[Any], Any] = lambda f: f, plot
     predicted, num_ranks, title, path)`` draws `run --plot` (without it `--plot` is refused)."""
     global _plot_run
     _plot_run = plot_run
-    app.command("calibrate")(wrap(calibrate_command))
-    app.command("run")(wrap(run_command))
+    app.command("calibrate", context_settings=JOB_CONTEXT)(wrap(calibrate_command))
+    app.command("run", context_settings=JOB_CONTEXT)(wrap(run_command))
+
+
+TorchtitanConfigOption = Annotated[
+    Optional[str],
+    typer.Option("--torchtitan-config", metavar="MODULE:CONFIG|TOML",
+                 help="torchtitan job config (e.g. llama3:llama3_debugmodel; needs the torchtitan extra) or an older "
+                 "release's job TOML: take the model, its training.seq_len and pipeline_parallel_microbatch_size "
+                 "from it (run: also the schedule, ranks, microbatches and split). Override its keys as torchtitan "
+                 "does: --parallelism.KEY VALUE, --training.KEY VALUE."),
+]
+
+
+def job_overrides(ctx: typer.Context, torchtitan_config: str | None) -> list[str]:
+    """The extra arguments: the job config's overrides (:func:`ppsim.torchtitan.extra_overrides`)."""
+    from ppsim.torchtitan import extra_overrides
+
+    names = [opt for p in ctx.command.params for opt in (*p.opts, *p.secondary_opts)]
+    return extra_overrides(ctx.args, job_given=torchtitan_config is not None, option_names=names,
+                           command=ctx.command_path)
+
+
+def warn(lines: Any) -> None:
+    for line in lines:
+        typer.echo(line, err=True)
 
 
 # --- calibrate --------------------------------------------------------------------------------------------------
 def calibrate_command(
+    ctx: typer.Context,
     output: Annotated[Path, typer.Option("--output", "-o", help="Profile JSON to write (atomically, as it goes).")],
     device: Annotated[Device, typer.Option("--device", case_sensitive=False, help="cpu or cuda.")] = Device.cpu,
     model: Annotated[
@@ -117,6 +143,7 @@ def calibrate_command(
     override_limits: Annotated[
         bool, typer.Option("--allow-large", help="Run even when the memory or time estimate exceeds the limits.")
     ] = False,
+    torchtitan_config: TorchtitanConfigOption = None,
 ) -> None:
     """Measure the model's blocks (embedding, layer, head), the per-stage overhead, p2p cost and the runtime's
     overheads on this machine; write a profile that serves any schedule and stage count."""
@@ -132,18 +159,32 @@ def calibrate_command(
                    "stage count), so it is ignored", err=True)
     stages = 4 if stages is None else stages
     check_timeout("--init-timeout", init_timeout, least=1.0)
+    overrides = job_overrides(ctx, torchtitan_config)
     check_output(output, "-o", suffix=".json")
-    source = resolve_source(
-        model, preset, device=device.value, hidden=hidden, heads=heads, ffn=ffn, layers=layers, vocab=vocab,
-        seq_len=seq_len, mb_size=mb_size, dtype=None if dtype is None else dtype.value,
-    )
+    sizes = dict(hidden=hidden, heads=heads, ffn=ffn, layers=layers, vocab=vocab, seq_len=seq_len, mb_size=mb_size,
+                 dtype=None if dtype is None else dtype.value)
+    if torchtitan_config is None:
+        source = resolve_source(model, preset, device=device.value, **sizes)
+    else:
+        from ppsim.calibrate.models import ModelOptions
+        from ppsim.calibrate.titan_job import calibration_source
+
+        source, notes = calibration_source(torchtitan_config, overrides, model=model, preset=preset,
+                                           options=ModelOptions(**sizes), device=device.value)
+        warn(notes)
     config = source.config
     opts = CalibrationOptions(
         output=output, config=config, num_stages=stages, device=device.value, warmup=warmup, reps=reps,
         resume=resume, p2p=p2p, probe=probe, check_stages=check_stages, init_timeout_s=init_timeout,
         override_limits=override_limits, source=source,
     )
-    check_limits(opts)  # before torch: the estimate needs none
+    try:
+        check_limits(opts)  # before torch: the estimate needs none
+    except PPSimError as exc:
+        if torchtitan_config is None or seq_len is not None or config.seq_len <= 128:
+            raise
+        raise PPSimError(f"{exc}; the job's training.seq_len is {config.seq_len}: e.g. --training.seq_len 128 "
+                         "lowers it") from None
     if check_stages:  # after the estimate: the split takes time in the number of stages
         from ppsim.split import default_split
 
@@ -238,9 +279,12 @@ def _fmt_bytes(n: Any) -> str:
 
 # --- run --------------------------------------------------------------------------------------------------------
 def run_command(
+    ctx: typer.Context,
     schedule: Annotated[
-        str, typer.Option("--schedule", "-s", help="Schedule name (case-insensitive, see `ppsim list`) or a .csv file.")
-    ],
+        Optional[str],
+        typer.Option("--schedule", "-s", help="Schedule name (case-insensitive, see `ppsim list`) or a .csv file "
+                     "(required unless --torchtitan-config gives it)."),
+    ] = None,
     ranks: Annotated[Optional[int], typer.Option("--ranks", "-r", help="Pipeline ranks (processes).")] = None,
     mb: Annotated[Optional[int], typer.Option("--mb", "-m", help="Microbatches per step.")] = None,
     stages_per_rank: Annotated[
@@ -322,6 +366,7 @@ def run_command(
                      "forwards in their backward with torch.utils.checkpoint, as `simulate --recompute` models them "
                      "(default: none, or for -s FILE.csv the FILE.recompute.json beside it)."),
     ] = None,
+    torchtitan_config: TorchtitanConfigOption = None,
 ) -> None:
     """Execute the schedule on R processes with torch's pipeline runtime; check gradients; compare with ppsim's
     before-run prediction."""
@@ -337,11 +382,11 @@ def run_command(
     for path, what in ((output, "-o"), (plot, "--plot"), (profile_out, "--profile-out")):
         if path is not None:
             check_output(path, what, suffix=".json" if what == "--profile-out" else None)
+    overrides = job_overrides(ctx, torchtitan_config)
+    if schedule is None and torchtitan_config is None:
+        raise PPSimError("--schedule/-s is required (or --torchtitan-config MODULE:CONFIG or job.toml); e.g. -s 1F1B "
+                         "-r 2 -m 4")
     save_calibration = calibration_path(output, profile_out, profile=profile, synthetic=synthetic)
-    from ppsim.io import check_distinct
-
-    check_distinct((("-s", schedule if schedule.lower().endswith(".csv") else None), ("--profile", profile),
-                    ("-o", output), ("--plot", plot), ("--profile-out", save_calibration)))
     if plot is not None:
         if plot.suffix.lower() not in PLOT_SUFFIXES:
             raise PPSimError(
@@ -358,8 +403,27 @@ def run_command(
 
     sizes = ModelOptions(layers=layers, seq_len=seq_len, mb_size=mb_size,
                          dtype=None if dtype is None else dtype.value)
+    device = "cuda" if backend.value == "nccl" else "cpu"
+    job = None
+    if torchtitan_config is not None:
+        from ppsim.calibrate.titan_job import run_inputs
+
+        job = run_inputs(torchtitan_config, overrides, options=sizes, model=model, preset=preset, profile=profile,
+                         schedule=schedule, num_ranks=ranks, num_microbatches=mb, stages_per_rank=stages_per_rank,
+                         split=split, layers_per_stage=layers_per_stage, device=device,
+                         allow_large=override_limits)
+        warn(job.notes)
+        schedule, ranks, mb, stages_per_rank = job.schedule, job.num_ranks, job.num_microbatches, job.stages_per_rank
+        model, preset, sizes, layers_per_stage = job.model, None, job.options, None
+        split = None if synthetic and profile is None else job.split  # synthetic stages have no layers to split
+    assert schedule is not None
+    from ppsim.io import check_distinct
+
+    check_distinct((("-s", schedule if schedule.lower().endswith(".csv") else None), ("--profile", profile),
+                    ("-o", output), ("--plot", plot), ("--profile-out", save_calibration),
+                    ("--torchtitan-config", torchtitan_config)))
     if profile is None:
-        resolve_source(model, preset, device="cuda" if backend.value == "nccl" else "cpu", **sizes.given())
+        resolve_source(model, preset, device=device, **sizes.given())
 
     options = RunOptions(
         schedule=schedule, num_ranks=ranks, num_microbatches=mb, num_stages_per_rank=stages_per_rank,
@@ -370,7 +434,12 @@ def run_command(
         override_limits=override_limits, split=split, layers_per_stage=layers_per_stage, recompute=recompute,
         executor=executor.value,
     )
-    report = execute(options)
+    try:
+        report = execute(options)
+    except PPSimError as exc:
+        if job is None:
+            raise
+        raise job.in_job_terms(exc) from None
     if report is None:  # a torchrun rank other than 0
         return
     data = report.to_dict()

@@ -42,13 +42,32 @@ from ppsim.torchtitan import (
     TorchtitanConfigError,
     TorchtitanJob,
     close_matches,
+    is_registry_name,
     job_from_settings,
     override_fields_of,
     parse_overrides,
+    read_toml_settings,
 )
 
 _PREFIXES = ("torchtitan.models", "torchtitan.experiments", "torchtitan.experiments.rl.examples")
-__all__ = ["TorchtitanMissingError", "load_registry_job", "read_registry_settings"]
+__all__ = ["TorchtitanMissingError", "job_of_settings", "load_job", "load_registry_job", "read_job_settings",
+           "read_registry_settings"]
+
+
+def load_job(value: str, overrides: Sequence[str] = (), **kwargs: Any) -> TorchtitanJob:
+    """The pipeline of ``--torchtitan-config VALUE`` with its overrides: ``MODULE:CONFIG`` (torchtitan's config
+    registry) or an older release's TOML file (read as :func:`ppsim.torchtitan.load_torchtitan_job` reads it);
+    ``kwargs`` are the command-line values that must agree
+    (:func:`ppsim.torchtitan.job_from_settings`). The one loader of every command that takes a job config."""
+    return job_of_settings(read_job_settings(value, overrides), **kwargs)
+
+
+def read_job_settings(value: str, overrides: Sequence[str] = ()) -> JobSettings:
+    """The settings of ``--torchtitan-config VALUE`` (either form) with its overrides applied, without deriving a
+    pipeline: what `calibrate` needs (the model and the microbatch shape), which a job without a pipeline has too."""
+    if is_registry_name(value):
+        return read_registry_settings(value, overrides)
+    return read_toml_settings(value, overrides)
 
 
 def read_registry_settings(value: str, overrides: Sequence[str] = ()) -> JobSettings:
@@ -78,10 +97,14 @@ def read_registry_settings(value: str, overrides: Sequence[str] = ()) -> JobSett
     )
 
 
-def load_registry_job(
-    value: str,
+def load_registry_job(value: str, *, overrides: Sequence[str] = (), **kwargs: Any) -> TorchtitanJob:
+    """The pipeline a config function describes, its stages cut and placed by torchtitan's functions."""
+    return job_of_settings(read_registry_settings(value, overrides), **kwargs)
+
+
+def job_of_settings(
+    settings: JobSettings,
     *,
-    overrides: Sequence[str] = (),
     num_layers: int | None = None,
     model: ModelConfig | None = None,
     schedule: str | None = None,
@@ -91,13 +114,15 @@ def load_registry_job(
     layers_per_stage: int | None = None,
     split: tuple[int, ...] | None = None,
 ) -> TorchtitanJob:
-    """The pipeline a config function describes, its stages cut and placed by torchtitan's functions."""
-    settings = read_registry_settings(value, overrides)
+    """The pipeline of a job's settings (:func:`ppsim.torchtitan.job_from_settings`); a config function's stages
+    are cut and placed by torchtitan's functions (:func:`with_torchtitan_stages`)."""
     job = job_from_settings(
         settings, num_layers=num_layers, model=model, schedule=schedule, num_ranks=num_ranks,
         num_microbatches=num_microbatches, stages_per_rank=stages_per_rank, layers_per_stage=layers_per_stage,
         split=split,
     )
+    if settings.in_file:
+        return job
     return with_torchtitan_stages(job, num_layers=settings.num_model_layers or num_layers,
                                   module_lists=settings.parallelism.get("module_fqns_per_model_part"))
 

@@ -245,25 +245,10 @@ def job_from_settings(
     microbatch shape be checked. Values given on the command line must agree with the config (else one
     :class:`TorchtitanConfigError` line)."""
     source = settings.source
-    par, train = settings.parallelism, settings.training
     warnings: list[str] = list(settings.notes)
 
     def get(section: str, key: str, kind: type, *, minimum: int | None = None) -> Any:
-        table = par if section == "parallelism" else train
-        value = table.get(key, DEFAULTS[key])
-        if value is None:
-            return None
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if ok and minimum is not None and value < minimum:
-            ok = False
-        if not ok:
-            need = f"an integer >= {minimum}" if kind is int else "a string"
-            raise TorchtitanConfigError(f"--torchtitan-config {source}: {section}.{key} = {_shown(value)} must be "
-                                        f"{need}; {settings.fix(f'{section}.{key}')}")
-        if kind is int and value > 10**9:
-            raise TorchtitanConfigError(f"--torchtitan-config {source}: {section}.{key} = {value} is beyond "
-                                        f"ppsim's limits; {settings.fix(f'{section}.{key}')}")
-        return value
+        return setting(settings, section, key, kind, minimum=minimum)
 
     degree = _degree(settings)
     sched_name: str = get("parallelism", "pipeline_parallel_schedule", str)
@@ -337,6 +322,34 @@ def job_from_settings(
         split=spec, microbatch_size=mb_size, local_batch_size=batch, seq_len=seq_len, warnings=tuple(warnings),
         model_source=settings.model_source, torch_schedule=sched_name, in_file=settings.in_file,
     )
+
+
+def setting(settings: JobSettings, section: str, key: str, kind: type, *, minimum: int | None = None) -> Any:
+    """``section.key`` of the job (torchtitan's default when absent), checked to be a ``kind`` (an integer at least
+    ``minimum``); one :class:`TorchtitanConfigError` line otherwise."""
+    table = settings.parallelism if section == "parallelism" else settings.training
+    value = table.get(key, DEFAULTS[key])
+    if value is None:
+        return None
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if ok and minimum is not None and value < minimum:
+        ok = False
+    if not ok:
+        need = f"an integer >= {minimum}" if kind is int else "a string"
+        raise TorchtitanConfigError(f"--torchtitan-config {settings.source}: {section}.{key} = {_shown(value)} must "
+                                    f"be {need}; {settings.fix(f'{section}.{key}')}")
+    if kind is int and value > 10**9:
+        raise TorchtitanConfigError(f"--torchtitan-config {settings.source}: {section}.{key} = {value} is beyond "
+                                    f"ppsim's limits; {settings.fix(f'{section}.{key}')}")
+    return value
+
+
+def job_sizes(settings: JobSettings) -> tuple[int, int]:
+    """``(seq_len, microbatch size)`` of the job: ``training.seq_len`` and
+    ``parallelism.pipeline_parallel_microbatch_size``, the shape of one microbatch torchtitan runs (what
+    `calibrate` and `run` take as ``--seq-len`` / ``--mb-size``)."""
+    return (setting(settings, "training", "seq_len", int, minimum=1),
+            setting(settings, "parallelism", "pipeline_parallel_microbatch_size", int, minimum=1))
 
 
 def _warn_unused(settings: JobSettings, warnings: list[str]) -> None:
@@ -545,6 +558,34 @@ def parse_overrides(args: Sequence[str], fields: Mapping[str, Any], *, source: s
             i += 1
         out[name] = _convert(name, [value], annotation)
     return out
+
+
+JOB_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+"""``context_settings`` of the commands that take --torchtitan-config (simulate, plot, report, calibrate, run): the
+job config's overrides (``--parallelism.KEY VALUE``) arrive as extra arguments, as on torchtitan's own command
+line; :func:`extra_overrides` sorts them out."""
+
+
+def extra_overrides(args: Sequence[str], *, job_given: bool, option_names: Sequence[str],
+                    command: str) -> list[str]:
+    """The extra arguments of a command that takes --torchtitan-config (``args``; ``job_given``: whether it was
+    passed): job config overrides, which need the config; anything else is a mistyped option (with the close names
+    of ``option_names``) or a stray value, refused in one line (click would have, without the extra arguments)."""
+    args = list(args)
+    if not args:
+        return []
+    first = args[0]
+    if first.startswith("--") and "." in first.split("=", 1)[0]:
+        if not job_given:
+            raise TorchtitanConfigError(f"{first.split('=', 1)[0]} overrides a torchtitan job config key: pass "
+                                        "--torchtitan-config MODULE:CONFIG (or job.toml) with it")
+        return args
+    if first.startswith("-"):
+        close = difflib.get_close_matches(first.split("=", 1)[0], list(option_names), n=2, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(close)}?" if close else f"; see `{command} --help`"
+        raise TorchtitanConfigError(f"no such option: {first}{hint}")
+    raise TorchtitanConfigError(f"unexpected argument {first!r}: this command takes options only; see "
+                                f"`{command} --help`")
 
 
 def override_fields_of(section: str, annotations: Mapping[str, Any]) -> dict[str, Any]:

@@ -201,6 +201,8 @@ def build_inputs(
     if given is not None and len(given) > 1:
         raise PPSimError(f"--schedule {','.join(given)!r} with --torchtitan-config: the job config runs one "
                          "schedule; drop -s or give that one")
+    from ppsim.calibrate.titan_config import load_job
+
     blocks = cost_model.blocks
     job = load_job(
         str(torchtitan_config), overrides,
@@ -216,43 +218,13 @@ def build_inputs(
     return Inputs([job.schedule], job.num_ranks, job.num_microbatches, job.stages_per_rank, cost_model, job)
 
 
-def load_job(value: str, overrides: list[str], **kwargs: Any) -> TorchtitanJob:
-    """A torchtitan job from ``MODULE:CONFIG`` (torchtitan's config registry, ``ppsim.calibrate.titan_config``) or
-    from an older release's TOML file (``ppsim.torchtitan``)."""
-    from ppsim.torchtitan import is_registry_name, load_torchtitan_job
-
-    if is_registry_name(value):
-        from ppsim.calibrate.titan_config import load_registry_job
-
-        return load_registry_job(value, overrides=overrides, **kwargs)
-    return load_torchtitan_job(value, overrides=overrides, **kwargs)
-
-
-JOB_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
-"""``context_settings`` of the commands that take --torchtitan-config: the job config's overrides
-(``--parallelism.KEY VALUE``) arrive as extra arguments, as on torchtitan's own command line."""
-
-
 def job_overrides(ctx: typer.Context, torchtitan_config: object) -> list[str]:
-    """The extra arguments of a command that takes --torchtitan-config: job config overrides, which need the
-    config; anything else is a mistyped option or a stray value, refused in one line (click would have)."""
-    args = list(ctx.args)
-    if not args:
-        return []
-    first = args[0]
-    if first.startswith("--") and "." in first.split("=", 1)[0]:
-        if torchtitan_config is None:
-            raise PPSimError(f"{first.split('=', 1)[0]} overrides a torchtitan job config key: pass "
-                             "--torchtitan-config MODULE:CONFIG (or job.toml) with it")
-        return args
-    if first.startswith("-"):
-        import difflib
+    """The extra arguments of a command that takes --torchtitan-config (:func:`ppsim.torchtitan.extra_overrides`)."""
+    from ppsim.torchtitan import extra_overrides
 
-        names = [opt for p in ctx.command.params for opt in (*p.opts, *p.secondary_opts)]
-        close = difflib.get_close_matches(first.split("=", 1)[0], names, n=2, cutoff=0.6)
-        hint = f"; did you mean {' or '.join(close)}?" if close else f"; see `{ctx.command_path} --help`"
-        raise PPSimError(f"no such option: {first}{hint}")
-    raise PPSimError(f"unexpected argument {first!r}: this command takes options only (e.g. -s 1F1B); see --help")
+    names = [opt for p in ctx.command.params for opt in (*p.opts, *p.secondary_opts)]
+    return extra_overrides(ctx.args, job_given=torchtitan_config is not None, option_names=names,
+                           command=ctx.command_path)
 
 
 def run_simulation(

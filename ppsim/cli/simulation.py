@@ -10,7 +10,6 @@ import typer
 
 from ppsim.cli._app import app
 from ppsim.cli.common import (
-    JOB_CONTEXT,
     build_inputs,
     check_figure,
     check_outputs_apart,
@@ -44,6 +43,7 @@ from ppsim.cli.options import (
 )
 from ppsim.errors import PPSimError
 from ppsim.io import check_writable, fmt_bytes, parse_bytes, release_unused, reserve_new
+from ppsim.torchtitan import JOB_CONTEXT
 
 if TYPE_CHECKING:
     from ppsim.ir import Schedule
