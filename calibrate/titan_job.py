@@ -88,14 +88,15 @@ def calibration_source(value: str, overrides: Sequence[str] = (), *, model: str 
 
 def job_model(settings: JobSettings, *, model: str | None, preset: str | None) -> str:
     """The ``--model`` text of the job's model: the config function's, which ``--model`` / ``--preset`` must name
-    too; a TOML names none, so ``--model`` (or ``--preset``) gives it."""
+    too, as must the model an older release's TOML names in ``[model]``; a TOML without one needs ``--model`` (or
+    ``--preset``)."""
     given = model if model is not None else (None if preset is None else f"builtin:{preset}")
     own = settings.model_source
     if own is None:
         if given is None:
             raise TorchtitanConfigError(
-                f"--torchtitan-config {settings.source}: a job TOML names no model ppsim can build (only a config "
-                "function does, e.g. llama3:llama3_debugmodel); pass --model, e.g. --model torchtitan:llama3/debugmodel"
+                f"--torchtitan-config {settings.source}: a job TOML without [model] name and flavor names no model "
+                "ppsim can build; pass --model, e.g. --model torchtitan:llama3/debugmodel, or add them to the file"
             )
         return given
     if given is not None and _normalised(given) != _normalised(own):

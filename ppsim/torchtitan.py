@@ -203,7 +203,28 @@ def read_toml_settings(path: str | Path, overrides: Sequence[str] = ()) -> JobSe
     for name, value in parse_overrides(overrides, fields_, source=source).items():
         section, key = name.split(".", 1)
         sections[section][key] = value
-    return JobSettings(source=source, parallelism=sections["parallelism"], training=sections["training"])
+    return JobSettings(source=source, parallelism=sections["parallelism"], training=sections["training"],
+                       model_source=_toml_model(data, source))
+
+
+_MODEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FLAVOR = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def _toml_model(data: dict[str, Any], source: str) -> str | None:
+    """``torchtitan:NAME/FLAVOR`` from an older release's ``[model]`` table (``name``, ``flavor``); ``None`` when
+    the file does not name both."""
+    table = _table(data, "model", source)
+    name, flavor = table.get("name"), table.get("flavor")
+    if name is None or flavor is None:
+        return None
+    if not (isinstance(name, str) and _MODEL_NAME.match(name) and isinstance(flavor, (str, int))
+            and _FLAVOR.match(str(flavor))):
+        raise TorchtitanConfigError(
+            f"--torchtitan-config {source}: [model] name {str(name)[:40]!r} / flavor {str(flavor)[:40]!r} is not a "
+            "torchtitan model name and flavor (e.g. name = \"llama3\", flavor = \"debugmodel\"); fix the file"
+        )
+    return f"torchtitan:{name}/{flavor}"
 
 
 def load_torchtitan_job(

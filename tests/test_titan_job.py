@@ -58,8 +58,21 @@ def toml(tmp_path: Path, body: str = "") -> Path:
 def test_a_toml_job_names_no_model_so_calibrate_needs_model(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
     code, _, err = invoke("calibrate", "--torchtitan-config", str(toml(tmp_path)), "-o", str(out))
-    one_line_error(code, err, "a job TOML names no model")
+    one_line_error(code, err, "names no model")
     assert "pass --model" in err and not out.exists()
+
+
+def test_a_toml_job_with_a_model_table_names_its_model(tmp_path: Path) -> None:
+    # an older release's TOML names its model in [model] (name, flavor): --model must agree with it
+    out = tmp_path / "p.json"
+    job = toml(tmp_path, '[model]\nname = "llama3"\nflavor = "debugmodel"\n')
+    code, _, err = invoke("calibrate", "--torchtitan-config", str(job), "--model", "builtin:tiny", "-o", str(out))
+    one_line_error(code, err, "whose model is torchtitan:llama3/debugmodel")
+    assert not out.exists()
+    bad = toml(tmp_path, '[model]\nname = "llama3; rm -rf"\nflavor = "debugmodel"\n')
+    code, _, err = invoke("calibrate", "--torchtitan-config", str(bad), "-o", str(out))
+    one_line_error(code, err, "is not a torchtitan model name and flavor")
+    assert not out.exists()
 
 
 def test_overrides_and_mistyped_options_of_calibrate_are_one_line(tmp_path: Path) -> None:
