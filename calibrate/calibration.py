@@ -513,7 +513,7 @@ def probe(opts: CalibrationOptions, doc: dict[str, Any], *,
     returns the fit and the (ranks, microbatches) it ran. The op costs it is compared with are the blocks just
     measured, composed by ``ppsim.costs`` as for any schedule (runtime overheads left out). A model too small to
     cut into the synthetic probe's stages is probed on the real probe's shape."""
-    from ppsim.calibrate import executor, runtime_model as rm, synthetic as syn
+    from ppsim.calibrate import executor, runtime_model as rm, synthetic as syn, titan_run
     from ppsim.costs import CostModel, costs_for
     from ppsim.errors import PPSimError
     from ppsim.profile import Profile
@@ -541,7 +541,10 @@ def probe(opts: CalibrationOptions, doc: dict[str, Any], *,
         num_warmup=PROBE_WARMUP, num_probes=0, seed=opts.seed, timeout_s=max(120.0, 4 * opts.init_timeout_s),
         layer_counts=None if synthetic else costs.split_counts, source=None if synthetic else opts.source,
     )
-    measurement = executor.launch(spec)
+    # the runner `ppsim run` will use for this model (torchtitan's pipeline helpers for a torchtitan model), so the
+    # runtime's overheads the probe fits are the ones the runs pay
+    runner = titan_run.choose_runner("auto", opts.model_source, schedule, synthetic=synthetic)
+    measurement = runner.launch(spec)
     return rm.fit_probe(measurement, schedule, costs), (ranks, microbatches)
 
 
