@@ -35,7 +35,6 @@ from ppsim.calibrate.titan_split import (
     stage_module_names,
     torch_schedule_names,
 )
-from ppsim.model_config import ModelConfig
 from ppsim.split import SplitError, SplitSpec, resolve_split
 from ppsim.torchtitan import (
     JobSettings,
@@ -102,28 +101,14 @@ def load_registry_job(value: str, *, overrides: Sequence[str] = (), **kwargs: An
     return job_of_settings(read_registry_settings(value, overrides), **kwargs)
 
 
-def job_of_settings(
-    settings: JobSettings,
-    *,
-    num_layers: int | None = None,
-    model: ModelConfig | None = None,
-    schedule: str | None = None,
-    num_ranks: int | None = None,
-    num_microbatches: int | None = None,
-    stages_per_rank: int | None = None,
-    layers_per_stage: int | None = None,
-    split: tuple[int, ...] | None = None,
-) -> TorchtitanJob:
-    """The pipeline of a job's settings (:func:`ppsim.torchtitan.job_from_settings`); a config function's stages
-    are cut and placed by torchtitan's functions (:func:`with_torchtitan_stages`)."""
-    job = job_from_settings(
-        settings, num_layers=num_layers, model=model, schedule=schedule, num_ranks=num_ranks,
-        num_microbatches=num_microbatches, stages_per_rank=stages_per_rank, layers_per_stage=layers_per_stage,
-        split=split,
-    )
+def job_of_settings(settings: JobSettings, **agree: Any) -> TorchtitanJob:
+    """The pipeline of a job's settings (:func:`ppsim.torchtitan.job_from_settings`, which ``agree`` goes to: the
+    command-line values the config must agree with); a config function's stages are cut and placed by torchtitan's
+    functions (:func:`with_torchtitan_stages`)."""
+    job = job_from_settings(settings, **agree)
     if settings.in_file:
         return job
-    return with_torchtitan_stages(job, num_layers=settings.num_model_layers or num_layers,
+    return with_torchtitan_stages(job, num_layers=settings.num_model_layers or agree.get("num_layers"),
                                   module_lists=settings.parallelism.get("module_fqns_per_model_part"))
 
 

@@ -227,25 +227,10 @@ def _toml_model(data: dict[str, Any], source: str) -> str | None:
     return f"torchtitan:{name}/{flavor}"
 
 
-def load_torchtitan_job(
-    path: str | Path,
-    *,
-    overrides: Sequence[str] = (),
-    num_layers: int | None = None,
-    model: ModelConfig | None = None,
-    schedule: str | None = None,
-    num_ranks: int | None = None,
-    num_microbatches: int | None = None,
-    stages_per_rank: int | None = None,
-    layers_per_stage: int | None = None,
-    split: tuple[int, ...] | None = None,
-) -> TorchtitanJob:
-    """The pipeline an older release's job TOML describes (:func:`read_toml_settings`, :func:`job_from_settings`)."""
-    return job_from_settings(
-        read_toml_settings(path, overrides), num_layers=num_layers, model=model, schedule=schedule,
-        num_ranks=num_ranks, num_microbatches=num_microbatches, stages_per_rank=stages_per_rank,
-        layers_per_stage=layers_per_stage, split=split,
-    )
+def load_torchtitan_job(path: str | Path, *, overrides: Sequence[str] = (), **agree: Any) -> TorchtitanJob:
+    """The pipeline an older release's job TOML describes (:func:`read_toml_settings`, :func:`job_from_settings`,
+    which ``agree`` goes to: the command-line values the file must agree with)."""
+    return job_from_settings(read_toml_settings(path, overrides), **agree)
 
 
 # --- settings -> job -------------------------------------------------------------------------------------------
