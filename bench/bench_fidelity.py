@@ -146,7 +146,7 @@ def split_text(cfg: Config) -> str | None:
 
 def predict(cfg: Config, path: Path, schedule: Any) -> float:
     """`simulate --profile [--split]` of the configuration (synthetic: the probe's synthetic runtime overheads)."""
-    from ppsim.calibrate.run import synthetic_runtime
+    from ppsim.calibrate.execute.run import synthetic_runtime
     from ppsim.costs import costs_for, load_costs
     from ppsim.profile import load_profile
     from ppsim.simulate import simulate
@@ -158,7 +158,7 @@ def predict(cfg: Config, path: Path, schedule: Any) -> float:
 
 
 def run_one(cfg: Config, path: Path, steps: int) -> dict[str, Any]:
-    from ppsim.calibrate.run import RunOptions, execute
+    from ppsim.calibrate.execute.run import RunOptions, execute
 
     report = execute(RunOptions(
         schedule=cfg.schedule, num_ranks=cfg.num_ranks, num_microbatches=cfg.num_microbatches,
@@ -211,7 +211,7 @@ def main() -> int:
     if args.only == "torchtitan" and titan is not None:
         args.profile = args.profile or titan[TITAN_MODELS[0]]  # the tiny model's profile is not needed
     if args.profile is None:
-        from ppsim.calibrate.calibration import CalibrationOptions, calibrate
+        from ppsim.calibrate.measure.calibration import CalibrationOptions, calibrate
         from ppsim.model_config import get_preset
 
         path = folder / "profile.json"

@@ -1,7 +1,7 @@
 """The `ppsim calibrate` and `ppsim run` commands: option checks, then the library call, then output.
 
 Every option is checked here before torch is imported (a bad integer is refused at once), the work is done by
-:mod:`ppsim.calibrate.calibration` and :mod:`ppsim.calibrate.run`, and output is printed here. The measured-vs-
+:mod:`ppsim.calibrate.measure.calibration` and :mod:`ppsim.calibrate.execute.run`, and output is printed here. The measured-vs-
 predicted figure is drawn by ``ppsim.viz.run_figure``: calibrate/ does not import viz, so the CLI hands the drawing
 function in through :func:`register`.
 
@@ -26,7 +26,7 @@ from ppsim.torchtitan import JOB_CONTEXT
 
 if TYPE_CHECKING:
     from ppsim.calibrate.models import ModelSource
-    from ppsim.calibrate.run import RunReport
+    from ppsim.calibrate.execute.run import RunReport
     from ppsim.model_config import ModelConfig
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf", ".html")
@@ -147,7 +147,7 @@ def calibrate_command(
 ) -> None:
     """Measure the model's blocks (embedding, layer, head), the per-stage overhead, p2p cost and the runtime's
     overheads on this machine; write a profile that serves any schedule and stage count."""
-    from ppsim.calibrate.calibration import CalibrationOptions, check_limits
+    from ppsim.calibrate.measure.calibration import CalibrationOptions, check_limits
 
     for name, value, least in (("--warmup", warmup, 0), ("--reps", reps, 1)):
         if value < least:
@@ -167,7 +167,7 @@ def calibrate_command(
         source = resolve_source(model, preset, device=device.value, **sizes)
     else:
         from ppsim.calibrate.models import ModelOptions
-        from ppsim.calibrate.titan_job import calibration_source
+        from ppsim.calibrate.torchtitan.job import calibration_source
 
         source, notes = calibration_source(torchtitan_config, overrides, model=model, preset=preset,
                                            options=ModelOptions(**sizes), device=device.value)
@@ -189,7 +189,7 @@ def calibrate_command(
         from ppsim.split import default_split
 
         default_split(config.layers, stages)
-    from ppsim.calibrate.calibration import calibrate
+    from ppsim.calibrate.measure.calibration import calibrate
 
     try:
         doc = calibrate(opts)
@@ -399,14 +399,14 @@ def run_command(
 
         parse_costs(costs)  # one-line errors before anything starts
     from ppsim.calibrate.models import ModelOptions
-    from ppsim.calibrate.run import RunOptions, execute
+    from ppsim.calibrate.execute.run import RunOptions, execute
 
     sizes = ModelOptions(layers=layers, seq_len=seq_len, mb_size=mb_size,
                          dtype=None if dtype is None else dtype.value)
     device = "cuda" if backend.value == "nccl" else "cpu"
     job = None
     if torchtitan_config is not None:
-        from ppsim.calibrate.titan_job import run_inputs
+        from ppsim.calibrate.torchtitan.job import run_inputs
 
         job = run_inputs(torchtitan_config, overrides, options=sizes, model=model, preset=preset, profile=profile,
                          schedule=schedule, num_ranks=ranks, num_microbatches=mb, stages_per_rank=stages_per_rank,
@@ -501,7 +501,7 @@ def calibration_path(output: Path | None, profile_out: Path | None, *, profile: 
     path = profile_out
     if path is None and output is not None:
         path = output.with_name(output.stem + ".profile.json")
-    from ppsim.calibrate.run import profile_taken, writes_profile
+    from ppsim.calibrate.execute.run import profile_taken, writes_profile
 
     if path is not None and writes_profile() and (path.exists() or path.is_symlink()):
         raise PPSimError(profile_taken(path))

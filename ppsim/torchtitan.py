@@ -6,7 +6,7 @@ A job config comes in two forms, both turned into the same :class:`JobSettings` 
 
 - an older release's TOML file (:func:`read_toml_settings`, plain Python, here);
 - torchtitan 0.3.0's config registry (``MODULE:CONFIG``, a function returning a ``Trainer.Config``), read by
-  ``ppsim.calibrate.titan_config`` (it imports torchtitan, which imports torch, so it is not part of the core).
+  ``ppsim.calibrate.torchtitan.config`` (it imports torchtitan, which imports torch, so it is not part of the core).
 
 Read from ``parallelism``: ``pipeline_parallel_degree`` (or its older name ``pipeline_parallel_size``),
 ``pipeline_parallel_schedule``, ``pipeline_parallel_schedule_csv``, ``pipeline_parallel_microbatch_size``,
@@ -138,7 +138,7 @@ class TorchtitanJob:
     """The schedule name as torchtitan spells it (``pipeline_parallel_schedule``)."""
     stage_modules: tuple[tuple[str, ...], ...] | None = None
     """Module names per stage as torchtitan builds them (set where torchtitan is installed and the layer count is
-    known; ``ppsim.calibrate.titan_split``)."""
+    known; ``ppsim.calibrate.torchtitan.split``)."""
     rank_stages: tuple[tuple[int, ...], ...] | None = None
     """Stage indices per rank as torchtitan places them (``_get_pp_rank_to_stage_indices_mapping``)."""
     in_file: bool = True

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ppsim.calibrate.comm import fit_alpha_beta, p2p_sizes
+from ppsim.calibrate.measure.comm import fit_alpha_beta, p2p_sizes
 from ppsim.cli import app
 from ppsim.profile import load_profile
 
@@ -59,8 +59,8 @@ def test_p2p_sizes_reach_beyond_the_boundary_tensor() -> None:
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
-from ppsim.calibrate import harness  # noqa: E402
-from ppsim.calibrate.model import (  # noqa: E402
+from ppsim.calibrate.measure import harness  # noqa: E402
+from ppsim.calibrate.models.transformer import (  # noqa: E402
     PRESETS, ModelConfig, build_full_model, build_stage_modules, loss_fn, make_batch, split_layers,
 )
 
@@ -319,7 +319,7 @@ def test_out_of_memory_names_the_shape_and_a_fix(tmp_path: Path, monkeypatch: py
 
 
 def test_unreachable_peer_times_out_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ppsim.calibrate.comm import free_port
+    from ppsim.calibrate.measure.comm import free_port
 
     for key, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(free_port())}.items():
@@ -343,7 +343,7 @@ def test_cuda_calibration_records_allocator_bytes(tmp_path: Path) -> None:
 
 
 def test_an_unknown_torch_release_is_refused_by_the_adapter(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ppsim.calibrate import torch_adapter
+    from ppsim.calibrate.execute import torch_adapter
     from ppsim.errors import PPSimError
 
     monkeypatch.setattr(torch_adapter, "_checked", False)

@@ -498,7 +498,7 @@ def test_calibrate_estimates_or_refuses_absurd_sizes_before_starting(args: list[
 
 
 def test_the_calibration_estimate_counts_the_probe_of_the_whole_model() -> None:
-    from ppsim.calibrate.calibration import estimate
+    from ppsim.calibrate.measure.calibration import estimate
     from ppsim.calibrate.models.builtin import source_for
     from ppsim.model_config import get_preset
 
@@ -547,7 +547,8 @@ def test_run_without_a_profile_never_replaces_a_users_file(tmp_path: Path) -> No
 
 def test_the_automatic_calibration_file_is_created_new_or_refused(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from ppsim.calibrate import calibration, run
+    from ppsim.calibrate.measure import calibration
+    from ppsim.calibrate.execute import run
     from ppsim.errors import OutputPathError
     from ppsim.calibrate.models.builtin import source_for
     from ppsim.model_config import get_preset
@@ -581,7 +582,8 @@ def test_plot_without_o_never_replaces_a_file_of_its_default_name(tmp_path: Path
 def test_an_unsaved_calibration_leaves_no_temporary_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import tempfile
 
-    from ppsim.calibrate import calibration, run
+    from ppsim.calibrate.measure import calibration
+    from ppsim.calibrate.execute import run
     from ppsim.calibrate.models.builtin import source_for
     from ppsim.model_config import get_preset
 
@@ -597,7 +599,8 @@ def test_an_unsaved_calibration_leaves_no_temporary_folder(tmp_path: Path, monke
 
 def test_under_torchrun_only_rank_0_creates_the_calibration_file(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from ppsim.calibrate import calibration, run
+    from ppsim.calibrate.measure import calibration
+    from ppsim.calibrate.execute import run
     from ppsim.calibrate.commands import calibration_path
     from ppsim.calibrate.models.builtin import source_for
     from ppsim.model_config import get_preset
@@ -734,8 +737,8 @@ CTRL_C = [
     ("simulate", ["simulate", "-s", "1F1B", "-r", "2", "-m", "2"], "ppsim.compare", "compare"),
     ("plot", ["plot", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "x.png"], "ppsim.viz", "plot_to_file"),
     ("report", ["report", "-s", "1F1B", "-r", "2", "-m", "2", "-o", "x.html"], "ppsim.viz.report", "write_report"),
-    ("calibrate", ["calibrate", "-o", "x.json"], "ppsim.calibrate.calibration", "calibrate"),
-    ("run", ["run", "-s", "1F1B", "-r", "2", "-m", "2", "--synthetic"], "ppsim.calibrate.run", "execute"),
+    ("calibrate", ["calibrate", "-o", "x.json"], "ppsim.calibrate.measure.calibration", "calibrate"),
+    ("run", ["run", "-s", "1F1B", "-r", "2", "-m", "2", "--synthetic"], "ppsim.calibrate.execute.run", "execute"),
 ]
 
 
@@ -754,7 +757,7 @@ def test_ctrl_c_in_any_command_exits_130(cmd: str, args: list[str], module: str,
 
 
 def test_ctrl_c_while_workers_start_is_raised_after_the_start() -> None:
-    from ppsim.calibrate.launch import _ctrl_c_deferred
+    from ppsim.calibrate.execute.launch import _ctrl_c_deferred
 
     steps = []
     with pytest.raises(KeyboardInterrupt):

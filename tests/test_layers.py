@@ -188,7 +188,7 @@ def test_no_import_cycles() -> None:
         ("ppsim.simulate", "ppsim.viz.gantt", "core may not import viz"),
         ("ppsim.costs", "ppsim.cli", "core may not import cli"),
         ("ppsim.calibrate.calibrate_cmd", "ppsim.cli.fmt_bytes", "calibrate may not import cli"),
-        ("ppsim.viz.report", "ppsim.calibrate.executor", "viz and calibrate are peers"),
+        ("ppsim.viz.report", "ppsim.calibrate.execute.executor", "viz and calibrate are peers"),
         ("ppsim.result", "matplotlib.pyplot", "core imports no matplotlib.pyplot"),
         ("ppsim.schedules.zbv", "torch", "core imports no torch"),
     ],

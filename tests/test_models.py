@@ -208,7 +208,7 @@ def test_a_flavor_that_needs_cuda_is_refused_on_cpu(tmp_path: Path, monkeypatch:
 
 @needs_torchtitan
 def test_70b_is_refused_from_the_estimate_without_building_it() -> None:
-    from ppsim.calibrate.calibration import CalibrationOptions, check_limits
+    from ppsim.calibrate.measure.calibration import CalibrationOptions, check_limits
 
     source = parse_model_source("torchtitan:llama3/70B")
     assert source.num_params > 70e9 and source.estimate.param_bytes > 280e9

@@ -38,7 +38,7 @@ def stat(seconds: float) -> Stat:
 
 def write_profile(path: Path, num_stages: int, *, model: ModelInfo = SMALL) -> Path:
     """A complete profile of ``model`` with plausible made-up costs (the tests check execution, not accuracy)."""
-    from ppsim.calibrate.model import split_layers
+    from ppsim.calibrate.models.transformer import split_layers
 
     ranges = split_layers(model.layers, num_stages)
     stages = tuple(
@@ -205,13 +205,13 @@ def test_nccl_run_times_actions_with_cuda_events(tmp_path: Path) -> None:
 
 # --- the runtime model, on hand-made timings (no processes) -----------------------------------------------------
 def _timing(rank: int, position: int, name: str, start: float, end: float, wait: float = 0.0, half: int = 0):
-    from ppsim.calibrate.executor import CompTiming
+    from ppsim.calibrate.execute.executor import CompTiming
 
     return CompTiming(rank, position, half, name, start, end, wait)
 
 
 def _measurement(warmup: tuple, steps: tuple, *, synthetic: bool = False, probes: tuple = ()):
-    from ppsim.calibrate.executor import Measurement
+    from ppsim.calibrate.execute.executor import Measurement
 
     return Measurement(
         steps=steps, step_walls=(1.0,) * len(steps), warmup_steps=warmup, probe_steps=probes, loss=1.0, ref_loss=1.0,
@@ -222,7 +222,7 @@ def _measurement(warmup: tuple, steps: tuple, *, synthetic: bool = False, probes
 
 
 def test_runtime_model_fits_dispatch_latency_and_compute_scale_on_warmup_only() -> None:
-    from ppsim.calibrate.runtime_model import fit_runtime_model
+    from ppsim.calibrate.measure.runtime_model import fit_runtime_model
     from ppsim.costs import parse_costs
 
     schedule = get_schedule("GPipe", 2, 1)  # rank 0: 0F0 0B0; rank 1: 1F0 1B0
@@ -272,7 +272,7 @@ def test_probe_compute_scale_is_the_slowdown_of_computing_together(alone: float,
                                                                   factor: float) -> None:
     """The host's speed at the probe's moment (``alone``) cancels; only computing beside another rank counts, and
     it never makes a computation faster."""
-    from ppsim.calibrate.runtime_model import fit_probe
+    from ppsim.calibrate.measure.runtime_model import fit_probe
     from ppsim.costs import parse_costs
 
     schedule = get_schedule("GPipe", 2, 2)
@@ -283,7 +283,7 @@ def test_probe_compute_scale_is_the_slowdown_of_computing_together(alone: float,
 
 
 def test_synthetic_runtime_model_adds_the_sleep_overrun_to_dispatch() -> None:
-    from ppsim.calibrate.runtime_model import fit_runtime_model
+    from ppsim.calibrate.measure.runtime_model import fit_runtime_model
     from ppsim.costs import parse_costs
 
     schedule = get_schedule("GPipe", 1, 2)  # 0F0 0F1 0B0 0B1
@@ -301,7 +301,7 @@ def test_synthetic_runtime_model_adds_the_sleep_overrun_to_dispatch() -> None:
 
 
 def test_with_runtime_adds_dispatch_to_every_computation_and_two_to_a_pair() -> None:
-    from ppsim.calibrate.runtime_model import RuntimeModel, with_runtime
+    from ppsim.calibrate.measure.runtime_model import RuntimeModel, with_runtime
     from ppsim.costs import parse_costs
 
     costs = parse_costs("F=1,B=2,FB=2.5,comm=0.5")
@@ -387,7 +387,7 @@ def _fake_measurement(schedule, result, factor: float):  # type: ignore[no-untyp
 def test_the_prediction_uses_nothing_measured_in_the_run(tmp_path: Path, factor: float) -> None:
     """Whatever the run measures (here: made-up timings, twice or half as fast as predicted), predicted_step_s is
     the profile's simulation; only the post-hoc number follows the run."""
-    from ppsim.calibrate import run
+    from ppsim.calibrate.execute import run
     from ppsim.costs import load_costs
     from ppsim.simulate import simulate
 

@@ -158,10 +158,10 @@ def test_torchtitan_not_installed_names_the_extra(monkeypatch: pytest.MonkeyPatc
 # --- config functions (torchtitan installed) -------------------------------------------------------------------
 @pytest.fixture()
 def registry_job():
-    """:func:`ppsim.calibrate.titan_config.load_registry_job`; the test skips without torchtitan."""
+    """:func:`ppsim.calibrate.torchtitan.config.load_registry_job`; the test skips without torchtitan."""
     if not has_torchtitan():
         pytest.skip("needs the torchtitan extra")
-    from ppsim.calibrate.titan_config import load_registry_job
+    from ppsim.calibrate.torchtitan.config import load_registry_job
 
     return load_registry_job
 

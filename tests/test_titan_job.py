@@ -1,4 +1,4 @@
-"""`ppsim calibrate` and `ppsim run` with ``--torchtitan-config`` (calibrate/titan_job.py): the job gives the model and
+"""`ppsim calibrate` and `ppsim run` with ``--torchtitan-config`` (calibrate/torchtitan/job.py): the job gives the model and
 its microbatch shape (run: also the schedule, ranks, microbatches and split); what the command line adds must agree.
 """
 
@@ -134,7 +134,7 @@ def test_run_refuses_a_profile_of_another_microbatch_shape(tmp_path: Path) -> No
 def test_a_debug_jobs_long_sequences_refused_by_the_estimate_name_the_override(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ppsim.calibrate import launch
+    from ppsim.calibrate.execute import launch
 
     monkeypatch.setattr(launch, "available_memory_bytes", lambda: 2**30)
     out = tmp_path / "p.json"
@@ -147,7 +147,7 @@ def test_a_debug_jobs_long_sequences_refused_by_the_estimate_name_the_override(
 @needs_torchtitan
 @pytest.mark.torch
 def test_a_run_too_large_for_this_machine_names_the_jobs_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ppsim.calibrate import launch
+    from ppsim.calibrate.execute import launch
 
     monkeypatch.setattr(launch, "available_memory_bytes", lambda: 2**20)
     out = tmp_path / "run.json"
@@ -163,7 +163,7 @@ def test_a_run_too_large_for_this_machine_names_the_jobs_keys(tmp_path: Path, mo
 @pytest.mark.torch
 def test_calibration_takes_the_jobs_model_and_microbatch_shape() -> None:
     from ppsim.calibrate.models import ModelOptions
-    from ppsim.calibrate.titan_job import calibration_source
+    from ppsim.calibrate.torchtitan.job import calibration_source
 
     source, notes = calibration_source(LLAMA, model=None, preset=None, options=ModelOptions())
     assert source.text == "torchtitan:llama3/debugmodel"
@@ -179,7 +179,7 @@ def test_calibration_takes_the_jobs_model_and_microbatch_shape() -> None:
 def test_a_toml_job_gives_its_shape_to_the_model_passed(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from ppsim.calibrate.models import ModelOptions
-    from ppsim.calibrate.titan_job import calibration_source
+    from ppsim.calibrate.torchtitan.job import calibration_source
 
     source, _ = calibration_source(str(toml(tmp_path)), ["--parallelism.pipeline_parallel_microbatch_size", "2"],
                                    model="builtin:tiny", preset=None, options=ModelOptions())
@@ -190,8 +190,8 @@ def test_a_toml_job_gives_its_shape_to_the_model_passed(tmp_path: Path) -> None:
 @pytest.mark.torch
 def test_run_reads_the_job_as_simulate_does() -> None:
     from ppsim.calibrate.models import ModelOptions
-    from ppsim.calibrate.titan_config import load_job
-    from ppsim.calibrate.titan_job import run_inputs
+    from ppsim.calibrate.torchtitan.config import load_job
+    from ppsim.calibrate.torchtitan.job import run_inputs
 
     overrides = [*PP2, *S32, "--training.local_batch_size", "4"]
     job = run_inputs(LLAMA, overrides, options=ModelOptions(), profile=LLAMA_PROFILE)

@@ -1,4 +1,4 @@
-"""`ppsim run` of torchtitan models through torchtitan's own pipeline helpers (calibrate/titan_run.py).
+"""`ppsim run` of torchtitan models through torchtitan's own pipeline helpers (calibrate/torchtitan/runner.py).
 
 The stages come from torchtitan's ``_pipeline_module_split`` on a ``pp`` DeviceMesh, the schedule from its
 ``_build_pipeline_schedule`` given ppsim's compute-only CSV; the gradients (summed over microbatches: torchtitan's
@@ -50,8 +50,8 @@ def small_source(text: str, **sizes: int):
 def test_torchtitan_placement_name_maps_stages_to_ranks_as_ppsim_placed_them(
     schedule: str, num_ranks: int, v: int | None, expected: str
 ) -> None:
-    from ppsim.calibrate.titan_run import placement, titan_placement_name
-    from ppsim.calibrate.titan_split import rank_stage_indices
+    from ppsim.calibrate.torchtitan.runner import placement, titan_placement_name
+    from ppsim.calibrate.torchtitan.split import rank_stage_indices
 
     sched = get_schedule(schedule, num_ranks, 8, v)
     name = titan_placement_name(sched)
@@ -60,7 +60,7 @@ def test_torchtitan_placement_name_maps_stages_to_ranks_as_ppsim_placed_them(
 
 
 def test_a_placement_torchtitan_cannot_build_is_refused_in_one_line(tmp_path: Path) -> None:
-    from ppsim.calibrate.titan_run import titan_refusal
+    from ppsim.calibrate.torchtitan.runner import titan_refusal
 
     csv = tmp_path / "blocked.csv"  # rank 0 holds stages 0,1 and rank 1 holds 2,3: neither loop nor V
     csv.write_text("0F0,1F0,0F1,1F1,1B0,0B0,1B1,0B1\n2F0,3F0,3B0,2B0,2F1,3F1,3B1,2B1\n")
@@ -70,8 +70,8 @@ def test_a_placement_torchtitan_cannot_build_is_refused_in_one_line(tmp_path: Pa
 
 
 def test_module_names_follow_the_predicted_split_and_torchtitans_default() -> None:
-    from ppsim.calibrate.titan_run import module_names_per_stage
-    from ppsim.calibrate.titan_split import stage_module_names
+    from ppsim.calibrate.torchtitan.runner import module_names_per_stage
+    from ppsim.calibrate.torchtitan.split import stage_module_names
 
     source = small_source("torchtitan:llama3/debugmodel")  # 6 layers
     assert module_names_per_stage(source, 2, (2, 4)) == [
@@ -85,7 +85,7 @@ def test_summed_reference_catches_gradients_scaled_per_microbatch() -> None:
     default scale_grads=True) must fail the check, the summed ones pass it exactly."""
     import torch
 
-    from ppsim.calibrate.titan_run import summed_reference
+    from ppsim.calibrate.torchtitan.runner import summed_reference
 
     source = small_source("torchtitan:llama3/debugmodel", seq_len=8, layers=2)
     m = 2
@@ -125,8 +125,8 @@ def test_llama3_zbh1_runs_through_torchtitans_helpers_and_matches_the_reference(
 @pytest.mark.slow
 def test_deepseek_v3_1f1b_runs_through_torchtitans_helpers_and_matches_the_reference() -> None:
     """Dense first layer and MoE layers: every gradient, router and experts included, matches."""
-    from ppsim.calibrate import titan_run
-    from ppsim.calibrate.executor import ExecSpec
+    from ppsim.calibrate.torchtitan import runner as titan_run
+    from ppsim.calibrate.execute.executor import ExecSpec
 
     source = small_source("torchtitan:deepseek_v3/debugmodel")
     schedule = get_schedule("1F1B", 2, 2)
@@ -154,8 +154,9 @@ def test_orders_torchtitan_cannot_run_are_refused_before_anything_starts(tmp_pat
 
 
 def test_executor_choice() -> None:
-    from ppsim.calibrate import executor, titan_run
-    from ppsim.calibrate.titan_run import TitanRunError, choose_runner
+    from ppsim.calibrate.execute import executor
+    from ppsim.calibrate.torchtitan import runner as titan_run
+    from ppsim.calibrate.torchtitan.runner import TitanRunError, choose_runner
 
     titan = small_source("torchtitan:llama3/debugmodel")
     builtin = small_source("builtin:tiny")
@@ -178,8 +179,8 @@ def test_nccl_run_through_torchtitans_helpers(tmp_path: Path) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (the nccl path of torchtitan's helpers: one rank per GPU)")
     num_ranks = min(2, torch.cuda.device_count())
-    from ppsim.calibrate import titan_run
-    from ppsim.calibrate.executor import ExecSpec
+    from ppsim.calibrate.torchtitan import runner as titan_run
+    from ppsim.calibrate.execute.executor import ExecSpec
     from ppsim.calibrate.models import ModelOptions, parse_model_source
 
     source = parse_model_source("torchtitan:llama3/debugmodel", ModelOptions(seq_len=64, mb_size=1), device="cuda")

@@ -1,6 +1,6 @@
 """ppsim's plain-Python split and placement agree with torchtitan's own functions (where torchtitan is installed).
 
-``ppsim.split`` serves installs without torchtitan; ``ppsim.calibrate.titan_split`` calls torchtitan's
+``ppsim.split`` serves installs without torchtitan; ``ppsim.calibrate.torchtitan.split`` calls torchtitan's
 ``_generate_llm_fqn_per_model_part``, ``_get_pipeline_metadata`` and ``_get_pp_rank_to_stage_indices_mapping``.
 """
 
@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torchtitan.distributed.pipeline_parallel", reason="needs the torchtitan extra")
 
-from ppsim.calibrate.titan_split import (  # noqa: E402
+from ppsim.calibrate.torchtitan.split import (  # noqa: E402
     layers_per_part,
     pipeline_metadata,
     rank_stage_indices,

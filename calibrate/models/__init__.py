@@ -206,7 +206,7 @@ class ModelSource:
         else hidden states of the boundary shape in the model's dtype."""
         import torch
 
-        from ppsim.calibrate.model import DTYPES
+        from ppsim.calibrate.models.transformer import DTYPES
 
         gen = torch.Generator().manual_seed(seed + 7919 * (salt + 1))
         cfg = self.config
@@ -217,14 +217,14 @@ class ModelSource:
 
     def make_batch(self, num_microbatches: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and next-token targets, ``(num_microbatches * mb_size, seq_len)`` int64 each, on CPU."""
-        from ppsim.calibrate.model import make_batch
+        from ppsim.calibrate.models.transformer import make_batch
 
         return make_batch(self.config, num_microbatches, seed=seed)
 
     @staticmethod
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Cross-entropy over all tokens (mean), in float32."""
-        from ppsim.calibrate.model import loss_fn
+        from ppsim.calibrate.models.transformer import loss_fn
 
         return loss_fn(logits, targets)
 

@@ -1,5 +1,5 @@
-"""``--model builtin:NAME``: ppsim's own toy decoder (:mod:`ppsim.calibrate.model`), presets ``tiny``, ``1b``,
-``8b`` with the shape options. Resolving needs no torch; the modules are built by :mod:`ppsim.calibrate.model`.
+"""``--model builtin:NAME``: ppsim's own toy decoder (:mod:`ppsim.calibrate.models.transformer`), presets ``tiny``, ``1b``,
+``8b`` with the shape options. Resolving needs no torch; the modules are built by :mod:`ppsim.calibrate.models.transformer`.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def source_for(config: ModelConfig, *, device: str = "cpu", options: ModelOption
 
 
 def full_module(source: ModelSource, *, seed: int = 0, device: str | torch.device = "cpu") -> nn.Module:
-    from ppsim.calibrate.model import build_full_model
+    from ppsim.calibrate.models.transformer import build_full_model
 
     return build_full_model(source.config, seed=seed, device=device)
 
@@ -75,7 +75,7 @@ def stage_module(source: ModelSource, layer_ids: tuple[int, ...], *, has_embeddi
                 seed: int = 0, device: str | torch.device = "cpu") -> nn.Module:
     import torch
 
-    from ppsim.calibrate.model import StageModule, _place
+    from ppsim.calibrate.models.transformer import StageModule, _place
 
     config = source.config
     first = layer_ids[0] if layer_ids else 0

@@ -226,7 +226,7 @@ def _parts(source: ModelSource, *, seed: int, device: Any) -> tuple[Any, list[An
     import torch
 
     from ppsim.calibrate.models import place
-    from ppsim.calibrate.model import DTYPES
+    from ppsim.calibrate.models.transformer import DTYPES
 
     key = (source.text, seed, str(device))
     if key not in _CACHE:

@@ -332,7 +332,7 @@ def _full_model(source: ModelSource, *, seed: int, device: Any) -> nn.Module:
     import torch
 
     from ppsim.calibrate.models import place
-    from ppsim.calibrate.model import DTYPES
+    from ppsim.calibrate.models.transformer import DTYPES
 
     key = _cache_key(source, seed, device)
     cached = _CACHE.get(key)
@@ -367,7 +367,7 @@ def stage_module(source: ModelSource, layer_ids: tuple[int, ...], *, has_embeddi
     from torch import nn
 
     from ppsim.calibrate.models import place
-    from ppsim.calibrate.model import DTYPES
+    from ppsim.calibrate.models.transformer import DTYPES
 
     if torch.device(device).type == "meta":
         with torch.device("meta"):

@@ -201,7 +201,7 @@ def build_inputs(
     if given is not None and len(given) > 1:
         raise PPSimError(f"--schedule {','.join(given)!r} with --torchtitan-config: the job config runs one "
                          "schedule; drop -s or give that one")
-    from ppsim.calibrate.titan_config import load_job
+    from ppsim.calibrate.torchtitan.config import load_job
 
     blocks = cost_model.blocks
     job = load_job(

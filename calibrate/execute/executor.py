@@ -1,10 +1,10 @@
 """Execute a ppsim schedule with torch's pipeline runtime and time every computation (one rank's side of `ppsim run`).
 
-Each rank builds its stages of the calibration model (or synthetic stages, :mod:`ppsim.calibrate.synthetic`), wraps
+Each rank builds its stages of the calibration model (or synthetic stages, :mod:`ppsim.calibrate.execute.synthetic`), wraps
 them in torch's ``PipelineStage`` and runs them in ``_PipelineScheduleRuntime`` with the order set directly from
 ppsim's :class:`~ppsim.ir.Schedule` (the same order ppsim simulates, so ppsim-only schedules execute too). Everything
-inside torch's pipelining package goes through :mod:`ppsim.calibrate.torch_adapter`; processes are started by
-:mod:`ppsim.calibrate.launch`.
+inside torch's pipelining package goes through :mod:`ppsim.calibrate.execute.torch_adapter`; processes are started by
+:mod:`ppsim.calibrate.execute.launch`.
 
 Timing hooks, all per process and cheap (two clock reads and a list append per computation): the start and end of
 each computation (a forward ends after the runtime applied the loss on the last stage), how long the runtime waited
@@ -25,19 +25,19 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ppsim.calibrate.numerics import GRAD_RTOL, LOSS_RTOL
+from ppsim.calibrate.execute.numerics import GRAD_RTOL, LOSS_RTOL
 from ppsim.errors import PPSimError
 from ppsim.ir import Schedule
 
 if TYPE_CHECKING:
-    from ppsim.calibrate.launch import RankContext
-    from ppsim.calibrate.model import ModelConfig
+    from ppsim.calibrate.execute.launch import RankContext
+    from ppsim.calibrate.models.transformer import ModelConfig
     from ppsim.calibrate.models import ModelSource
-    from ppsim.calibrate.numerics import ReferenceCheck
+    from ppsim.calibrate.execute.numerics import ReferenceCheck
 
 DEFAULT_TIMEOUT_S = 600.0
 RankBody = Callable[["ExecSpec", int, int, int], "Measurement | None"]
-"""``body(spec, rank, world, local_rank)``: one rank's run inside its process group (``calibrate/titan_run.py``
+"""``body(spec, rank, world, local_rank)``: one rank's run inside its process group (``calibrate/torchtitan/runner.py``
 brings torchtitan's)."""
 
 
@@ -187,7 +187,7 @@ def expected_computations(schedule: Schedule, rank: int) -> list[tuple[int, int,
 def launch(spec: ExecSpec, *, body: RankBody | None = None) -> Measurement:
     """Run ``spec`` on ``spec.schedule.num_ranks`` local processes and return rank 0's gathered measurement
     (``body``: what each rank runs once its process group is up; default this module's)."""
-    from ppsim.calibrate import launch as launcher
+    from ppsim.calibrate.execute import launch as launcher
 
     return launcher.run_local(_local_rank, (spec, body), world_size=spec.schedule.num_ranks,
                               timeout_s=spec.timeout_s, what="the run")
@@ -213,7 +213,7 @@ def run_rank(spec: ExecSpec, *, rank: int, world: int, store: Any | None = None,
     import torch
     import torch.distributed as dist
 
-    from ppsim.calibrate import launch, torch_adapter
+    from ppsim.calibrate.execute import launch, torch_adapter
 
     torch_adapter.check()
     if world != spec.schedule.num_ranks:
@@ -336,9 +336,9 @@ class _Box:
 def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measurement | None:
     import torch
 
-    from ppsim.calibrate import torch_adapter
-    from ppsim.calibrate.model import loss_fn, make_batch
-    from ppsim.calibrate.numerics import build_modules, reference_name
+    from ppsim.calibrate.execute import torch_adapter
+    from ppsim.calibrate.models.transformer import loss_fn, make_batch
+    from ppsim.calibrate.execute.numerics import build_modules, reference_name
 
     schedule = spec.schedule
     cuda = spec.device == "cuda"
@@ -400,7 +400,7 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
     import torch
     import torch.distributed as dist
 
-    from ppsim.calibrate import torch_adapter
+    from ppsim.calibrate.execute import torch_adapter
 
     schedule, clock, cuda = spec.schedule, run.clock, spec.device == "cuda"
     tokens, targets = run.tokens.to(device), run.targets.to(device)
@@ -568,10 +568,10 @@ def _clock_offset(rank: int, world: int, device: Any) -> float:
 def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
               reference: Callable[[dict[str, Any]], ReferenceCheck] | None = None) -> Measurement:
     """Rank 0: the gathered payloads as one :class:`Measurement`, gradients checked by ``reference`` (default: the
-    non-pipelined reference of :mod:`ppsim.calibrate.numerics`)."""
+    non-pipelined reference of :mod:`ppsim.calibrate.execute.numerics`)."""
     import torch
 
-    from ppsim.calibrate.numerics import check_against_reference
+    from ppsim.calibrate.execute.numerics import check_against_reference
 
     schedule = spec.schedule
     gathered = sorted(gathered, key=lambda g: g["rank"])

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 from ppsim.errors import PPSimError
 
 if TYPE_CHECKING:
-    from ppsim.calibrate.executor import ExecSpec, Measurement
+    from ppsim.calibrate.execute.executor import ExecSpec, Measurement
     from ppsim.calibrate.models import ModelSource
-    from ppsim.calibrate.numerics import ReferenceCheck
+    from ppsim.calibrate.execute.numerics import ReferenceCheck
     from ppsim.ir import Schedule
 
 TITAN_NOTE = "stages and schedule built by torchtitan's pipeline helpers"
@@ -59,11 +59,11 @@ EXECUTORS = ("auto", "torchtitan", "ppsim")
 
 def choose_runner(executor: str, source: ModelSource, schedule: Schedule, *, synthetic: bool) -> ModuleType:
     """The module whose ``launch`` / ``run_rank`` execute the run: this one (torchtitan's helpers) for a torchtitan
-    model unless ``executor`` is ``ppsim``, else :mod:`ppsim.calibrate.executor`. Refuses (one line) an explicit
+    model unless ``executor`` is ``ppsim``, else :mod:`ppsim.calibrate.execute.executor`. Refuses (one line) an explicit
     ``torchtitan`` for a model or run it cannot serve, and an order torchtitan's runtime cannot run."""
     import sys
 
-    from ppsim.calibrate import executor as ppsim_executor
+    from ppsim.calibrate.execute import executor as ppsim_executor
 
     if executor not in EXECUTORS:
         raise TitanRunError(f"--executor {executor!r}: use one of {', '.join(EXECUTORS)}")
@@ -88,7 +88,7 @@ def placement(schedule: Schedule) -> tuple[tuple[int, ...], ...]:
 def titan_placement_name(schedule: Schedule) -> str:
     """A torch schedule name whose torchtitan rank-to-stage mapping equals ``schedule``'s placement (what
     ``_pipeline_module_split`` is given); :class:`TitanRunError` when neither the loop nor the V mapping does."""
-    from ppsim.calibrate.titan_split import rank_stage_indices
+    from ppsim.calibrate.torchtitan.split import rank_stage_indices
 
     want = placement(schedule)
     num_ranks, num_stages = schedule.num_ranks, schedule.num_stages
@@ -114,7 +114,7 @@ def titan_refusal(schedule: Schedule) -> str | None:
     """Why torchtitan's pipeline path cannot run ``schedule`` (``None`` when it can): torch's runtime limits
     (:func:`executor.schedule_refusal`), a placement torchtitan cannot express, an order torch's CSV loader
     refuses (``_validate_schedule``, run here on the same actions)."""
-    from ppsim.calibrate.executor import schedule_refusal
+    from ppsim.calibrate.execute.executor import schedule_refusal
 
     refusal = schedule_refusal(schedule)
     if refusal is not None:
@@ -141,7 +141,7 @@ def module_names_per_stage(source: ModelSource, num_stages: int,
     """torchtitan's ``module_names_per_stage`` for the split the prediction composed (``counts`` layers per stage;
     ``None``: torchtitan's own ``_generate_llm_fqn_per_model_part`` with its default weights)."""
     if counts is None:
-        from ppsim.calibrate.titan_split import stage_module_names
+        from ppsim.calibrate.torchtitan.split import stage_module_names
 
         return [list(p) for p in stage_module_names(num_stages, source.num_layers)]
     assert len(counts) == num_stages and sum(counts) == source.num_layers, (counts, source.num_layers)
@@ -161,7 +161,7 @@ def module_names_per_stage(source: ModelSource, num_stages: int,
 def launch(spec: ExecSpec) -> Measurement:
     """Run ``spec`` through torchtitan's path on ``spec.schedule.num_ranks`` local processes; rank 0's
     measurement."""
-    from ppsim.calibrate import executor
+    from ppsim.calibrate.execute import executor
 
     return executor.launch(spec, body=_run_rank)
 
@@ -169,7 +169,7 @@ def launch(spec: ExecSpec) -> Measurement:
 def run_rank(spec: ExecSpec, *, rank: int, world: int, store: Any | None = None) -> Measurement | None:
     """Run ``spec`` as rank ``rank`` of ``world`` through torchtitan's helpers (``store=None``: torchrun's
     environment); rank 0 returns the gathered measurement."""
-    from ppsim.calibrate import executor
+    from ppsim.calibrate.execute import executor
 
     return executor.run_rank(spec, rank=rank, world=world, store=store, body=_run_rank)
 
@@ -180,7 +180,7 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
     from torch.distributed.device_mesh import init_device_mesh
     from torchtitan.config import ParallelismConfig
 
-    from ppsim.calibrate.titan_split import import_torchtitan
+    from ppsim.calibrate.torchtitan.split import import_torchtitan
 
     pp = import_torchtitan("ppsim run through torchtitan's pipeline helpers")
     schedule, source = spec.schedule, spec.source
@@ -216,7 +216,7 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
 def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measurement | None:
     import torch
 
-    from ppsim.calibrate import executor, torch_adapter
+    from ppsim.calibrate.execute import executor, torch_adapter
     from ppsim.formats import write_csv
 
     schedule, source = spec.schedule, spec.source
@@ -271,7 +271,7 @@ def summed_reference(source: ModelSource, num_microbatches: int, grads: dict[str
     """The unsplit model (same weights, same batch) one microbatch at a time, each microbatch's loss backward
     unscaled: the gradients torchtitan's ``scale_grads=False`` schedule accumulates (their sum over microbatches).
     ``ref_loss`` is the mean microbatch loss. Compares with ``grads`` (reference name -> pipelined gradient)."""
-    from ppsim.calibrate.numerics import compare_with_reference
+    from ppsim.calibrate.execute.numerics import compare_with_reference
 
     ref = source.build_full(seed=seed, device=device)
     tokens, targets = source.make_batch(num_microbatches, seed=seed)

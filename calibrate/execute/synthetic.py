@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ppsim.limits import MAX_SLEEP_S
 
 if TYPE_CHECKING:
-    from ppsim.calibrate.model import ModelConfig
+    from ppsim.calibrate.models.transformer import ModelConfig
     from ppsim.costs import CostModel
     from ppsim.ir import Schedule
 

@@ -48,7 +48,7 @@ def check() -> None:
     major_minor = ".".join(version.split(".")[:2])
     if major_minor not in TESTED and os.environ.get(OVERRIDE_ENV) != "1":
         raise PPSimError(
-            f"torch {torch.__version__}: ppsim's pipeline adapter (calibrate/torch_adapter.py) uses private "
+            f"torch {torch.__version__}: ppsim's pipeline adapter (calibrate/execute/torch_adapter.py) uses private "
             f"torch.distributed.pipelining internals and is tested with torch {', '.join(TESTED)}; install that "
             f"(pip install -c constraints.txt torch) or set {OVERRIDE_ENV}=1 to try this release"
         )

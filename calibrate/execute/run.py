@@ -3,7 +3,7 @@
 Flow: build the schedule -> refuse what cannot run (torch cannot execute it, the order deadlocks, too much work or
 memory for this machine) -> costs: the profile through ``ppsim.costs`` exactly as ``simulate --profile`` reads it
 (calibrated first on this machine if none is given; a cost string for synthetic stages) -> **predict** (simulate the
-order with those costs: nothing from this run) -> execute on R processes (:mod:`ppsim.calibrate.executor`) ->
+order with those costs: nothing from this run) -> execute on R processes (:mod:`ppsim.calibrate.execute.executor`) ->
 compare step time, every action's start and end, the bubble ratio and each rank's peak activation bytes. A runtime
 model fitted on this run's probe steps is reported apart, as ``explained_step_s`` (post-hoc).
 
@@ -27,9 +27,9 @@ from ppsim.limits import MAX_REAL_RANKS_PER_CORE, MAX_SYNTHETIC_RANKS, MEMORY_SH
 from ppsim.limits import MAX_RUN_ACTIONS as MAX_ACTIONS
 
 if TYPE_CHECKING:
-    from ppsim.calibrate.executor import ExecSpec, Measurement
+    from ppsim.calibrate.execute.executor import ExecSpec, Measurement
     from ppsim.calibrate.models import ModelOptions, ModelSource
-    from ppsim.calibrate.runtime_model import RuntimeModel
+    from ppsim.calibrate.measure.runtime_model import RuntimeModel
     from ppsim.costs import CostModel
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
@@ -72,7 +72,7 @@ class RunOptions:
     override_limits: bool = False
     executor: str = "auto"
     """Who builds stages and schedule: ``torchtitan`` (its pipeline helpers; ``auto`` for torchtitan models) or
-    ``ppsim`` (ppsim's executor; ``auto`` for every other model). See :mod:`ppsim.calibrate.titan_run`."""
+    ``ppsim`` (ppsim's executor; ``auto`` for every other model). See :mod:`ppsim.calibrate.torchtitan.runner`."""
     split: str | None = None
     """Layers per stage, e.g. ``"3,5"`` (``--split``); with ``layers_per_stage``, as `simulate` takes them."""
     layers_per_stage: int | None = None
@@ -147,7 +147,8 @@ class RunReport:
 def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) -> RunReport | None:
     """Refuse, predict, run, compare. ``None`` on torchrun ranks other than 0 (rank 0 reports). ``log`` gets the
     line naming the model before the run starts (default: stderr)."""
-    from ppsim.calibrate import launch, titan_run
+    from ppsim.calibrate.execute import launch
+    from ppsim.calibrate.torchtitan import runner as titan_run
 
     schedule = load_checked_schedule(options)
     device = check_backend(options)
@@ -197,7 +198,7 @@ def _recompute_set(options: RunOptions, schedule: Schedule) -> frozenset[tuple[i
 
 def load_checked_schedule(options: RunOptions) -> Schedule:
     """The schedule, refused up front when torch cannot run it, it deadlocks, or it is too much work."""
-    from ppsim.calibrate.executor import schedule_refusal
+    from ppsim.calibrate.execute.executor import schedule_refusal
     from ppsim.schedules import load_schedule
     from ppsim.validate import validate
 
@@ -307,7 +308,7 @@ def check_machine(options: RunOptions, schedule: Schedule, model: ModelSource) -
 
         print(f"note: {ranks} computing ranks share {cores} CPU core(s); the run's timings include that sharing "
               "(the profile's compute scale was measured for at most 2 ranks)", file=sys.stderr, flush=True)
-    from ppsim.calibrate.launch import available_memory_bytes
+    from ppsim.calibrate.execute.launch import available_memory_bytes
 
     need = estimate_run_bytes(model, schedule, synthetic=options.synthetic)
     have = available_memory_bytes()
@@ -430,7 +431,7 @@ def calibrate_here(model: ModelSource, device: str, *, save_to: Path | None = No
     there (a user's) is refused, never replaced."""
     import sys
 
-    from ppsim.calibrate.calibration import CalibrationOptions, calibrate
+    from ppsim.calibrate.measure.calibration import CalibrationOptions, calibrate
     from ppsim.io import release_unused, reserve_new
 
     def run(path: Path) -> Path | None:
@@ -456,7 +457,7 @@ def calibrate_here(model: ModelSource, device: str, *, save_to: Path | None = No
 
 def writes_profile() -> bool:
     """Whether this process writes the calibration's profile: a local run, or rank 0 of a torchrun job."""
-    from ppsim.calibrate.launch import under_torchrun
+    from ppsim.calibrate.execute.launch import under_torchrun
 
     return not under_torchrun() or os.environ.get("RANK") == "0"
 
@@ -478,7 +479,7 @@ def prediction_costs(costs: CostModel, time_scale: float) -> CostModel:
 def exec_spec(
     options: RunOptions, schedule: Schedule, costs: CostModel, time_scale: float, source: ModelSource, device: str
 ) -> ExecSpec:
-    from ppsim.calibrate import executor, synthetic
+    from ppsim.calibrate.execute import executor, synthetic
 
     model = source.config
     sleep_s = None
@@ -499,7 +500,7 @@ def exec_spec(
 def build_report(schedule: Schedule, measurement: Measurement, costs: CostModel, predicted: SimResult, *,
                  time_scale: float, source: str) -> RunReport:
     """Compare the measurement with the before-run prediction; fit the post-hoc model on the probe steps."""
-    from ppsim.calibrate.runtime_model import fit_runtime_model, with_runtime
+    from ppsim.calibrate.measure.runtime_model import fit_runtime_model, with_runtime
     from ppsim.simulate import simulate
 
     op_only = dataclasses.replace(costs, compute_scale=1.0, dispatch_s=0.0)
@@ -532,7 +533,7 @@ def build_report(schedule: Schedule, measurement: Measurement, costs: CostModel,
 
 
 def _run_json(report: RunReport) -> dict[str, Any]:
-    from ppsim.calibrate.numerics import GRAD_RTOL
+    from ppsim.calibrate.execute.numerics import GRAD_RTOL
 
     schedule, measurement, predicted = report.schedule, report.measurement, report.predicted
     spans = measurement.step_spans

@@ -1,8 +1,8 @@
 """A torchtitan job config (``--torchtitan-config MODULE:CONFIG`` or ``FILE.toml``) as the inputs of `ppsim calibrate`
 and `ppsim run`.
 
-The job is read by the one loader every command uses (:func:`ppsim.calibrate.titan_config.load_job` /
-:func:`~ppsim.calibrate.titan_config.read_job_settings`); this module turns it into what the two commands take:
+The job is read by the one loader every command uses (:func:`ppsim.calibrate.torchtitan.config.load_job` /
+:func:`~ppsim.calibrate.torchtitan.config.read_job_settings`); this module turns it into what the two commands take:
 
 - :func:`calibration_source` -- the model to measure: the job's own (``torchtitan:FAMILY/FLAVOR`` from a config
   function; a TOML names none, so ``--model`` must), at the job's microbatch shape (``training.seq_len`` x
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class JobRun:
-    """`ppsim run`'s inputs from a job config (the fields of :class:`ppsim.calibrate.run.RunOptions` it sets)."""
+    """`ppsim run`'s inputs from a job config (the fields of :class:`ppsim.calibrate.execute.run.RunOptions` it sets)."""
 
     job: TorchtitanJob
     model: str | None
@@ -76,7 +76,7 @@ class JobRun:
 def calibration_source(value: str, overrides: Sequence[str] = (), *, model: str | None, preset: str | None,
                        options: ModelOptions, device: str = "cpu") -> tuple[ModelSource, tuple[str, ...]]:
     """The model `calibrate --torchtitan-config VALUE` measures, resolved (nothing built), and the notes to print."""
-    from ppsim.calibrate.titan_config import read_job_settings
+    from ppsim.calibrate.torchtitan.config import read_job_settings
 
     settings = read_job_settings(value, overrides)
     notes = [f"warning: {line}" for line in settings.notes]
@@ -165,7 +165,7 @@ def run_inputs(
 ) -> JobRun:
     """What `ppsim run --torchtitan-config VALUE` executes (see the module docstring). With ``profile`` the job's
     model and microbatch shape must be the profile's (the prediction comes from it)."""
-    from ppsim.calibrate.titan_config import job_of_settings, read_job_settings
+    from ppsim.calibrate.torchtitan.config import job_of_settings, read_job_settings
     from ppsim.split import parse_split
 
     settings = read_job_settings(value, overrides)

@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from ppsim.calibrate.torch_adapter import backward_functions
+from ppsim.calibrate.execute.torch_adapter import backward_functions
 from ppsim.calibrate.models import ModelSource
-from ppsim.calibrate.model import DTYPES, ModelConfig, build_stage, loss_fn, split_layers
+from ppsim.calibrate.models.transformer import DTYPES, ModelConfig, build_stage, loss_fn, split_layers
 from ppsim.calibrate.models.builtin import source_for
 from ppsim.errors import PPSimError
 

@@ -3,7 +3,7 @@
 
 This module turns such a config into the :class:`ppsim.torchtitan.JobSettings` the core reads TOML files into, so
 one builder (:func:`ppsim.torchtitan.job_from_settings`) serves both forms; then it cuts and places the stages with
-torchtitan's own functions (:mod:`ppsim.calibrate.titan_split`). torchtitan is imported lazily: without it, one line
+torchtitan's own functions (:mod:`ppsim.calibrate.torchtitan.split`). torchtitan is imported lazily: without it, one line
 names the extra to install.
 
 ``MODULE`` is a folder under ``torchtitan.models`` (or ``torchtitan.experiments``) or a full dotted module path, and
@@ -27,7 +27,7 @@ from contextlib import contextmanager, redirect_stdout
 from types import ModuleType
 from typing import Any
 
-from ppsim.calibrate.titan_split import (
+from ppsim.calibrate.torchtitan.split import (
     TorchtitanMissingError,
     import_torchtitan,
     layers_per_part,

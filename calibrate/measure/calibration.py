@@ -4,15 +4,15 @@ write the profile as it goes; resume a killed calibration.
 What is measured (docs/calibration.md):
 
 1. **Units**, each built alone as a stage would be and timed the way torch's runtime runs each action
-   (:mod:`ppsim.calibrate.harness`): the embedding alone, 1 layer, ``K`` layers (``K = min(4, layers)``), the head
+   (:mod:`ppsim.calibrate.measure.harness`): the embedding alone, 1 layer, ``K`` layers (``K = min(4, layers)``), the head
    alone (final norm, LM head, loss). From them: a layer's cost ``L = (T_K - T_1) / (K - 1)``, the fixed per-stage
    overhead ``O = T_1 - L`` (what a stage costs beyond its blocks: hooks, the receive buffer, the output detach;
    clamped at 0), the embedding ``T_embed - O`` and the head ``T_head - O``. Per-repetition samples are combined,
    so every block keeps a median and a spread. Activation bytes and bytes freed by I are composed the same way.
 2. **Stages** are composed from the blocks by ``ppsim.costs`` for any schedule and split; ``--check-stages`` also
    measures ``--stages`` stages of the default split whole (kept as the profile's ``stages``) and notes the error.
-3. **p2p** latency and bandwidth (:mod:`ppsim.calibrate.comm`).
-4. **Runtime probe** (:mod:`ppsim.calibrate.runtime_model`): a fixed reference schedule (1F1B, 2 local ranks, 8
+3. **p2p** latency and bandwidth (:mod:`ppsim.calibrate.measure.comm`).
+4. **Runtime probe** (:mod:`ppsim.calibrate.measure.runtime_model`): a fixed reference schedule (1F1B, 2 local ranks, 8
    microbatches) executed under torch's runtime, first with the real model split in two, then with synthetic stages
    sleeping the same costs; fitted into the profile's ``runtime`` section (compute scale, dispatch per
    computation, hand-off time, the receive-posting rule; ``runtime.synthetic`` for synthetic stages).
@@ -45,7 +45,7 @@ from ppsim.limits import MAX_CALIBRATION_S, MEMORY_SHARE  # work and memory limi
 from ppsim.profile import Stat, load_profile
 
 if TYPE_CHECKING:
-    from ppsim.calibrate.launch import World
+    from ppsim.calibrate.execute.launch import World
     from ppsim.calibrate.models import ModelSource
     from ppsim.model_config import ModelConfig
 
@@ -124,7 +124,7 @@ def estimate(config: ModelConfig | ModelSource, *, device: str, reps: int, warmu
     activations = 3 * (num_layers * est.layer_activation_bytes + est.head_activation_bytes)
     need = weights + activations
     if probe and config.layers >= 2:
-        from ppsim.calibrate import runtime_model as rm
+        from ppsim.calibrate.measure import runtime_model as rm
 
         ranks, microbatches = rm.probe_shape(False)
         steps = PROBE_STEPS + PROBE_WARMUP + 1  # and the reference
@@ -137,7 +137,7 @@ def check_limits(opts: CalibrationOptions) -> None:
     """Refuse, in one line with the estimate, a calibration this machine cannot hold or finish in an hour."""
     if opts.override_limits:
         return
-    from ppsim.calibrate.launch import available_memory_bytes
+    from ppsim.calibrate.execute.launch import available_memory_bytes
 
     from ppsim.calibrate.models import fmt_count
 
@@ -188,7 +188,7 @@ def kind_units(source: ModelSource) -> dict[str, str]:
 def units_of(source: ModelSource | ModelConfig) -> list[Any]:
     """The units to measure: the embedding alone, 1 and ``K`` layers of the most common layer kind, one layer of
     every other kind, the head alone."""
-    from ppsim.calibrate.harness import Unit, unit_of
+    from ppsim.calibrate.measure.harness import Unit, unit_of
     from ppsim.calibrate.models import ModelSource
 
     if not isinstance(source, ModelSource):
@@ -279,7 +279,7 @@ def check_counts(opts: CalibrationOptions) -> tuple[int, ...]:
 
 
 def check_units(opts: CalibrationOptions) -> list[Any]:
-    from ppsim.calibrate.harness import Unit
+    from ppsim.calibrate.measure.harness import Unit
 
     counts = check_counts(opts)
     units, first = [], 0
@@ -295,7 +295,7 @@ def calibrate(opts: CalibrationOptions, *, log: Callable[[str], None] | None = N
     other ranks."""
     import torch
 
-    from ppsim.calibrate import launch, torch_adapter
+    from ppsim.calibrate.execute import launch, torch_adapter
 
     check_limits(opts)
     torch_adapter.check()
@@ -332,7 +332,7 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
                log: Callable[[str], None]) -> dict[str, Any] | None:
     import torch
 
-    from ppsim.calibrate import comm
+    from ppsim.calibrate.measure import comm
 
     rank, world_size = (world.rank, world.world_size) if world else (0, 1)
     if opts.device == "cuda":
@@ -404,7 +404,7 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
 
 def measure_units(opts: CalibrationOptions, units: list[Any], device: Any) -> list[dict[str, Any]]:
     """Timings (F, B, I, W, FB samples, repetitions interleaved across units), memory and sizes of each unit."""
-    from ppsim.calibrate import harness
+    from ppsim.calibrate.measure import harness
 
     what = "the weights"
     source = opts.model_source
@@ -445,7 +445,7 @@ def _measure_p2p(opts: CalibrationOptions, world: World | None, sizes: list[int]
                  notes: list[str]) -> Any:
     import torch
 
-    from ppsim.calibrate import comm
+    from ppsim.calibrate.measure import comm
 
     reps = max(opts.reps, 30)  # exchanges are cheap next to stage measurements
     if world is not None:
@@ -478,7 +478,7 @@ def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], 
     ``runtime`` (each part resumable)."""
     import torch
 
-    from ppsim.calibrate import runtime_model as rm
+    from ppsim.calibrate.measure import runtime_model as rm
 
     if opts.config.layers < rm.PROBE_RANKS:
         _note(rec, f"runtime probe skipped: the model has fewer than {rm.PROBE_RANKS} layers")
@@ -513,7 +513,9 @@ def probe(opts: CalibrationOptions, doc: dict[str, Any], *,
     returns the fit and the (ranks, microbatches) it ran. The op costs it is compared with are the blocks just
     measured, composed by ``ppsim.costs`` as for any schedule (runtime overheads left out). A model too small to
     cut into the synthetic probe's stages is probed on the real probe's shape."""
-    from ppsim.calibrate import executor, runtime_model as rm, synthetic as syn, titan_run
+    from ppsim.calibrate.execute import executor, synthetic as syn
+    from ppsim.calibrate.measure import runtime_model as rm
+    from ppsim.calibrate.torchtitan import runner as titan_run
     from ppsim.costs import CostModel, costs_for
     from ppsim.errors import PPSimError
     from ppsim.profile import Profile
@@ -574,9 +576,9 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
     """A version-3 profile with nothing measured yet (sizes known without running are filled in)."""
     import torch
 
-    from ppsim.calibrate.harness import unit_static
+    from ppsim.calibrate.measure.harness import unit_static
 
-    from ppsim.calibrate.harness import unit_of
+    from ppsim.calibrate.measure.harness import unit_of
     from ppsim.calibrate.models import block_name_of
 
     cuda = device.type == "cuda"

@@ -5,7 +5,7 @@ round trip, so no clock needs to agree across hosts. Sizes run from a few bytes 
 ``t(n) = alpha + n / beta`` is fitted by least squares on relative errors (small and large messages count alike),
 and ``fit_rel_error`` is the root-mean-square relative residual.
 
-Without ``torchrun``, :func:`measure_local_pair` starts two local processes (:mod:`ppsim.calibrate.launch`) that talk
+Without ``torchrun``, :func:`measure_local_pair` starts two local processes (:mod:`ppsim.calibrate.execute.launch`) that talk
 over gloo on 127.0.0.1 (or NCCL between two visible GPUs).
 """
 
@@ -66,8 +66,8 @@ def fit_alpha_beta(sizes: Sequence[int], times: Sequence[float]) -> tuple[float,
     return a, 1.0 / b, math.sqrt(sum(r * r for r in rel) / len(rel))
 
 
-# --- process groups: see ppsim.calibrate.launch (re-exported here for callers of this module) -------------------------
-from ppsim.calibrate.launch import World, free_port, init_world, torchrun_world_size  # noqa: E402,F401
+# --- process groups: see ppsim.calibrate.execute.launch (re-exported here for callers of this module) -------------------------
+from ppsim.calibrate.execute.launch import World, free_port, init_world, torchrun_world_size  # noqa: E402,F401
 
 
 def _pingpong(peer: int, *, initiator: bool, sizes: Sequence[int], warmup: int, reps: int, device: Any,
@@ -151,7 +151,7 @@ def combine_pairs(pairs: Sequence[P2PPair], reference_bytes: int) -> P2PProfile:
 # --- two local processes (no torchrun) -------------------------------------------------------------------------------
 def _local_pair_rank(ctx: Any, backend: str, sizes: list[int], warmup: int, reps: int,
                      timeout_s: float) -> dict[int, list[float]]:
-    """One of the two local processes (started by :func:`ppsim.calibrate.launch.run_local`)."""
+    """One of the two local processes (started by :func:`ppsim.calibrate.execute.launch.run_local`)."""
     import torch
     import torch.distributed as dist
 
@@ -173,7 +173,7 @@ def _local_pair_rank(ctx: Any, backend: str, sizes: list[int], warmup: int, reps
 def measure_local_pair(sizes: Sequence[int], *, backend: str = "gloo", warmup: int, reps: int,
                        timeout_s: float = 60.0, tick: Tick = _noop) -> P2PProfile:
     """Start two local processes, ping-pong every size between them, fit alpha and beta."""
-    from ppsim.calibrate.launch import run_local
+    from ppsim.calibrate.execute.launch import run_local
 
     failure = "re-run with --no-p2p to skip it, or under torchrun"
     try:

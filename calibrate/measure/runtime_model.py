@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ppsim.calibrate.executor import Measurement
+    from ppsim.calibrate.execute.executor import Measurement
     from ppsim.costs import CostModel
     from ppsim.ir import Schedule
 
-from ppsim.calibrate.synthetic import cost_plan
+from ppsim.calibrate.execute.synthetic import cost_plan
 
 #: A computation counts as having waited for its input when its receive wait exceeds this (seconds).
 WAITED_S = 100e-6
