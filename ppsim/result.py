@@ -267,13 +267,8 @@ class SimResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The contract's ``simulate --json`` object."""
-        s = self.schedule
         return {
-            "schedule": s.name,
-            "ranks": s.num_ranks,
-            "microbatches": s.num_microbatches,
-            "stages": s.num_stages,
-            "stages_per_rank": s.num_stages_per_rank,
+            **schedule_header(self.schedule),
             "makespan": self.makespan,
             "bubble_ratio": self.bubble_ratio,
             "per_rank": [
@@ -311,6 +306,17 @@ def _names(stage: np.ndarray, code: np.ndarray, mb: np.ndarray) -> np.ndarray:
 
     letters = np.asarray(COMP_TYPES)[code]
     return np.char.add(np.char.add(stage.astype(str), letters), mb.astype(str))
+
+
+def schedule_header(schedule: Schedule) -> dict[str, Any]:
+    """The keys that open every JSON about one schedule (``simulate --json``, the run JSON)."""
+    return {
+        "schedule": schedule.name,
+        "ranks": schedule.num_ranks,
+        "microbatches": schedule.num_microbatches,
+        "stages": schedule.num_stages,
+        "stages_per_rank": schedule.num_stages_per_rank,
+    }
 
 
 def safe_ratio(numerator: float, denominator: float) -> float:

@@ -601,7 +601,7 @@ def test_under_torchrun_only_rank_0_creates_the_calibration_file(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from ppsim.calibrate.measure import calibration
     from ppsim.calibrate.execute import run
-    from ppsim.calibrate.commands import calibration_path
+    from ppsim.cli.run import calibration_path
     from ppsim.calibrate.models.builtin import source_for
     from ppsim.model_config import get_preset
 

@@ -205,13 +205,13 @@ def test_nccl_run_times_actions_with_cuda_events(tmp_path: Path) -> None:
 
 # --- the runtime model, on hand-made timings (no processes) -----------------------------------------------------
 def _timing(rank: int, position: int, name: str, start: float, end: float, wait: float = 0.0, half: int = 0):
-    from ppsim.calibrate.execute.executor import CompTiming
+    from ppsim.calibrate.execute.steps import CompTiming
 
     return CompTiming(rank, position, half, name, start, end, wait)
 
 
 def _measurement(warmup: tuple, steps: tuple, *, synthetic: bool = False, probes: tuple = ()):
-    from ppsim.calibrate.execute.executor import Measurement
+    from ppsim.calibrate.execute.steps import Measurement
 
     return Measurement(
         steps=steps, step_walls=(1.0,) * len(steps), warmup_steps=warmup, probe_steps=probes, loss=1.0, ref_loss=1.0,

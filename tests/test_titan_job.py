@@ -199,7 +199,8 @@ def test_run_reads_the_job_as_simulate_does() -> None:
     assert (job.schedule, job.num_ranks, job.num_microbatches, job.stages_per_rank) == (
         simulated.schedule, simulated.num_ranks, simulated.num_microbatches, simulated.stages_per_rank)
     assert (job.schedule, job.num_ranks, job.num_microbatches, job.stages_per_rank) == ("Interleaved1F1B", 2, 4, 2)
-    assert job.model == "torchtitan:llama3/debugmodel" and (job.options.seq_len, job.options.mb_size) == (32, 1)
+    assert job.source.text == "torchtitan:llama3/debugmodel"
+    assert (job.source.options.seq_len, job.source.options.mb_size) == (32, 1)
     assert job.split is None  # torchtitan's default split, which ppsim's default is
     parts = ["tok_embeddings,layers.0,layers.1,layers.2", "layers.3", "layers.4", "layers.5,norm,lm_head"]
     job = run_inputs(LLAMA, [*overrides, "--parallelism.module_fqns_per_model_part", *parts],

@@ -126,14 +126,15 @@ def test_llama3_zbh1_runs_through_torchtitans_helpers_and_matches_the_reference(
 def test_deepseek_v3_1f1b_runs_through_torchtitans_helpers_and_matches_the_reference() -> None:
     """Dense first layer and MoE layers: every gradient, router and experts included, matches."""
     from ppsim.calibrate.torchtitan import runner as titan_run
-    from ppsim.calibrate.execute.executor import ExecSpec
+    from ppsim.calibrate.execute.steps import ExecSpec
 
     source = small_source("torchtitan:deepseek_v3/debugmodel")
     schedule = get_schedule("1F1B", 2, 2)
     spec = ExecSpec(schedule=schedule, model=source.config, num_steps=1, num_warmup=0, source=source,
                     timeout_s=300)
-    assert titan_run.choose_runner("auto", source, schedule, synthetic=False) is titan_run
-    measurement = titan_run.launch(spec)
+    runner = titan_run.choose_runner("auto", source, schedule, synthetic=False)
+    assert isinstance(runner, titan_run.TorchtitanRunner)
+    measurement = runner.launch(spec)
     assert measurement.grad_ok and measurement.loss_match
     assert titan_run.TITAN_NOTE in measurement.notes
     assert measurement.num_params_checked == sum(1 for _ in source.build_full(seed=0).parameters())
@@ -154,17 +155,16 @@ def test_orders_torchtitan_cannot_run_are_refused_before_anything_starts(tmp_pat
 
 
 def test_executor_choice() -> None:
-    from ppsim.calibrate.execute import executor
-    from ppsim.calibrate.torchtitan import runner as titan_run
-    from ppsim.calibrate.torchtitan.runner import TitanRunError, choose_runner
+    from ppsim.calibrate.execute.executor import PpsimExecutor
+    from ppsim.calibrate.torchtitan.runner import TitanRunError, TorchtitanRunner, choose_runner
 
     titan = small_source("torchtitan:llama3/debugmodel")
     builtin = small_source("builtin:tiny")
     schedule = get_schedule("1F1B", 2, 4)
-    assert choose_runner("auto", titan, schedule, synthetic=False) is titan_run
-    assert choose_runner("ppsim", titan, schedule, synthetic=False) is executor
-    assert choose_runner("auto", builtin, schedule, synthetic=False) is executor
-    assert choose_runner("auto", titan, schedule, synthetic=True) is executor
+    assert isinstance(choose_runner("auto", titan, schedule, synthetic=False), TorchtitanRunner)
+    assert isinstance(choose_runner("ppsim", titan, schedule, synthetic=False), PpsimExecutor)
+    assert isinstance(choose_runner("auto", builtin, schedule, synthetic=False), PpsimExecutor)
+    assert isinstance(choose_runner("auto", titan, schedule, synthetic=True), PpsimExecutor)
     with pytest.raises(TitanRunError, match="torchtitan models"):
         choose_runner("torchtitan", builtin, schedule, synthetic=False)
     with pytest.raises(TitanRunError, match="--synthetic"):
@@ -180,13 +180,48 @@ def test_nccl_run_through_torchtitans_helpers(tmp_path: Path) -> None:
         pytest.skip("needs a CUDA GPU (the nccl path of torchtitan's helpers: one rank per GPU)")
     num_ranks = min(2, torch.cuda.device_count())
     from ppsim.calibrate.torchtitan import runner as titan_run
-    from ppsim.calibrate.execute.executor import ExecSpec
+    from ppsim.calibrate.execute.steps import ExecSpec
     from ppsim.calibrate.models import ModelOptions, parse_model_source
 
     source = parse_model_source("torchtitan:llama3/debugmodel", ModelOptions(seq_len=64, mb_size=1), device="cuda")
     schedule = get_schedule("ZBH1", num_ranks, 4)
     spec = ExecSpec(schedule=schedule, model=source.config, backend="nccl", device="cuda", num_steps=1,
                     num_warmup=1, source=source, timeout_s=300)
-    measurement = titan_run.launch(spec)
+    measurement = titan_run.TorchtitanRunner().launch(spec)
     assert measurement.grad_ok and measurement.loss_match
     assert measurement.clock == "cuda_events" and measurement.device == "cuda"
+
+
+def test_run_resolves_a_torchtitan_model_once_and_chooses_its_runner_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run --model torchtitan:...` resolves the model at the command line and hands the resolved source through
+    the calibration, the costs and the runner: one resolution, one runner choice (the calibration and the launch are
+    stubbed: what is counted happens before them)."""
+    from ppsim.calibrate.measure import calibration
+    from ppsim.calibrate.models import torchtitan as titan_source
+    from ppsim.calibrate.torchtitan import runner as titan_run
+    from ppsim.errors import PPSimError
+
+    resolved: list[str] = []
+    chosen: list[object] = []
+    resolve, choose = titan_source.resolve, titan_run.choose_runner
+
+    def counting_resolve(rest: str, *args: object, **kwargs: object) -> object:
+        resolved.append(rest)
+        return resolve(rest, *args, **kwargs)
+
+    def counting_choose(*args: object, **kwargs: object) -> object:
+        chosen.append(args[0])
+        return choose(*args, **kwargs)
+
+    def stop(self: object, spec: object) -> None:
+        raise PPSimError("stopped before launching")
+
+    monkeypatch.setattr(titan_source, "resolve", counting_resolve)
+    monkeypatch.setattr(titan_run, "choose_runner", counting_choose)
+    monkeypatch.setattr(calibration, "calibrate", lambda opts: None)  # a calibration that writes nothing
+    monkeypatch.setattr(titan_run.TorchtitanRunner, "launch", stop)
+    code, _, stderr = invoke("--model", "torchtitan:llama3/debugmodel", "--seq-len", "32", "--mb-size", "1",
+                             "-s", "1F1B", "-r", "2", "-m", "2", *FAST)
+    assert code == 2 and "stopped before launching" in stderr
+    assert resolved == ["llama3/debugmodel"]
+    assert chosen == ["auto"]

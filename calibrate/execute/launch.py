@@ -103,6 +103,20 @@ def available_memory_bytes() -> int | None:
     return None
 
 
+def cpu_name() -> str:
+    """This host's CPU model (``/proc/cpuinfo``'s model name; else what ``platform`` knows), for ``device_name``."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -13,7 +13,6 @@ torch is imported inside functions only.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import shutil
 import statistics
@@ -27,8 +26,8 @@ from ppsim.limits import MAX_REAL_RANKS_PER_CORE, MAX_SYNTHETIC_RANKS, MEMORY_SH
 from ppsim.limits import MAX_RUN_ACTIONS as MAX_ACTIONS
 
 if TYPE_CHECKING:
-    from ppsim.calibrate.execute.executor import ExecSpec, Measurement
-    from ppsim.calibrate.models import ModelOptions, ModelSource
+    from ppsim.calibrate.execute.steps import ExecSpec, Measurement
+    from ppsim.calibrate.models import ModelSource
     from ppsim.calibrate.measure.runtime_model import RuntimeModel
     from ppsim.costs import CostModel
     from ppsim.ir import Schedule
@@ -55,12 +54,9 @@ class RunOptions:
     costs: str | None = None
     synthetic: bool = False
     time_unit_s: float = DEFAULT_TIME_UNIT_S
-    preset: str | None = None
-    """Alias of ``model="builtin:<preset>"``."""
-    model: str | None = None
-    """``--model SOURCE`` (``None``: the profile's model, else ``builtin:tiny``)."""
-    model_options: ModelOptions | None = None
-    """Model-size options (``--seq-len``, ``--mb-size``, ``--dtype``, ``--layers``)."""
+    source: ModelSource | None = None
+    """The model to run, resolved once from ``--model`` / ``--preset`` and the size options (``None``: the
+    profile's model, else ``builtin:tiny``)."""
     num_steps: int = DEFAULT_STEPS
     num_warmup: int = DEFAULT_WARMUP
     num_probes: int | None = None
@@ -148,24 +144,31 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     """Refuse, predict, run, compare. ``None`` on torchrun ranks other than 0 (rank 0 reports). ``log`` gets the
     line naming the model before the run starts (default: stderr)."""
     from ppsim.calibrate.execute import launch
-    from ppsim.calibrate.torchtitan import runner as titan_run
+    from ppsim.calibrate.torchtitan.runner import choose_runner
 
     schedule = load_checked_schedule(options)
     device = check_backend(options)
+    if options.source is None and options.profile is None:  # the default model, resolved once
+        from ppsim.calibrate.models import parse_model_source
+
+        options = dataclasses.replace(options, source=parse_model_source(None, device=device))
     world = int(os.environ["WORLD_SIZE"]) if launch.under_torchrun() else None
     if world is not None and world != schedule.num_ranks:
         raise PPSimError(
             f"--ranks {schedule.num_ranks}: torchrun started {world} processes; launch {schedule.num_ranks} "
             f"(--nproc-per-node) or pass -r {world}"
         )
+    runner = None
     if world is None and options.profile is None and not options.synthetic:
-        early = _preset_model(options, schedule, device)
+        early = run_source(options)
+        check_split(options, schedule, early)
         check_machine(options, schedule, early)  # before calibrating
-        titan_run.choose_runner(options.executor, early, schedule, synthetic=False)  # refusals too
+        runner = choose_runner(options.executor, early, schedule, synthetic=False)
     chosen = _recompute_set(options, schedule)
     costs, time_scale, model, source = costs_and_model(options, schedule, device)
     spec = dataclasses.replace(exec_spec(options, schedule, costs, time_scale, model, device), recompute=chosen)
-    runner = titan_run.choose_runner(options.executor, model, schedule, synthetic=options.synthetic)
+    if runner is None:
+        runner = choose_runner(options.executor, model, schedule, synthetic=options.synthetic)
     if world is None:
         check_machine(options, schedule, model)
     if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:
@@ -250,24 +253,21 @@ def check_predicted_time(options: RunOptions, predicted: SimResult) -> None:
         )
 
 
-def run_source(options: RunOptions, device: str) -> ModelSource:
-    """``--model`` (or ``--preset``) with the size options, resolved without building anything."""
-    from ppsim.calibrate.models import parse_model_source
+def run_source(options: RunOptions) -> ModelSource:
+    """The model a run without ``--profile`` executes (resolved once: at the command line, or :func:`execute`'s
+    default)."""
+    assert options.source is not None, "execute resolves the default model"
+    return options.source
 
-    return parse_model_source(options.model, options.model_options, device=device, preset=options.preset)
 
-
-def _preset_model(options: RunOptions, schedule: Schedule, device: str = "cpu") -> ModelSource:
-    """The model a run without ``--profile`` calibrates, after checking that it can be cut into the schedule's
-    stages (so a model too short for the chain fails before calibrating)."""
+def check_split(options: RunOptions, schedule: Schedule, source: ModelSource) -> None:
+    """Refuse, before calibrating, a model that cannot be cut into the schedule's stages."""
     from ppsim.split import SplitSpec, parse_split, resolve_split
 
-    source = run_source(options, device)
     spec = SplitSpec(split=None if options.split is None else parse_split(options.split),
                      layers_per_stage=options.layers_per_stage)
     resolve_split(spec, source.num_layers, len(schedule.pipelines[0]), schedule=f"{schedule.name} with "
                   f"{schedule.num_ranks} ranks")
-    return source
 
 
 def check_backend(options: RunOptions) -> str:
@@ -343,34 +343,35 @@ def costs_and_model(
         raise PPSimError(
             "--costs applies to --synthetic runs only; a real run takes its costs from --profile (or calibrates)"
         )
-    if options.costs is not None and options.profile is not None:
-        raise PPSimError("--costs and --profile both given: a profile replaces the cost string; pass only one")
     if options.profile is not None:
         return profile_costs(options, options.profile, schedule, device)
     if options.synthetic:
-        return parse_costs(options.costs), options.time_unit_s, run_source(options, device), "cost string"
-    model = run_source(options, device)
+        return parse_costs(options.costs), options.time_unit_s, run_source(options), "cost string"
+    model = run_source(options)
     path, where = calibrate_here(model, device, save_to=options.save_calibration)
     if path is None:  # a torchrun rank other than 0: it only executes, rank 0 predicts
         return parse_costs(None), 1.0, model, where
     try:
-        costs, scale, model, _ = profile_costs(options, path, schedule, device)
+        costs, scale, model, _ = profile_costs(options, path, schedule, device, model=model)
     finally:
         if options.save_calibration is None:  # the unsaved calibration's folder: read, so no longer needed
             shutil.rmtree(path.parent, ignore_errors=True)
     return costs, scale, model, where
 
 
-def profile_costs(options: RunOptions, path: Path, schedule: Schedule,
-                  device: str) -> tuple[CostModel, float, ModelSource, str]:
+def profile_costs(options: RunOptions, path: Path, schedule: Schedule, device: str, *,
+                  model: ModelSource | None = None) -> tuple[CostModel, float, ModelSource, str]:
+    """Costs from the profile at ``path``; ``model``: the model it was just calibrated on (``None``: the profile's
+    own, checked against the request's)."""
     from ppsim.costs import costs_for, load_costs
     from ppsim.profile import load_profile
 
+    costs = costs_for(load_costs(costs=options.costs, profile=path, split=options.split,
+                                 layers_per_stage=options.layers_per_stage), schedule)  # refuses both given
     prof = load_profile(path)
-    costs = costs_for(load_costs(profile=path, split=options.split, layers_per_stage=options.layers_per_stage),
-                      schedule)
     costs.check(schedule)
-    model = profile_source(options, prof, path, device)
+    if model is None:
+        model = profile_source(options, prof, path, device)
     if options.synthetic:
         costs = synthetic_runtime(costs, prof)
     elif prof.device != device:
@@ -393,14 +394,11 @@ def profile_source(options: RunOptions, prof: Any, path: Path, device: str) -> M
         source = parse_model_source(prof.source.source, opts, device=device)
     else:
         source = source_for(ModelConfig(**prof.model.to_dict()), device=device)
-    asked = options.model if options.model is not None else (
-        None if options.preset is None else f"builtin:{options.preset}")
-    if asked is not None or options.model_options not in (None, ModelOptions()):
-        mine = run_source(options, device)
-        if (mine.text, mine.config) != (source.text, source.config):
-            raise PPSimError(f"--profile {path}: measured on {source.text} ({_shape(source)}) but --model asks for "
-                             f"{mine.text} ({_shape(mine)}); drop --model to run the profile's model, or calibrate "
-                             "the one you want")
+    mine = options.source
+    if mine is not None and (mine.text, mine.config) != (source.text, source.config):
+        raise PPSimError(f"--profile {path}: measured on {source.text} ({_shape(source)}) but --model asks for "
+                         f"{mine.text} ({_shape(mine)}); drop --model to run the profile's model, or calibrate "
+                         "the one you want")
     return source
 
 
@@ -479,7 +477,7 @@ def prediction_costs(costs: CostModel, time_scale: float) -> CostModel:
 def exec_spec(
     options: RunOptions, schedule: Schedule, costs: CostModel, time_scale: float, source: ModelSource, device: str
 ) -> ExecSpec:
-    from ppsim.calibrate.execute import executor, synthetic
+    from ppsim.calibrate.execute import steps, synthetic
 
     model = source.config
     sleep_s = None
@@ -487,7 +485,7 @@ def exec_spec(
         model = synthetic.synthetic_model(model, schedule.num_stages)
         sleep_s = synthetic.cost_plan(schedule, costs, time_scale)
         synthetic.check_plan(sleep_s, "--synthetic")
-    return executor.ExecSpec(
+    return steps.ExecSpec(
         schedule=schedule, model=model, synthetic=options.synthetic, sleep_s=sleep_s, backend=options.backend,
         device=device, num_steps=options.num_steps, num_warmup=options.num_warmup,
         num_probes=options.num_steps if options.num_probes is None else options.num_probes, seed=options.seed,
@@ -534,6 +532,7 @@ def build_report(schedule: Schedule, measurement: Measurement, costs: CostModel,
 
 def _run_json(report: RunReport) -> dict[str, Any]:
     from ppsim.calibrate.execute.numerics import GRAD_RTOL
+    from ppsim.result import schedule_header
 
     schedule, measurement, predicted = report.schedule, report.measurement, report.predicted
     spans = measurement.step_spans
@@ -550,11 +549,7 @@ def _run_json(report: RunReport) -> dict[str, Any]:
     bubble_measured = 1 - sum(busy) / (schedule.num_ranks * span_rep) if span_rep > 0 else 0.0
     costs = report.costs
     return {
-        "schedule": schedule.name,
-        "ranks": schedule.num_ranks,
-        "microbatches": schedule.num_microbatches,
-        "stages": schedule.num_stages,
-        "stages_per_rank": schedule.num_stages_per_rank,
+        **schedule_header(schedule),
         **({"recompute": [list(p) for p in sorted(predicted.recompute)]} if predicted.recompute else {}),
         "backend": measurement.backend,
         "device": measurement.device,
@@ -646,7 +641,9 @@ def _run_json(report: RunReport) -> dict[str, Any]:
 
 
 def _pct(numerator: float, denominator: float) -> float:
-    return 100.0 * numerator / denominator if denominator > 0 else (0.0 if numerator == 0 else math.inf)
+    from ppsim.result import safe_ratio
+
+    return 100.0 * safe_ratio(numerator, denominator)
 
 
 def _per_action(schedule: Schedule, step: tuple[Any, ...], predicted: SimResult) -> list[dict[str, Any]]:

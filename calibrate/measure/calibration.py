@@ -31,7 +31,6 @@ import dataclasses
 import datetime
 import json
 import os
-import platform
 import socket
 import sys
 import time
@@ -513,7 +512,7 @@ def probe(opts: CalibrationOptions, doc: dict[str, Any], *,
     returns the fit and the (ranks, microbatches) it ran. The op costs it is compared with are the blocks just
     measured, composed by ``ppsim.costs`` as for any schedule (runtime overheads left out). A model too small to
     cut into the synthetic probe's stages is probed on the real probe's shape."""
-    from ppsim.calibrate.execute import executor, synthetic as syn
+    from ppsim.calibrate.execute import steps, synthetic as syn
     from ppsim.calibrate.measure import runtime_model as rm
     from ppsim.calibrate.torchtitan import runner as titan_run
     from ppsim.costs import CostModel, costs_for
@@ -537,7 +536,7 @@ def probe(opts: CalibrationOptions, doc: dict[str, Any], *,
     if synthetic:
         model = syn.synthetic_model(model, schedule.num_stages)
         sleep_s = syn.cost_plan(schedule, costs, 1.0)
-    spec = executor.ExecSpec(
+    spec = steps.ExecSpec(
         schedule=schedule, model=model, synthetic=synthetic, sleep_s=sleep_s,
         backend="nccl" if opts.device == "cuda" else "gloo", device=opts.device, num_steps=PROBE_STEPS,
         num_warmup=PROBE_WARMUP, num_probes=0, seed=opts.seed, timeout_s=max(120.0, 4 * opts.init_timeout_s),
@@ -576,6 +575,7 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
     """A version-3 profile with nothing measured yet (sizes known without running are filled in)."""
     import torch
 
+    from ppsim.calibrate.execute.launch import cpu_name
     from ppsim.calibrate.measure.harness import unit_static
 
     from ppsim.calibrate.measure.harness import unit_of
@@ -591,27 +591,18 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
     per_block.append(("head", units[-1]))
     blocks: dict[str, Any] = {}
     for name, unit in per_block:
-        st = unit_static(opts.config, unit, source)
-        blocks[name] = {**{op: None for op in OPS}, "activation_bytes": None, "activation_bytes_freed_by_I": None,
-                        "param_bytes": st.param_bytes, "grad_bytes": st.grad_bytes,
-                        "optimizer_bytes": st.optimizer_bytes, "output_bytes": st.output_bytes,
-                        "activation_bytes_allocator": None, "peak_bytes_allocator": None}
+        blocks[name] = _unmeasured(unit_static(opts.config, unit, source))
     stages = []
     if opts.check_stages:
         for s, unit in enumerate(check_units(opts)):
-            st = unit_static(opts.config, unit, source)
             stages.append({"stage": s, "layers": list(unit.layers), "has_embedding": unit.has_embedding,
-                           "has_head": unit.has_head, **{op: None for op in OPS}, "activation_bytes": None,
-                           "activation_bytes_freed_by_I": None, "param_bytes": st.param_bytes,
-                           "grad_bytes": st.grad_bytes, "optimizer_bytes": st.optimizer_bytes,
-                           "output_bytes": st.output_bytes, "activation_bytes_allocator": None,
-                           "peak_bytes_allocator": None})
+                           "has_head": unit.has_head, **_unmeasured(unit_static(opts.config, unit, source))})
     return {
         "schema": "ppsim.profile",
         "version": 3,
         "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": opts.device,
-        "device_name": torch.cuda.get_device_name(device) if cuda else cpu_name(),
+        "device_name": torch.cuda.get_device_name(device) if cuda else f"{cpu_name()} ({os.cpu_count()} cores)",
         "torch_version": torch.__version__,
         "host": socket.gethostname(),
         "world_size": world_size,
@@ -632,6 +623,13 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
         "notes": [*source.notes],
         "units": {},
     }
+
+
+def _unmeasured(st: Any) -> dict[str, Any]:
+    """A block's or stage's entry before it is measured: its sizes known without running, its timings ``None``."""
+    return {**{op: None for op in OPS}, "activation_bytes": None, "activation_bytes_freed_by_I": None,
+            "param_bytes": st.param_bytes, "grad_bytes": st.grad_bytes, "optimizer_bytes": st.optimizer_bytes,
+            "output_bytes": st.output_bytes, "activation_bytes_allocator": None, "peak_bytes_allocator": None}
 
 
 def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Callable[[str], None]) -> dict:
@@ -727,16 +725,6 @@ class Recorder:
             self.doc["notes"] = [*self.doc["notes"], f"stage {st['stage']} ({n} layers) composed from blocks vs "
                                  f"measured whole: {', '.join(errs)}"]
         self.save()
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
 
 
 def _stderr(line: str) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ppsim.calibrate.execute.executor import Measurement
+    from ppsim.calibrate.execute.steps import Measurement
     from ppsim.costs import CostModel
     from ppsim.ir import Schedule
 

@@ -32,12 +32,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class JobRun:
-    """`ppsim run`'s inputs from a job config (the fields of :class:`ppsim.calibrate.execute.run.RunOptions` it sets)."""
+    """`ppsim run`'s inputs from a job config (the fields of :class:`ppsim.calibrate.execute.run.RunOptions` it sets),
+    typed: the model is a resolved :class:`ModelSource`, not text to parse again."""
 
     job: TorchtitanJob
-    model: str | None
-    """``--model`` text of the model to run (``None``: the profile's own, for an older profile)."""
-    options: ModelOptions
+    source: ModelSource
+    """The model to run, resolved once (the job's, at its microbatch shape and layer count)."""
     split: str | None
     """Layers per stage, ``"N,N,..."`` (the job's split resolved for its stage count: module lists, layers per
     stage and the first and last stages' weights), or ``None`` for ppsim's default split (the same as torchtitan's
@@ -190,7 +190,7 @@ def run_inputs(
     )
     counts = _stage_split(job, num_layers, allow_large=allow_large)
     return JobRun(
-        job=job, model=source.text, options=replace(sized, layers=source.options.layers),
+        job=job, source=source,
         split=None if counts is None else ",".join(map(str, counts)),
         notes=(*(f"warning: {w}" for w in job.warnings), *notes, *size_notes),
     )

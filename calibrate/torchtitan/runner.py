@@ -30,13 +30,12 @@ import logging
 import os
 import tempfile
 from collections.abc import Sequence
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import PPSimError
 
 if TYPE_CHECKING:
-    from ppsim.calibrate.execute.executor import ExecSpec, Measurement
+    from ppsim.calibrate.execute.steps import ExecSpec, Measurement, Runner
     from ppsim.calibrate.models import ModelSource
     from ppsim.calibrate.execute.numerics import ReferenceCheck
     from ppsim.ir import Schedule
@@ -57,18 +56,17 @@ class TitanRunError(PPSimError):
 EXECUTORS = ("auto", "torchtitan", "ppsim")
 
 
-def choose_runner(executor: str, source: ModelSource, schedule: Schedule, *, synthetic: bool) -> ModuleType:
-    """The module whose ``launch`` / ``run_rank`` execute the run: this one (torchtitan's helpers) for a torchtitan
-    model unless ``executor`` is ``ppsim``, else :mod:`ppsim.calibrate.execute.executor`. Refuses (one line) an explicit
-    ``torchtitan`` for a model or run it cannot serve, and an order torchtitan's runtime cannot run."""
-    import sys
-
-    from ppsim.calibrate.execute import executor as ppsim_executor
+def choose_runner(executor: str, source: ModelSource, schedule: Schedule, *, synthetic: bool) -> Runner:
+    """The runner that executes the run: :class:`TorchtitanRunner` (torchtitan's helpers) for a torchtitan model
+    unless ``executor`` is ``ppsim``, else :class:`~ppsim.calibrate.execute.executor.PpsimExecutor`. Refuses (one
+    line) an explicit ``torchtitan`` for a model or run it cannot serve, and an order torchtitan's runtime cannot
+    run."""
+    from ppsim.calibrate.execute.executor import PpsimExecutor
 
     if executor not in EXECUTORS:
         raise TitanRunError(f"--executor {executor!r}: use one of {', '.join(EXECUTORS)}")
     if executor == "ppsim" or (executor == "auto" and (synthetic or source.scheme != "torchtitan")):
-        return ppsim_executor
+        return PpsimExecutor()
     if synthetic:
         raise TitanRunError("--executor torchtitan with --synthetic: synthetic stages are ppsim's own; drop one")
     if source.scheme != "torchtitan":
@@ -77,7 +75,7 @@ def choose_runner(executor: str, source: ModelSource, schedule: Schedule, *, syn
     refusal = titan_refusal(schedule)
     if refusal is not None:
         raise TitanRunError(refusal)
-    return sys.modules[__name__]
+    return TorchtitanRunner()
 
 
 def placement(schedule: Schedule) -> tuple[tuple[int, ...], ...]:
@@ -112,7 +110,7 @@ def titan_placement_name(schedule: Schedule) -> str:
 
 def titan_refusal(schedule: Schedule) -> str | None:
     """Why torchtitan's pipeline path cannot run ``schedule`` (``None`` when it can): torch's runtime limits
-    (:func:`executor.schedule_refusal`), a placement torchtitan cannot express, an order torch's CSV loader
+    (:func:`~ppsim.calibrate.execute.executor.schedule_refusal`), a placement torchtitan cannot express, an order torch's CSV loader
     refuses (``_validate_schedule``, run here on the same actions)."""
     from ppsim.calibrate.execute.executor import schedule_refusal
 
@@ -157,21 +155,22 @@ def module_names_per_stage(source: ModelSource, num_stages: int,
     return names
 
 
-# --- launching (ppsim's launcher and process group, this module's rank body) ------------------------------------
-def launch(spec: ExecSpec) -> Measurement:
-    """Run ``spec`` through torchtitan's path on ``spec.schedule.num_ranks`` local processes; rank 0's
-    measurement."""
-    from ppsim.calibrate.execute import executor
+# --- the runner (ppsim's launcher and process group, torchtitan's stages and schedule) -----------------------------
+class TorchtitanRunner:
+    """The :class:`~ppsim.calibrate.execute.steps.Runner` whose ranks build stages and schedule with torchtitan's
+    pipeline helpers (:func:`_build`), timed by the shared step loop."""
 
-    return executor.launch(spec, body=_run_rank)
+    name = "torchtitan"
 
+    def launch(self, spec: ExecSpec) -> Measurement:
+        from ppsim.calibrate.execute.steps import launch_local
 
-def run_rank(spec: ExecSpec, *, rank: int, world: int, store: Any | None = None) -> Measurement | None:
-    """Run ``spec`` as rank ``rank`` of ``world`` through torchtitan's helpers (``store=None``: torchrun's
-    environment); rank 0 returns the gathered measurement."""
-    from ppsim.calibrate.execute import executor
+        return launch_local(spec, _run_rank)
 
-    return executor.run_rank(spec, rank=rank, world=world, store=store, body=_run_rank)
+    def run_rank(self, spec: ExecSpec, *, rank: int, world: int, store: Any | None = None) -> Measurement | None:
+        from ppsim.calibrate.execute.steps import run_in_group
+
+        return run_in_group(spec, rank=rank, world=world, store=store, body=_run_rank)
 
 
 # --- one rank ---------------------------------------------------------------------------------------------------
@@ -216,7 +215,8 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
 def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measurement | None:
     import torch
 
-    from ppsim.calibrate.execute import executor, torch_adapter
+    from ppsim.calibrate.execute import torch_adapter
+    from ppsim.calibrate.execute.steps import Clock, RankRun, checkpoint_chosen, measure_rank
     from ppsim.formats import write_csv
 
     schedule, source = spec.schedule, spec.source
@@ -226,10 +226,10 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     with tempfile.TemporaryDirectory(prefix="ppsim-titan-") as tmp:
         csv_path = str(write_csv(schedule, os.path.join(tmp, "order.csv")))
         stages, parts, runtime = _build(spec, rank, world, device, csv_path)
-    clock = executor._Clock(None, cuda)
+    clock = Clock(None, cuda)
     for st in stages:
         torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post)
-    executor.checkpoint_chosen(spec, stages, parts)
+    checkpoint_chosen(spec, stages, parts)
     compute_loss = runtime._maybe_compute_loss
 
     def maybe_compute_loss(*args: Any, **kwargs: Any) -> None:  # the after-forward stamp
@@ -246,10 +246,10 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     def reference(pipelined: dict[str, Any]) -> ReferenceCheck:
         return summed_reference(source, schedule.num_microbatches, pipelined, seed=spec.seed, device=device)
 
-    rank_run = executor.RankRun(parts=by_stage, runtime=runtime, clock=clock, tokens=tokens, targets=targets,
-                                has_first=any(st.is_first for st in stages), has_last=any(st.is_last for st in stages),
-                                grad_name=grad_name)
-    measurement = executor.measure_rank(spec, rank, world, device, rank_run, reference=reference)
+    rank_run = RankRun(parts=by_stage, runtime=runtime, clock=clock, tokens=tokens, targets=targets,
+                       has_first=any(st.is_first for st in stages), has_last=any(st.is_last for st in stages),
+                       grad_name=grad_name)
+    measurement = measure_rank(spec, rank, world, device, rank_run, reference=reference)
     if measurement is None:
         return None
     import dataclasses

@@ -1,7 +1,8 @@
 """The `ppsim` command line (typer). Commands and options follow ../shared/cli-contract.md.
 
 One module per command group registers its commands on the one ``app`` (``_app.py``): ``schedules`` (list, show,
-validate, export), ``simulation`` (simulate, plot, report), ``search`` (search), ``torch_cmds`` (calibrate, run). Options used by several
+validate, export), ``simulation`` (simulate, plot, report), ``search`` (search), ``calibrate`` and ``run``
+(torch imported inside them). Options used by several
 commands are declared once in ``options.py``. The CLI is the only layer that may import every other one.
 
 User mistakes (:class:`ppsim.errors.PPSimError`, missing or unwritable files) print one line on stderr and exit 2;
@@ -15,7 +16,7 @@ import sys
 
 import typer
 
-from ppsim.cli import schedules, search, simulation, torch_cmds  # noqa: F401  (importing registers the commands)
+from ppsim.cli import calibrate, run, schedules, search, simulation  # noqa: F401  (importing registers the commands)
 from ppsim.cli._app import app
 from ppsim.cli.common import os_error_line
 from ppsim.io import check_writable, fmt_bytes, parse_bytes

@@ -69,9 +69,10 @@ TorchtitanConfigOpt = Annotated[
     Optional[str],
     typer.Option("--torchtitan-config", metavar="MODULE:CONFIG|TOML",
                  help="torchtitan job config: a config function of torchtitan's registry (e.g. "
-                 "llama3:llama3_debugmodel; needs the torchtitan extra) or an older release's job TOML; simulate the "
-                 "pipeline it would run. Override its keys as torchtitan does: --parallelism.KEY VALUE, "
-                 "--training.KEY VALUE."),
+                 "llama3:llama3_debugmodel; needs the torchtitan extra) or an older release's job TOML. simulate, "
+                 "plot, report: the pipeline it would run; calibrate: its model, training.seq_len and "
+                 "pipeline_parallel_microbatch_size; run: all of these. Override its keys as torchtitan does: "
+                 "--parallelism.KEY VALUE, --training.KEY VALUE."),
 ]
 MemCapOpt = Annotated[
     Optional[str], typer.Option("--memory-cap", help="Flag ranks whose peak memory exceeds BYTES (e.g. 80e9, 80GiB).")
@@ -105,6 +106,35 @@ AllowLargeOpt = Annotated[
         "exports 200k actions; figures 50k actions, 1000 ranks), which can take minutes and gigabytes.",
     ),
 ]
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+# --- the model `calibrate` measures and `run` executes (ppsim.calibrate.models) -----------------------------------
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option("--model", metavar="SOURCE", help="builtin:NAME (tiny, 1b, 8b), torchtitan:FAMILY/FLAVOR (e.g. "
+                 "torchtitan:llama3/debugmodel) or python:PKG.MODULE:FACTORY. Default: builtin:tiny (run with "
+                 "--profile: the profile's model)."),
+]
+PresetOpt = Annotated[Optional[str], typer.Option("--preset", help="Alias of --model builtin:NAME: tiny, 1b, 8b.")]
+HiddenOpt = Annotated[Optional[int], typer.Option("--hidden", help="Hidden size (overrides the preset).")]
+HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="Attention heads; must divide --hidden.")]
+FfnOpt = Annotated[Optional[int], typer.Option("--ffn", help="SwiGLU inner size.")]
+LayersOpt = Annotated[
+    Optional[int],
+    typer.Option("--layers", help="Layers in the whole model (any --model; torchtitan: the flavor's layers "
+                 "truncated, or extended with its last layer's kind)."),
+]
+VocabOpt = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size.")]
+SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", help="Tokens per sequence.")]
+MbSizeOpt = Annotated[Optional[int], typer.Option("--mb-size", help="Sequences per microbatch.")]
+DTypeOpt = Annotated[Optional[DType], typer.Option("--dtype", case_sensitive=False,
+                                                    help="float32, bfloat16 or float16.")]
 
 
 class ExportFormat(str, Enum):

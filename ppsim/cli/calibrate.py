@@ -1,0 +1,227 @@
+"""`ppsim calibrate`: option checks, then the one request (:class:`CalibrationOptions`), the library call, output.
+
+Every option is checked here before torch is imported (a bad integer is refused at once); the model is resolved once,
+here (:func:`resolve_model`), and travels in the request; the work is done by
+:func:`ppsim.calibrate.measure.calibration.calibrate`.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from ppsim.cli._app import app
+from ppsim.cli.common import job_overrides, user_errors, warn
+from ppsim.cli.options import (
+    DType,
+    DTypeOpt,
+    FfnOpt,
+    HeadsOpt,
+    HiddenOpt,
+    LayersOpt,
+    MbSizeOpt,
+    ModelOpt,
+    PresetOpt,
+    SeqLenOpt,
+    TorchtitanConfigOpt,
+    VocabOpt,
+)
+from ppsim.errors import PPSimError
+from ppsim.limits import check_timeout
+from ppsim.torchtitan import JOB_CONTEXT
+
+if TYPE_CHECKING:
+    from ppsim.calibrate.models import ModelOptions, ModelSource
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+@app.command("calibrate", context_settings=JOB_CONTEXT)
+@user_errors
+def calibrate_cmd(
+    ctx: typer.Context,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Profile JSON to write (atomically, as it goes).")],
+    device: Annotated[Device, typer.Option("--device", case_sensitive=False, help="cpu or cuda.")] = Device.cpu,
+    model: ModelOpt = None,
+    preset: PresetOpt = None,
+    hidden: HiddenOpt = None,
+    heads: HeadsOpt = None,
+    ffn: FfnOpt = None,
+    layers: LayersOpt = None,
+    vocab: VocabOpt = None,
+    seq_len: SeqLenOpt = None,
+    mb_size: MbSizeOpt = None,
+    dtype: DTypeOpt = None,
+    stages: Annotated[
+        Optional[int],
+        typer.Option("--stages", help="With --check-stages: how many stages (torchtitan's default split) to "
+                     "measure whole (default 4). The profile's blocks serve any stage count."),
+    ] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed repetitions before each measurement.")] = 3,
+    reps: Annotated[int, typer.Option("--reps", help="Timed repetitions per measurement.")] = 20,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the unfinished profile in -o without repeating finished work.")
+    ] = False,
+    p2p: Annotated[
+        bool,
+        typer.Option("--p2p/--no-p2p", help="Measure p2p latency/bandwidth (two local processes without torchrun)."),
+    ] = True,
+    probe: Annotated[
+        bool,
+        typer.Option("--probe/--no-probe", help="Calibrate the runtime overheads with a short probe run of a fixed "
+                     "reference schedule (1F1B, 2 local ranks)."),
+    ] = True,
+    check_stages: Annotated[
+        bool, typer.Option("--check-stages", help="Also measure --stages stages whole (composition check).")
+    ] = False,
+    init_timeout: Annotated[
+        float, typer.Option("--init-timeout", help="Seconds to wait for the other ranks to join.")
+    ] = 60.0,
+    override_limits: Annotated[
+        bool, typer.Option("--allow-large", help="Run even when the memory or time estimate exceeds the limits.")
+    ] = False,
+    torchtitan_config: TorchtitanConfigOpt = None,
+) -> None:
+    """Measure the model's blocks (embedding, layer, head), the per-stage overhead, p2p cost and the runtime's
+    overheads on this machine; write a profile that serves any schedule and stage count."""
+    from ppsim.calibrate.measure.calibration import CalibrationOptions, check_limits
+
+    stages = _checked_stages(stages, check_stages=check_stages, warmup=warmup, reps=reps)
+    check_timeout("--init-timeout", init_timeout, least=1.0)
+    overrides = job_overrides(ctx, torchtitan_config)
+    check_output(output, "-o", suffix=".json")
+    sizes = model_options(hidden=hidden, heads=heads, ffn=ffn, layers=layers, vocab=vocab, seq_len=seq_len,
+                          mb_size=mb_size, dtype=dtype)
+    if torchtitan_config is None:
+        source = resolve_model(model, preset, sizes, device=device.value)
+    else:
+        from ppsim.calibrate.torchtitan.job import calibration_source
+
+        source, notes = calibration_source(torchtitan_config, overrides, model=model, preset=preset, options=sizes,
+                                           device=device.value)
+        warn(notes)
+    config = source.config
+    request = CalibrationOptions(
+        output=output, config=config, num_stages=stages, device=device.value, warmup=warmup, reps=reps,
+        resume=resume, p2p=p2p, probe=probe, check_stages=check_stages, init_timeout_s=init_timeout,
+        override_limits=override_limits, source=source,
+    )
+    try:
+        check_limits(request)  # before torch: the estimate needs none
+    except PPSimError as exc:
+        if torchtitan_config is None or seq_len is not None or config.seq_len <= 128:
+            raise
+        raise PPSimError(f"{exc}; the job's training.seq_len is {config.seq_len}: e.g. --training.seq_len 128 "
+                         "lowers it") from None
+    if check_stages:  # after the estimate: the split takes time in the number of stages
+        from ppsim.split import default_split
+
+        default_split(config.layers, stages)
+    _calibrate(request)
+
+
+def _checked_stages(stages: int | None, *, check_stages: bool, warmup: int, reps: int) -> int:
+    """``--stages`` (default 4) after the counts' checks; a ``--stages`` without ``--check-stages`` warns."""
+    for name, value, least in (("--warmup", warmup, 0), ("--reps", reps, 1)):
+        if value < least:
+            raise PPSimError(f"{name} {value}: must be at least {least}; e.g. {name} {max(least, 3)}")
+    if stages is not None and stages < 1:
+        raise PPSimError(f"--stages {stages}: must be at least 1; e.g. --stages 4")
+    if stages is not None and not check_stages:  # the Slurm scripts pass it always: a warning, not a refusal
+        typer.echo(f"warning: --stages {stages} is used only with --check-stages (the profile's blocks serve any "
+                   "stage count), so it is ignored", err=True)
+    return 4 if stages is None else stages
+
+
+def _calibrate(request: Any) -> None:
+    """The library call and its output (a Ctrl-C keeps what was measured)."""
+    from ppsim.calibrate.measure.calibration import calibrate
+
+    try:
+        doc = calibrate(request)
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted; finished measurements are in {request.output}; continue with --resume", err=True)
+        raise typer.Exit(code=130) from None
+    if doc is not None:
+        print_profile_summary(doc)
+        typer.echo(str(request.output))
+
+
+def model_options(*, dtype: DType | None = None, **sizes: int | None) -> ModelOptions:
+    """The model-size options as one value (checked: each a positive integer)."""
+    from ppsim.calibrate.models import ModelOptions
+
+    return ModelOptions(**sizes, dtype=None if dtype is None else dtype.value)
+
+
+def resolve_model(model: str | None, preset: str | None, sizes: ModelOptions, *, device: str = "cpu") -> ModelSource:
+    """``--model`` (or its alias ``--preset``) with the model-size options, resolved without building anything: the
+    one place the command line's model is resolved."""
+    from ppsim.calibrate.models import parse_model_source
+
+    return parse_model_source(model, sizes, device=device, preset=preset)
+
+
+def check_output(path: Path, what: str, *, suffix: str | None = None) -> None:
+    """An output ``calibrate`` or ``run`` writes: writable, not a folder, with ``suffix`` when given."""
+    from ppsim.io import check_writable
+
+    check_writable(path, option=what, example="profile.json" if suffix == ".json" else "run.json")  # a folder too
+    if suffix is not None and path.suffix.lower() != suffix:
+        raise PPSimError(f"{what} {path}: a profile is JSON; use a name ending in {suffix}")
+
+
+def print_profile_summary(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def cell(stat: Any) -> str:
+        if stat is None:
+            return "-"
+        return f"{stat['median'] * 1e3:.3g} \\[{stat['p10'] * 1e3:.3g}-{stat['p90'] * 1e3:.3g}]"
+
+    wall = (doc.get("method") or {}).get("wall_s")
+    name = (doc.get("source") or {}).get("source") or doc["model"]["preset"]
+    table = Table(title=f"blocks of the {name} model on {doc['device_name']}"
+                  + (f" ({wall:.1f} s)" if wall is not None else "") + "; ms: median \\[p10-p90]")
+    for col in ("block", "F", "B", "I", "W", "FB", "activations", "freed by I"):
+        table.add_column(col, justify="right")
+    rows = dict(doc.get("blocks") or {})
+    if doc.get("stage_overhead"):
+        rows["per-stage overhead"] = doc["stage_overhead"]
+    for name, block in rows.items():
+        table.add_row(name, *(cell(block.get(op)) for op in ("F", "B", "I", "W", "FB")),
+                      fmt_bytes(block.get("activation_bytes")), fmt_bytes(block.get("activation_bytes_freed_by_I")))
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console = Console(stderr=True, width=130)
+    console.print(table)
+    p = doc.get("p2p")
+    if p is not None:
+        console.print(f"p2p: alpha {p['alpha_s'] * 1e6:.1f} us, beta {p['beta_bytes_per_s'] / 1e9:.3g} GB/s "
+                      f"(fit error {p['fit_rel_error']:.1%})")
+    rt = doc.get("runtime")
+    if rt:
+        scale = ", ".join(f"{k} rank(s): x{v:.2f}" for k, v in rt["compute_scale"].items())
+        handoff = "-" if rt.get("handoff_s") is None else f"{rt['handoff_s'] * 1e6:.0f} us"
+        console.print(f"runtime (probe {rt['probe']['schedule']} on {rt['probe']['ranks']} ranks): compute scale "
+                      f"{scale}; dispatch {rt['dispatch_s'] * 1e6:.0f} us per computation; hand-off {handoff}")
+        syn = rt.get("synthetic")
+        if syn:
+            handoff = "-" if syn.get("handoff_s") is None else f"{syn['handoff_s'] * 1e6:.0f} us"
+            console.print(f"runtime, synthetic stages: dispatch {syn['dispatch_s'] * 1e6:.0f} us, hand-off {handoff}")
+    for note in doc.get("notes") or []:
+        console.print(f"note: {note}")
+
+
+def fmt_bytes(n: Any) -> str:
+    """Bytes for a table cell; ``-`` for none."""
+    from ppsim.io import fmt_bytes as fmt
+
+    return "-" if n is None else fmt(n)
