@@ -1,0 +1,92 @@
+"""`simulate --torchtitan-config MODULE:CONFIG`: each PP rank's memory for the whole job (PP x FSDP x TP) from the
+model's shapes (:mod:`ppsim.calibrate.job_shapes`, :func:`ppsim.memory.job_memory`), and the verdict per rank
+against ``--memory-cap``. Needs no profile; the step time does."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from ppsim.memory import PARTS, RankMemory, fmt_gib
+
+if TYPE_CHECKING:
+    from ppsim.cli.common import Inputs
+    from ppsim.result import SimResult
+
+
+def job_config_context(torchtitan_config: object) -> Any:
+    """Reading a config function with its hardware-bound converters set aside (their notes go on stderr)."""
+    from ppsim.torchtitan import is_registry_name
+
+    if torchtitan_config is None or not is_registry_name(str(torchtitan_config)):
+        return nullcontext()
+    return _quiet_converters()
+
+
+@contextmanager
+def _quiet_converters() -> Iterator[None]:
+    try:
+        from ppsim.calibrate.job_shapes import converters_set_aside
+    except ImportError:  # torchtitan missing: the job loader says so
+        yield
+        return
+    with converters_set_aside():
+        yield
+
+
+def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, overrides: Sequence[str],
+                  cap: int | None) -> list[RankMemory] | None:
+    """Each PP rank's memory for a config function's job (``None`` for a TOML job: its model is not built)."""
+    from ppsim.torchtitan import is_registry_name
+
+    job = inputs.job
+    if job is None or not is_registry_name(str(torchtitan_config)) or job.stage_modules is None:
+        return None
+    from ppsim.calibrate.job_shapes import job_shapes
+    from ppsim.calibrate.titan_config import read_job_settings
+    from ppsim.memory import job_memory
+
+    with _quiet_converters():
+        settings = read_job_settings(str(torchtitan_config), overrides)
+    shapes, degrees = job_shapes(str(torchtitan_config), settings)
+    for note in shapes.notes:
+        typer.echo(f"memory: {note}", err=True)
+    typer.echo(f"memory: degrees pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x dp_replicate "
+               f"{degrees.dp_replicate} ({degrees.world_size} devices); parameters {shapes.master_dtype}, gathered "
+               f"{shapes.param_dtype}, gradients reduced in {shapes.reduce_dtype}", err=True)
+    if not result.costs.has_memory and inputs.cost_model.blocks is None:
+        typer.echo("memory: no --profile, so the step time above uses unit costs (F=1, B=2): memory needs only "
+                   "the shapes, the step time needs `ppsim calibrate`'s profile", err=True)
+    return job_memory(shapes, degrees=degrees, schedule=result.schedule, stage_modules=job.stage_modules,
+                      recompute=result.recompute, cap_bytes=cap)
+
+
+def with_memory(per_run: dict[str, Any], memory: list[RankMemory] | None) -> dict[str, Any]:
+    """``simulate --json``'s dict with each rank's peak, parts and fit from the job's shapes."""
+    if memory is None:
+        return per_run
+    for row, mem in zip(per_run["per_rank"], memory):
+        row.update(peak_memory_bytes=mem.peak_memory_bytes, memory_parts=dict(mem.parts), fits=mem.fits,
+                   memory_during=mem.during, memory_verdict=mem.verdict() or None)
+    return per_run
+
+
+def print_memory(memory: list[RankMemory] | None, cap_text: str | None, cap: int | None) -> None:
+    if memory is None:
+        return
+    from rich.table import Table
+
+    from ppsim.cli.common import console
+
+    read = "" if cap is None else f" — cap {cap_text} read as {cap} bytes ({fmt_gib(cap)})"
+    table = Table(title=f"memory per PP rank (GiB) at its high point{read}")
+    for col in ("rank", *PARTS, "peak", "during", "verdict"):
+        table.add_column(col, justify="left" if col in ("during", "verdict") else "right")
+    for m in memory:
+        verdict = m.verdict() or "-"
+        table.add_row(str(m.rank), *(f"{m.parts[p] / 2**30:.2f}" for p in PARTS), f"{m.peak_memory_bytes / 2**30:.2f}",
+                      m.during, f"[bold red]{verdict}[/]" if m.fits is False else verdict)
+    console().print(table)
