@@ -99,13 +99,10 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = ()) -> tuple
     check_degrees(degrees, num_heads=attn.n_heads, num_kv_heads=getattr(attn, "n_kv_heads", None) or attn.n_heads,
                   num_layers=len(layers), num_experts=experts,
                   fix="pass --parallelism.KEY VALUE with a degree that divides it")
-    kinds: dict[str, int] = {}
-    kind_of = [kinds.setdefault(repr(layer), len(kinds)) for layer in layers]
-    firsts = [kind_of.index(k) for k in range(len(kinds))]
-    model_cfg.layers = [layers[i] for i in firsts]
     model_cfg.update_from_config(config=config)
     local = _local_shapes(model_cfg, degrees.tp)
-    model_cfg.layers = layers
+    kinds: dict[tuple[tuple[str, tuple[int, ...]], ...], int] = {}
+    kind_of = [kinds.setdefault(local[f"layers.{i}"], len(kinds)) for i in range(len(layers))]
     ac = _ac_mode(config.activation_checkpoint)
     tokens = training.seq_len * parallelism.pipeline_parallel_microbatch_size
     sp = degrees.tp > 1 and parallelism.enable_sequence_parallel
@@ -113,7 +110,7 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = ()) -> tuple
     act_bytes = torch.empty((), dtype=getattr(torch, training.mixed_precision_param)).element_size()
     blocks: dict[str, BlockShapes] = {}
     for i, k in enumerate(kind_of):
-        tensors = local[f"layers.{firsts[k]}"]
+        tensors = local[f"layers.{i}"]
         blocks[f"layers.{i}"] = _layer_block(f"layer{k}" if len(kinds) > 1 else "layer", tensors, tokens=tokens,
                                              dim=dim, tp=degrees.tp, sp=sp, ac=ac, act_bytes=act_bytes)
     blocks["tok_embeddings"] = BlockShapes("embedding", local["tok_embeddings"], saved_bytes=tokens * 8)
@@ -123,7 +120,7 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = ()) -> tuple
     blocks["lm_head"] = BlockShapes("head", local["lm_head"], saved_bytes=tokens * (dim + vocab_local) * act_bytes,
                                     backward_transient_bytes=tokens * vocab_local * 4)
     extra = [f"activation_checkpoint {ac!r}" + (": counted as 'none' (an upper bound)" if ac == "selective" else "")]
-    if len(kinds) > 1 or any(_linear_names(local[f"layers.{f}"]) is None for f in firsts):
+    if len(kinds) > 1 or any(_linear_names(t) is None for t in kinds):
         extra.append("a layer kind other than a dense attention+FFN block: its activations count each linear's "
                      "input only")
     shapes = JobShapes(

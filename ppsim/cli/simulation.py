@@ -80,7 +80,8 @@ def simulate_cmd(
                               overrides=job_overrides(ctx, torchtitan_config))
     names, cost_model = inputs.names, inputs.cost_model
     cap = parse_bytes(memory_cap)
-    warn_cap_without_bytes(cap, cost_model)
+    if inputs.job is None or inputs.job.stage_modules is None:  # a job's memory comes from its shapes
+        warn_cap_without_bytes(cap, cost_model)
     comparison = compare(
         names, builder=lambda name: inputs.schedule(name, directions, allow_large=allow_large),
         costs=cost_model, scope=cost_scope, memory_cap_bytes=cap, allow_large=allow_large,
