@@ -133,8 +133,63 @@ def test_405b_parameter_bytes_per_rank_equal_a_hand_count_from_the_flavor() -> N
 
 
 @pytest.mark.torch
-def test_fill_the_world_shard_degree_is_refused_in_one_line() -> None:
-    result = runner.invoke(app, ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel",
-                                 "--parallelism.pipeline_parallel_degree", "2"])
+def test_fill_the_world_shard_degree_is_refused_in_one_line_when_a_verdict_is_asked() -> None:
+    args = ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel", "--parallelism.pipeline_parallel_degree",
+            "2"]
+    result = runner.invoke(app, [*args, "--memory-cap", "1GiB"])
     assert result.exit_code == 2
     assert "data_parallel_shard_degree -1" in result.output and "Traceback" not in result.output
+    without_cap = runner.invoke(app, args)
+    assert without_cap.exit_code == 0 and "memory: not counted" in without_cap.output
+
+
+@pytest.mark.torch
+def test_a_tensor_parallel_degree_that_does_not_divide_the_heads_is_one_line() -> None:
+    result = runner.invoke(app, ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel",
+                                 "--parallelism.pipeline_parallel_degree", "2",
+                                 "--parallelism.tensor_parallel_degree", "3",
+                                 "--parallelism.data_parallel_shard_degree", "1", "--memory-cap", "80GiB"])
+    assert result.exit_code == 2, result.output
+    assert "tensor_parallel_degree 3 does not divide" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.torch
+def test_sharded_count_equals_fsdp2_padded_shard_on_a_fake_process_group() -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dp = 4
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(3, 7, bias=False), torch.nn.Linear(7, 9), torch.nn.LayerNorm(5))
+    dist.init_process_group("fake", rank=0, world_size=dp)
+    try:
+        fully_shard(model, mesh=init_device_mesh("cpu", (dp,)))
+        fsdp_params = model._get_fsdp_state()._fsdp_param_group.fsdp_params
+        measured = sum(fp._sharded_param_data.numel() for fp in fsdp_params)
+    finally:
+        dist.destroy_process_group()
+    block = BlockShapes("layer", tuple((n, tuple(p.shape)) for n, p in model.named_parameters()), saved_bytes=0)
+    assert block.sharded_numel(dp) == measured
+
+
+@pytest.mark.torch
+def test_tensor_parallel_shapes_are_torchtitans_colwise_and_rowwise() -> None:
+    from ppsim.calibrate.job_shapes import job_shapes
+    from ppsim.calibrate.titan_config import read_job_settings
+
+    settings = read_job_settings("llama3:llama3_debugmodel", [
+        "--parallelism.pipeline_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",
+        "--parallelism.data_parallel_shard_degree", "1"])
+    shapes, degrees = job_shapes("llama3:llama3_debugmodel", settings)
+    assert degrees == Degrees(pp=2, tp=2)
+    whole, _ = job_shapes("llama3:llama3_debugmodel", read_job_settings("llama3:llama3_debugmodel", [
+        "--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"]))
+    local = dict(shapes.blocks["layers.0"].tensors)
+    full = dict(whole.blocks["layers.0"].tensors)
+    assert local["attention.qkv_linear.wqkv.weight"][0] * 2 == full["attention.qkv_linear.wqkv.weight"][0]
+    assert local["attention.wo.weight"][1] * 2 == full["attention.wo.weight"][1]
+    assert local["feed_forward.w1.weight"][0] * 2 == full["feed_forward.w1.weight"][0]
+    assert local["feed_forward.w2.weight"][1] * 2 == full["feed_forward.w2.weight"][1]
+    assert local["attention_norm.weight"] == full["attention_norm.weight"]

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ppsim.memory import PARTS, RankMemory, fmt_gib
+from ppsim.errors import PPSimError
+from ppsim.memory import PARTS, Degrees, JobMemoryError, JobShapes, RankMemory, fmt_gib
 
 if TYPE_CHECKING:
     from ppsim.cli.common import Inputs
@@ -45,13 +46,15 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
     job = inputs.job
     if job is None or not is_registry_name(str(torchtitan_config)) or job.stage_modules is None:
         return None
-    from ppsim.calibrate.job_shapes import job_shapes
-    from ppsim.calibrate.titan_config import read_job_settings
     from ppsim.memory import job_memory
 
-    with _quiet_converters():
-        settings = read_job_settings(str(torchtitan_config), overrides)
-    shapes, degrees = job_shapes(str(torchtitan_config), settings)
+    try:
+        shapes, degrees = _shapes_of(str(torchtitan_config), overrides)
+    except JobMemoryError as exc:
+        if cap is not None:  # a verdict was asked for: say why there is none
+            raise
+        typer.echo(f"memory: not counted: {exc}", err=True)
+        return None
     for note in shapes.notes:
         typer.echo(f"memory: {note}", err=True)
     typer.echo(f"memory: degrees pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x dp_replicate "
@@ -62,6 +65,22 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
                    "the shapes, the step time needs `ppsim calibrate`'s profile", err=True)
     return job_memory(shapes, degrees=degrees, schedule=result.schedule, stage_modules=job.stage_modules,
                       recompute=result.recompute, cap_bytes=cap)
+
+
+def _shapes_of(value: str, overrides: Sequence[str]) -> tuple[JobShapes, Degrees]:
+    from ppsim.calibrate.job_shapes import job_shapes
+    from ppsim.calibrate.titan_config import read_job_settings
+
+    with _quiet_converters():
+        settings = read_job_settings(value, overrides)
+    try:
+        return job_shapes(value, settings)
+    except (PPSimError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # torchtitan's own refusal of this model or these degrees
+        raise JobMemoryError(f"--torchtitan-config {value}: torchtitan could not build and shard the job's model on "
+                             f"the meta device ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                             "); change the degrees it names") from None
 
 
 def with_memory(per_run: dict[str, Any], memory: list[RankMemory] | None) -> dict[str, Any]:
