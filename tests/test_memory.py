@@ -193,3 +193,18 @@ def test_tensor_parallel_shapes_are_torchtitans_colwise_and_rowwise() -> None:
     assert local["feed_forward.w1.weight"][0] * 2 == full["feed_forward.w1.weight"][0]
     assert local["feed_forward.w2.weight"][1] * 2 == full["feed_forward.w2.weight"][1]
     assert local["attention_norm.weight"] == full["attention_norm.weight"]
+
+
+@pytest.mark.torch
+def test_simulate_prints_each_ranks_parts_and_says_how_the_cap_was_read() -> None:
+    args = ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel", "--parallelism.pipeline_parallel_degree",
+            "2", "--parallelism.data_parallel_shard_degree", "1"]
+    decimal = runner.invoke(app, [*args, "--memory-cap", "80GB"], env={"COLUMNS": "200"})
+    assert decimal.exit_code == 0, decimal.output
+    assert "80GB read as 80000000000 bytes" in decimal.output and "fits, " in decimal.output
+    tiny = runner.invoke(app, [*args, "--memory-cap", "1MiB", "--json"])
+    assert tiny.exit_code == 0, tiny.output
+    rows = json.loads(tiny.stdout)["per_rank"]
+    assert [r["fits"] for r in rows] == [False, False]
+    assert rows[0]["memory_verdict"].startswith("over by ") and "on rank 0 during " in rows[0]["memory_verdict"]
+    assert set(rows[0]["memory_parts"]) == set(PARTS)
