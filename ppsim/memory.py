@@ -109,6 +109,9 @@ class RankMemory:
     during: str
     cap_bytes: int | None = None
     static_bytes: Mapping[str, int] = field(default_factory=dict)
+    """Sharded parameters, optimizer and gradients, the gathered parameters and the p2p buffers, in bytes."""
+    end_bytes: int = 0
+    """Held after the rank's last action (between steps, before the optimizer frees the gradients)."""
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -181,13 +184,6 @@ def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int) -> _Stag
     )
 
 
-def static_parts(shapes: JobShapes, stage_modules: Sequence[Sequence[str]], *, dp_shard: int) -> dict[str, int]:
-    """Sharded parameters, optimizer state and (end-of-step) sharded gradients of these stages, in bytes."""
-    master = DTYPE_BYTES[shapes.master_dtype]
-    sharded = sum(_stage_of(shapes, mods, dp_shard).sharded for mods in stage_modules)
-    return {"parameters": sharded * master, "optimizer": 2 * sharded * master, "gradients": sharded * master}
-
-
 def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
                stage_modules: Sequence[Sequence[str]], recompute: AbstractSet[tuple[int, int]] = frozenset(),
                cap_bytes: int | None = None) -> list[RankMemory]:
@@ -241,25 +237,26 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
             if shapes.reshard_after_forward:
                 state["gathered"] -= st.gathered * param
             continue
-        first_b = i == firsts[(s, ActionType.B)]
-        if shapes.reshard_after_forward and (first_b or c.type is not ActionType.I):
+        if shapes.reshard_after_forward:  # every backward regathers its stage's parameters
             state["gathered"] += st.gathered * param
-        if c.type in backward and first_b:
+        if c.type in backward and i == firsts[(s, ActionType.B)]:
             state["accum"] += st.gathered * reduce
         transient = st.bwd_transient + (st.saved - st.kept if rc else 0)
         consider(transient, 0, label)
         if c.type is not ActionType.I:  # I keeps what W needs: counted held until W
             state["act"] -= saved
-        if i == lasts[(s, ActionType.B)] and c.type is not ActionType.I:
+        if c.type is not ActionType.I and i == lasts[(s, ActionType.B)]:
             state["accum"] -= st.gathered * reduce
             state["grads"] += st.sharded * master
             state["gathered"] -= st.gathered * param
-        elif shapes.reshard_after_forward and c.type is not ActionType.I:
+        elif shapes.reshard_after_forward:
             state["gathered"] -= st.gathered * param
     consider(0, 0, "the step's end")
+    end = 4 * sharded * master + buffers + state["gathered"] + state["accum"] + state["act"]
     static = {"parameters": sharded * master, "optimizer": 2 * sharded * master, "gradients": sharded * master,
               "gathered_parameters": sum(stages[s].gathered for s in own) * param, "p2p_buffers": buffers}
-    return RankMemory(rank=rank, parts=best[1], during=best[2], cap_bytes=cap_bytes, static_bytes=static)
+    return RankMemory(rank=rank, parts=best[1], during=best[2], cap_bytes=cap_bytes, static_bytes=static,
+                      end_bytes=end)
 
 
 def fmt_gib(num_bytes: int) -> str:
