@@ -57,9 +57,14 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
         return None
     for note in shapes.notes:
         typer.echo(f"memory: {note}", err=True)
-    typer.echo(f"memory: degrees pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x dp_replicate "
-               f"{degrees.dp_replicate} ({degrees.world_size} devices); parameters {shapes.master_dtype}, gathered "
-               f"{shapes.param_dtype}, gradients reduced in {shapes.reduce_dtype}", err=True)
+    typer.echo(f"memory: counts pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x dp_replicate "
+               f"{degrees.dp_replicate} ({degrees.world_size} devices; the step time is the pipeline's alone); "
+               f"parameters {shapes.master_dtype}, gathered {shapes.param_dtype}, gradients reduced in "
+               f"{shapes.reduce_dtype}", err=True)
+    for key, value in (("context_parallel_degree", degrees.cp), ("expert_parallel_degree", degrees.ep)):
+        if value > 1:
+            typer.echo(f"memory: parallelism.{key} = {value} is not counted: ppsim holds the rank's activations and "
+                       "experts whole (an upper bound)", err=True)
     if not result.costs.has_memory and inputs.cost_model.blocks is None:
         typer.echo("memory: no --profile, so the step time above uses unit costs (F=1, B=2): memory needs only "
                    "the shapes, the step time needs `ppsim calibrate`'s profile", err=True)
