@@ -132,7 +132,8 @@ class RankMemory:
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "peak_memory_bytes": self.peak_memory_bytes, "memory_parts": dict(self.parts),
-                "fits": self.fits, "during": self.during, "verdict": self.verdict() or None}
+                "fits": self.fits, "during": self.during, "verdict": self.verdict() or None,
+                "held": dict(self.static_bytes), "end_bytes": self.end_bytes}
 
 
 # --- checks ----------------------------------------------------------------------------------------------------

@@ -94,7 +94,8 @@ def with_memory(per_run: dict[str, Any], memory: list[RankMemory] | None) -> dic
         return per_run
     for row, mem in zip(per_run["per_rank"], memory):
         row.update(peak_memory_bytes=mem.peak_memory_bytes, memory_parts=dict(mem.parts), fits=mem.fits,
-                   memory_during=mem.during, memory_verdict=mem.verdict() or None)
+                   memory_during=mem.during, memory_verdict=mem.verdict() or None,
+                   memory_held=dict(mem.static_bytes))
     return per_run
 
 
