@@ -186,7 +186,8 @@ def _layer_block(kind: str, tensors: tuple[tuple[str, tuple[int, ...]], ...], *,
                  sp: bool, ac: str, act_bytes: int) -> BlockShapes:
     """A transformer layer's saved activations per microbatch, from its local shapes (``docs/memory.md``):
     without checkpointing, each norm's input (sequence-sharded under SP), each linear's input (shared inputs
-    once), q/k/v and the attention output, and the gated FFN's w1 and w3 outputs and their SiLU; with full
+    once), the fused q/k/v projection (kept alive by v, a view of it), the rotated q and k, the attention output,
+    and the gated FFN's w1 and w3 outputs and their SiLU; with full
     checkpointing, only the layer's input, the rest being recomputed inside its backward."""
     norm_tokens = tokens // tp if sp else tokens
     roles = _linear_names(tensors)
@@ -197,7 +198,9 @@ def _layer_block(kind: str, tensors: tuple[tuple[str, tuple[int, ...]], ...], *,
         qkv_out = roles["wqkv"][0] if "wqkv" in roles else sum(roles[k][0] for k in ("wq", "wk", "wv") if k in roles)
         ffn = roles["w1"][0]
         elements = tokens * (dim + roles["wo"][1] + dim + roles["w2"][1])  # linear inputs: qkv, wo, w1/w3, w2
-        elements += tokens * (qkv_out + (3 if "w3" in roles else 1) * ffn)
+        q_out = roles["wo"][1]
+        rotated = q_out + (qkv_out - q_out) // 2  # RoPE makes new q and k; v stays a view of the projection
+        elements += tokens * (qkv_out + rotated + (3 if "w3" in roles else 1) * ffn)
     elements += num_norms * norm_tokens * dim
     full = elements * act_bytes
     workspace = 2 * tokens * dim * act_bytes
