@@ -71,14 +71,17 @@ def simulate_cmd(
     recompute: RecomputeOpt = None,
 ) -> None:
     """Discrete-event replay; with -s A,B,C (or -s A -s B) simulates several and ranks them by makespan."""
+    from ppsim.cli.job_memory import job_config_context, job_memory_of, print_memory, with_memory
     from ppsim.compare import compare
 
-    inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
-                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config,
-                          overrides=job_overrides(ctx, torchtitan_config))
+    with job_config_context(torchtitan_config):
+        inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
+                              layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config,
+                              overrides=job_overrides(ctx, torchtitan_config))
     names, cost_model = inputs.names, inputs.cost_model
     cap = parse_bytes(memory_cap)
-    warn_cap_without_bytes(cap, cost_model)
+    if inputs.job is None or inputs.job.stage_modules is None:  # a job's memory comes from its shapes
+        warn_cap_without_bytes(cap, cost_model)
     comparison = compare(
         names, builder=lambda name: inputs.schedule(name, directions, allow_large=allow_large),
         costs=cost_model, scope=cost_scope, memory_cap_bytes=cap, allow_large=allow_large,
@@ -86,10 +89,12 @@ def simulate_cmd(
     )
     warn_comparison(comparison, several=len(names) > 1)
     results = list(comparison.results)
+    memory = job_memory_of(inputs, results[0], torchtitan_config, job_overrides(ctx, torchtitan_config), cap)
     if json_out:
-        echo_json(results[0].to_dict() if len(names) == 1 else [r.to_dict() for r in results])
+        echo_json(with_memory(results[0].to_dict(), memory) if len(names) == 1 else [r.to_dict() for r in results])
         return
     print_results(results)
+    print_memory(memory, memory_cap, cap)
 
 def print_results(results: list[SimResult]) -> None:
     from rich.table import Table

@@ -1,0 +1,211 @@
+"""A torchtitan job's model as one tensor-parallel rank holds it, without allocating it: the model is built on the
+meta device with one layer of each kind, ``update_from_config`` fills torchtitan's sharding plan from the job, and
+the model's own ``parallelize`` shards it on a fake process group (torch's ``"fake"`` backend, as torchtitan's
+``init_fake_mode`` uses it), so every parameter's local shape is torchtitan's. The result is plain data
+(:class:`ppsim.memory.JobShapes`) for :func:`ppsim.memory.job_memory`.
+
+Hardware-bound model converters (float8, MX: they refuse without torchao or without SM89) are set aside while the
+job is read (:func:`converters_set_aside`) and said in the notes: torchtitan 0.3.0's ``Float8Linear`` keeps its
+weights in their dtype (no float8 all-gather), so the stored parameters are unchanged; its per-matmul float8 casts
+are transient and not counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from ppsim.memory import BlockShapes, Degrees, JobMemoryError, JobShapes, check_degrees
+
+_CONVERTERS = (("torchtitan.components.quantization.float8", "Float8LinearConverter"),
+               ("torchtitan.components.quantization.float8", "Float8GroupedExpertsConverter"),
+               ("torchtitan.components.quantization.mx", "MXLinearConverter"),
+               ("torchtitan.components.quantization.mx", "MXGroupedExpertsConverter"))
+
+
+@contextmanager
+def converters_set_aside() -> Iterator[list[str]]:
+    """While inside, torchtitan's quantization converters build as no-ops; yields the notes naming each one set
+    aside (a job with a float8 converter is then readable on a CPU or a pre-SM89 GPU)."""
+    import importlib
+
+    notes: list[str] = []
+    saved: list[tuple[type, Any, Any]] = []
+
+    def make_init(name: str) -> Any:
+        def init(self: Any, config: Any) -> None:
+            self.config, self.enabled = config, False
+            notes.append(f"{name} set aside (hardware-bound); its weights are stored in their own dtype, so the "
+                         "memory counts them unchanged; the per-matmul low-precision casts are not counted")
+        return init
+
+    for module_name, cls_name in _CONVERTERS:
+        try:
+            cls = getattr(importlib.import_module(module_name), cls_name)
+        except (ImportError, AttributeError):
+            continue
+        saved.append((cls, cls.__init__, getattr(cls, "convert", None)))
+        cls.__init__ = make_init(cls_name)
+        cls.convert = lambda self, model_config: model_config
+    try:
+        yield notes
+    finally:
+        for cls, init, convert in saved:
+            cls.__init__ = init
+            if convert is not None:
+                cls.convert = convert
+
+
+def trainer_config(value: str) -> Any:
+    """The ``Trainer.Config`` of ``MODULE:CONFIG`` (converters set aside by the caller)."""
+    from ppsim.calibrate.titan_config import _call_config, _config_module, _parse_name
+
+    module_name, config_name = _parse_name(value)
+    return _call_config(value, _config_module(value, module_name), config_name)
+
+
+def degrees_of(parallelism: Any) -> Degrees:
+    """The job's degrees; ``data_parallel_shard_degree -1`` (fill the world) needs the world size, which a
+    simulation does not know, so it is refused with the fix."""
+    shard = int(parallelism["data_parallel_shard_degree"])
+    if shard < 1:
+        raise JobMemoryError(
+            f"parallelism.data_parallel_shard_degree {shard} fills the world size, which ppsim cannot know here; "
+            "pass --parallelism.data_parallel_shard_degree N (1 for no FSDP sharding)")
+    return Degrees(pp=int(parallelism["pipeline_parallel_degree"]), tp=int(parallelism["tensor_parallel_degree"]),
+                   dp_shard=shard, dp_replicate=int(parallelism["data_parallel_replicate_degree"]),
+                   cp=int(parallelism["context_parallel_degree"]), ep=int(parallelism["expert_parallel_degree"]))
+
+
+def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = ()) -> tuple[JobShapes, Degrees]:
+    """The TP-local shapes of ``MODULE:CONFIG``'s model and the job's degrees, ``settings`` being its
+    :class:`ppsim.torchtitan.JobSettings` (overrides applied)."""
+    import torch
+
+    with converters_set_aside() as set_aside:
+        config = trainer_config(value)
+    degrees = degrees_of(settings.parallelism)
+    parallelism = dataclasses.replace(config.parallelism, **{k: v for k, v in settings.parallelism.items()
+                                                              if hasattr(config.parallelism, k)})
+    training = dataclasses.replace(config.training, **{k: v for k, v in settings.training.items()
+                                                       if hasattr(config.training, k)})
+    config.parallelism, config.training = parallelism, training  # not replace(): its checks are the loader's
+    model_cfg = config.model_spec.model
+    layers = list(model_cfg.layers)
+    attn = layers[0].attention
+    experts = getattr(getattr(layers[-1], "moe", None), "num_experts", None)
+    check_degrees(degrees, num_heads=attn.n_heads, num_kv_heads=getattr(attn, "n_kv_heads", None) or attn.n_heads,
+                  num_layers=len(layers), num_experts=experts,
+                  fix="pass --parallelism.KEY VALUE with a degree that divides it")
+    model_cfg.update_from_config(config=config)
+    local = _local_shapes(model_cfg, degrees.tp)
+    kinds: dict[tuple[tuple[str, tuple[int, ...]], ...], int] = {}
+    kind_of = [kinds.setdefault(local[f"layers.{i}"], len(kinds)) for i in range(len(layers))]
+    ac = _ac_mode(config.activation_checkpoint)
+    tokens = training.seq_len * parallelism.pipeline_parallel_microbatch_size
+    sp = degrees.tp > 1 and parallelism.enable_sequence_parallel
+    dim = model_cfg.dim
+    act_bytes = torch.empty((), dtype=getattr(torch, training.mixed_precision_param)).element_size()
+    blocks: dict[str, BlockShapes] = {}
+    for i, k in enumerate(kind_of):
+        tensors = local[f"layers.{i}"]
+        blocks[f"layers.{i}"] = _layer_block(f"layer{k}" if len(kinds) > 1 else "layer", tensors, tokens=tokens,
+                                             dim=dim, tp=degrees.tp, sp=sp, ac=ac, act_bytes=act_bytes)
+    blocks["tok_embeddings"] = BlockShapes("embedding", local["tok_embeddings"], saved_bytes=tokens * 8)
+    norm_tokens = tokens // degrees.tp if sp else tokens
+    blocks["norm"] = BlockShapes("head", local["norm"], saved_bytes=norm_tokens * dim * act_bytes)
+    vocab_local = local["lm_head"][0][1][0]
+    blocks["lm_head"] = BlockShapes("head", local["lm_head"], saved_bytes=tokens * (dim + vocab_local) * act_bytes,
+                                    backward_transient_bytes=tokens * vocab_local * 4)
+    extra = [f"activation_checkpoint {ac!r}" + (": counted as 'none' (an upper bound)" if ac == "selective" else "")]
+    if len(kinds) > 1 or any(_linear_names(t) is None for t in kinds):
+        extra.append("a layer kind other than a dense attention+FFN block: its activations count each linear's "
+                     "input only")
+    shapes = JobShapes(
+        source=value, blocks=blocks, tp=degrees.tp, boundary_bytes=tokens * dim * act_bytes,
+        master_dtype=training.dtype, param_dtype=training.mixed_precision_param,
+        reduce_dtype=training.mixed_precision_reduce, activation_checkpoint=ac,
+        reshard_after_forward=parallelism.fsdp_reshard_after_forward == "always",
+        notes=tuple(notes) + tuple(dict.fromkeys(set_aside)) + tuple(extra),
+    )
+    return shapes, degrees
+
+
+def _ac_mode(ac_config: Any) -> str:
+    name = type(ac_config).__qualname__.split(".")[0].lower() if ac_config is not None else "none"
+    return "full" if "full" in name else "selective" if "selective" in name else "none"
+
+
+def _local_shapes(model_cfg: Any, tp: int) -> dict[str, tuple[tuple[str, tuple[int, ...]], ...]]:
+    """Per top-level block (``tok_embeddings``, ``layers.N``, ``norm``, ``lm_head``) its parameters' TP-local
+    shapes, from torchtitan's own ``parallelize`` on a fake process group of ``tp`` ranks."""
+    import torch
+    import torch.distributed as dist
+
+    with torch.device("meta"):
+        model = model_cfg.build()
+    if tp > 1:
+        from torchtitan.distributed.parallel_dims import ParallelDims
+
+        if dist.is_initialized():
+            raise JobMemoryError("a process group is already running in this process; read the job's shapes in a "
+                                 "fresh process")
+        dist.init_process_group("fake", rank=0, world_size=tp)
+        try:
+            dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, world_size=tp,
+                                spmd_backend="spmd_types")
+            dims.build_mesh()
+            model.parallelize(dims)
+        finally:
+            dist.destroy_process_group()
+    out: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+    for name, p in model.named_parameters():
+        t = getattr(p, "_local_tensor", p)
+        parts = name.split(".")
+        block = ".".join(parts[:2]) if parts[0] == "layers" else parts[0]
+        rest = ".".join(parts[2:] if parts[0] == "layers" else parts[1:])
+        out.setdefault(block, []).append((rest, tuple(t.shape)))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _linear_names(tensors: Sequence[tuple[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]] | None:
+    """A dense block's weights by role (qkv, wo, w1, w2, w3), or ``None`` for another kind."""
+    found: dict[str, tuple[int, ...]] = {}
+    for name, shape in tensors:
+        leaf = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
+        if leaf in ("wqkv", "wq", "wk", "wv", "wo", "w1", "w2", "w3"):
+            found[leaf] = shape
+    if not {"wo", "w1", "w2"} <= found.keys():
+        return None
+    return found
+
+
+def _layer_block(kind: str, tensors: tuple[tuple[str, tuple[int, ...]], ...], *, tokens: int, dim: int, tp: int,
+                 sp: bool, ac: str, act_bytes: int) -> BlockShapes:
+    """A transformer layer's saved activations per microbatch, from its local shapes (``docs/memory.md``):
+    without checkpointing, each norm's input (sequence-sharded under SP), each linear's input (shared inputs
+    once), the fused q/k/v projection (kept alive by v, a view of it), the rotated q and k, the attention output,
+    and the gated FFN's w1 and w3 outputs and their SiLU; with full
+    checkpointing, only the layer's input, the rest being recomputed inside its backward."""
+    norm_tokens = tokens // tp if sp else tokens
+    roles = _linear_names(tensors)
+    num_norms = sum(1 for name, shape in tensors if "norm" in name and len(shape) == 1)
+    if roles is None:  # each 2-D weight's input
+        elements = sum(tokens * shape[1] for _, shape in tensors if len(shape) == 2)
+    else:
+        qkv_out = roles["wqkv"][0] if "wqkv" in roles else sum(roles[k][0] for k in ("wq", "wk", "wv") if k in roles)
+        ffn = roles["w1"][0]
+        elements = tokens * (dim + roles["wo"][1] + dim + roles["w2"][1])  # linear inputs: qkv, wo, w1/w3, w2
+        q_out = roles["wo"][1]
+        rotated = q_out + (qkv_out - q_out) // 2  # RoPE makes new q and k; v stays a view of the projection
+        elements += tokens * (qkv_out + rotated + (3 if "w3" in roles else 1) * ffn)
+    elements += num_norms * norm_tokens * dim
+    full = elements * act_bytes
+    workspace = 2 * tokens * dim * act_bytes
+    if ac == "full":
+        return BlockShapes(kind, tensors, saved_bytes=norm_tokens * dim * act_bytes, forward_transient_bytes=full,
+                           backward_transient_bytes=full + workspace)
+    return BlockShapes(kind, tensors, saved_bytes=full, backward_transient_bytes=workspace)
+

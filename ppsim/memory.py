@@ -1,0 +1,264 @@
+"""Each pipeline rank's memory for a whole torchtitan job (PP x FSDP x TP), from the model's shapes, and the verdict
+against a device's capacity. Plain data and arithmetic: the shapes come from ``ppsim.calibrate.job_shapes`` (which
+builds the model on the meta device and shards it with torchtitan's own parallelize on a fake process group).
+
+What a rank holds, as torchtitan 0.3.0 trains under PP (``parallelize_llama`` / ``apply_fsdp_to_decoder``, torch
+2.13's FSDP2 and pipelining):
+
+- **parameters**: each stage's TP-local tensors, FSDP-sharded over ``dp_shard`` (``fully_shard`` pads dim 0 to a
+  multiple of the degree: ``ceil(rows / dp_shard)`` rows per rank), stored in ``training.dtype`` (fp32 master);
+- **optimizer**: AdamW's two states per sharded element, in the master dtype;
+- **gradients**: under PP the microbatches' gradients accumulate unsharded (``set_requires_gradient_sync(False)``
+  until the last backward) in ``mixed_precision_reduce`` (fp32), from a stage's first weight gradient to its last
+  backward, which reduce-scatters them into sharded master-dtype gradients held to the step's end;
+- **other**: the gathered parameters (``mixed_precision_param``, bf16) of each stage, held from its first forward
+  to its last backward (``reshard_after_forward`` is False under PP by default; ``"always"`` regathers per action),
+  torch's p2p receive buffers (one per microbatch and direction, made at set-up), and the transient inside the
+  action at the high point (a checkpointed layer's recomputed activations and the gradient workspace);
+- **activations**: saved per (stage, microbatch) from its F to its backward, per layer kind from the shapes under
+  the job's activation-checkpoint mode (``none``: every saved tensor; ``full``: each layer's input only), or only
+  the stage's input for a (stage, microbatch) in ppsim's recompute set.
+
+The activation counts are a formula over the layer's shapes (documented in ``docs/memory.md``), not a trace.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from typing import Any
+
+from ppsim.errors import PPSimError
+from ppsim.ir import ActionType, Schedule
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float64": 8}
+GIB = 2**30
+PARTS = ("parameters", "gradients", "optimizer", "activations", "other")
+
+
+class JobMemoryError(PPSimError):
+    """A job whose degrees or shapes ppsim cannot count (one line)."""
+
+
+@dataclass(frozen=True)
+class BlockShapes:
+    """One block (the embedding, a layer, or the head) as one rank holds it after tensor parallelism."""
+
+    kind: str
+    """``embedding``, ``head`` or a layer kind (e.g. ``layer`` or ``moe``)."""
+    tensors: tuple[tuple[str, tuple[int, ...]], ...]
+    """Each parameter's name (within the block) and TP-local shape."""
+    saved_bytes: int
+    """Activations saved per microbatch under the job's checkpoint mode (the backward's input)."""
+    forward_transient_bytes: int = 0
+    """Held only while its forward runs (a checkpointed layer's intermediates)."""
+    backward_transient_bytes: int = 0
+    """Held only while its backward runs (recomputed activations, the gradient workspace)."""
+
+    @property
+    def numel(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.tensors)
+
+    def sharded_numel(self, dp_shard: int) -> int:
+        """Elements per rank after FSDP: dim 0 padded to a multiple of ``dp_shard``."""
+        return sum(-(-shape[0] // dp_shard) * math.prod(shape[1:]) if shape else 1 for _, shape in self.tensors)
+
+
+@dataclass(frozen=True)
+class JobShapes:
+    """The job's model as one TP rank holds it, with the dtypes and activation sizes that decide its memory."""
+
+    source: str
+    blocks: Mapping[str, BlockShapes]
+    """By module name: ``tok_embeddings``, ``layers.N``, ``norm``, ``lm_head`` (torchtitan's stage module names)."""
+    tp: int
+    boundary_bytes: int
+    """One microbatch's hidden state as a stage sends it (a p2p buffer)."""
+    master_dtype: str = "float32"
+    param_dtype: str = "bfloat16"
+    reduce_dtype: str = "float32"
+    activation_checkpoint: str = "none"
+    reshard_after_forward: bool = False
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """The job's parallel degrees (torchtitan's ``ParallelDims``)."""
+
+    pp: int
+    tp: int = 1
+    dp_shard: int = 1
+    dp_replicate: int = 1
+    cp: int = 1
+    ep: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.tp * self.dp_shard * self.dp_replicate * self.cp
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One PP rank's high point: its parts (summing to ``peak_memory_bytes``) and the action it happens in."""
+
+    rank: int
+    parts: Mapping[str, int]
+    during: str
+    cap_bytes: int | None = None
+    static_bytes: Mapping[str, int] = field(default_factory=dict)
+    """Sharded parameters, optimizer and gradients, the gathered parameters and the p2p buffers, in bytes."""
+    end_bytes: int = 0
+    """Held after the rank's last action (between steps, before the optimizer frees the gradients)."""
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.cap_bytes is None else self.peak_memory_bytes <= self.cap_bytes
+
+    def verdict(self) -> str:
+        """``fits, X GiB free`` or ``over by X GiB on rank r during <action>`` (empty without a cap)."""
+        if self.cap_bytes is None:
+            return ""
+        gap = (self.cap_bytes - self.peak_memory_bytes) / GIB
+        if gap >= 0:
+            return f"fits, {gap:.2f} GiB free"
+        return f"over by {-gap:.2f} GiB on rank {self.rank} during {self.during}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "peak_memory_bytes": self.peak_memory_bytes, "memory_parts": dict(self.parts),
+                "fits": self.fits, "during": self.during, "verdict": self.verdict() or None,
+                "held": dict(self.static_bytes), "end_bytes": self.end_bytes}
+
+
+# --- checks ----------------------------------------------------------------------------------------------------
+def check_degrees(degrees: Degrees, *, num_heads: int, num_kv_heads: int, num_layers: int,
+                  num_experts: int | None = None, world_size: int | None = None, fix: str = "") -> None:
+    """Refuse (one line) degrees torchtitan could not run: a product that is not the world size, a TP degree that
+    does not divide the heads, an EP degree that does not divide the experts, more PP ranks than layers."""
+    tail = f"; {fix}" if fix else ""
+    if world_size is not None and degrees.world_size != world_size:
+        raise JobMemoryError(f"degrees pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x "
+                           f"dp_replicate {degrees.dp_replicate} x cp {degrees.cp} = {degrees.world_size}, not the "
+                           f"world size {world_size}{tail}")
+    for name, heads in (("heads", num_heads), ("kv heads", num_kv_heads)):
+        if heads % degrees.tp:
+            raise JobMemoryError(f"tensor_parallel_degree {degrees.tp} does not divide the model's {heads} {name}; "
+                               f"pick a divisor of {heads}{tail}")
+    if num_experts is not None and num_experts % degrees.ep:
+        raise JobMemoryError(f"expert_parallel_degree {degrees.ep} does not divide the model's {num_experts} experts"
+                           f"{tail}")
+    if degrees.pp > num_layers:
+        raise JobMemoryError(f"pipeline_parallel_degree {degrees.pp} is more than the model's {num_layers} layers"
+                           f"{tail}")
+
+
+# --- the count -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Stage:
+    sharded: int
+    """Elements per rank after TP and FSDP."""
+    gathered: int
+    """Elements per rank after TP (FSDP's all-gather)."""
+    saved: int
+    kept: int
+    fwd_transient: int
+    bwd_transient: int
+
+
+def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int) -> _Stage:
+    missing = [m for m in modules if m not in shapes.blocks]
+    if missing:
+        raise JobMemoryError(f"stage modules {', '.join(missing[:3])} are not in {shapes.source}'s model; the job's "
+                           "module lists must name its modules")
+    blocks = [shapes.blocks[m] for m in modules]
+    return _Stage(
+        sharded=sum(b.sharded_numel(dp_shard) for b in blocks), gathered=sum(b.numel for b in blocks),
+        saved=sum(b.saved_bytes for b in blocks), kept=shapes.boundary_bytes,
+        fwd_transient=max((b.forward_transient_bytes for b in blocks), default=0),
+        bwd_transient=max((b.backward_transient_bytes for b in blocks), default=0),
+    )
+
+
+def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
+               stage_modules: Sequence[Sequence[str]], recompute: AbstractSet[tuple[int, int]] = frozenset(),
+               cap_bytes: int | None = None) -> list[RankMemory]:
+    """Each PP rank's high point over ``schedule``'s order (its actions as the rank runs them), with its parts.
+
+    ``stage_modules[s]``: stage ``s``'s module names (torchtitan's split); ``recompute``: the (stage, microbatch)
+    pairs whose activations are recomputed in their backward (only the stage's input is kept)."""
+    if len(stage_modules) != schedule.num_stages:
+        raise JobMemoryError(f"the job splits the model into {len(stage_modules)} stages, the schedule has "
+                           f"{schedule.num_stages}; the split must give each stage its modules")
+    stages = [_stage_of(shapes, mods, degrees.dp_shard) for mods in stage_modules]
+    return [_rank_memory(shapes, schedule, stages, r, recompute, cap_bytes) for r in range(schedule.num_ranks)]
+
+
+def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], rank: int,
+                 recompute: AbstractSet[tuple[int, int]], cap_bytes: int | None) -> RankMemory:
+    master, param, reduce = (DTYPE_BYTES[d] for d in (shapes.master_dtype, shapes.param_dtype, shapes.reduce_dtype))
+    own = schedule.stages_of(rank)
+    sharded = sum(stages[s].sharded for s in own)
+    m = schedule.num_microbatches
+    buffers = sum(m * shapes.boundary_bytes * ((schedule.prev_stage(s) is not None) + (schedule.next_stage(s)
+                                                                                      is not None)) for s in own)
+    comps = [(c, str(a)) for a in schedule.actions[rank] for c in a.computations]
+    backward = (ActionType.B, ActionType.W)
+    firsts: dict[tuple[int, ActionType], int] = {}
+    lasts: dict[tuple[int, ActionType], int] = {}
+    for i, (c, _) in enumerate(comps):
+        kind = ActionType.B if c.type in backward else c.type
+        firsts.setdefault((c.stage, kind), i)
+        lasts[(c.stage, kind)] = i
+    state = {"act": 0, "gathered": 0, "accum": 0, "grads": 0}
+    best: tuple[int, dict[str, int], str] = (-1, {}, "")
+
+    def consider(transient: int, extra_act: int, label: str) -> None:
+        nonlocal best
+        parts = {"parameters": sharded * master, "gradients": state["accum"] + state["grads"],
+                 "optimizer": 2 * sharded * master, "activations": state["act"] + extra_act,
+                 "other": state["gathered"] + buffers + transient}
+        total = sum(parts.values())
+        if total > best[0]:
+            best = (total, parts, label)
+
+    for i, (c, label) in enumerate(comps):
+        st, s, rc = stages[c.stage], c.stage, (c.stage, c.microbatch) in recompute
+        saved = st.kept if rc else st.saved
+        if c.type is ActionType.F:
+            if i == firsts[(s, ActionType.F)] or shapes.reshard_after_forward:
+                state["gathered"] += st.gathered * param
+            consider(st.fwd_transient, saved, label)
+            state["act"] += saved
+            if shapes.reshard_after_forward:
+                state["gathered"] -= st.gathered * param
+            continue
+        if shapes.reshard_after_forward:  # every backward regathers its stage's parameters
+            state["gathered"] += st.gathered * param
+        if c.type in backward and i == firsts[(s, ActionType.B)]:
+            state["accum"] += st.gathered * reduce
+        transient = st.bwd_transient + (st.saved - st.kept if rc else 0)
+        consider(transient, 0, label)
+        if c.type is not ActionType.I:  # I keeps what W needs: counted held until W
+            state["act"] -= saved
+        if c.type is not ActionType.I and i == lasts[(s, ActionType.B)]:
+            state["accum"] -= st.gathered * reduce
+            state["grads"] += st.sharded * master
+            state["gathered"] -= st.gathered * param
+        elif shapes.reshard_after_forward:
+            state["gathered"] -= st.gathered * param
+    consider(0, 0, "the step's end")
+    end = 4 * sharded * master + buffers + state["gathered"] + state["accum"] + state["act"]
+    static = {"parameters": sharded * master, "optimizer": 2 * sharded * master, "gradients": sharded * master,
+              "gathered_parameters": sum(stages[s].gathered for s in own) * param, "p2p_buffers": buffers}
+    return RankMemory(rank=rank, parts=best[1], during=best[2], cap_bytes=cap_bytes, static_bytes=static,
+                      end_bytes=end)
+
+
+def fmt_gib(num_bytes: int) -> str:
+    return f"{num_bytes / GIB:.2f} GiB"

@@ -1,0 +1,229 @@
+"""Each PP rank's memory for a torchtitan job (ppsim.memory, ppsim.calibrate.job_shapes, simulate's wiring)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from ppsim.cli import app
+from ppsim.memory import PARTS, BlockShapes, Degrees, JobMemoryError, JobShapes, check_degrees, job_memory
+from ppsim.schedules import load_schedule
+
+runner = CliRunner()
+
+
+def _shapes(*, num_layers: int, saved: int = 100, reshard: bool = False) -> JobShapes:
+    layer = BlockShapes("layer", (("w", (6, 4)), ("n", (4,))), saved_bytes=saved, backward_transient_bytes=7)
+    blocks = {f"layers.{i}": layer for i in range(num_layers)}
+    blocks["tok_embeddings"] = BlockShapes("embedding", (("weight", (10, 4)),), saved_bytes=8)
+    blocks["norm"] = BlockShapes("head", (("weight", (4,)),), saved_bytes=0)
+    blocks["lm_head"] = BlockShapes("head", (("weight", (10, 4)),), saved_bytes=0)
+    return JobShapes(source="t", blocks=blocks, tp=1, boundary_bytes=16, reshard_after_forward=reshard)
+
+
+def _modules(num_stages: int, per: int) -> list[list[str]]:
+    mods = [[f"layers.{s * per + i}" for i in range(per)] for s in range(num_stages)]
+    mods[0].insert(0, "tok_embeddings")
+    mods[-1] += ["norm", "lm_head"]
+    return mods
+
+
+def test_fsdp_pads_dim0_to_a_multiple_of_the_shard_degree() -> None:
+    block = BlockShapes("layer", (("w", (7, 3)), ("n", (5,))), saved_bytes=0)
+    assert block.sharded_numel(2) == 4 * 3 + 3
+    assert block.sharded_numel(1) == block.numel == 26
+
+
+@given(ranks=st.integers(2, 4), mb=st.integers(1, 8), dp=st.integers(1, 5), saved=st.integers(0, 10**6))
+@settings(max_examples=40, deadline=None)
+def test_parts_sum_to_the_peak_and_static_parts_match_the_sharded_count(ranks: int, mb: int, dp: int,
+                                                                         saved: int) -> None:
+    schedule = load_schedule("1F1B", ranks, mb)
+    shapes = _shapes(num_layers=2 * ranks, saved=saved)
+    mems = job_memory(shapes, degrees=Degrees(pp=ranks, dp_shard=dp), schedule=schedule,
+                      stage_modules=_modules(ranks, 2), cap_bytes=10**9)
+    for m in mems:
+        assert sum(m.parts[p] for p in PARTS) == m.peak_memory_bytes
+        sharded = sum(shapes.blocks[n].sharded_numel(dp) for n in _modules(ranks, 2)[m.rank])
+        assert m.parts["parameters"] == 4 * sharded and m.parts["optimizer"] == 8 * sharded
+        assert m.fits is True
+
+
+def test_first_rank_of_1f1b_holds_one_activation_per_rank_in_flight() -> None:
+    ranks, mb = 4, 8
+    mems = job_memory(_shapes(num_layers=8, saved=1000), degrees=Degrees(pp=ranks),
+                      schedule=load_schedule("1F1B", ranks, mb), stage_modules=_modules(ranks, 2))
+    # rank 0 holds `ranks` microbatches' activations at its high point (2 layers + embedding each)
+    assert mems[0].parts["activations"] == ranks * (2 * 1000 + 8)
+
+
+def test_recomputing_keeps_only_the_stage_input() -> None:
+    ranks, mb = 2, 4
+    schedule = load_schedule("1F1B", ranks, mb)
+    plain = job_memory(_shapes(num_layers=4, saved=10**6), degrees=Degrees(pp=ranks), schedule=schedule,
+                       stage_modules=_modules(ranks, 2))
+    every = frozenset((s, m) for s in range(ranks) for m in range(mb))
+    recomputed = job_memory(_shapes(num_layers=4, saved=10**6), degrees=Degrees(pp=ranks), schedule=schedule,
+                            stage_modules=_modules(ranks, 2), recompute=every)
+    assert recomputed[0].parts["activations"] < plain[0].parts["activations"]
+    assert recomputed[0].peak_memory_bytes < plain[0].peak_memory_bytes
+
+
+def test_verdict_names_the_rank_and_action_over_the_cap() -> None:
+    mems = job_memory(_shapes(num_layers=4, saved=10**6), degrees=Degrees(pp=2),
+                      schedule=load_schedule("1F1B", 2, 4), stage_modules=_modules(2, 2), cap_bytes=1000)
+    text = mems[0].verdict()
+    assert mems[0].fits is False and text.startswith("over by ") and "on rank 0 during " in text
+    roomy = job_memory(_shapes(num_layers=4), degrees=Degrees(pp=2), schedule=load_schedule("1F1B", 2, 4),
+                       stage_modules=_modules(2, 2), cap_bytes=2**40)
+    assert roomy[1].verdict().startswith("fits, ") and roomy[1].verdict().endswith(" GiB free")
+
+
+@pytest.mark.parametrize(("degrees", "words"), [
+    (Degrees(pp=2, tp=3), "does not divide the model's 8 heads"),
+    (Degrees(pp=2, ep=3), "does not divide the model's 8 experts"),
+    (Degrees(pp=40), "more than the model's 16 layers"),
+])
+def test_bad_degrees_are_one_line(degrees: Degrees, words: str) -> None:
+    with pytest.raises(JobMemoryError, match=words):
+        check_degrees(degrees, num_heads=8, num_kv_heads=8, num_layers=16, num_experts=8)
+
+
+def test_degrees_whose_product_is_not_the_world_size_are_refused() -> None:
+    with pytest.raises(JobMemoryError, match="not the world size 16"):
+        check_degrees(Degrees(pp=2, tp=2, dp_shard=2), num_heads=8, num_kv_heads=8, num_layers=16, world_size=16)
+
+
+# --- torchtitan -------------------------------------------------------------------------------------------------
+def _hand_count_405b_layer(tp: int, dp: int) -> int:
+    """One Llama 3.1 405B layer's elements per rank, from the flavor's published shapes: dim 16384, 128 heads of
+    128, 8 kv heads, FFN 53248; q/k/v fused, colwise (rows / tp), wo and w2 rowwise (columns / tp), norms whole;
+    FSDP pads rows to a multiple of dp."""
+    dim, ffn, hd, heads, kv = 16384, 53248, 128, 128, 8
+
+    def rows(r: int, c: int) -> int:
+        return math.ceil(r / dp) * c
+
+    return (rows((heads + 2 * kv) * hd // tp, dim) + rows(dim, heads * hd // tp) + 2 * rows(ffn // tp, dim)
+            + rows(dim, ffn // tp) + 2 * rows(dim, 1))
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_405b_parameter_bytes_per_rank_equal_a_hand_count_from_the_flavor() -> None:
+    result = runner.invoke(app, ["simulate", "--torchtitan-config", "llama3:llama3_405b",
+                                 "--parallelism.pipeline_parallel_degree", "8",
+                                 "--parallelism.tensor_parallel_degree", "8",
+                                 "--parallelism.data_parallel_shard_degree", "4", "--memory-cap", "80GiB", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    per_rank = data["per_rank"]
+    layer = _hand_count_405b_layer(8, 4)
+    vocab_rows = math.ceil(128256 // 8 / 4) * 16384
+    # torchtitan's split of 126 layers over 8 stages, embedding and head weighted as one layer: 15, 16 x 6, 15
+    expected = [15 * layer + vocab_rows] + [16 * layer] * 6 + [15 * layer + vocab_rows + math.ceil(16384 / 4)]
+    assert [r["memory_parts"]["parameters"] for r in per_rank] == [4 * e for e in expected]
+    assert all(r["fits"] in (True, False) for r in per_rank)
+    assert all(sum(r["memory_parts"].values()) == r["peak_memory_bytes"] for r in per_rank)
+
+
+@pytest.mark.torch
+def test_fill_the_world_shard_degree_is_refused_in_one_line_when_a_verdict_is_asked() -> None:
+    args = ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel", "--parallelism.pipeline_parallel_degree",
+            "2"]
+    result = runner.invoke(app, [*args, "--memory-cap", "1GiB"])
+    assert result.exit_code == 2
+    assert "data_parallel_shard_degree -1" in result.output and "Traceback" not in result.output
+    without_cap = runner.invoke(app, args)
+    assert without_cap.exit_code == 0 and "memory: not counted" in without_cap.output
+
+
+@pytest.mark.torch
+def test_a_tensor_parallel_degree_that_does_not_divide_the_heads_is_one_line() -> None:
+    result = runner.invoke(app, ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel",
+                                 "--parallelism.pipeline_parallel_degree", "2",
+                                 "--parallelism.tensor_parallel_degree", "3",
+                                 "--parallelism.data_parallel_shard_degree", "1", "--memory-cap", "80GiB"])
+    assert result.exit_code == 2, result.output
+    assert "tensor_parallel_degree 3 does not divide" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.torch
+def test_sharded_count_equals_fsdp2_padded_shard_on_a_fake_process_group() -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dp = 4
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(3, 7, bias=False), torch.nn.Linear(7, 9), torch.nn.LayerNorm(5))
+    dist.init_process_group("fake", rank=0, world_size=dp)
+    try:
+        fully_shard(model, mesh=init_device_mesh("cpu", (dp,)))
+        fsdp_params = model._get_fsdp_state()._fsdp_param_group.fsdp_params
+        measured = sum(fp._sharded_param_data.numel() for fp in fsdp_params)
+    finally:
+        dist.destroy_process_group()
+    block = BlockShapes("layer", tuple((n, tuple(p.shape)) for n, p in model.named_parameters()), saved_bytes=0)
+    assert block.sharded_numel(dp) == measured
+
+
+@pytest.mark.torch
+def test_tensor_parallel_shapes_are_torchtitans_colwise_and_rowwise() -> None:
+    from ppsim.calibrate.job_shapes import job_shapes
+    from ppsim.calibrate.titan_config import read_job_settings
+
+    settings = read_job_settings("llama3:llama3_debugmodel", [
+        "--parallelism.pipeline_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",
+        "--parallelism.data_parallel_shard_degree", "1"])
+    shapes, degrees = job_shapes("llama3:llama3_debugmodel", settings)
+    assert degrees == Degrees(pp=2, tp=2)
+    whole, _ = job_shapes("llama3:llama3_debugmodel", read_job_settings("llama3:llama3_debugmodel", [
+        "--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"]))
+    local = dict(shapes.blocks["layers.0"].tensors)
+    full = dict(whole.blocks["layers.0"].tensors)
+    assert local["attention.qkv_linear.wqkv.weight"][0] * 2 == full["attention.qkv_linear.wqkv.weight"][0]
+    assert local["attention.wo.weight"][1] * 2 == full["attention.wo.weight"][1]
+    assert local["feed_forward.w1.weight"][0] * 2 == full["feed_forward.w1.weight"][0]
+    assert local["feed_forward.w2.weight"][1] * 2 == full["feed_forward.w2.weight"][1]
+    assert local["attention_norm.weight"] == full["attention_norm.weight"]
+
+
+@pytest.mark.torch
+def test_simulate_prints_each_ranks_parts_and_says_how_the_cap_was_read() -> None:
+    args = ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel", "--parallelism.pipeline_parallel_degree",
+            "2", "--parallelism.data_parallel_shard_degree", "1"]
+    decimal = runner.invoke(app, [*args, "--memory-cap", "80GB"], env={"COLUMNS": "200"})
+    assert decimal.exit_code == 0, decimal.output
+    assert "80GB read as 80000000000 bytes" in decimal.output and "fits, " in decimal.output
+    tiny = runner.invoke(app, [*args, "--memory-cap", "1MiB", "--json"])
+    assert tiny.exit_code == 0, tiny.output
+    rows = json.loads(tiny.stdout)["per_rank"]
+    assert [r["fits"] for r in rows] == [False, False]
+    assert rows[0]["memory_verdict"].startswith("over by ") and "on rank 0 during " in rows[0]["memory_verdict"]
+    assert set(rows[0]["memory_parts"]) == set(PARTS)
+
+
+@pytest.mark.parametrize(("name", "v"), [("1F1B", None), ("ZBVZeroBubble", 2), ("Interleaved1F1B", 2),
+                                       ("DualPipeV", 2)])
+@pytest.mark.parametrize("reshard", [False, True])
+def test_the_step_ends_holding_only_sharded_state(name: str, v: int | None, reshard: bool) -> None:
+    """Whatever the order, every gathered parameter, unsharded gradient and activation is released by the step's
+    end (resharding after forward regathers per backward without leaking), and resharding lowers the high point."""
+    schedule = load_schedule(name, 2, 4, v)
+    mods = _modules(schedule.num_stages, 2)
+    mems = job_memory(_shapes(num_layers=2 * schedule.num_stages, reshard=reshard), degrees=Degrees(pp=2),
+                      schedule=schedule, stage_modules=mods)
+    for m in mems:
+        s = m.static_bytes
+        assert m.end_bytes == s["parameters"] + s["optimizer"] + s["gradients"] + s["p2p_buffers"]
+    if reshard:
+        held = job_memory(_shapes(num_layers=2 * schedule.num_stages), degrees=Degrees(pp=2), schedule=schedule,
+                          stage_modules=mods)
+        assert all(a.peak_memory_bytes <= b.peak_memory_bytes for a, b in zip(mems, held))
