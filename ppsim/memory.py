@@ -1,5 +1,5 @@
 """Each pipeline rank's memory for a whole torchtitan job (PP x FSDP x TP), from the model's shapes, and the verdict
-against a device's capacity. Plain data and arithmetic: the shapes come from ``ppsim.calibrate.job_shapes`` (which
+against a device's capacity. Plain data and arithmetic: the shapes come from ``ppsim.calibrate.torchtitan.shapes`` (which
 builds the model on the meta device and shards it with torchtitan's own parallelize on a fake process group).
 
 What a rank holds, as torchtitan 0.3.0 trains under PP (``parallelize_llama`` / ``apply_fsdp_to_decoder``, torch

@@ -1,4 +1,4 @@
-"""Each PP rank's memory for a torchtitan job (ppsim.memory, ppsim.calibrate.job_shapes, simulate's wiring)."""
+"""Each PP rank's memory for a torchtitan job (ppsim.memory, ppsim.calibrate.torchtitan.shapes, simulate's wiring)."""
 
 from __future__ import annotations
 
@@ -176,8 +176,8 @@ def test_sharded_count_equals_fsdp2_padded_shard_on_a_fake_process_group() -> No
 
 @pytest.mark.torch
 def test_tensor_parallel_shapes_are_torchtitans_colwise_and_rowwise() -> None:
-    from ppsim.calibrate.job_shapes import job_shapes
-    from ppsim.calibrate.titan_config import read_job_settings
+    from ppsim.calibrate.torchtitan.shapes import job_shapes
+    from ppsim.calibrate.torchtitan.config import read_job_settings
 
     settings = read_job_settings("llama3:llama3_debugmodel", [
         "--parallelism.pipeline_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",

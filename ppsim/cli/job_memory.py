@@ -1,5 +1,5 @@
 """`simulate --torchtitan-config MODULE:CONFIG`: each PP rank's memory for the whole job (PP x FSDP x TP) from the
-model's shapes (:mod:`ppsim.calibrate.job_shapes`, :func:`ppsim.memory.job_memory`), and the verdict per rank
+model's shapes (:mod:`ppsim.calibrate.torchtitan.shapes`, :func:`ppsim.memory.job_memory`), and the verdict per rank
 against ``--memory-cap``. Needs no profile; the step time does."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def job_config_context(torchtitan_config: object) -> Any:
 @contextmanager
 def _quiet_converters() -> Iterator[None]:
     try:
-        from ppsim.calibrate.job_shapes import converters_set_aside
+        from ppsim.calibrate.torchtitan.shapes import converters_set_aside
     except ImportError:  # torchtitan missing: the job loader says so
         yield
         return
@@ -73,8 +73,8 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
 
 
 def _shapes_of(value: str, overrides: Sequence[str]) -> tuple[JobShapes, Degrees]:
-    from ppsim.calibrate.job_shapes import job_shapes
-    from ppsim.calibrate.titan_config import read_job_settings
+    from ppsim.calibrate.torchtitan.shapes import job_shapes
+    from ppsim.calibrate.torchtitan.config import read_job_settings
 
     with _quiet_converters():
         settings = read_job_settings(value, overrides)

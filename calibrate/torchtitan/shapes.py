@@ -60,7 +60,7 @@ def converters_set_aside() -> Iterator[list[str]]:
 
 def trainer_config(value: str) -> Any:
     """The ``Trainer.Config`` of ``MODULE:CONFIG`` (converters set aside by the caller)."""
-    from ppsim.calibrate.titan_config import _call_config, _config_module, _parse_name
+    from ppsim.calibrate.torchtitan.config import _call_config, _config_module, _parse_name
 
     module_name, config_name = _parse_name(value)
     return _call_config(value, _config_module(value, module_name), config_name)
