@@ -13,6 +13,7 @@ torch is imported inside the functions only.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,9 +21,9 @@ from typing import Any
 
 from ppsim.errors import PPSimError
 
-#: torch releases (major.minor) this adapter was tested with.
-TESTED = ("2.13",)
-#: Set to 1 to run with another torch release anyway (a missing name is still refused).
+#: torch releases (major.minor) this adapter was tested with (CI runs the torch tests on the first and the last).
+TESTED = ("2.13", "2.14", "2.15")
+#: Set to 1 to run with a newer, untested torch release anyway (a missing name is still refused).
 OVERRIDE_ENV = "PPSIM_UNTESTED_TORCH"
 
 _REQUIRED = {
@@ -35,6 +36,35 @@ _STAGE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_on
 _checked = False
 
 
+def _release(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a torch version string (``2.15.0+cpu`` -> ``(2, 15)``)."""
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def _check_version(version: str) -> None:
+    """An older release than the tested ones is refused; a newer one needs the override and gets one warning."""
+    release = _release(version)
+    names = ", ".join(TESTED)
+    if release in {_release(t) for t in TESTED}:
+        return
+    if release < min(_release(t) for t in TESTED):
+        raise PPSimError(f"torch {version}: ppsim's pipeline adapter (calibrate/torch_adapter.py) needs torch "
+                         f"{names} (it is tested with those); install one (pip install -c constraints.txt torch)")
+    if os.environ.get(OVERRIDE_ENV) != "1":
+        raise PPSimError(
+            f"torch {version}: ppsim's pipeline adapter (calibrate/torch_adapter.py) uses private "
+            f"torch.distributed.pipelining internals and is tested with torch {names}; install one "
+            f"(pip install -c constraints.txt torch) or set {OVERRIDE_ENV}=1 to try this release"
+        )
+    if os.environ.get("RANK", "0") == "0":  # one line per run, from the launcher or rank 0
+        print(f"ppsim: warning: torch {version} is newer than the releases ppsim is tested with ({names}); running "
+              f"it because {OVERRIDE_ENV}=1", file=sys.stderr)
+
+
 def check() -> None:
     """Refuse (one line) a torch release this adapter does not know, or one lacking a name it needs."""
     global _checked
@@ -44,14 +74,7 @@ def check() -> None:
 
     import torch
 
-    version = torch.__version__.split("+")[0]
-    major_minor = ".".join(version.split(".")[:2])
-    if major_minor not in TESTED and os.environ.get(OVERRIDE_ENV) != "1":
-        raise PPSimError(
-            f"torch {torch.__version__}: ppsim's pipeline adapter (calibrate/torch_adapter.py) uses private "
-            f"torch.distributed.pipelining internals and is tested with torch {', '.join(TESTED)}; install that "
-            f"(pip install -c constraints.txt torch) or set {OVERRIDE_ENV}=1 to try this release"
-        )
+    _check_version(torch.__version__)
     for module_name, names in _REQUIRED.items():
         module = importlib.import_module(module_name)
         missing = [n for n in names if not hasattr(module, n)]
