@@ -34,7 +34,7 @@ from typing import Any
 
 from ppsim.errors import PPSimError
 from ppsim.model_config import ModelConfig
-from ppsim.split import SplitSpec, stages_for_layers_per_stage
+from ppsim.split import SplitError, SplitSpec, stages_for_layers_per_stage
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 DEFAULTS: dict[str, Any] = {
@@ -323,24 +323,29 @@ def job_from_settings(
     layers = _layer_count(settings, num_layers)
 
     ppsim_schedule, single, v = _schedule(settings, sched_name, csv)
+    if csv and single:
+        _check_csv_one_stage_per_rank(settings, sched_name, csv)
     if tt_layers_per_stage is not None:
-        v = _stages_per_rank_from_layers(settings, tt_layers_per_stage, layers, input_weight, output_weight,
-                                         degree=degree, sched_name=sched_name, single=single, v=v)
-    fqn_split = module_lists_split(settings, num_layers=layers)
+        try:
+            v = _stages_per_rank_from_layers(settings, tt_layers_per_stage, layers, input_weight, output_weight,
+                                             degree=degree, sched_name=sched_name, single=single, v=v)
+        except SplitError as exc:
+            raise in_job_terms(settings, exc) from None
+    fqn_key, fqn_split = module_lists_split(settings, num_layers=layers, warnings=warnings)
     if fqn_split is not None:
         # torchtitan builds one stage per listed part, whatever layers_per_stage says
         if len(fqn_split) % degree:
-            raise TorchtitanConfigError(f"--torchtitan-config {source}: module_fqns_per_model_part lists "
+            raise TorchtitanConfigError(f"--torchtitan-config {source}: {fqn_key} lists "
                                         f"{len(fqn_split)} parts, not divisible by pipeline_parallel_degree {degree}; "
-                                        + settings.fix("parallelism.module_fqns_per_model_part"))
+                                        + settings.fix(f"parallelism.{fqn_key}"))
         if v is not None:
             v = len(fqn_split) // degree
         if split is not None and tuple(split) != fqn_split:
-            raise TorchtitanConfigError(f"--split contradicts module_fqns_per_model_part in {source} (layers per "
+            raise TorchtitanConfigError(f"--split contradicts {fqn_key} in {source} (layers per "
                                         f"part {','.join(map(str, fqn_split))}); drop --split")
         if tt_layers_per_stage is not None:
             warnings.append(f"parallelism.pipeline_parallel_layers_per_stage = {tt_layers_per_stage} does not "
-                            "decide the split: module_fqns_per_model_part does (as in torchtitan's pipeline_llm)")
+                            f"decide the split: {fqn_key} does (as in torchtitan's pipeline_llm)")
         split = fqn_split
         tt_layers_per_stage = None
     if model is not None and (model.seq_len, model.mb_size) != (seq_len, mb_size):
@@ -362,8 +367,11 @@ def job_from_settings(
     if split is not None and tt_layers_per_stage is not None:
         raise TorchtitanConfigError(f"--split and pipeline_parallel_layers_per_stage in {source} both decide the "
                                     "split; drop one")
-    spec = SplitSpec(split=split, layers_per_stage=tt_layers_per_stage, input_weight=input_weight,
-                     output_weight=output_weight)
+    try:
+        spec = SplitSpec(split=split, layers_per_stage=tt_layers_per_stage, input_weight=input_weight,
+                         output_weight=output_weight)
+    except SplitError as exc:
+        raise in_job_terms(settings, exc) from None
     return TorchtitanJob(
         source=source, schedule=ppsim_schedule, num_ranks=degree, num_microbatches=microbatches, stages_per_rank=v,
         split=spec, microbatch_size=mb_size, local_batch_size=batch, seq_len=seq_len, warnings=tuple(warnings),
@@ -514,6 +522,24 @@ def _schedule(settings: JobSettings, sched_name: str, csv: str) -> tuple[str, bo
                                 f"one torchtitan runs that ppsim knows; use one of {names}")
 
 
+def _check_csv_one_stage_per_rank(settings: JobSettings, sched_name: str, csv: str) -> None:
+    """A single-stage schedule class builds one stage per rank: a CSV placing more on a rank cannot load."""
+    from ppsim.formats import read_schedule_file
+
+    rows = read_schedule_file(csv).rows
+    for rank, row in enumerate(rows):
+        stages = sorted({a.stage for a in row if a is not None and a.stage >= 0}
+                        | {sub.stage for a in row if a is not None for sub in a.sub_actions})
+        if len(stages) > 1:
+            raise TorchtitanConfigError(
+                f"--torchtitan-config {settings.source}: pipeline_parallel_schedule {sched_name!r} builds one stage "
+                f"per rank but pipeline_parallel_schedule_csv {csv!r} holds {len(stages)} on rank {rank} (stages "
+                f"{', '.join(map(str, stages[:4]))}{' ...' if len(stages) > 4 else ''}), so torchtitan could not load "
+                "it; name a multi-stage class (PipelineScheduleMulti) or give a one-stage-per-rank CSV ("
+                + settings.fix("parallelism.pipeline_parallel_schedule", "parallelism.pipeline_parallel_schedule_csv")
+                + ")")
+
+
 def _stages_per_rank_from_layers(
     settings: JobSettings, lps: int, layers: int | None, input_weight: int, output_weight: int, *, degree: int,
     sched_name: str, single: bool, v: int | None,
@@ -546,19 +572,47 @@ def _stages_per_rank_from_layers(
 
 
 # --- module lists ----------------------------------------------------------------------------------------------
-def module_lists_split(settings: JobSettings, *, num_layers: int | None = None) -> tuple[int, ...] | None:
-    """Layers per part from torchtitan's explicit module lists (``[["tok_embeddings", "layers.0"], ...]``), or
-    ``None`` when the config gives none. Lists ppsim cannot simulate exactly are refused in one line."""
+def module_lists_split(settings: JobSettings, *, num_layers: int | None = None,
+                       warnings: list[str] | None = None) -> tuple[str, tuple[int, ...] | None]:
+    """``(key, layers per part)`` from torchtitan's explicit module lists (``[["tok_embeddings", "layers.0"],
+    ...]``; ``key`` the spelling read), or ``(key, None)`` when the config gives none. Lists ppsim cannot simulate
+    exactly are refused in one line naming the key; a job giving both spellings gets a warning naming the one used."""
     given = [(k, settings.parallelism[k]) for k in _FQN_KEYS if settings.parallelism.get(k)]
     if not given:
-        return None
+        return _FQN_KEYS[0], None
     key, parts = given[0]
+    if len(given) > 1 and warnings is not None:
+        same = "the same lists" if given[0][1] == given[1][1] else "different lists"
+        warnings.append(f"parallelism.{key} and parallelism.{given[1][0]} are both given ({same}): ppsim uses "
+                        f"{key} (torchtitan 0.3.0's name); drop {given[1][0]}")
     fix = settings.fix(f"parallelism.{key}") + " or use --split with the same layers per stage"
     try:
         counts = split_of_module_names(parts, num_layers=num_layers)
     except ValueError as exc:
         raise TorchtitanConfigError(f"--torchtitan-config {settings.source}: parallelism.{key} {exc}; {fix}") from None
-    return counts
+    return key, counts
+
+
+_INTERNAL_NAMES = (
+    (re.compile(r"^input_weight (\S+):"), "parallelism.pipeline_parallel_first_stage_less_layers = \\1"),
+    (re.compile(r"^output_weight (\S+):"), "parallelism.pipeline_parallel_last_stage_less_layers = \\1"),
+    (re.compile(r"^--layers-per-stage (\S+):"), "parallelism.pipeline_parallel_layers_per_stage = \\1"),
+)
+
+
+def in_job_terms(settings: JobSettings, exc: Exception) -> TorchtitanConfigError:
+    """A split refusal (:class:`ppsim.split.SplitError`) about a value the job set, in the job's own keys rather
+    than ppsim's option names (``input_weight``, ``--layers-per-stage``)."""
+    text = str(exc).split("; ")[0]
+    key = None
+    for pattern, replacement in _INTERNAL_NAMES:
+        if pattern.match(text):
+            key = replacement.split(" ")[0]
+            text = pattern.sub(replacement + ":", text)
+            break
+    fix = settings.fix(key) if key else settings.fix("parallelism.pipeline_parallel_layers_per_stage",
+                                                      "parallelism.module_fqns_per_model_part")
+    return TorchtitanConfigError(f"--torchtitan-config {settings.source}: {text}; {fix}")
 
 
 def split_of_module_names(parts: Any, *, num_layers: int | None = None) -> tuple[int, ...]:
@@ -590,6 +644,9 @@ def split_of_module_names(parts: Any, *, num_layers: int | None = None) -> tuple
             else:
                 raise ValueError(f"part {i} names {_shown(name)}, a module ppsim cannot simulate (it knows "
                                  f"{', '.join(EMBEDDING_MODULES)}, layers.N, {', '.join(HEAD_MODULES)})")
+        if n == 0 and 0 < i < last:
+            raise ValueError(f"part {i} holds no layers.N: only the first part (embedding) and the last (norm and "
+                             "head) may hold no layer")
         counts.append(n)
     if num_layers is not None and expected != num_layers:
         raise ValueError(f"holds {expected} layers but the profile's model has {num_layers}")
