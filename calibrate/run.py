@@ -147,7 +147,7 @@ class RunReport:
 def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) -> RunReport | None:
     """Refuse, predict, run, compare. ``None`` on torchrun ranks other than 0 (rank 0 reports). ``log`` gets the
     line naming the model before the run starts (default: stderr)."""
-    from ppsim.calibrate import launch, titan_run
+    from ppsim.calibrate import launch, titan_run, torch_adapter
 
     schedule = load_checked_schedule(options)
     device = check_backend(options)
@@ -171,6 +171,7 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         (log or _stderr)(model.summary())
     from ppsim.simulate import simulate
 
+    costs = dataclasses.replace(costs, outputs_held_to_backward=torch_adapter.keeps_forward_outputs())
     predicted = simulate(schedule, prediction_costs(costs, time_scale), recompute=chosen)  # before anything runs
     check_predicted_time(options, predicted)
     if world is None:

@@ -246,7 +246,8 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
         stages, parts, runtime = _build(spec, rank, world, device, csv_path)
     clock = executor._Clock(None, cuda)
     for st in stages:
-        torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post)
+        torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post,
+                                       outputs=clock.outputs)
     executor.checkpoint_chosen(spec, stages, parts)
     compute_loss = runtime._maybe_compute_loss
 

@@ -105,6 +105,34 @@ def backward_functions() -> tuple[Callable[..., Any], Callable[..., Any], Callab
     return stage_backward, stage_backward_input, stage_backward_weight
 
 
+def keeps_forward_outputs(runtime: Any = None) -> bool:
+    """Whether the runtime keeps a stage's forward outputs until the backward. torch before 2.15 always does
+    (``PipelineStage.fwd_cache``). 2.15 drops them when their send is waited for (``release_fwd_send_outputs`` at a
+    ``WAIT_SEND_F``), and inserts those waits only for a schedule built with ``max_outstanding_sends``; without it
+    (ppsim's runtime, torchtitan's builder) sends are drained at the step's end, after the backward, so the outputs
+    live to the backward as before. The memory model follows it (``CostModel.outputs_held_to_backward``)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    if not hasattr(PipelineStage, "release_fwd_send_outputs"):
+        return True
+    return getattr(runtime, "_max_outstanding_sends", None) is None
+
+
+def held_outputs(stage: Any, microbatch: int) -> list[Any]:
+    """The output tensors a stage that sends them keeps for ``microbatch`` right now (for the executor's memory
+    count; the last stage's output, the logits the loss reads, is held to the backward by every release alike and
+    is counted on neither side)."""
+    if stage.is_last:
+        return []
+    cache = getattr(stage, "fwd_cache", None)
+    if cache is not None:  # torch before 2.15: (outputs, inputs)
+        entry = cache.get(microbatch)
+        return [] if entry is None else [t for t in entry[0] if hasattr(t, "untyped_storage")]
+    state = getattr(stage, "_forward_chunk_states", {}).get(microbatch)
+    outputs = [] if state is None else state.live_outputs
+    return [t for t in outputs if t is not None and hasattr(t, "untyped_storage")]
+
+
 # --- executing an order -----------------------------------------------------------------------------------------
 def pipeline_stage(module: Any, stage: int, num_stages: int, device: Any) -> Any:
     check()
@@ -155,23 +183,38 @@ def timed_receive_waits(on_wait: Callable[[float], None]) -> Iterator[None]:
 
 
 def instrument_stage(stage: Any, *, begin: Callable[[str], None], finish: Callable[[], None],
-                     posted: Callable[[int, int, str], None]) -> None:
+                     posted: Callable[[int, int, str], None],
+                     outputs: Callable[[tuple[int, int], list[Any]], None] | None = None) -> None:
     """Wrap the stage's per-computation entry points (instance attributes shadow the class methods): ``begin(name)``
     before each computation, ``finish()`` after a backward (a forward is finished by the runtime's
-    ``after_forward``), ``posted(stage, microbatch, "F"|"B")`` when a receive is posted."""
+    ``after_forward``), ``posted(stage, microbatch, "F"|"B")`` when a receive is posted; ``outputs((stage,
+    microbatch), tensors)`` each time the forward outputs the stage keeps change (after a forward, a backward, and
+    on torch 2.15 the release after the send)."""
     index = stage.stage_index
     fwd, bwd, bwd_w = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
+    kept = outputs or (lambda key, tensors: None)
 
     def forward_one_chunk(fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         begin(f"{index}F{fwd_chunk_id}")
-        return fwd(fwd_chunk_id, *args, **kwargs)
+        out = fwd(fwd_chunk_id, *args, **kwargs)
+        kept((index, fwd_chunk_id), held_outputs(stage, fwd_chunk_id))
+        return out
 
     def backward_one_chunk(bwd_chunk_id: int, loss: Any = None, full_backward: bool = True,
                            last_backward: bool = False) -> Any:
         begin(f"{index}{'B' if full_backward else 'I'}{bwd_chunk_id}")
         out = bwd(bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward)
+        kept((index, bwd_chunk_id), held_outputs(stage, bwd_chunk_id))
         finish()
         return out
+
+    release = getattr(stage, "release_fwd_send_outputs", None)
+    if release is not None:  # torch 2.15
+        def release_fwd_send_outputs(fwd_chunk_id: int) -> None:
+            release(fwd_chunk_id)
+            kept((index, fwd_chunk_id), held_outputs(stage, fwd_chunk_id))
+
+        stage.release_fwd_send_outputs = release_fwd_send_outputs
 
     def backward_weight_one_chunk(bwd_chunk_id: int, last_backward: bool = False) -> Any:
         begin(f"{index}W{bwd_chunk_id}")
