@@ -108,9 +108,10 @@ def backward_functions() -> tuple[Callable[..., Any], Callable[..., Any], Callab
 def keeps_forward_outputs(runtime: Any = None) -> bool:
     """Whether the runtime keeps a stage's forward outputs until the backward. torch before 2.15 always does
     (``PipelineStage.fwd_cache``). 2.15 drops them when their send is waited for (``release_fwd_send_outputs`` at a
-    ``WAIT_SEND_F``), and inserts those waits only for a schedule built with ``max_outstanding_sends``; without it
-    (ppsim's runtime, torchtitan's builder) sends are drained at the step's end, after the backward, so the outputs
-    live to the backward as before. The memory model follows it (``CostModel.outputs_held_to_backward``)."""
+    ``WAIT_SEND_F``), but its lowering (``_add_wait_send``) places that wait right after the same microbatch's
+    backward unless the schedule is built with ``max_outstanding_sends`` (a send budget that waits earlier); without
+    one (ppsim's runtime, torchtitan 0.3.0's builder) the outputs live to the backward as before. The memory model
+    follows it (``CostModel.outputs_held_to_backward``)."""
     from torch.distributed.pipelining import PipelineStage
 
     if not hasattr(PipelineStage, "release_fwd_send_outputs"):
