@@ -149,6 +149,7 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     line naming the model before the run starts (default: stderr)."""
     from ppsim.calibrate import launch, titan_run, torch_adapter
 
+    torch_adapter.check()  # the torch release: refused, or warned about once, before anything is measured
     schedule = load_checked_schedule(options)
     device = check_backend(options)
     world = int(os.environ["WORLD_SIZE"]) if launch.under_torchrun() else None

@@ -60,7 +60,10 @@ def _check_version(version: str) -> None:
             f"torch.distributed.pipelining internals and is tested with torch {names}; install one "
             f"(pip install -c constraints.txt torch) or set {OVERRIDE_ENV}=1 to try this release"
         )
-    if os.environ.get("RANK", "0") == "0":  # one line per run, from the launcher or rank 0
+    import multiprocessing
+
+    # one line per run: from the launching process (not its local workers), or rank 0 under torchrun
+    if multiprocessing.parent_process() is None and os.environ.get("RANK", "0") == "0":
         print(f"ppsim: warning: torch {version} is newer than the releases ppsim is tested with ({names}); running "
               f"it because {OVERRIDE_ENV}=1", file=sys.stderr)
 
