@@ -149,9 +149,9 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     line naming the model before the run starts (default: stderr)."""
     from ppsim.calibrate import launch, titan_run, torch_adapter
 
-    torch_adapter.check()  # the torch release: refused, or warned about once, before anything is measured
     schedule = load_checked_schedule(options)
     device = check_backend(options)
+    torch_adapter.check()  # the torch release: refused, or warned about once, before anything is measured
     world = int(os.environ["WORLD_SIZE"]) if launch.under_torchrun() else None
     if world is not None and world != schedule.num_ranks:
         raise PPSimError(
