@@ -76,6 +76,10 @@ class CostModel:
     """Every computation's op cost is multiplied by this (several ranks of one host computing at once)."""
     dispatch_s: float = 0.0
     """Added to every computation (an overlapped pair holds two): the runtime's gap between computations."""
+    outputs_held_to_backward: bool = False
+    """Whether the runtime keeps each stage's forward output (``output_bytes``) from its F until its backward (B or I)
+    besides what autograd saves: torch before 2.15 does (``PipelineStage.fwd_cache``); 2.15 drops it once the send
+    completes, as a runtime without a pipeline stage does (the default)."""
     recv_posting: str = "early"
     """``"early"``: a cross-rank hand-off leaves when its producer ends. ``"consumer"``: it leaves at the later of the
     producer's end and the end of the consumer rank's previous action (torch's lowering posts the receive just before

@@ -763,6 +763,10 @@ def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_byt
         _refuse_int64_bytes(program, costs, held_of, schedule)
         for s, (held, freed_by_i) in enumerate(held_of):
             table[:, s] = (held, -held, -freed_by_i, -(held - freed_by_i))
+        if costs.outputs_held_to_backward and costs.output_bytes is not None:
+            for s in range(schedule.num_stages - 1):  # the runtime's copy of the output, F to B or I
+                out = costs.output_bytes[costs.position(schedule, s)]
+                table[:, s] += (out, -out, -out, 0)
         if rc is None:
             byte_delta, byte_plus = _per_action(program, table[program.comp_code, program.comp_stage])
         else:

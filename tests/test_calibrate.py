@@ -355,6 +355,39 @@ def test_an_unknown_torch_release_is_refused_by_the_adapter(monkeypatch: pytest.
     torch_adapter.check()  # the names it needs are all there: allowed with the override
 
 
+def test_an_older_torch_is_refused_in_one_line_naming_the_releases_that_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppsim.calibrate.execute import torch_adapter
+    from ppsim.errors import PPSimError
+
+    monkeypatch.setattr(torch_adapter, "_checked", False)
+    monkeypatch.setattr(torch, "__version__", "2.12.1+cpu")
+    monkeypatch.setenv(torch_adapter.OVERRIDE_ENV, "1")  # the override does not lift it: older releases lack names
+    with pytest.raises(PPSimError, match=r"torch 2\.12\.1\+cpu: .*needs torch 2\.13, 2\.14, 2\.15") as info:
+        torch_adapter.check()
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("version", ["2.13.0+cpu", "2.14.1", "2.15.0"])
+def test_the_tested_torch_releases_run_without_the_override(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str], version: str) -> None:
+    from ppsim.calibrate.execute import torch_adapter
+
+    monkeypatch.delenv(torch_adapter.OVERRIDE_ENV, raising=False)
+    torch_adapter._check_version(version)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_newer_untested_torch_runs_with_the_override_and_one_warning(monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from ppsim.calibrate.execute import torch_adapter
+
+    monkeypatch.setenv(torch_adapter.OVERRIDE_ENV, "1")
+    monkeypatch.delenv("RANK", raising=False)
+    torch_adapter._check_version("2.16.0")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "torch 2.16.0 is newer" in err and "2.13, 2.14, 2.15" in err
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -143,7 +143,7 @@ class RunReport:
 def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) -> RunReport | None:
     """Refuse, predict, run, compare. ``None`` on torchrun ranks other than 0 (rank 0 reports). ``log`` gets the
     line naming the model before the run starts (default: stderr)."""
-    from ppsim.calibrate.execute import launch
+    from ppsim.calibrate.execute import launch, torch_adapter
     from ppsim.calibrate.torchtitan.runner import choose_runner
 
     schedule = load_checked_schedule(options)
@@ -152,6 +152,7 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         from ppsim.calibrate.models import parse_model_source
 
         options = dataclasses.replace(options, source=parse_model_source(None, device=device))
+    torch_adapter.check()  # the torch release: refused, or warned about once, before anything is measured
     world = int(os.environ["WORLD_SIZE"]) if launch.under_torchrun() else None
     if world is not None and world != schedule.num_ranks:
         raise PPSimError(
@@ -175,6 +176,7 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         (log or _stderr)(model.summary())
     from ppsim.simulate import simulate
 
+    costs = dataclasses.replace(costs, outputs_held_to_backward=torch_adapter.keeps_forward_outputs())
     predicted = simulate(schedule, prediction_costs(costs, time_scale), recompute=chosen)  # before anything runs
     check_predicted_time(options, predicted)
     if world is None:

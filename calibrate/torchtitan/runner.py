@@ -9,7 +9,8 @@ order in place of a named schedule:
    torch schedule name whose rank-to-stage mapping (``_get_pp_rank_to_stage_indices_mapping``: loop or V) equals
    the ppsim schedule's placement (:func:`titan_placement_name`; checked again against the stages it built);
 3. the schedule from ``_build_pipeline_schedule(parallelism=ParallelismConfig(pipeline_parallel_schedule_csv=
-   <ppsim's compute-only CSV>, ...), local_batch_size=M * mb_size, stages, loss_fn)``: torch's
+   <ppsim's compute-only CSV>, ...), local_batch_size=M * mb_size, stages, loss_fn)`` (``num_microbatches=M`` on
+   torchtitan releases after 0.3.0: :func:`schedule_arguments`): torch's
    ``_PipelineScheduleRuntime`` loading the CSV, with torchtitan's ``scale_grads=False`` (gradients are the *sum*
    over microbatches) and its ``(loss, extra)`` loss convention.
 
@@ -194,22 +195,39 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
     if built != tuple(schedule.stages_of(rank)):
         raise RuntimeError(f"rank {rank}: torchtitan built stages {built} for {name} but the schedule places "
                            f"{schedule.stages_of(rank)} here (ppsim bug)")
-    parallelism = ParallelismConfig(
-        pipeline_parallel_degree=world, pipeline_parallel_schedule=name, pipeline_parallel_schedule_csv=csv_path,
-        pipeline_parallel_microbatch_size=source.config.mb_size, module_fqns_per_model_part=names,
-    )
+    parallelism, count = schedule_arguments(pp, ParallelismConfig, num_microbatches=schedule.num_microbatches,
+                                            mb_size=source.config.mb_size, pipeline_parallel_degree=world,
+                                            pipeline_parallel_schedule=name,
+                                            pipeline_parallel_schedule_csv=csv_path, module_fqns_per_model_part=names)
 
     def loss_fn(output: Any, target: Any) -> tuple[Any, None]:  # torchtitan's convention: (loss, extra)
         return source.loss_fn(output, target), None
 
     logging.disable(logging.WARNING)  # its "fewer microbatches than stages" warning: one run note instead
     try:
-        runtime = pp._build_pipeline_schedule(parallelism=parallelism,
-                                              local_batch_size=schedule.num_microbatches * source.config.mb_size,
-                                              stages=stages, loss_fn=loss_fn)
+        runtime = pp._build_pipeline_schedule(parallelism=parallelism, stages=stages, loss_fn=loss_fn, **count)
     finally:
         logging.disable(logging.NOTSET)
     return stages, parts, runtime
+
+
+def schedule_arguments(pp: Any, config_class: Any, *, num_microbatches: int, mb_size: int,
+                       **fields: Any) -> tuple[Any, dict[str, int]]:
+    """``(ParallelismConfig, microbatch keyword)`` for ``_build_pipeline_schedule`` in the generation installed:
+    0.3.0 takes ``local_batch_size=`` and a ``pipeline_parallel_microbatch_size`` field, later releases
+    ``num_microbatches=`` (torchtitan's PR #4121) and a ``num_pp_microbatches`` field."""
+    import dataclasses
+    import inspect
+
+    names = {f.name for f in dataclasses.fields(config_class)}
+    if "pipeline_parallel_microbatch_size" in names:
+        fields["pipeline_parallel_microbatch_size"] = mb_size
+    if "num_pp_microbatches" in names:
+        fields["num_pp_microbatches"] = num_microbatches
+    params = inspect.signature(pp._build_pipeline_schedule).parameters
+    count = ({"num_microbatches": num_microbatches} if "num_microbatches" in params
+             else {"local_batch_size": num_microbatches * mb_size})
+    return config_class(**fields), count
 
 
 def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measurement | None:
@@ -228,7 +246,8 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
         stages, parts, runtime = _build(spec, rank, world, device, csv_path)
     clock = Clock(None, cuda)
     for st in stages:
-        torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post)
+        torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post,
+                                       outputs=clock.outputs)
     checkpoint_chosen(spec, stages, parts)
     compute_loss = runtime._maybe_compute_loss
 
