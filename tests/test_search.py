@@ -16,7 +16,7 @@ from ppsim.cli import app
 from ppsim.errors import PPSimError
 from ppsim.formats import read_csv
 from ppsim.search import MemoryCap, MemoryCapError, lower_bound, parse_memory_cap, search
-from ppsim.schedules._greedy import Rule, list_schedule, make_problem
+from ppsim.search.listsched import Rule, list_schedule, make_problem
 from ppsim.schedules._phases import loop_placement, make_schedule, v_placement
 from ppsim.validate import validate
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from ppsim.ir import ActionType
-from ppsim.schedules._greedy import Problem
+from ppsim.search.listsched import Problem
 
 
 def lower_bound(problem: Problem) -> float:

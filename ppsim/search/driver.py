@@ -27,7 +27,7 @@ from ppsim.costs import CostModel, costs_for, parse_costs
 from ppsim.errors import PPSimError
 from ppsim.ir import Action, Schedule
 from ppsim.result import SimResult
-from ppsim.schedules._greedy import Problem, Rule, list_schedule
+from ppsim.search.listsched import Problem, Rule, list_schedule
 from ppsim.schedules._phases import loop_placement, make_schedule, v_placement
 from ppsim.search import cpsat
 from ppsim.search.bounds import lower_bound, pair_saving, smallest_cap

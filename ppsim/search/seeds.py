@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from ppsim.costs import CostModel
 from ppsim.ir import Schedule
 from ppsim.result import SimResult
-from ppsim.schedules._greedy import Problem
+from ppsim.search.listsched import Problem
 from ppsim.schedules._vshape import block_schedule, building_blocks, plain_peak
 from ppsim.search.common import MemoryCap, fits, is_v
 
