@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -209,6 +210,20 @@ def test_cli_cap_too_small_is_one_line_exit_2() -> None:
     assert res.exit_code == 2
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert len(lines) == 1 and "2act" in lines[0]
+
+
+def test_cli_no_order_in_time_names_the_smallest_cap_known_to_fit_and_its_order(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # a search that finds nothing in time (here: list scheduling made to find nothing) at a feasible but tight cap
+    import ppsim.search.driver as driver
+
+    monkeypatch.setattr(driver, "list_schedule", lambda *a, **k: None)
+    res = runner.invoke(app, ["search", "-r", "4", "-m", "8", "--memory-cap", "1act", "--time-limit", "1", "-q"])
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1
+    # 4 activations on 4 ranks: the lowest named peak (1F1B's and others'); the message names the order with it
+    assert "smallest cap known to fit is 4act" in lines[0] and "--memory-cap 4act" in lines[0]
+    assert re.search(r"\([\w-]+'s peak, makespan [\d.]+\)", lines[0]), lines[0]
 
 
 def test_cli_report_includes_the_searched_schedule(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -448,7 +448,19 @@ def _local_phase(run: _Run, starts: list[tuple[Schedule, CostModel]], max_orders
             run.take(improved, sim.makespan, "local search")
 
 
-# --- Phase 4: the result ---------------------------------------------------------------------------------------------
+# --- Phase 4: the result ------------------------------------------------------------------------------------------
+def _no_order_message(cap: MemoryCap, named: list[Named]) -> str:
+    """The error when no order fitting ``cap`` was found in time: the smallest cap an order the search knows fits
+    (the named schedule with the lowest peak), so the user can pick it rather than guess."""
+    head = f"--memory-cap {cap}: no order found within the time limit"
+    if not named:
+        return f"{head}; raise --time-limit or the cap"
+    lowest = min(named, key=lambda x: (x[0].peak, x[0].makespan))[0]
+    shown = f"{lowest.peak:g}act" if cap.unit == "act" else f"{int(math.ceil(lowest.peak))}"
+    return (f"{head}; the smallest cap known to fit is {shown} ({lowest.name}'s peak, makespan {lowest.makespan:g}); "
+            f"raise --time-limit or pass --memory-cap {shown}")
+
+
 def _result(
     run: _Run, fitting: list[Named], named: list[Named], costs: CostModel, scope: str, *, stopped: str, seed: int
 ) -> SearchResult:
@@ -459,9 +471,7 @@ def _result(
     if best.schedule is None and stopped == "interrupted":
         raise KeyboardInterrupt  # no order yet
     if best.schedule is None:
-        raise MemoryCapError(
-            f"--memory-cap {run.cap}: no order found within the time limit; raise --time-limit or the cap"
-        )
+        raise MemoryCapError(_no_order_message(run.cap, named))
     result_sched, source = best.schedule, best.source
     if source in ("list scheduling", "local search", "CP-SAT", SEED_SOURCE):
         result_sched = replace(result_sched, name=SEARCH_NAME)
