@@ -1,5 +1,10 @@
 """Local search on an order: single actions moved within their rank's order, each candidate re-simulated by
-:func:`ppsim.simulate` (the judge), kept when the makespan drops and every rank still fits the cap."""
+:func:`ppsim.simulate` (the judge), kept when the makespan drops and every rank still fits the cap.
+
+Half of the moves are drawn anywhere; the other half move an action of the *critical chain* (the chain of
+computations, each started by its rank's previous one or by its input, that ends at the makespan) ahead of the
+rank-mate that delayed it. On a big order (R=32, M=128: 24,576 computations) random moves almost never touch the
+chain; these do (V-Half 1017.6 -> 1016.1 there, F=1, I=1.5, W=0.5, comm 0.1, 34act)."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import Callable
 
 from ppsim.costs import CostModel
 from ppsim.errors import PPSimError
+from ppsim import deps
 from ppsim.ir import Schedule
 from ppsim.result import SimResult
 from ppsim.search.common import MemoryCap, fits
@@ -17,6 +23,34 @@ from ppsim.search.common import MemoryCap, fits
 def _score(sim: SimResult) -> tuple[float, float]:
     """Makespan first; then the sum of the ranks' finishing times, which rewards progress off the critical rank."""
     return sim.makespan, sum(max(ends, default=0.0) for ends in sim.ends)
+
+
+def critical_chain(schedule: Schedule, sim: SimResult) -> list[tuple[int, int]]:
+    """The (rank, index) of every action on the critical chain that its rank's previous action delayed (it started
+    the moment that one ended): moving it earlier in its rank's order is the move that can shorten the chain."""
+    producer: dict[deps.Key, tuple[int, int]] = {}
+    for r, row in enumerate(schedule.actions):
+        for k, action in enumerate(row):
+            for comp in action.computations:
+                for key in deps.provides(comp):
+                    producer[key] = (r, k)
+    ends = sim.ends
+    r = max(range(len(ends)), key=lambda x: max(ends[x], default=0.0))
+    k = len(ends[r]) - 1
+    out: list[tuple[int, int]] = []
+    while k >= 0:
+        start = sim.starts[r][k]
+        if k > 0 and abs(ends[r][k - 1] - start) <= 1e-9:
+            out.append((r, k))
+            k -= 1
+            continue
+        # started by an input: follow the latest-ending one to its rank
+        sources = [producer[key] for comp in schedule.actions[r][k].computations
+                   for key in deps.requires(schedule, comp) if key in producer]
+        if not sources:
+            break
+        r, k = max(sources, key=lambda x: ends[x[0]][x[1]])
+    return out
 
 
 def local_search(
@@ -34,18 +68,26 @@ def local_search(
     from ppsim.simulate import simulate
 
     current = schedule
-    cur = _score(simulate(current, costs))
+    cur_sim = simulate(current, costs)
+    cur = _score(cur_sim)
+    chain: list[tuple[int, int]] | None = None
     n = 0
     failures = 0
     while time.perf_counter() < deadline and failures < 3000 and (max_tries is None or n < max_tries):
         report("local search")  # rate-limited by the caller: a line every half second
         rows = [list(r) for r in current.actions]
-        r = rng.randrange(len(rows))
-        if not rows[r]:
-            failures += 1
-            continue
-        i = rng.randrange(len(rows[r]))
-        step = rng.choice((-3, -2, -1, 1, 2, 3))
+        if chain is None:
+            chain = critical_chain(current, cur_sim)
+        if chain and rng.random() < 0.5:  # an action of the critical chain, ahead of the one that delayed it
+            r, i = rng.choice(chain)
+            step = -rng.choice((1, 1, 2, 3))
+        else:
+            r = rng.randrange(len(rows))
+            if not rows[r]:
+                failures += 1
+                continue
+            i = rng.randrange(len(rows[r]))
+            step = rng.choice((-3, -2, -1, 1, 2, 3))
         j = i + step
         if not 0 <= j < len(rows[r]):
             failures += 1
@@ -65,7 +107,7 @@ def local_search(
             if score[0] < cur[0] - 1e-9:
                 report("local search")
                 failures = 0
-            current, cur = cand, score
+            current, cur, cur_sim, chain = cand, score, csim, None
         else:
             failures += 1
     return current, n
