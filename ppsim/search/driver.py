@@ -178,8 +178,12 @@ def search(
         # Phase 1: seeds, then list scheduling
         now = time.perf_counter()
         left = max(0.0, run.deadline - now)  # the shares are of the time the set-up left
-        _v_seeds(run, now + (0.15 if use_cpsat else 0.25) * left, max_orders)
-        phase1_end = now + (0.3 if use_cpsat else 0.6) * left
+        big = max(3 * tpl.num_stages * num_microbatches for tpl in templates) > CPSAT_MAX_COMPUTATIONS
+        # a big order: one list-scheduling pass takes seconds and random rules rarely win there; the seeds and the
+        # critical-chain local search get the time instead
+        seeds_share, phase1_share = (0.3, 0.4) if big else (0.15, 0.3) if use_cpsat else (0.25, 0.6)
+        _v_seeds(run, now + seeds_share * left, max_orders)
+        phase1_end = now + phase1_share * left
         elites = _list_scheduling(run, phase1_end, None if max_orders is None else max(1, int(0.6 * max_orders)))
         starts = _local_starts(run, elites, fitting[0] if fitting else None, costs, cost_scope)
         # Phase 2: CP-SAT
@@ -187,7 +191,7 @@ def search(
             _cpsat_polish(run, starts, seed=seed, max_orders=max_orders)
         # Phase 3: local search (nothing to gain once the best order meets the bound)
         if not run.optimal():
-            _local_phase(run, starts, max_orders)
+            _local_phase(run, starts, max_orders, big=big)
         if time.perf_counter() >= run.deadline and not run.optimal():
             stopped = "time limit"
     except KeyboardInterrupt:
@@ -324,7 +328,7 @@ def _v_seeds(run: _Run, phase_end: float, max_count: int | None) -> None:
     for tpl, tcosts, prob in run.cases:
         blocks = v_block_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end, max_count=max_count)
         greedy = v_greedy_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end)
-        for schedule, sim in chain(greedy, blocks):
+        for schedule, sim in chain(blocks, greedy):
             if run.optimal():
                 return
             run.evaluations += 1
@@ -438,17 +442,20 @@ def _cpsat_polish(run: _Run, starts: list[tuple[Schedule, CostModel]], *, seed: 
 
 
 # --- Phase 3: local search -------------------------------------------------------------------------------------------
-def _local_phase(run: _Run, starts: list[tuple[Schedule, CostModel]], max_orders: int | None) -> None:
-    """Local search from each start in turn; the time (and orders) left are shared among the starts left."""
+def _local_phase(run: _Run, starts: list[tuple[Schedule, CostModel]], max_orders: int | None, *, big: bool) -> None:
+    """Local search from each start in turn; the time (and orders) left are shared among the starts left (on a
+    ``big`` order the best start gets half, and nine moves in ten are on the critical chain)."""
     from ppsim.simulate import simulate
 
     for k, (sched, tcosts) in enumerate(starts):
         if time.perf_counter() >= run.deadline:
             break
         left = len(starts) - k
-        share = (run.deadline - time.perf_counter()) / left
+        # the best start gets half the time on a big order (one move is a whole simulation there), else an even share
+        share = (run.deadline - time.perf_counter()) / (2 if big and k == 0 and left > 1 else left)
         tries = None if max_orders is None else max(0, (max_orders - run.evaluations) // left)
-        improved, n = local_search(sched, tcosts, run.cap, run.rng, time.perf_counter() + share, run.report, tries)
+        improved, n = local_search(sched, tcosts, run.cap, run.rng, time.perf_counter() + share, run.report, tries,
+                                   chain_share=0.9 if big else 0.5)
         run.evaluations += n
         sim = simulate(improved, tcosts)
         if fits(sim, run.cap):

@@ -61,10 +61,13 @@ def local_search(
     deadline: float,
     report: Callable[[str], None],
     max_tries: int | None = None,
+    *,
+    chain_share: float = 0.5,
 ) -> tuple[Schedule, int]:
     """First-improvement local search: move one action a few places earlier or later in its rank's order.
 
-    A move is kept when it lowers the makespan, or keeps it and lowers the sum of the ranks' finishing times."""
+    A move is kept when it lowers the makespan, or keeps it and lowers the sum of the ranks' finishing times.
+    ``chain_share`` of the moves are critical-chain moves (see the module docstring)."""
     from ppsim.simulate import simulate
 
     current = schedule
@@ -78,7 +81,7 @@ def local_search(
         rows = [list(r) for r in current.actions]
         if chain is None:
             chain = critical_chain(current, cur_sim)
-        if chain and rng.random() < 0.5:  # an action of the critical chain, ahead of the one that delayed it
+        if chain and rng.random() < chain_share:  # an action of the critical chain, ahead of the one that delayed it
             r, i = rng.choice(chain)
             step = -rng.choice((1, 1, 2, 3))
         else:

@@ -79,7 +79,7 @@ def v_greedy_seeds(
     for level in range(top, R - 1, -1):
         if time.perf_counter() >= deadline:
             return
-        for schedule in greedy_v(R, M, mean, comm, level):
+        for schedule in greedy_v(R, M, mean, comm, level, deadline=deadline):
             schedule = template.with_actions(schedule.actions)
             sim = simulate(schedule, costs)
             if fits(sim, cap):
