@@ -527,3 +527,26 @@ def test_greedy_v_seeds_are_valid_and_fit_the_cap(ranks: int, mb: int, cap: int)
         assert validate(schedule) == []
         assert max(p.peak_activations for p in sim.per_rank) <= cap
         assert sim.makespan == pytest.approx(simulate(schedule, costs).makespan)
+
+
+def test_critical_chain_moves_are_actions_their_rank_mate_delayed_on_the_chain_to_the_makespan() -> None:
+    from ppsim.search.local import critical_chain
+
+    sched = get_schedule("V-Half", 4, 8, 2)
+    costs = parse_costs("F=1,I=1.5,W=0.5,comm=0.1")
+    sim = simulate(sched, costs_for(costs, sched, scope="stage"))
+    chain = critical_chain(sched, sim)
+    assert chain
+    for r, k in chain:  # each started the moment the previous action of its rank ended
+        assert k > 0 and sim.starts[r][k] == pytest.approx(sim.ends[r][k - 1])
+    last_rank = max(range(4), key=lambda r: sim.ends[r][-1])
+    assert max(chain) <= (3, 10**9) and any(r == last_rank for r, _ in chain)
+
+
+def test_orders_above_cpsats_size_limit_are_big_and_skip_cpsat_under_solver_auto() -> None:
+    import ppsim.search.driver as driver
+
+    mb = driver.CPSAT_MAX_COMPUTATIONS // (3 * 8)  # 4 ranks x 2 stages (V): at the limit, then just above it
+    assert not driver._is_big(driver._templates(4, mb, driver.Placement.v, None))
+    assert driver._is_big(driver._templates(4, mb + 1, driver.Placement.v, None))
+    assert driver._is_big(driver._templates(32, 128, driver.Placement.v, None))  # 24,576 computations

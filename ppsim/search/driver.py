@@ -167,8 +167,7 @@ def search(
     run = _Run(cases, cap, [lower_bound(p) for _, _, p in cases], t0, t0 + time_limit, random.Random(seed),
                progress, last_report=t0)
     run.report("set-up", force=True)
-    use_cpsat = _use_cpsat(solver) and (Solver(solver) is Solver.cpsat or all(
-        3 * tpl.num_stages * num_microbatches <= CPSAT_MAX_COMPUTATIONS for tpl in templates))
+    use_cpsat = _use_cpsat(solver) and (Solver(solver) is Solver.cpsat or not _is_big(templates))
     named = _named([tpl for tpl, _, _ in cases], num_ranks, num_microbatches, costs, cost_scope, cap, run=run)
     fitting = sorted((x for x in named if x[0].fits), key=lambda x: x[0].makespan)
     if fitting:
@@ -178,7 +177,7 @@ def search(
         # Phase 1: seeds, then list scheduling
         now = time.perf_counter()
         left = max(0.0, run.deadline - now)  # the shares are of the time the set-up left
-        big = max(3 * tpl.num_stages * num_microbatches for tpl in templates) > CPSAT_MAX_COMPUTATIONS
+        big = _is_big(templates)
         # a big order: one list-scheduling pass takes seconds and random rules rarely win there; the seeds and the
         # critical-chain local search get the time instead
         seeds_share, phase1_share = (0.3, 0.4) if big else (0.15, 0.3) if use_cpsat else (0.25, 0.6)
@@ -237,6 +236,11 @@ def _use_cpsat(solver: Solver | str) -> bool:
     if solver == "cpsat" and not cpsat.available():
         raise PPSimError("--solver cpsat needs OR-Tools; pip install 'ppsim[search]' (or ortools), or drop --solver")
     return solver == "cpsat" or (solver == "auto" and cpsat.available())
+
+
+def _is_big(templates: list[Schedule]) -> bool:
+    """An order above :data:`CPSAT_MAX_COMPUTATIONS` computations (stages x microbatches x 3)."""
+    return max(3 * t.num_stages * t.num_microbatches for t in templates) > CPSAT_MAX_COMPUTATIONS
 
 
 def _templates(num_ranks: int, num_microbatches: int, placement: Placement, v: int | None) -> list[Schedule]:
