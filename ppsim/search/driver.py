@@ -328,11 +328,13 @@ SEED_SOURCE = "V building block"
 
 def _v_seeds(run: _Run, phase_end: float, max_count: int | None) -> None:
     """The greedy V orders and the V building blocks that fit the cap (V placement only); the best two become
-    local-search starts."""
+    local-search starts. The greedy goes first where the cap allows ZBV's 2R (where it completes), else the
+    blocks (below 2R the greedy rarely completes, and a big order's blocks take the whole phase)."""
     for tpl, tcosts, prob in run.cases:
         blocks = v_block_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end, max_count=max_count)
         greedy = v_greedy_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end)
-        for schedule, sim in chain(blocks, greedy):
+        greedy_first = run.cap.unit != "act" or run.cap.amount >= 2 * tpl.num_ranks
+        for schedule, sim in chain(greedy, blocks) if greedy_first else chain(blocks, greedy):
             if run.optimal():
                 return
             run.evaluations += 1
