@@ -404,7 +404,7 @@ def test_searched_is_never_slower_than_a_named_schedule_or_a_v_building_block_th
 # --- proofs: CP-SAT proves small cases optimal, and its bound is a bound (issue 19) ---------------------------------
 @pytest.mark.parametrize(
     "ranks, mb, cap, placement, optimum",
-    [(2, 4, 3, "v", 27.8), (3, 4, 4, "v", 30.2), (4, 6, 2, "loop", 32.6), (2, 6, 1, "loop", 31.2),
+    [(2, 4, 3, "v", 27.8), (3, 4, 4, "v", 30.2), (4, 6, 2, "loop", 32.6),
      (3, 5, 2, "loop", 22.2)],  # each above the analytic bound: only CP-SAT can prove it
 )
 def test_cpsat_proves_small_cases_optimal(ranks: int, mb: int, cap: int, placement: str, optimum: float) -> None:
@@ -417,6 +417,15 @@ def test_cpsat_proves_small_cases_optimal(ranks: int, mb: int, cap: int, placeme
     assert result.makespan == pytest.approx(optimum) and result.lower_bound == pytest.approx(optimum)
     assert result.gap == 0.0
     assert validate(result.schedule) == [] and result.peak <= cap
+
+
+def test_the_occupancy_bound_makes_the_serial_order_at_one_activation_provably_optimal() -> None:
+    # 2 ranks x 6 microbatches at 1act: rank 0 holds one microbatch at a time, each for its round trip at least
+    # (5.2: F, comm, F, I, comm, I, W), 6 times: 31.2, which CP-SAT proved optimal; the occupancy term gives it alone
+    problem = make_problem(make_schedule("t", [[], []], loop_placement(2, 1), 6, 1), COMM, 1.0)
+    assert lower_bound(problem) == pytest.approx(31.2)
+    result = search(2, 6, COMM, "1act", time_limit=30.0, max_orders=200, solver="none")
+    assert result.optimal and result.makespan == pytest.approx(31.2)
 
 
 def test_an_order_meeting_the_analytic_bound_is_optimal_without_cpsat() -> None:
