@@ -1,6 +1,7 @@
 """Benchmark of `ppsim search` against the named schedules and the lower bound (issue 11's targets).
 
     python bench/bench_search.py [--time-limit S] [--quick] [--recompute-frontier]
+    python bench/bench_search.py --production [--time-limit S] [--quick]   # R 16/32 against the zero-bubble authors
 
 Grid: R in {4, 8}, M in {8, 16, 24}, I in {1, 2} with F = W = 1 (B = I + W), comm in {0, 0.1}, cap R and 2R
 activations (one microbatch's activations of one stage, one stage per rank): 48 cases. Per case it prints the
