@@ -233,7 +233,7 @@ def authors_best(case: dict, cap: float) -> tuple[float, str] | None:
     return best["makespan"], best["method"]
 
 
-def production_grid(time_limit: float, quick: bool) -> bool:
+def production_grid(time_limit: float, quick: bool, only: set[str] | None = None) -> bool:
     """Issue 24 part 4: R 16/32, M 32-256, both placements, the reference caps (loop 1.5R / 2R, V at V-Half's level
     or 2R) and, for V, V-Min's level; beside the authors' schedulers at the same cap (tests/data/zb_peer_r16_r32.json,
     made by their code at commit 39f2c186 and timed by ppsim simulate on their orders)."""
@@ -246,6 +246,8 @@ def production_grid(time_limit: float, quick: bool) -> bool:
             runs.append((case, float(max(r.peak_activations for r in simulate(vmin, parse_costs(None)).per_rank))))
     if quick:
         runs = [r for r in runs if r[0]["R"] == 16 and r[0]["M"] <= 64]
+    if only:
+        runs = [r for r in runs if r[0]["id"] in only or f"{r[0]['id']}@{r[1]:g}" in only]
     print(f"\nproduction grid ({time_limit:g} s per case): searched / best named that fits / authors at the same cap "
           "/ bound")
     print(f"{'case':<5} {'pl':<4} {'R':>2} {'M':>3} {'costs':<22} {'cap':>4} | {'searched':>9} {'named':>9} "
@@ -277,12 +279,15 @@ def main() -> int:
                         help="only the recompute frontier (search --recompute auto against cap)")
     parser.add_argument("--production", action="store_true",
                         help="only the production-size grid (R 16/32, M 32-256) against the zero-bubble authors")
+    parser.add_argument("--cases", default="",
+                        help="with --production: only these cases, e.g. PL01,PV07@34 (id, or id@cap)")
     args = parser.parse_args()
     if args.production:
         print("command: python " + " ".join(sys.argv))
         print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
               f"python {platform.python_version()}; {machine_noise()}")
-        return 0 if production_grid(args.time_limit, args.quick) else 1
+        only = {c.strip() for c in args.cases.split(",") if c.strip()} or None
+        return 0 if production_grid(args.time_limit, args.quick, only) else 1
     if args.recompute_frontier:
         recompute_frontier(args.time_limit)
         return 0
