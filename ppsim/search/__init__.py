@@ -5,7 +5,7 @@ Method (see docs/search.md):
 1. Every named schedule whose placement matches is simulated; those that fit the cap are the baseline, and the best
    of them is a starting point.
 2. For V placement, the controllable-memory building blocks that fit the cap (:mod:`ppsim.search.seeds`), then
-   memory-aware list scheduling (:mod:`ppsim.schedules._greedy`) with a handful of fixed priority rules, then with
+   memory-aware list scheduling (:mod:`ppsim.search.listsched`) with a handful of fixed priority rules, then with
    random rules (admission limits per rank, when deferred W run, B or I+W, overlapped pairs) until the time limit
    (:mod:`ppsim.search.rules`).
 3. Local search on the best orders (:mod:`ppsim.search.local`): single actions moved within their rank's order, each

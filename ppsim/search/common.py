@@ -9,7 +9,7 @@ from ppsim.costs import CostModel
 from ppsim.errors import PPSimError
 from ppsim.ir import Schedule
 from ppsim.result import SimResult
-from ppsim.schedules._greedy import Problem, make_problem
+from ppsim.search.listsched import Problem, make_problem
 from ppsim.schedules._phases import v_placement
 
 SEARCH_NAME = "Searched"
