@@ -74,6 +74,21 @@ def write_atomic(path: str | os.PathLike[str], content: Content, *, option: str 
     return target
 
 
+def output_file(text: str | os.PathLike[str]) -> Path:
+    """The parser of every output-file option: a name that ends in a separator names a folder (``-o newdir/``), so
+    one naming no folder is refused instead of becoming a file called ``newdir`` (an existing folder is refused by
+    :func:`check_writable`, which names a file inside it)."""
+    if isinstance(text, Path):
+        return text
+    text = os.fspath(text)
+    seps = tuple(s for s in (os.sep, os.altsep) if s)
+    if text.endswith(seps) and not os.path.isdir(text):
+        raise OutputPathError(f"{text!r} ends in {text[-1]!r}, so it names a folder, and no such folder exists; give "
+                              f"a file name (e.g. {text.rstrip(''.join(seps)) or 'out'}.json), or create the folder "
+                              "and name a file in it")
+    return Path(text)
+
+
 def check_distinct(paths: Iterable[tuple[str, str | os.PathLike[str] | None]]) -> None:
     """Refuse two options that name one file, ``(option, path)`` pairs, outputs and inputs alike: an output over an
     input (``export -s my.csv -o my.csv --format json``) would replace what the command reads, and two outputs
