@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from ppsim.errors import PPSimError
-from ppsim.io import output_file
+from ppsim.io import output_file, progress_path
 from ppsim.limits import check_timeout
 from ppsim.torchtitan import JOB_CONTEXT
 
@@ -195,7 +195,8 @@ def calibrate_command(
     try:
         doc = calibrate(opts)
     except KeyboardInterrupt:
-        typer.echo(f"interrupted; finished measurements are in {output}; continue with --resume", err=True)
+        typer.echo(f"interrupted; finished measurements are in {progress_path(output)} ({output} is untouched); "
+                   "continue with --resume", err=True)
         raise typer.Exit(code=130) from None
     if doc is not None:
         print_profile_summary(doc)

@@ -561,12 +561,16 @@ class _Reader:
         if len(layers) != 2:
             raise self.fail(f"{pre}layers", f"must be [first, last_exclusive], got {_shown(layers)}")
         first = self.int_(layers[0], f"{pre}layers[0]")
-        last = self.int_(layers[1], f"{pre}layers[1]", minimum=first + 1)
+        embedding = self.bool_(self.get(d, "has_embedding", pre), f"{pre}has_embedding")
+        head = self.bool_(self.get(d, "has_head", pre), f"{pre}has_head")
+        # A stage may hold the embedding or the head alone (torchtitan's split gives one when stages outnumber
+        # layers), never nothing.
+        last = self.int_(layers[1], f"{pre}layers[1]", minimum=first if embedding or head else first + 1)
         return StageProfile(
             stage=self.int_(self.get(d, "stage", pre), f"{pre}stage"),
             layers=(first, last),
-            has_embedding=self.bool_(self.get(d, "has_embedding", pre), f"{pre}has_embedding"),
-            has_head=self.bool_(self.get(d, "has_head", pre), f"{pre}has_head"),
+            has_embedding=embedding,
+            has_head=head,
             **self.measured(d, pre, allow_incomplete=allow_incomplete),
         )
 

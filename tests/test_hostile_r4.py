@@ -1,0 +1,156 @@
+"""Hostile inputs, fourth pass (issue 26): no file lost to an interrupted calibration, no traceback from a profile's
+numbers or a bad option value, no silent wrong answer.
+
+Each test is named after the behaviour it pins; the issue's item number is in its docstring.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ppsim.cli import app, main
+from ppsim.io import exclusive_writer, progress_path
+
+runner = CliRunner()
+REPO = Path(__file__).resolve().parent.parent
+PROFILE = REPO / "tests" / "data" / "llama3_debugmodel_s32.profile.json"
+SMALL = ["--hidden", "16", "--heads", "2", "--ffn", "32", "--layers", "2", "--vocab", "32", "--seq-len", "8",
+         "--mb-size", "1", "--reps", "1", "--warmup", "0", "--no-p2p", "--no-probe"]
+"""A calibration that takes about a second."""
+
+
+def error_line(result: object) -> str:
+    """Exit 2, stderr exactly one ``Error:`` line (nothing before it), no traceback; returns the line."""
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:"), result.stderr
+    return lines[0]
+
+
+def main_error(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """The console entry point's one line for ``ppsim ARGV`` (exit 2)."""
+    monkeypatch.setattr(sys, "argv", ["ppsim", *argv])
+    with pytest.raises(SystemExit) as info:
+        main()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1, err
+    return err[0]
+
+
+# --- data loss ---------------------------------------------------------------------------------------------------
+@pytest.mark.torch
+def test_an_interrupted_calibration_leaves_the_previous_file_intact(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 1: Ctrl-C during a calibration into an existing file leaves that file as it was."""
+    from ppsim.calibrate import calibration
+
+    out = tmp_path / "c.json"
+    out.write_text('{"mine": 1}\n')
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(calibration, "measure_units", interrupted)
+    result = runner.invoke(app, ["calibrate", "-o", str(out), *SMALL])
+    assert result.exit_code == 130
+    assert out.read_text() == '{"mine": 1}\n'
+    assert progress_path(out).exists() and "--resume" in result.stderr
+
+
+@pytest.mark.torch
+def test_a_failed_calibration_leaves_the_previous_file_intact_and_resume_finishes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 1: a calibration failing with an error leaves -o as it was; --resume then finishes it into -o."""
+    from ppsim.calibrate import calibration
+    from ppsim.errors import PPSimError
+
+    out = tmp_path / "c.json"
+    out.write_text('{"mine": 1}\n')
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise PPSimError("probe failed")
+
+    args = ["calibrate", "-o", str(out), *SMALL[:-1]]  # with the probe, which fails after the units
+    monkeypatch.setattr(calibration, "run_probes", failing)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "probe failed" in result.stderr
+    assert out.read_text() == '{"mine": 1}\n'
+    monkeypatch.setattr(calibration, "measure_units", lambda *a, **k: pytest.fail("units measured twice"))
+    result = runner.invoke(app, [*args, "--no-probe", "--resume"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["complete"] is True
+    assert not progress_path(out).exists()
+
+
+@pytest.mark.torch
+def test_a_second_writer_of_the_same_profile_is_refused(tmp_path: Path) -> None:
+    """Item 3: while one calibration writes c.json, a second `calibrate --resume -o c.json` is refused."""
+    out = tmp_path / "c.json"
+    with exclusive_writer(out):
+        line = error_line(runner.invoke(app, ["calibrate", "-o", str(out), *SMALL, "--resume"]))
+    assert "another ppsim process" in line and "c.json" in line
+    assert not out.exists() and not progress_path(out).exists()
+
+
+def test_the_writer_lock_is_released_and_removed() -> None:
+    """Item 3: the lock leaves no file behind and can be taken again at once."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "c.json"
+        with exclusive_writer(out):
+            pass
+        with exclusive_writer(out):
+            pass
+        assert list(Path(folder).iterdir()) == []
+
+
+def test_search_never_replaces_its_input_profile(tmp_path: Path) -> None:
+    """Item 2: `search --profile q.json -o q.json` is refused before the search."""
+    q = tmp_path / "q.json"
+    q.write_bytes(PROFILE.read_bytes())
+    line = error_line(runner.invoke(app, ["search", "-r", "2", "-m", "4", "--profile", str(q), "--memory-cap", "8act",
+                                          "-o", str(q)]))
+    assert "--profile" in line
+    assert q.read_bytes() == PROFILE.read_bytes()
+
+
+# --- wrong or silent answers ---------------------------------------------------------------------------------------
+@pytest.mark.torch
+def test_check_stages_with_a_stage_holding_only_the_head_finishes_the_profile(tmp_path: Path) -> None:
+    """Item 7: more stages than layers leave a stage with the embedding or head alone; the profile is complete."""
+    out = tmp_path / "c.json"
+    result = runner.invoke(app, ["calibrate", "-o", str(out), *SMALL, "--check-stages", "--stages", "4"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["complete"] and [s["layers"] for s in doc["stages"]][-1] == [2, 2]
+
+
+@pytest.mark.parametrize("cmd", [["export", "-s", "1F1B", "-r", "2", "-m", "2"],
+                                 ["plot", "-s", "1F1B", "-r", "2", "-m", "2"],
+                                 ["search", "-r", "2", "-m", "2", "--memory-cap", "8act"]])
+def test_an_output_ending_in_a_slash_is_a_folder_not_a_file(cmd: list[str], tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 8: `-o newdir/` for a folder that does not exist is refused; no file named newdir appears."""
+    monkeypatch.chdir(tmp_path)
+    line = main_error([*cmd, "-o", "newdir/"], capsys, monkeypatch)
+    assert "'newdir/'" in line and "folder" in line
+    assert not (tmp_path / "newdir").exists()
+
+
+# --- messages -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("option,value", [("--time-limit", "soon"), ("--seed", "junk"), ("--seed", "1.5"),
+                                          ("-r", "two")])
+def test_a_bad_number_names_the_option_and_the_value(option: str, value: str, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 12: typer's generic "Input should be a valid number" becomes one line naming the option and value."""
+    args = ["search", "-r", "2", "-m", "2", "--memory-cap", "8act", option, value]
+    line = main_error(args, capsys, monkeypatch)
+    assert f"{option} {value!r}" in line and "Input should be" not in line
