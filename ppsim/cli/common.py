@@ -62,6 +62,9 @@ def user_errors(func: F) -> F:
             raise typer.Exit(code=130) from None
         except PPSimError as exc:
             raise fail(str(exc)) from None
+        except MemoryError:  # --allow-large lifts the estimates, not the duty to fail in one line
+            raise fail("out of memory: the sizes asked for need more memory than this machine has; lower them "
+                       "(layers, ranks, microbatches, sequence length) or use a machine with more memory") from None
         except OSError as exc:
             if exc.filename is None:
                 raise
