@@ -155,13 +155,17 @@ def calibrate_command(
             raise PPSimError(f"{name} {value}: must be at least {least}; e.g. {name} {max(least, 3)}")
     if stages is not None and stages < 1:
         raise PPSimError(f"--stages {stages}: must be at least 1; e.g. --stages 4")
+    notes: list[str] = []  # printed once every refusal is behind: a failing command's stderr is its error line
     if stages is not None and not check_stages:  # the Slurm scripts pass it always: a warning, not a refusal
-        typer.echo(f"warning: --stages {stages} is used only with --check-stages (the profile's blocks serve any "
-                   "stage count), so it is ignored", err=True)
+        notes.append(f"warning: --stages {stages} is used only with --check-stages (the profile's blocks serve any "
+                     "stage count), so it is ignored")
     stages = 4 if stages is None else stages
     check_timeout("--init-timeout", init_timeout, least=1.0)
     overrides = job_overrides(ctx, torchtitan_config)
     check_output(output, "-o", suffix=".json")
+    from ppsim.io import check_distinct
+
+    check_distinct((("--torchtitan-config", torchtitan_config), ("-o", output)))  # an output never replaces an input
     sizes = dict(hidden=hidden, heads=heads, ffn=ffn, layers=layers, vocab=vocab, seq_len=seq_len, mb_size=mb_size,
                  dtype=None if dtype is None else dtype.value)
     if torchtitan_config is None:
@@ -170,9 +174,9 @@ def calibrate_command(
         from ppsim.calibrate.models import ModelOptions
         from ppsim.calibrate.titan_job import calibration_source
 
-        source, notes = calibration_source(torchtitan_config, overrides, model=model, preset=preset,
-                                           options=ModelOptions(**sizes), device=device.value)
-        warn(notes)
+        source, job_notes = calibration_source(torchtitan_config, overrides, model=model, preset=preset,
+                                               options=ModelOptions(**sizes), device=device.value)
+        notes += job_notes
     config = source.config
     opts = CalibrationOptions(
         output=output, config=config, num_stages=stages, device=device.value, warmup=warmup, reps=reps,
@@ -190,6 +194,7 @@ def calibrate_command(
         from ppsim.split import default_split
 
         default_split(config.layers, stages)
+    warn(notes)
     from ppsim.calibrate.calibration import calibrate
 
     try:
@@ -445,19 +450,26 @@ def run_command(
     if report is None:  # a torchrun rank other than 0
         return
     data = report.to_dict()
-    if output is not None:
-        from ppsim.io import write_atomic
-
-        write_atomic(output, json.dumps(data, indent=1, allow_nan=False) + "\n")
-    if plot is not None and _plot_run is not None:
-        title = (f"{data['schedule']}, {data['ranks']} ranks, {data['microbatches']} microbatches: measured "
-                 f"{fmt_s(data['measured_step_s'])}, predicted {fmt_s(data['predicted_step_s'])} "
-                 f"({data['step_error_pct']:+.1f}%)")
-        _plot_run(report.measured_bars(), report.predicted_bars(), data["ranks"], title, plot)
-    if json_out:
-        typer.echo(json.dumps(data, indent=1, allow_nan=False))
+    text = json.dumps(data, indent=1, allow_nan=False)
+    if json_out:  # the measurement first: a file that cannot be written never takes it with it
+        typer.echo(text)
     else:
         print_run_summary(report)
+    try:
+        if output is not None:
+            from ppsim.io import write_atomic
+
+            write_atomic(output, text + "\n")
+        if plot is not None and _plot_run is not None:
+            title = (f"{data['schedule']}, {data['ranks']} ranks, {data['microbatches']} microbatches: measured "
+                     f"{fmt_s(data['measured_step_s'])}, predicted {fmt_s(data['predicted_step_s'])} "
+                     f"({data['step_error_pct']:+.1f}%)")
+            _plot_run(report.measured_bars(), report.predicted_bars(), data["ranks"], title, plot)
+    except (PPSimError, OSError) as exc:
+        if not json_out:
+            typer.echo(text)
+        raise PPSimError(f"{exc}; the run's JSON is on stdout above, nothing measured is lost") from None
+    if not json_out:
         for path in (output, plot):
             if path is not None:
                 typer.echo(str(path))

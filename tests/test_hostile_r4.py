@@ -154,3 +154,24 @@ def test_a_bad_number_names_the_option_and_the_value(option: str, value: str, ca
     args = ["search", "-r", "2", "-m", "2", "--memory-cap", "8act", option, value]
     line = main_error(args, capsys, monkeypatch)
     assert f"{option} {value!r}" in line and "Input should be" not in line
+
+
+# --- the test suite itself -------------------------------------------------------------------------------------------
+def test_signal_tests_pass_when_pytest_starts_with_sigint_and_sighup_ignored(tmp_path: Path) -> None:
+    """Item 17: `nohup python -m pytest ... &` starts pytest with SIGINT and SIGHUP ignored; the tests that send them
+    set the dispositions they depend on (the slow run-kill test sets them in its child the same way)."""
+    import os
+    import signal
+    import subprocess
+
+    def ignored() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    tests = [f"{REPO}/tests/test_hostile.py::{name}" for name in (
+        "test_ctrl_c_while_workers_start_is_raised_after_the_start",
+        "test_a_hangup_while_writing_leaves_no_temporary_file")]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *tests],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, preexec_fn=ignored,
+                          env={**os.environ, "PYTEST_ADDOPTS": ""})
+    assert proc.returncode == 0, proc.stdout[-3000:]
