@@ -126,7 +126,7 @@ def test_search_never_replaces_its_input_profile(tmp_path: Path) -> None:
 def test_check_stages_with_a_stage_holding_only_the_head_finishes_the_profile(tmp_path: Path) -> None:
     """Item 7: more stages than layers leave a stage with the embedding or head alone; the profile is complete."""
     out = tmp_path / "c.json"
-    result = runner.invoke(app, ["calibrate", "-o", str(out), *SMALL, "--check-stages", "--stages", "4"])
+    result = runner.invoke(app, ["calibrate", "-o", str(out), *SMALL, "--check-stages", "--stages", "3"])
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert doc["complete"] and [s["layers"] for s in doc["stages"]][-1] == [2, 2]
@@ -175,3 +175,106 @@ def test_signal_tests_pass_when_pytest_starts_with_sigint_and_sighup_ignored(tmp
                           cwd=tmp_path, capture_output=True, text=True, timeout=300, preexec_fn=ignored,
                           env={**os.environ, "PYTEST_ADDOPTS": ""})
     assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+# --- tracebacks -------------------------------------------------------------------------------------------------------
+def _profile(tmp_path: Path, name: str, change: object) -> Path:
+    doc = json.loads(PROFILE.read_text())
+    change(doc)
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _tiny_bandwidth(doc: dict) -> None:
+    doc["p2p"] = {"alpha_s": 0.0, "beta_bytes_per_s": 1e-300, "fit_rel_error": 0.0, "measured": True, "samples": [],
+                  "pairs": []}
+
+
+def _all_zero(doc: dict) -> None:
+    for part in (*doc["blocks"].values(), doc.get("stage_overhead") or {}):
+        for stat in part.values():
+            if isinstance(stat, dict) and "median" in stat:
+                stat.update(median=0.0, p10=0.0, p90=0.0, samples=[0.0] * len(stat.get("samples") or [0.0]))
+
+
+@pytest.mark.parametrize("cmd", [["export", "--format", "chrome", "-o", "t.json"], ["plot", "--comm", "-o", "t.svg"],
+                                 ["simulate"]])
+def test_a_profile_with_a_tiny_bandwidth_is_refused_in_one_line(cmd: list[str], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 5: op or hand-off times beyond the --costs limit are refused from a profile too (no OverflowError)."""
+    monkeypatch.chdir(tmp_path)
+    path = _profile(tmp_path, "slow.json", _tiny_bandwidth)
+    line = error_line(runner.invoke(app, [cmd[0], "-s", "1F1B", "-r", "2", "-m", "2", "--profile", str(path),
+                                          *cmd[1:]]))
+    assert "hand-off" in line and "1e+12" in line
+    assert not (tmp_path / "t.json").exists() and not (tmp_path / "t.svg").exists()
+
+
+def test_a_billion_layers_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Item 4: `calibrate --layers 1000000000` is refused by the layer limit before any per-layer list is built."""
+    line = error_line(runner.invoke(app, ["calibrate", "--no-probe", "--no-p2p", "--layers", "1000000000",
+                                          "-o", str(tmp_path / "c.json")]))
+    assert "--layers 1,000,000,000" in line
+
+
+def test_running_out_of_memory_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 6: a MemoryError (sizes --allow-large let through) ends in one line, not a traceback."""
+    import importlib
+
+    def exhausted(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(importlib.import_module("ppsim.simulate"), "simulate", exhausted)
+    line = error_line(runner.invoke(app, ["simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--allow-large"]))
+    assert "out of memory" in line
+
+
+# --- silent answers ---------------------------------------------------------------------------------------------------
+def test_a_profile_whose_op_times_are_all_zero_is_refused(tmp_path: Path) -> None:
+    """Item 9: the rule `--costs F=0,B=0` meets applies to a profile of zeros."""
+    path = _profile(tmp_path, "zero.json", _all_zero)
+    line = error_line(runner.invoke(app, ["simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--profile", str(path)]))
+    assert "every op takes 0" in line
+
+
+# --- messages and outputs ---------------------------------------------------------------------------------------------
+@pytest.mark.torch
+def test_a_failing_command_prints_only_its_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 13: a refused calibration prints no informational line ("model builtin:...", a warning) before its error."""
+    line = error_line(runner.invoke(app, ["calibrate", "--stages", "3", "--layers", "100000", "-o",
+                                          str(tmp_path / "a.json")]))
+    assert "100,000 layers" in line
+    from ppsim.calibrate import calibration
+
+    out = tmp_path / "c.json"
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(calibration, "measure_units", interrupted)
+    assert runner.invoke(app, ["calibrate", "-o", str(out), *SMALL]).exit_code == 130
+    args = ["calibrate", "-o", str(out), *SMALL, "--resume"]
+    args[args.index("--reps") + 1] = "2"
+    assert "--resume" in error_line(runner.invoke(app, args))
+
+
+def test_run_json_reaches_stdout_when_the_output_file_cannot_be_written(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 14: `run --json -o FILE` on a full disk still prints the measurement; without --json it is printed too."""
+    import ppsim.calibrate.run as run_module
+
+    class Report:
+        grad_ok = loss_match = True
+
+        def to_dict(self) -> dict:
+            return {"schedule": "1F1B", "measured_step_s": 1.25}
+
+    monkeypatch.setattr(run_module, "execute", lambda options: Report())
+    monkeypatch.setattr("ppsim.calibrate.commands.print_run_summary", lambda report: None, raising=False)
+    for extra in (["--json"], []):
+        result = runner.invoke(app, ["run", "-s", "1F1B", "-r", "2", "-m", "2", "--synthetic", "--costs", "F=1,B=1",
+                                     "-o", "/dev/full", *extra])
+        assert result.exit_code == 2, result.output
+        assert json.loads(result.stdout)["measured_step_s"] == 1.25
+        assert "no space left" in result.stderr and "stdout" in result.stderr
