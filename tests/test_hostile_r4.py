@@ -14,7 +14,6 @@ import pytest
 from typer.testing import CliRunner
 
 from ppsim.cli import app, main
-from ppsim.io import exclusive_writer, progress_path
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parent.parent
@@ -31,6 +30,18 @@ def error_line(result: object) -> str:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:"), result.stderr
     return lines[0]
+
+
+def progress_path(path: Path) -> Path:
+    from ppsim.io import progress_path as where
+
+    return where(path)
+
+
+def exclusive_writer(path: Path) -> object:
+    from ppsim.io import exclusive_writer as lock
+
+    return lock(path)
 
 
 def main_error(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> str:
