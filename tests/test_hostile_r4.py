@@ -289,3 +289,14 @@ def test_run_json_reaches_stdout_when_the_output_file_cannot_be_written(tmp_path
         assert result.exit_code == 2, result.output
         assert json.loads(result.stdout)["measured_step_s"] == 1.25
         assert "no space left" in result.stderr and "stdout" in result.stderr
+
+
+def test_report_search_skips_a_searched_order_the_split_does_not_fit(tmp_path: Path) -> None:
+    """Item 10: a --split that fits the named schedules but not the searched order skips the searched one, with its
+    reason, as a named one is skipped; the report is written."""
+    out = tmp_path / "r.html"
+    result = runner.invoke(app, ["report", "-s", "1F1B", "-r", "2", "-m", "4", "--profile", str(PROFILE), "--split",
+                                 "3,3", "--search", "--memory-cap", "8act", "--search-time", "1", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "skipped Searched" in result.stderr and "--split 3,3" in result.stderr
+    assert out.exists()

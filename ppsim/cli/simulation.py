@@ -43,7 +43,7 @@ from ppsim.cli.options import (
     VOpt,
 )
 from ppsim.errors import PPSimError
-from ppsim.io import check_writable, fmt_bytes, parse_bytes, release_unused, reserve_new
+from ppsim.io import check_writable, fmt_bytes, parse_bytes, parse_memory_cap, release_unused, reserve_new
 from ppsim.torchtitan import JOB_CONTEXT
 
 if TYPE_CHECKING:
@@ -252,20 +252,31 @@ def report_cmd(
                           layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config,
                           overrides=job_overrides(ctx, torchtitan_config))
     names, cost_model = inputs.names, inputs.cost_model
-    searched: dict[str, Schedule] = {}
+    searched: dict[str, Schedule | PPSimError] = {}
     if search:
         from ppsim.cli.search import searched_for_report
+        from ppsim.search import SEARCH_NAME
 
-        found, cap = searched_for_report(inputs.ranks, inputs.mb, cost_model, memory_cap, cost_scope,
-                                         10.0 if search_time is None else search_time, allow_large=allow_large)
-        searched[found.name] = found
+        try:
+            found, cap = searched_for_report(inputs.ranks, inputs.mb, cost_model, memory_cap, cost_scope,
+                                             10.0 if search_time is None else search_time, allow_large=allow_large)
+            searched[found.name] = found
+        except PPSimError as exc:  # the searched order is skipped with its reason, as a named one is (compare)
+            if not names or inputs.ranks is None or inputs.mb is None or memory_cap is None:
+                raise
+            searched[SEARCH_NAME] = exc
+            byte_cap = parse_memory_cap(memory_cap)
+            cap = byte_cap if isinstance(byte_cap, int) else None
     else:
         cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
 
     def builder(name: str) -> Schedule:
         if name in searched:
-            return searched[name]
+            found = searched[name]
+            if isinstance(found, PPSimError):
+                raise found
+            return found
         return inputs.schedule(name, directions, allow_large=allow_large, figure=True)
 
     by_option = recompute_for(recompute)
