@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from ppsim.errors import PPSimError
 from ppsim.io import exclusive_writer, progress_path
 from ppsim.limits import MAX_CALIBRATION_S, MEMORY_SHARE  # work and memory limits (``--allow-large`` lifts them)
-from ppsim.profile import Stat, load_profile
+from ppsim.profile import HostLoad, Stat, load_profile
 
 if TYPE_CHECKING:
     from ppsim.calibrate.launch import World
@@ -362,6 +362,7 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
             log(f"{opts.output} is already complete; nothing to resume")
         return rec.doc if writer else None
     prior_wall = float((rec.doc.get("method") or {}).get("wall_s") or 0.0)
+    load_at_start = _load_avg()
     rec.save()
 
     # 1. units, their repetitions interleaved (the writing rank; under torchrun the others wait for p2p)
@@ -400,11 +401,32 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
         return None
     method = dict(rec.doc.get("method") or {})
     method["wall_s"] = prior_wall + time.perf_counter() - started
+    method["host"] = host_load(rec.doc, load_at_start=load_at_start).to_dict()
     rec.doc["method"] = method
     rec.doc["complete"] = True
-    Profile.from_dict(rec.doc, source=str(opts.output))  # what every reader will check: fail here, not later
+    profile = Profile.from_dict(rec.doc, source=str(opts.output))  # what every reader will check: fail here
     rec.publish()
+    warning = profile.host_warning(str(opts.output))
+    if warning:
+        log(warning)
     return rec.doc
+
+
+def _load_avg() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # no load average on this system
+        return 0.0
+
+
+def host_load(doc: dict[str, Any], *, load_at_start: float) -> HostLoad:
+    """How steady the host was: the larger load average of the calibration's start and end, and the median
+    relative spread (p90 - p10) / median of the measured blocks' repetitions."""
+    spreads = sorted((stat["p90"] - stat["p10"]) / stat["median"]
+                     for block in (doc.get("blocks") or {}).values() for op in OPS
+                     for stat in [block.get(op)] if isinstance(stat, dict) and (stat.get("median") or 0) > 0)
+    spread = spreads[len(spreads) // 2] if spreads else 0.0
+    return HostLoad(load_avg=max(load_at_start, _load_avg()), num_cpus=os.cpu_count() or 1, spread=spread)
 
 
 def measure_units(opts: CalibrationOptions, units: list[Any], device: Any) -> list[dict[str, Any]]:

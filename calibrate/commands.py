@@ -449,6 +449,10 @@ def run_command(
         raise job.in_job_terms(exc) from None
     if report is None:  # a torchrun rank other than 0
         return
+    if profile is not None:  # the calibration's warning, repeated where its numbers are used
+        from ppsim.profile import load_profile
+
+        warn([line for line in [load_profile(profile).host_warning(str(profile))] if line])
     data = report.to_dict()
     text = json.dumps(data, indent=1, allow_nan=False)
     if json_out:  # the measurement first: a file that cannot be written never takes it with it

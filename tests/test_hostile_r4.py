@@ -300,3 +300,42 @@ def test_report_search_skips_a_searched_order_the_split_does_not_fit(tmp_path: P
     assert result.exit_code == 0, result.output
     assert "skipped Searched" in result.stderr and "--split 3,3" in result.stderr
     assert out.exists()
+
+
+# --- item 18: a calibration on a busy host says so, and so does every use of it ------------------------------------
+@pytest.mark.parametrize("load,cpus,spread,busy", [(1.0, 2, 0.1, False), (3.5, 2, 0.1, True), (3.5, 64, 0.1, False),
+                                                   (1.0, 64, 1.5, True)])
+def test_the_host_warning_follows_the_load_and_the_spread(load: float, cpus: int, spread: float, busy: bool) -> None:
+    from ppsim.profile import HostLoad
+
+    line = HostLoad(load_avg=load, num_cpus=cpus, spread=spread).warning("c.json")
+    assert (line is not None) == busy
+    assert line is None or ("c.json" in line and "busy host" in line)
+
+
+def _busy(doc: dict) -> None:
+    doc["method"]["host"] = {"load_avg": 4.0, "num_cpus": 2, "spread": 0.2}
+
+
+def test_simulate_repeats_the_busy_host_warning_of_its_profile(tmp_path: Path) -> None:
+    """Item 18: `simulate --profile` of a profile calibrated on a busy host warns; a quiet one does not."""
+    busy = _profile(tmp_path, "busy.json", _busy)
+    result = runner.invoke(app, ["simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--profile", str(busy)])
+    assert result.exit_code == 0 and "busy host" in result.stderr and "busy.json" in result.stderr
+    quiet = runner.invoke(app, ["simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--profile", str(PROFILE)])
+    assert quiet.exit_code == 0 and "busy host" not in quiet.stderr
+
+
+@pytest.mark.torch
+def test_a_calibration_records_the_host_load_and_warns_when_busy(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 18: the profile holds the load and spread the calibration saw; a busy host gets a warning."""
+    from ppsim.calibrate import calibration
+
+    monkeypatch.setattr(calibration, "_load_avg", lambda: 64.0)
+    out = tmp_path / "c.json"
+    result = runner.invoke(app, ["calibrate", "-o", str(out), *SMALL])
+    assert result.exit_code == 0, result.output
+    host = json.loads(out.read_text())["method"]["host"]
+    assert host["load_avg"] == 64.0 and host["num_cpus"] >= 1 and host["spread"] >= 0
+    assert "busy host" in result.stderr

@@ -147,7 +147,18 @@ def build_costs(
 ) -> CostModel:
     from ppsim.costs import load_costs
 
-    return load_costs(costs, profile, split=split, layers_per_stage=layers_per_stage)
+    model = load_costs(costs, profile, split=split, layers_per_stage=layers_per_stage)
+    warn_host(getattr(model, "blocks", None), profile)
+    return model
+
+
+def warn_host(loaded: Any, path: Path | None) -> None:
+    """Repeat, on stderr, the calibration's warning when the profile was measured on a busy host."""
+    from ppsim.profile import Profile
+
+    line = loaded.host_warning(str(path)) if isinstance(loaded, Profile) and path is not None else None
+    if line:
+        typer.echo(line, err=True)
 
 
 @dataclass(frozen=True)
