@@ -855,6 +855,9 @@ class _Reader:
                                 f"is {st.stage}; stages must be listed in order 0..{num_stages - 1}")
         if complete and not all(st.is_measured for st in parsed):
             raise self.fail("complete", "is true but some stage measurements are null")
+        if complete and _all_zero([*(extra.get("blocks") or {}).values(), extra.get("stage_overhead"), *parsed]):
+            raise CostError(f"profile {self.source}: every op takes 0 s, so the makespan and bubble would be "
+                            "meaningless (the rule --costs F=0,B=0 meets); re-run `ppsim calibrate`")
         world = self.int_(self.get(d, "world_size", ""), "world_size", minimum=1)
         backend = self.get(d, "backend", "")
         return Profile(
@@ -875,6 +878,13 @@ class _Reader:
             notes=tuple(self.str_(n, f"notes[{i}]") for i, n in enumerate(self.list_(d.get("notes") or [], "notes"))),
             **extra,
         )
+
+
+def _all_zero(parts: list[Any]) -> bool:
+    """Whether the measured ops of these blocks and stages all take 0 (a profile of nothing but zeros)."""
+    stats = [getattr(part, op) for part in parts if part is not None for op in ("F", "B", "I", "W", "FB")]
+    stats = [st for st in stats if st is not None]
+    return bool(stats) and all(st.median == 0 for st in stats)
 
 
 def _kind(value: Any) -> str:
