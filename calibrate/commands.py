@@ -93,7 +93,8 @@ def warn(lines: Any) -> None:
 # --- calibrate --------------------------------------------------------------------------------------------------
 def calibrate_command(
     ctx: typer.Context,
-    output: Annotated[Path, typer.Option("--output", "-o", parser=output_file, help="Profile JSON to write (atomically, as it goes).")],
+    output: Annotated[Path, typer.Option("--output", "-o", parser=output_file, help="Profile JSON to write when "
+                                         "finished (progress goes to -o.partial).")],
     device: Annotated[Device, typer.Option("--device", case_sensitive=False, help="cpu or cuda.")] = Device.cpu,
     model: Annotated[
         Optional[str],
@@ -307,7 +308,8 @@ def run_command(
     ] = None,
     profile_out: Annotated[
         Optional[Path],
-        typer.Option("--profile-out", parser=output_file, help="Without --profile: keep the calibration made first here (default: "
+        typer.Option("--profile-out", parser=output_file,
+                     help="Without --profile: keep the calibration made first here (default: "
                      "next to -o as NAME.profile.json; an existing file is never replaced)."),
     ] = None,
     split: Annotated[
@@ -325,9 +327,12 @@ def run_command(
         typer.Option("--probes", help="Steps interleaved with the timed ones for the post-hoc model "
                      "(explained_step_s; default: as many as --steps; 0: fit it on the warm-up steps)."),
     ] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=output_file, help="Write the run JSON here.")] = None,
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", parser=output_file, help="Write the run JSON here.")
+    ] = None,
     plot: Annotated[
-        Optional[Path], typer.Option("--plot", parser=output_file, help="Measured timeline above the predicted one: .png/.svg/.pdf/.html.")
+        Optional[Path], typer.Option("--plot", parser=output_file,
+                                     help="Measured timeline above the predicted one: .png/.svg/.pdf/.html.")
     ] = None,
     synthetic: Annotated[
         bool, typer.Option("--synthetic", help="Stages sleep their cost instead of computing (exact gradients).")

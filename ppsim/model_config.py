@@ -47,8 +47,8 @@ class ModelConfig:
                 raise PPSimError(f"--{opt} {_short(value)}: more than {MAX_MODEL_DIM:,}, the largest size torch can "
                                  f"index; e.g. --{opt} {TINY_VALUES[name]}")
         if self.layers > MAX_MODEL_LAYERS:
-            raise PPSimError(f"--layers {self.layers:,}: more than {MAX_MODEL_LAYERS:,} layers, beyond any model (ppsim "
-                             f"keeps an entry per layer); e.g. --layers {TINY_VALUES['layers']}")
+            raise PPSimError(f"--layers {self.layers:,}: more than {MAX_MODEL_LAYERS:,} layers, beyond any model "
+                             f"(ppsim keeps an entry per layer); e.g. --layers {TINY_VALUES['layers']}")
         if self.hidden % self.heads:
             raise PPSimError(
                 f"--hidden {self.hidden} with --heads {self.heads}: hidden must be divisible by heads; "

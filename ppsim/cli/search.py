@@ -55,7 +55,8 @@ def search_cmd(
                              "installed (the 'search' extra); cpsat: require it; none: never.")
     ] = Solver.auto,
     output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", parser=output_file, help="Write the order as torch's compute-only CSV.")
+        Optional[Path], typer.Option("--output", "-o", parser=output_file,
+                                     help="Write the order as torch's compute-only CSV.")
     ] = None,
     cost_scope: CostScopeOpt = None,
     json_out: JsonOpt = False,

@@ -140,7 +140,8 @@ def plot_cmd(
     costs: CostsOpt = None,
     profile: ProfileOpt = None,
     output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", parser=output_file, help="png/svg/pdf (static) or html (interactive).")
+        Optional[Path], typer.Option("--output", "-o", parser=output_file,
+                                     help="png/svg/pdf (static) or html (interactive).")
     ] = None,
     dpi: Annotated[
         Optional[int], typer.Option("--dpi", help="Resolution of png output (default 200; svg/pdf: of their raster "
@@ -211,7 +212,8 @@ def default_taken(path: Path) -> str:
 @user_errors
 def report_cmd(
     ctx: typer.Context,
-    output: Annotated[Path, typer.Option("--output", "-o", parser=output_file, help="HTML file to write (self-contained, offline).")],
+    output: Annotated[Path, typer.Option("--output", "-o", parser=output_file,
+                                         help="HTML file to write (self-contained, offline).")],
     schedule: MaybeSchedulesOpt = None,
     ranks: RanksOpt = None,
     mb: MbOpt = None,
