@@ -74,6 +74,64 @@ def write_atomic(path: str | os.PathLike[str], content: Content, *, option: str 
     return target
 
 
+def output_file(text: str | os.PathLike[str]) -> Path:
+    """The parser of every output-file option: a name that ends in a separator names a folder (``-o newdir/``), so
+    one naming no folder is refused instead of becoming a file called ``newdir`` (an existing folder is refused by
+    :func:`check_writable`, which names a file inside it)."""
+    if isinstance(text, Path):
+        return text
+    text = os.fspath(text)
+    seps = tuple(s for s in (os.sep, os.altsep) if s)
+    if text.endswith(seps) and not os.path.isdir(text):
+        raise OutputPathError(f"{text!r} ends in {text[-1]!r}, so it names a folder, and no such folder exists; give "
+                              f"a file name (e.g. {text.rstrip(''.join(seps)) or 'out'}.json), or create the folder "
+                              "and name a file in it")
+    return Path(text)
+
+
+def progress_path(path: str | os.PathLike[str]) -> Path:
+    """Where a command that saves as it goes (``calibrate``) keeps its unfinished work for ``path``: beside it, so
+    that ``path`` itself is replaced only by a finished result (an interrupted or failed run never consumes it)."""
+    target = Path(path)
+    return target.with_name(target.name + ".partial")
+
+
+@contextlib.contextmanager
+def exclusive_writer(path: str | os.PathLike[str], *, option: str = "-o") -> Iterator[None]:
+    """Hold the one-writer lock of ``path`` (``.NAME.lock`` beside it, removed on release): a second process that
+    would write the same file meanwhile is refused with one line naming the holder, instead of both writing it."""
+    import fcntl
+
+    target = Path(path)
+    lock = target.with_name(f".{target.name}.lock")
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise _output_error(target, exc, option) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise OutputPathError(f"{option} {_show(target)}: another ppsim process (pid {holder}) is writing it; "
+                                  f"wait for it to finish, or choose another {option}") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino  # not a lock file its last holder just removed
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode("ascii"))
+        yield
+    finally:
+        _unlink_quietly(str(lock))
+        os.close(fd)
+
+
 def check_distinct(paths: Iterable[tuple[str, str | os.PathLike[str] | None]]) -> None:
     """Refuse two options that name one file, ``(option, path)`` pairs, outputs and inputs alike: an output over an
     input (``export -s my.csv -o my.csv --format json``) would replace what the command reads, and two outputs

@@ -31,6 +31,7 @@ from ppsim import deps
 from ppsim.costs import ACTIVATION_PARTS, CostModel, parse_costs
 from ppsim.errors import CostError, DeadlockError, ScheduleFormatError
 from ppsim.ir import Action, ActionType, Schedule, make_action, overlap
+from ppsim.limits import MAX_COST
 from ppsim.result import RankStats, SimResult, Trace, safe_ratio
 
 _KINDS = (ActionType.F, ActionType.B, ActionType.I, ActionType.W)  # computation codes 0..3
@@ -351,9 +352,9 @@ def _durations(
         table2 = np.array(split, dtype=np.float64).reshape(-1, 2)
         duration[pair_idx] = table2[inverse, 0]
         share = table2[inverse, 1]
-    if len(duration) and not np.isfinite(duration).all():
-        a = int(np.flatnonzero(~np.isfinite(duration))[0])
-        _refuse_non_finite(costs, f"{_action_at(schedule, offsets, a)} takes {float(duration[a])}")
+    if len(duration) and not _within_limit(duration).all():
+        a = int(np.flatnonzero(~_within_limit(duration))[0])
+        _refuse_non_finite(costs, f"{_action_at(schedule, offsets, a)} takes {float(duration[a]):g}")
     return duration, share
 
 
@@ -390,9 +391,9 @@ class _Rules:
         self.req_phase = [np.array(col, dtype=np.int64) for col in phases]
         self.req_delay = [np.array(col, dtype=np.float64) for col in delays]
         for col in self.req_delay:
-            if not np.isfinite(col).all():
-                i = int(np.flatnonzero(~np.isfinite(col))[0])
-                _refuse_non_finite(costs, f"a hand-off to stage {i // 4} takes {float(col[i])}")
+            if not _within_limit(col).all():
+                i = int(np.flatnonzero(~_within_limit(col))[0])
+                _refuse_non_finite(costs, f"a hand-off to stage {i // 4} takes {float(col[i]):g}")
         provs: list[list[int]] = []
         for kind in _KINDS:
             made = deps.provides(Action(0, kind, 1))
@@ -892,9 +893,16 @@ def _refuse_int64_bytes(program: Program, costs: CostModel, held_of: list[tuple[
         )
 
 
+def _within_limit(times: np.ndarray) -> np.ndarray:
+    """Each op or hand-off time is finite and at most ``MAX_COST``: the rule ``--costs`` applies, for costs from any
+    source (a profile's tiny bandwidth or huge op times too), so that every total and export stays representable."""
+    return np.isfinite(times) & (np.abs(times) <= MAX_COST)
+
+
 def _refuse_non_finite(costs: CostModel, what: str) -> None:
     raise CostError(
-        f"costs {costs.source!r}: {what}; costs must keep the step finite, use smaller units (e.g. ms instead of s)"
+        f"costs {costs.source!r}: {what}, beyond the limit of {MAX_COST:g} per op; costs must keep the step finite, "
+        "use smaller units (e.g. ms instead of s) or fix the profile"
     )
 
 

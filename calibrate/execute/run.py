@@ -172,13 +172,13 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         runner = choose_runner(options.executor, model, schedule, synthetic=options.synthetic)
     if world is None:
         check_machine(options, schedule, model)
-    if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:
-        (log or _stderr)(model.summary())
     from ppsim.simulate import simulate
 
     costs = dataclasses.replace(costs, outputs_held_to_backward=torch_adapter.keeps_forward_outputs())
     predicted = simulate(schedule, prediction_costs(costs, time_scale), recompute=chosen)  # before anything runs
     check_predicted_time(options, predicted)
+    if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:  # after every refusal: an error stands alone
+        (log or _stderr)(model.summary())
     if world is None:
         measurement = runner.launch(spec)
     else:

@@ -19,6 +19,7 @@ import typer
 from ppsim.cli import calibrate, run, schedules, search, simulation  # noqa: F401  (importing registers the commands)
 from ppsim.cli._app import app
 from ppsim.cli.common import os_error_line
+from ppsim.errors import PPSimError
 from ppsim.io import check_writable, fmt_bytes, parse_bytes
 
 __all__ = ["app", "main", "check_writable", "fmt_bytes", "parse_bytes"]
@@ -34,7 +35,9 @@ def main() -> None:
     except typer.TyperException as exc:  # bad option values, unknown commands
         ctx = getattr(exc, "ctx", None)
         where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        message = bad_value_line(exc, sys.argv[1:])
+        if message is None:
+            message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         typer.echo(f"Error: {message}{where}", err=True)
         sys.exit(getattr(exc, "exit_code", 2))
     except (typer.Abort, KeyboardInterrupt):
@@ -50,6 +53,39 @@ def main() -> None:
         typer.echo(f"Error: {os_error_line(exc)}", err=True)
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+_WANTED = {"int_parsing": "not a whole number; give an integer such as 3",
+           "int_from_float": "not a whole number; give an integer such as 3",
+           "float_parsing": "not a number; give a number such as 10",
+           "finite_number": "not a finite number; give a number such as 10",
+           "bool_parsing": "not true or false"}
+
+
+def bad_value_line(exc: BaseException, argv: list[str]) -> str | None:
+    """One line naming the option, the value given and the rule for a value typer could not convert (``--seed
+    1.5``), instead of typer's generic "Input should be a valid integer"; None for any other error."""
+    param = getattr(exc, "param", None)
+    cause = exc.__cause__
+    errors = getattr(cause, "errors", None)
+    if param is None or not callable(errors):
+        return None
+    try:
+        first = errors()[0]
+    except (IndexError, TypeError):
+        return None
+    opts = list(getattr(param, "opts", None) or [getattr(param, "name", "?")])
+    given = [o for o in opts if o in argv or any(a.startswith(o + "=") for a in argv)]
+    option = (given or opts)[0]
+    value = first.get("input")
+    shown = repr(value) if isinstance(value, str) and len(value) <= 40 else repr(str(value)[:37] + "...")
+    inner = (first.get("ctx") or {}).get("error")
+    if isinstance(inner, PPSimError):
+        return f"{option} {inner}"
+    if first.get("type") in _WANTED:
+        return f"{option} {shown}: {_WANTED[first['type']]}"
+    rule = str(first.get("msg", "")).replace("Input should be", "must be").replace("Value error, ", "")
+    return f"{option} {shown}: {rule}"
 
 
 def _tolerate_any_encoding() -> None:

@@ -62,6 +62,9 @@ def user_errors(func: F) -> F:
             raise typer.Exit(code=130) from None
         except PPSimError as exc:
             raise fail(str(exc)) from None
+        except MemoryError:  # --allow-large lifts the estimates, not the duty to fail in one line
+            raise fail("out of memory: the sizes asked for need more memory than this machine has; lower them "
+                       "(layers, ranks, microbatches, sequence length) or use a machine with more memory") from None
         except OSError as exc:
             if exc.filename is None:
                 raise
@@ -144,7 +147,18 @@ def build_costs(
 ) -> CostModel:
     from ppsim.costs import load_costs
 
-    return load_costs(costs, profile, split=split, layers_per_stage=layers_per_stage)
+    model = load_costs(costs, profile, split=split, layers_per_stage=layers_per_stage)
+    warn_host(getattr(model, "blocks", None), profile)
+    return model
+
+
+def warn_host(loaded: Any, path: Path | None) -> None:
+    """Repeat, on stderr, the calibration's warning when the profile was measured on a busy host."""
+    from ppsim.profile import Profile
+
+    line = loaded.host_warning(str(path)) if isinstance(loaded, Profile) and path is not None else None
+    if line:
+        typer.echo(line, err=True)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,10 @@ from typing import Annotated, Optional
 import typer
 
 from ppsim.compare import CostScope
+from ppsim.io import output_file
+
+__all__ = ["output_file"]  # the parser of every output-file option (-o, --plot, --profile-out)
+
 
 ScheduleOpt = Annotated[
     list[str],

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from ppsim.cli._app import app
-from ppsim.cli.common import build_costs, console, echo_json, user_errors
-from ppsim.cli.options import AllowLargeOpt, CostScopeOpt, CostsOpt, JsonOpt, ProfileOpt, RecomputeOpt
+from ppsim.cli.common import build_costs, check_outputs_apart, console, echo_json, user_errors
+from ppsim.cli.options import (AllowLargeOpt, CostScopeOpt, CostsOpt, JsonOpt, ProfileOpt, RecomputeOpt,
+                               output_file)
 from ppsim.errors import PPSimError
 from ppsim.io import check_writable, fmt_bytes
 from ppsim.search import SEARCH_NAME, Placement, Solver
@@ -54,7 +55,8 @@ def search_cmd(
                              "installed (the 'search' extra); cpsat: require it; none: never.")
     ] = Solver.auto,
     output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", help="Write the order as torch's compute-only CSV.")
+        Optional[Path], typer.Option("--output", "-o", parser=output_file,
+                                     help="Write the order as torch's compute-only CSV.")
     ] = None,
     cost_scope: CostScopeOpt = None,
     json_out: JsonOpt = False,
@@ -68,6 +70,7 @@ def search_cmd(
     auto = _recompute_mode(recompute)
     if output is not None:
         check_writable(output, example="best.csv")
+        check_outputs_apart([("-o", output)], inputs=[("--profile", profile)])
     cost_model = build_costs(costs, profile)
     show = not quiet and not json_out
 

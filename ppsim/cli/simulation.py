@@ -25,6 +25,7 @@ from ppsim.cli.common import (
 )
 from ppsim.cli.options import (
     AllowLargeOpt,
+    output_file,
     CostScopeOpt,
     CostsOpt,
     DirectionsOpt,
@@ -42,7 +43,7 @@ from ppsim.cli.options import (
     VOpt,
 )
 from ppsim.errors import PPSimError
-from ppsim.io import check_writable, fmt_bytes, parse_bytes, release_unused, reserve_new
+from ppsim.io import check_writable, fmt_bytes, parse_bytes, parse_memory_cap, release_unused, reserve_new
 from ppsim.torchtitan import JOB_CONTEXT
 
 if TYPE_CHECKING:
@@ -144,7 +145,8 @@ def plot_cmd(
     costs: CostsOpt = None,
     profile: ProfileOpt = None,
     output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", help="png/svg/pdf (static) or html (interactive).")
+        Optional[Path], typer.Option("--output", "-o", parser=output_file,
+                                     help="png/svg/pdf (static) or html (interactive).")
     ] = None,
     dpi: Annotated[
         Optional[int], typer.Option("--dpi", help="Resolution of png output (default 200; svg/pdf: of their raster "
@@ -215,7 +217,8 @@ def default_taken(path: Path) -> str:
 @user_errors
 def report_cmd(
     ctx: typer.Context,
-    output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write (self-contained, offline).")],
+    output: Annotated[Path, typer.Option("--output", "-o", parser=output_file,
+                                         help="HTML file to write (self-contained, offline).")],
     schedule: MaybeSchedulesOpt = None,
     ranks: RanksOpt = None,
     mb: MbOpt = None,
@@ -256,20 +259,31 @@ def report_cmd(
                           layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config,
                           overrides=job_overrides(ctx, torchtitan_config))
     names, cost_model = inputs.names, inputs.cost_model
-    searched: dict[str, Schedule] = {}
+    searched: dict[str, Schedule | PPSimError] = {}
     if search:
         from ppsim.cli.search import searched_for_report
+        from ppsim.search import SEARCH_NAME
 
-        found, cap = searched_for_report(inputs.ranks, inputs.mb, cost_model, memory_cap, cost_scope,
-                                         10.0 if search_time is None else search_time, allow_large=allow_large)
-        searched[found.name] = found
+        try:
+            found, cap = searched_for_report(inputs.ranks, inputs.mb, cost_model, memory_cap, cost_scope,
+                                             10.0 if search_time is None else search_time, allow_large=allow_large)
+            searched[found.name] = found
+        except PPSimError as exc:  # the searched order is skipped with its reason, as a named one is (compare)
+            if not names or inputs.ranks is None or inputs.mb is None or memory_cap is None:
+                raise
+            searched[SEARCH_NAME] = exc
+            byte_cap = parse_memory_cap(memory_cap)
+            cap = byte_cap if isinstance(byte_cap, int) else None
     else:
         cap = parse_bytes(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
 
     def builder(name: str) -> Schedule:
         if name in searched:
-            return searched[name]
+            found = searched[name]
+            if isinstance(found, PPSimError):
+                raise found
+            return found
         return inputs.schedule(name, directions, allow_large=allow_large, figure=True)
 
     by_option = recompute_for(recompute)
