@@ -19,6 +19,7 @@ from ppsim.costs import CostError
 
 if TYPE_CHECKING:
     from ppsim.costs import CostModel
+    from ppsim.io import MemoryCap
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
 
@@ -159,6 +160,7 @@ def compare(
     costs: CostModel | None = None,
     scope: CostScope | str | None = None,
     memory_cap_bytes: int | None = None,
+    memory_cap: MemoryCap | None = None,
     builder: Callable[[str], Schedule] | None = None,
     figure: bool = False,
     allow_large: bool = False,
@@ -228,7 +230,8 @@ def compare(
     for schedule, rc in zip(built, recomputed):
         try:  # costs that do not fit this schedule (a --split of another length): skip it, keep the others
             costs = costs_for(cost_model, schedule, scope=chosen.value)
-            results.append(simulate(schedule, costs, memory_cap_bytes=memory_cap_bytes, recompute=rc))
+            results.append(simulate(schedule, costs, memory_cap_bytes=memory_cap_bytes, memory_cap=memory_cap,
+                                    recompute=rc))
         except PPSimError as exc:
             if len(names) == 1:
                 raise

@@ -18,6 +18,7 @@ from ppsim.errors import PPSimError
 if TYPE_CHECKING:
     from ppsim.compare import Comparison
     from ppsim.costs import CostModel
+    from ppsim.io import MemoryCap
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
     from ppsim.torchtitan import TorchtitanJob
@@ -228,14 +229,14 @@ def job_overrides(ctx: typer.Context, torchtitan_config: object) -> list[str]:
 
 
 def run_simulation(
-    sched: Schedule, cost_model: CostModel, scope: CostScope | None, cap: int | None = None,
+    sched: Schedule, cost_model: CostModel, scope: CostScope | None, cap: MemoryCap | None = None,
     recompute: AbstractSet[tuple[int, int]] = frozenset(),
 ) -> SimResult:
     from ppsim.costs import costs_for
     from ppsim.simulate import simulate
 
     chosen = CostScope.stage if scope is None else scope
-    return simulate(sched, costs_for(cost_model, sched, scope=chosen.value), memory_cap_bytes=cap,
+    return simulate(sched, costs_for(cost_model, sched, scope=chosen.value), memory_cap=cap,
                     recompute=recompute)
 
 
@@ -263,8 +264,8 @@ def warn_comparison(comparison: Comparison, *, several: bool) -> None:
         typer.echo(comparison.scope_text, err=True)
 
 
-def warn_cap_without_bytes(cap: int | None, cost_model: CostModel) -> None:
-    if cap is not None and not cost_model.has_memory:
+def warn_cap_without_bytes(cap: MemoryCap | None, cost_model: CostModel) -> None:
+    if cap is not None and cap.bytes is not None and not cost_model.has_memory:
         typer.echo("warning: --memory-cap needs byte sizes from --profile; without one no rank can be flagged",
                    err=True)
 

@@ -11,7 +11,7 @@ from ppsim.cli._app import app
 from ppsim.cli.common import build_costs, console, echo_json, user_errors
 from ppsim.cli.options import AllowLargeOpt, CostScopeOpt, CostsOpt, JsonOpt, ProfileOpt, RecomputeOpt
 from ppsim.errors import PPSimError
-from ppsim.io import check_writable, fmt_bytes
+from ppsim.io import MemoryCap, check_writable, fmt_bytes
 from ppsim.search import SEARCH_NAME, Placement, Solver
 from ppsim.search.common import peak_of
 
@@ -178,8 +178,8 @@ def print_search_recompute(result: RecomputeResult) -> None:
 def searched_for_report(
     ranks: int | None, mb: int | None, cost_model: CostModel, memory_cap: str | None, cost_scope: object,
     time_limit: float, *, allow_large: bool = False,
-) -> tuple[Schedule, int | None]:
-    """`ppsim report --search`: the searched order (placement any) and the byte cap to flag ranks with."""
+) -> tuple[Schedule, MemoryCap]:
+    """`ppsim report --search`: the searched order (placement any) and the cap to flag ranks with."""
     from ppsim.search import search
 
     if ranks is None or mb is None or memory_cap is None:
@@ -190,8 +190,7 @@ def searched_for_report(
     typer.echo(f"searched: {result.makespan:.6g} ({result.source}); {bound_line(result)}", err=True)
     from dataclasses import replace
 
-    cap = int(result.cap.amount) if result.cap.unit == "bytes" else None
-    return replace(result.schedule, name=SEARCH_NAME), cap
+    return replace(result.schedule, name=SEARCH_NAME), result.cap
 
 
 def check_time_limit(value: float, option: str) -> None:

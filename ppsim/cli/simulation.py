@@ -42,7 +42,7 @@ from ppsim.cli.options import (
     VOpt,
 )
 from ppsim.errors import PPSimError
-from ppsim.io import check_writable, fmt_bytes, parse_bytes, release_unused, reserve_new
+from ppsim.io import check_writable, fmt_bytes, parse_memory_cap, release_unused, reserve_new
 from ppsim.torchtitan import JOB_CONTEXT
 
 if TYPE_CHECKING:
@@ -77,11 +77,11 @@ def simulate_cmd(
                           layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config,
                           overrides=job_overrides(ctx, torchtitan_config))
     names, cost_model = inputs.names, inputs.cost_model
-    cap = parse_bytes(memory_cap)
+    cap = parse_memory_cap(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
     comparison = compare(
         names, builder=lambda name: inputs.schedule(name, directions, allow_large=allow_large),
-        costs=cost_model, scope=cost_scope, memory_cap_bytes=cap, allow_large=allow_large,
+        costs=cost_model, scope=cost_scope, memory_cap=cap, allow_large=allow_large,
         recompute=recompute_for(recompute),
     )
     warn_comparison(comparison, several=len(names) > 1)
@@ -90,6 +90,8 @@ def simulate_cmd(
         echo_json(results[0].to_dict() if len(names) == 1 else [r.to_dict() for r in results])
         return
     print_results(results)
+    if cap is not None:
+        typer.echo(f"memory cap: {cap.describe()}")
 
 def print_results(results: list[SimResult]) -> None:
     from rich.table import Table
@@ -120,10 +122,12 @@ def print_results(results: list[SimResult]) -> None:
             table.add_column(col, justify="right")
         for p in r.per_rank:
             peak = fmt_bytes(p.peak_memory_bytes) if p.peak_memory_bytes is not None else "-"
-            if p.over_memory_cap:
+            act = str(p.peak_activations)
+            if p.over_memory_cap and p.peak_memory_bytes is None:  # a cap in activations
+                act = f"[bold red]{act} > cap[/]"
+            elif p.over_memory_cap:
                 peak = f"[bold red]{peak} > cap[/]"
-            table.add_row(str(p.rank), f"{p.busy:.6g}", f"{p.idle:.6g}", f"{p.bubble_ratio:.1%}",
-                          str(p.peak_activations), peak)
+            table.add_row(str(p.rank), f"{p.busy:.6g}", f"{p.idle:.6g}", f"{p.bubble_ratio:.1%}", act, peak)
         con.print(table)
 
 
@@ -184,7 +188,7 @@ def plot_cmd(
     from ppsim.viz import plot_to_file
 
     cost_model = inputs.cost_model
-    cap = parse_bytes(memory_cap)
+    cap = parse_memory_cap(memory_cap)
     if cap is not None and not memory:
         raise PPSimError(f"--memory-cap {memory_cap}: a plot draws the cap on its memory panel, so without --memory "
                          "it would be ignored; add --memory, or use `ppsim simulate` to flag ranks over it")
@@ -259,7 +263,7 @@ def report_cmd(
                                          10.0 if search_time is None else search_time, allow_large=allow_large)
         searched[found.name] = found
     else:
-        cap = parse_bytes(memory_cap)
+        cap = parse_memory_cap(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
 
     def builder(name: str) -> Schedule:
@@ -273,9 +277,9 @@ def report_cmd(
         return frozenset() if name in searched else by_option(name, schedule)
 
     comparison = compare(list(names) + list(searched), builder=builder, costs=cost_model, scope=cost_scope,
-                         memory_cap_bytes=cap, figure=True, allow_large=allow_large, recompute=recomputed)
+                         memory_cap=cap, figure=True, allow_large=allow_large, recompute=recomputed)
     warn_comparison(comparison, several=len(names) > 1)
-    path = write_report(comparison, output, memory_cap_bytes=cap)
+    path = write_report(comparison, output, memory_cap_bytes=None if cap is None else cap.bytes)
     typer.echo(str(path))
 
 
