@@ -14,8 +14,7 @@ from enum import Enum
 from collections.abc import Set
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from ppsim.errors import PPSimError
-from ppsim.costs import CostError
+from ppsim.errors import CostError, PPSimError
 
 if TYPE_CHECKING:
     from ppsim.costs import CostModel

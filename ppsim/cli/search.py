@@ -12,8 +12,7 @@ from ppsim.cli.common import build_costs, console, echo_json, user_errors
 from ppsim.cli.options import AllowLargeOpt, CostScopeOpt, CostsOpt, JsonOpt, ProfileOpt, RecomputeOpt
 from ppsim.errors import PPSimError
 from ppsim.io import MemoryCap, check_writable, fmt_bytes
-from ppsim.search import SEARCH_NAME, Placement, Solver
-from ppsim.search.common import peak_of
+from ppsim.search.choices import SEARCH_NAME, Placement, Solver
 
 if TYPE_CHECKING:
     from ppsim.costs import CostModel
@@ -152,6 +151,8 @@ def _search_recompute(ranks: int, mb: int, cost_model: CostModel, memory_cap: st
 def print_search_recompute(result: RecomputeResult) -> None:
     """The chosen order and set, every order tried, and the time lost against the uncapped best."""
     from rich.table import Table
+
+    from ppsim.search.common import peak_of
 
     cap = result.cap
     s = result.schedule

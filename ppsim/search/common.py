@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 from ppsim.costs import CostModel
 from ppsim.errors import PPSimError
@@ -11,27 +10,9 @@ from ppsim.io import MemoryCap
 from ppsim.io import parse_memory_cap as parse
 from ppsim.ir import Schedule
 from ppsim.result import SimResult
+from ppsim.search.choices import SEARCH_NAME, Placement, Solver
 from ppsim.schedules._greedy import Problem, make_problem
 from ppsim.schedules._phases import v_placement
-
-SEARCH_NAME = "Searched"
-
-
-class Placement(str, Enum):
-    """Where stages live: ``loop`` (stage s on rank s % R), ``v`` (rank r holds r and 2R-1-r), ``any`` (both)."""
-
-    loop = "loop"
-    v = "v"
-    any = "any"
-
-
-class Solver(str, Enum):
-    """Whether to polish with CP-SAT: when OR-Tools is importable (``auto``), always (``cpsat``), never."""
-
-    auto = "auto"
-    cpsat = "cpsat"
-    none = "none"
-
 
 class MemoryCapError(PPSimError):
     """A memory cap is malformed, needs a profile, or is too small for any order."""
