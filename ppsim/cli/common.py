@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import gc
 import json
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ def user_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        collecting = gc.isenabled()  # build_schedule pauses the collector for the rest of the command
         try:
             return func(*args, **kwargs)
         except KeyboardInterrupt:
@@ -67,6 +69,9 @@ def user_errors(func: F) -> F:
             if exc.filename is None:
                 raise
             raise fail(os_error_line(exc)) from None
+        finally:
+            if collecting:
+                gc.enable()
 
     return wrapper  # type: ignore[return-value]
 
@@ -126,6 +131,10 @@ def build_schedule(
     go to stderr."""
     from ppsim.compare import build
 
+    # The schedule (up to millions of Actions, no reference cycles) lives until the command ends; with the cyclic
+    # collector on, its first pass after the build walks every Action (a quarter of a 1M-action `simulate`). So it
+    # stays paused until the command returns (:func:`user_errors` restores it); reference counting frees as before.
+    gc.disable()
     sched, notes = build(
         schedule, ranks, mb, v, num_pipelines=directions, allow_large=allow_large, figure=figure, check=check
     )
