@@ -74,7 +74,7 @@ class Comparison:
 
 def _uniform(costs: CostModel) -> bool:
     """Costs from a ``--costs`` string (the same for every stage), not a profile (per stage, or per block)."""
-    return costs.num_positions is None and getattr(costs, "blocks", None) is None
+    return costs.num_positions is None and costs.blocks is None
 
 
 def rank(results: Iterable[SimResult]) -> list[SimResult]:

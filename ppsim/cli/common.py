@@ -204,8 +204,6 @@ def build_inputs(
             raise PPSimError("--schedule/-s is required (or --torchtitan-config MODULE:CONFIG or job.toml); e.g. "
                              "-s 1F1B -r 4 -m 8")
         return Inputs(given, ranks, mb, stages_per_rank, cost_model)
-    from dataclasses import replace
-
     from ppsim.split import parse_split
 
     if given is not None and len(given) > 1:
@@ -224,7 +222,7 @@ def build_inputs(
     )
     warn(f"warning: {line}" for line in job.warnings)
     if blocks is not None:
-        cost_model = replace(cost_model, split=job.split)
+        cost_model = cost_model.with_split(job.split)
     return Inputs([job.schedule], job.num_ranks, job.num_microbatches, job.stages_per_rank, cost_model, job)
 
 
