@@ -121,6 +121,15 @@ class CostModel:
             )
         return _from_stage_table(cls, profile, source)
 
+    def with_split(self, split: SplitSpec) -> CostModel:
+        """These per-block costs cut into stages by ``split`` instead (a torchtitan job's own split, say); checked
+        as :meth:`from_profile` checks one. Costs that are not a per-block profile cannot be split again."""
+        if self.blocks is None or self.split_counts is not None:
+            raise SplitError(f"costs {self.source}: {split.describe()} needs a per-block profile; pass --profile")
+        if split.split is not None:
+            check_split(split.split, self.blocks.num_layers)
+        return replace(self, split=split)
+
     # -- lookups ------------------------------------------------------------------------------------------------
 
     @property

@@ -18,7 +18,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,8 @@ BLOCK_HEAD = "head"
 MAX_INT = 2**63 - 1
 """Largest byte count or count accepted (int64, what torch reports)."""
 OPS = ("F", "B", "I", "W", "FB")
+ABSENT_IN_OLD = {"absent_in_old": True}
+"""Field metadata: a key that profiles written before it existed lack (read as ``None``)."""
 """Timed operations per stage: forward, full backward, backward-for-input, backward-for-weights, one F&B pair."""
 
 
@@ -98,21 +100,54 @@ class Block:
     FB: Stat | None = None
     activation_bytes: int | None = None
     activation_bytes_freed_by_I: int | None = None
-    activation_bytes_allocator: int | None = None
-    peak_bytes_allocator: int | None = None
+    activation_bytes_allocator: int | None = field(default=None, metadata=ABSENT_IN_OLD)
+    peak_bytes_allocator: int | None = field(default=None, metadata=ABSENT_IN_OLD)
 
     @property
     def is_measured(self) -> bool:
         return all(getattr(self, op) is not None for op in OPS) and self.activation_bytes is not None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for op in OPS:
-            stat = getattr(self, op)
-            out[op] = None if stat is None else stat.to_dict()
-        for key in _STAGE_INT_KEYS + _STAGE_OPTIONAL_INT_KEYS:
-            out[key] = getattr(self, key)
-        return out
+        return _measured_dict(self)
+
+
+@dataclass(frozen=True)
+class MeasuredFields:
+    """The measured fields a block and a stage share, read from :class:`Block`'s own fields, in the order a
+    profile stores and checks them: the timings (``Stat | None``), the byte counts that may be unmeasured
+    (``int | None``: activations), the other byte counts (``int``), then the keys older profiles lack
+    (``metadata=ABSENT_IN_OLD``). A new measured field is one line in :class:`Block` (and :class:`StageProfile`)."""
+
+    stats: tuple[str, ...]
+    ints: tuple[str, ...]
+    optional_ints: tuple[str, ...]
+    unmeasured_ints: tuple[str, ...]
+    """Of ``ints``, those a profile still being measured may leave null (``int | None``)."""
+
+    @classmethod
+    def of(cls, record: type) -> MeasuredFields:
+        fs = fields(record)
+        ints = [f for f in fs if f.type in ("int", "int | None") and not f.metadata.get("absent_in_old")]
+        return cls(
+            stats=tuple(f.name for f in fs if f.type == "Stat | None"),
+            ints=tuple(f.name for f in sorted(ints, key=lambda f: f.type == "int")),
+            optional_ints=tuple(f.name for f in fs if f.metadata.get("absent_in_old")),
+            unmeasured_ints=tuple(f.name for f in ints if f.type == "int | None"),
+        )
+
+
+def _measured_dict(record: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for op in MEASURED.stats:
+        stat = getattr(record, op)
+        out[op] = None if stat is None else stat.to_dict()
+    for key in MEASURED.ints + MEASURED.optional_ints:
+        out[key] = getattr(record, key)
+    return out
+
+
+MEASURED = MeasuredFields.of(Block)
+assert MEASURED.stats == OPS, "Block's timings are the schedule's operations"
 
 
 @dataclass(frozen=True)
@@ -222,9 +257,9 @@ class StageProfile:
     FB: Stat | None = None
     activation_bytes: int | None = None
     activation_bytes_freed_by_I: int | None = None
-    activation_bytes_allocator: int | None = None
+    activation_bytes_allocator: int | None = field(default=None, metadata=ABSENT_IN_OLD)
     """CUDA only: allocator bytes still held after a forward (what the runtime keeps until backward)."""
-    peak_bytes_allocator: int | None = None
+    peak_bytes_allocator: int | None = field(default=None, metadata=ABSENT_IN_OLD)
     """CUDA only: allocator peak above the pre-forward level over one forward + backward."""
 
     @property
@@ -236,12 +271,12 @@ class StageProfile:
             "stage": self.stage, "layers": list(self.layers),
             "has_embedding": self.has_embedding, "has_head": self.has_head,
         }
-        for op in OPS:
-            stat = getattr(self, op)
-            out[op] = None if stat is None else stat.to_dict()
-        for key in _STAGE_INT_KEYS + _STAGE_OPTIONAL_INT_KEYS:
-            out[key] = getattr(self, key)
-        return out
+        return {**out, **_measured_dict(self)}
+
+
+assert MeasuredFields.of(StageProfile).stats == MEASURED.stats and {
+    f.name: f.type for f in fields(StageProfile)}.items() >= {f.name: f.type for f in fields(Block)}.items(), \
+    "a stage holds every measured field of a block"
 
 
 @dataclass(frozen=True)
@@ -484,9 +519,6 @@ def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
 
 # --- validation -------------------------------------------------------------------------------------------------
 _MODEL_KEYS = MODEL_KEYS
-_STAGE_INT_KEYS = ("activation_bytes", "activation_bytes_freed_by_I", "param_bytes", "grad_bytes",
-                   "optimizer_bytes", "output_bytes")
-_STAGE_OPTIONAL_INT_KEYS = ("activation_bytes_allocator", "peak_bytes_allocator")
 _MISSING = object()
 
 
@@ -578,19 +610,14 @@ class _Reader:
 
     def measured(self, d: Mapping[str, Any], pre: str, *, allow_incomplete: bool) -> dict[str, Any]:
         """Timings and byte counts shared by a block and a stage."""
-        kwargs: dict[str, Any] = {}
-        for op in OPS:
-            raw = self.get(d, op, pre)
-            if raw is None and not allow_incomplete:
-                raise self.fail(f"{pre}{op}", "is not measured (null)")
-            kwargs[op] = None if raw is None else self.stat(raw, f"{pre}{op}")
-        for key in _STAGE_INT_KEYS:
+        kwargs: dict[str, Any] = self.stats(d, pre, allow_incomplete=allow_incomplete)
+        for key in MEASURED.ints:
             raw = self.get(d, key, pre)
-            if raw is None and key.startswith("activation") and allow_incomplete:
+            if raw is None and allow_incomplete and key in MEASURED.unmeasured_ints:
                 kwargs[key] = None
                 continue
             kwargs[key] = self.int_(raw, f"{pre}{key}")
-        for key in _STAGE_OPTIONAL_INT_KEYS:
+        for key in MEASURED.optional_ints:
             raw = self.get(d, key, pre, optional=True)
             kwargs[key] = None if raw is None else self.int_(raw, f"{pre}{key}")
         act, freed = kwargs["activation_bytes"], kwargs["activation_bytes_freed_by_I"]
@@ -629,13 +656,17 @@ class _Reader:
                 return None
             raise self.fail("stage_overhead", "is not measured (null); it may be zero but must be stored")
         d = self.obj(value, "stage_overhead")
-        kwargs: dict[str, Stat | None] = {}
-        for op in OPS:
-            raw = self.get(d, op, "stage_overhead.")
+        return StageOverhead(**self.stats(d, "stage_overhead.", allow_incomplete=allow_incomplete))
+
+    def stats(self, d: Mapping[str, Any], pre: str, *, allow_incomplete: bool) -> dict[str, Stat | None]:
+        """The timings (one :class:`Stat` per operation) of a block, a stage or the stage overhead."""
+        out: dict[str, Stat | None] = {}
+        for op in MEASURED.stats:
+            raw = self.get(d, op, pre)
             if raw is None and not allow_incomplete:
-                raise self.fail(f"stage_overhead.{op}", "is not measured (null)")
-            kwargs[op] = None if raw is None else self.stat(raw, f"stage_overhead.{op}")
-        return StageOverhead(**kwargs)
+                raise self.fail(f"{pre}{op}", "is not measured (null)")
+            out[op] = None if raw is None else self.stat(raw, f"{pre}{op}")
+        return out
 
     def runtime(self, value: Any, where: str = "runtime", *, nested: bool = False) -> RuntimeOverheads | None:
         if value is None:

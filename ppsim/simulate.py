@@ -30,6 +30,7 @@ import numpy as np
 from ppsim import deps
 from ppsim.costs import ACTIVATION_PARTS, CostModel, parse_costs
 from ppsim.errors import CostError, DeadlockError, ScheduleFormatError
+from ppsim.io import MemoryCap
 from ppsim.ir import Action, ActionType, Schedule, make_action, overlap
 from ppsim.limits import MAX_COST
 from ppsim.result import RankStats, SimResult, Trace, safe_ratio
@@ -52,19 +53,25 @@ def simulate(
     costs: CostModel | None = None,
     *,
     memory_cap_bytes: int | None = None,
+    memory_cap: MemoryCap | None = None,
     recompute: Set[tuple[int, int]] | None = None,
 ) -> SimResult:
     """Replay ``schedule`` under ``costs`` (default: ``parse_costs(None)``) and return the timed result.
 
     ``recompute``: the (stage, microbatch) pairs whose activations are recomputed (:mod:`ppsim.recompute`): each
-    keeps only its boundary input after its F, and its B/I runs the forward again first."""
+    keeps only its boundary input after its F, and its B/I runs the forward again first.
+    ``memory_cap`` (bytes or activations, :func:`ppsim.io.parse_memory_cap`) flags the ranks over it;
+    ``memory_cap_bytes`` is the same for a cap in bytes."""
+    assert memory_cap is None or memory_cap_bytes is None, "give the cap once"
+    if memory_cap_bytes is not None:
+        memory_cap = MemoryCap(memory_cap_bytes, "bytes")
     costs = parse_costs(None) if costs is None else costs
     was_enabled = gc.isenabled()
     gc.disable()  # the run creates no reference cycles; collections would only rescan large lists
     try:
         program = compile_schedule(schedule, costs, recompute=recompute)
         start, end = run(program)
-        return _finish(program, start, end, memory_cap_bytes)
+        return _finish(program, start, end, memory_cap)
     finally:
         if was_enabled:
             gc.enable()
@@ -727,7 +734,7 @@ def _peaks(delta: np.ndarray, plus: np.ndarray, offsets: np.ndarray) -> list[int
     return np.maximum(peaks, 0).tolist()
 
 
-def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_bytes: int | None) -> SimResult:
+def _finish(program: Program, start: np.ndarray, end: np.ndarray, cap: MemoryCap | None) -> SimResult:
     schedule, costs = program.schedule, program.costs
     offsets = program.offsets
     num_ranks = schedule.num_ranks
@@ -789,9 +796,8 @@ def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_byt
                 bubble_ratio=idle / makespan if makespan > 0 else 0.0,
                 peak_activations=peak_act[r],
                 peak_memory_bytes=peak_bytes,
-                over_memory_cap=memory_cap_bytes is not None
-                and peak_bytes is not None
-                and peak_bytes > memory_cap_bytes,
+                over_memory_cap=cap is not None
+                and cap.exceeded_by(peak_activations=peak_act[r], peak_bytes=peak_bytes),
             )
         )
     total_busy = float(busy.sum())
@@ -826,7 +832,7 @@ def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_byt
         bubble_ratio=bubble,
         throughput=safe_ratio(schedule.num_microbatches, makespan),
         per_rank=tuple(stats),
-        memory_cap_bytes=memory_cap_bytes,
+        memory_cap_bytes=None if cap is None else cap.bytes,
         trace=trace,
         recompute=program.recompute,
     )

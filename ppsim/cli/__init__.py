@@ -11,6 +11,7 @@ anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 
@@ -31,7 +32,7 @@ def main() -> None:
     if len(sys.argv) == 1:
         sys.argv.append("--help")
     try:
-        code = app(standalone_mode=False)
+        code = _app_for(sys.argv)(standalone_mode=False)
     except typer.TyperException as exc:  # bad option values, unknown commands
         ctx = getattr(exc, "ctx", None)
         where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
@@ -86,6 +87,21 @@ def bad_value_line(exc: BaseException, argv: list[str]) -> str | None:
         return f"{option} {shown}: {_WANTED[first['type']]}"
     rule = str(first.get("msg", "")).replace("Input should be", "must be").replace("Value error, ", "")
     return f"{option} {shown}: {rule}"
+
+
+def _app_for(argv: list[str]) -> typer.Typer:
+    """The app with only the command ``argv`` names (none for ``--version``): typer reads every registered command's
+    options when it builds the app, which costs more than a short command itself. Help, an unknown name or no
+    name gets the whole app, so the listing and the "no such command" message are unchanged."""
+    if not isinstance(app, typer.Typer):  # a stand-in for the app (tests replace it)
+        return app
+    name = argv[1] if len(argv) > 1 else None
+    chosen = [c for c in app.registered_commands if c.name == name]
+    if not chosen and name != "--version":
+        return app
+    one = copy.copy(app)  # the same settings and root callback (--version); its own command list
+    one.registered_commands = chosen
+    return one
 
 
 def _tolerate_any_encoding() -> None:

@@ -79,7 +79,8 @@ TorchtitanConfigOpt = Annotated[
                  "--parallelism.KEY VALUE, --training.KEY VALUE."),
 ]
 MemCapOpt = Annotated[
-    Optional[str], typer.Option("--memory-cap", help="Flag ranks whose peak memory exceeds BYTES (e.g. 80e9, 80GiB).")
+    Optional[str], typer.Option("--memory-cap", help="Flag ranks whose peak memory exceeds CAP per rank: bytes "
+                                "(80GB = 80e9, 80GiB = 80*2^30) or activations (8act).")
 ]
 CostScopeOpt = Annotated[
     Optional[CostScope],

@@ -20,6 +20,7 @@ Deterministic for a seed; honours a time limit; Ctrl-C returns the best so far.
 
 | module | holds |
 |---|---|
+| ``choices`` | the command line's choices (:class:`Placement`, :class:`Solver`), cheap to import |
 | ``common`` | the value types (:class:`MemoryCap`, :class:`SearchResult`, ...) and the helpers every phase shares |
 | ``driver`` | :func:`search`, split by phase |
 | ``bounds`` | :func:`lower_bound`, :func:`smallest_cap` |
@@ -32,19 +33,40 @@ Deterministic for a seed; honours a time limit; Ctrl-C returns the best so far.
 
 from __future__ import annotations
 
-from ppsim.search.bounds import lower_bound, smallest_cap
-from ppsim.search.common import (
-    SEARCH_NAME,
-    MemoryCap,
-    MemoryCapError,
-    NamedResult,
-    Placement,
-    Progress,
-    SearchResult,
-    Solver,
-    parse_memory_cap,
-)
-from ppsim.search.driver import search
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_HOMES = {
+    "SEARCH_NAME": "ppsim.search.choices",
+    "Placement": "ppsim.search.choices",
+    "Solver": "ppsim.search.choices",
+    "MemoryCap": "ppsim.search.common",
+    "MemoryCapError": "ppsim.search.common",
+    "NamedResult": "ppsim.search.common",
+    "Progress": "ppsim.search.common",
+    "SearchResult": "ppsim.search.common",
+    "parse_memory_cap": "ppsim.search.common",
+    "lower_bound": "ppsim.search.bounds",
+    "smallest_cap": "ppsim.search.bounds",
+    "search": "ppsim.search.driver",
+}
+"""Where each public name lives: loaded on first use (PEP 562), so the CLI's option types cost no solver import."""
+
+if TYPE_CHECKING:
+    from ppsim.search.bounds import lower_bound, smallest_cap
+    from ppsim.search.choices import SEARCH_NAME, Placement, Solver
+    from ppsim.search.common import MemoryCap, MemoryCapError, NamedResult, Progress, SearchResult, parse_memory_cap
+    from ppsim.search.driver import search
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'ppsim.search' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "SEARCH_NAME",
