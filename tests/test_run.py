@@ -113,7 +113,7 @@ def test_one_rank_runs_with_no_communication_and_draws_the_comparison(tmp_path: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("schedule", "num_stages"), [("1F1B", 2), ("ZBH1", 2), ("DualPipeV", 4)])
+@pytest.mark.parametrize(("schedule", "num_stages"), [("1F1B", 2), ("ZBH1", 2), ("DualPipeV", 4), ("DualPipe", 2)])
 def test_two_rank_run_matches_the_reference_and_times_every_action(
     tmp_path: Path, schedule: str, num_stages: int
 ) -> None:
@@ -124,8 +124,10 @@ def test_two_rank_run_matches_the_reference_and_times_every_action(
     data = check_run_json(out, schedule, 2, 4)
     first_on_rank1 = next(a for a in data["per_action"] if a["rank"] == 1)
     assert first_on_rank1["wait_s"] > 0  # rank 1 starts by waiting for rank 0's first forward
-    if schedule == "DualPipeV":
+    if schedule in ("DualPipeV", "DualPipe"):
         assert any("halves" in a for a in data["per_action"])  # overlapped pairs run (as two halves)
+    if schedule == "DualPipe":  # two model copies of 2 stages, each profile stage used by both
+        assert data["stages"] == 4
 
 
 @pytest.mark.slow
@@ -143,11 +145,12 @@ def test_synthetic_interleaved_four_ranks_sleeps_each_cost(tmp_path: Path) -> No
     assert "plotly" in fig.read_text()[:100_000].lower()
 
 
-def test_dualpipe_is_refused_with_the_reason(tmp_path: Path) -> None:
-    code, _, stderr = invoke("-s", "DualPipe", "-r", "2", "-m", "4", "--synthetic")
+@pytest.mark.parametrize(("args", "says"), [(["-r", "3", "-m", "6"], "--ranks 3"), (["-r", "2", "-m", "5"], "--mb 5")])
+def test_dualpipe_with_odd_ranks_or_microbatches_is_refused_in_one_line(args: list[str], says: str) -> None:
+    code, _, stderr = invoke("-s", "DualPipe", *args, "--synthetic")
     assert code == 2
     line = stderr.strip()
-    assert "\n" not in line and "cannot execute" in line and "chain the two pipelines" in line
+    assert "\n" not in line and says in line and "even" in line
 
 
 @pytest.mark.parametrize(
