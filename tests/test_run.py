@@ -122,8 +122,10 @@ def test_two_rank_run_matches_the_reference_and_times_every_action(
     code, _, stderr = invoke("-s", schedule, "-r", "2", "-m", "4", "--profile", str(profile), "-o", str(out), *FAST)
     assert code == 0, stderr
     data = check_run_json(out, schedule, 2, 4)
-    first_on_rank1 = next(a for a in data["per_action"] if a["rank"] == 1)
-    assert first_on_rank1["wait_s"] > 0  # rank 1 starts by waiting for rank 0's first forward
+    # rank 1 starts by waiting for rank 0's first forward (DualPipe: rank 1 feeds chain 1, which rank 0 waits for)
+    waiting = ("1F0", 1) if schedule != "DualPipe" else ("3F0", 0)
+    first_input = next(a for a in data["per_action"] if (a["action"], a["rank"]) == waiting)
+    assert first_input["wait_s"] > 0
     if schedule in ("DualPipeV", "DualPipe"):
         assert any("halves" in a for a in data["per_action"])  # overlapped pairs run (as two halves)
     if schedule == "DualPipe":  # two model copies of 2 stages, each profile stage used by both
