@@ -147,6 +147,17 @@ def test_synthetic_interleaved_four_ranks_sleeps_each_cost(tmp_path: Path) -> No
     assert "plotly" in fig.read_text()[:100_000].lower()
 
 
+@pytest.mark.slow
+def test_synthetic_dualpipe_on_four_ranks_runs_both_chains_and_matches_the_reference(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    code, _, stderr = invoke("-s", "DualPipe", "-r", "4", "-m", "8", "--synthetic", "--costs", "F=1,B=2",
+                             "--time-unit", "0.002", "-o", str(out), *FAST)
+    assert code == 0, stderr
+    data = check_run_json(out, "DualPipe", 4, 8)
+    # the middle ranks hold neither end of a chain; every rank runs an overlapped pair
+    assert {a["rank"] for a in data["per_action"] if "halves" in a} == {0, 1, 2, 3}
+
+
 @pytest.mark.parametrize(("args", "says"), [(["-r", "3", "-m", "6"], "--ranks 3"), (["-r", "2", "-m", "5"], "--mb 5")])
 def test_dualpipe_with_odd_ranks_or_microbatches_is_refused_in_one_line(args: list[str], says: str) -> None:
     code, _, stderr = invoke("-s", "DualPipe", *args, "--synthetic")

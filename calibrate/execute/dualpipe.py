@@ -10,10 +10,11 @@ gradients of the same layer are summed before the check against the unsplit mode
 The rank walks its order: forward with autograd, ``B`` with torch's ``stage_backward``, ``I`` and ``W`` with
 ``stage_backward_input`` / ``stage_backward_weight`` (a chain's first stage defers its whole backward to ``W``, as
 torch's stage does), an ``OVERLAP_F_B`` pair as its forward half then its backward half with both inputs' receives
-posted first. Sends and receives are ``batch_isend_irecv`` ops tagged by (stage, microbatch, direction), so messages
-between two ranks match whatever order they are posted in (gloo honours tags; NCCL does not, so it is refused).
-Every computation is stamped by the shared :class:`~ppsim.calibrate.execute.steps.Clock` and the step loop,
-gathering and assembly are :func:`~ppsim.calibrate.execute.steps.measure_rank`'s.
+posted first and both outputs sent after. Sends and receives are ``batch_isend_irecv`` ops tagged by (stage,
+microbatch, direction), so messages between two ranks match whatever order they are posted in (gloo honours tags;
+NCCL does not, so it is refused). Every computation is stamped by the shared
+:class:`~ppsim.calibrate.execute.steps.Clock`; the step loop, gathering and assembly are
+:func:`~ppsim.calibrate.execute.steps.measure_rank`'s.
 
 torch is imported inside functions only.
 """
@@ -137,6 +138,7 @@ class ChainRuntime:
         self._deferred: dict[tuple[int, int], tuple[Any, ...]] = {}  # what W needs after I
         self._posted: dict[tuple[int, int, str], tuple[Any, list[Any]]] = {}
         self._sends: list[tuple[Any, list[Any]]] = []
+        self._held: list[tuple[Any, int, int, str]] | None = None  # a pair's sends, until both halves are done
 
     # --- a step: the order, then the sends' completion
     def step(self, *args: Any, losses: list[Any], return_outputs: bool = False, target: Any = None) -> None:
@@ -157,14 +159,19 @@ class ChainRuntime:
         self._reset()
 
     def _pair(self, action: Action) -> None:
-        """An overlapped forward/backward pair: both inputs' receives posted, then the forward and backward halves."""
+        """An overlapped forward/backward pair: both inputs' receives posted, the forward and backward halves, then
+        both outputs sent (the pair finishes as one, as DeepSeek's DualPipe and ppsim's simulator have it)."""
         halves = action.sub_actions
         for half in halves:
             need = self._needs(half)
             if need is not None and need not in self._posted:
                 self._post(need)
+        self._held = []
         for half in halves:
             self._compute(half)
+        held, self._held = self._held, None
+        for message in held:
+            self._send(*message)
 
     def _compute(self, comp: Action) -> None:
         kind = comp.type.value
@@ -272,8 +279,13 @@ class ChainRuntime:
         return buf
 
     def _send(self, tensor: Any, lower_stage: int, mb: int, kind: str) -> None:
-        """``tensor`` (F: ``lower_stage``'s output; B: its input gradient) to the rank holding the other end."""
+        """``tensor`` (F: ``lower_stage``'s output; B: its input gradient) to the rank holding the other end (held
+        back while a pair runs)."""
         import torch.distributed as dist
+
+        if self._held is not None:
+            self._held.append((tensor, lower_stage, mb, kind))
+            return
 
         other = self.schedule.next_stage(lower_stage) if kind == "F" else lower_stage
         assert other is not None

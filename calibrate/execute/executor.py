@@ -2,8 +2,9 @@
 :mod:`ppsim.calibrate.execute.synthetic`), wraps them in torch's ``PipelineStage`` and runs them in
 ``_PipelineScheduleRuntime`` with the order set directly from ppsim's :class:`~ppsim.ir.Schedule` (the same order
 ppsim simulates, so ppsim-only schedules execute too). A schedule with several chains (DualPipe), which torch's
-runtime would join into one, runs on :mod:`ppsim.calibrate.execute.dualpipe` instead. Everything inside torch's pipelining package goes through
-:mod:`ppsim.calibrate.execute.torch_adapter`; the steps are timed by :mod:`ppsim.calibrate.execute.steps`.
+runtime would join into one, runs on :mod:`ppsim.calibrate.execute.dualpipe` instead. Everything inside torch's
+pipelining package goes through :mod:`ppsim.calibrate.execute.torch_adapter`; the steps are timed by
+:mod:`ppsim.calibrate.execute.steps`.
 
 torch is imported inside functions only.
 """
