@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ppsim.calibrate.execute.steps import Clock, ExecSpec, Measurement, RankRun, measure_rank
-from ppsim.errors import PPSimError
 
 if TYPE_CHECKING:
     from ppsim.calibrate.execute.numerics import ReferenceCheck
@@ -58,7 +58,7 @@ def sum_copies(grads: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def copies_reference(spec: ExecSpec, device: Any) -> Any:
+def copies_reference(spec: ExecSpec, device: Any) -> Callable[[dict[str, Any]], ReferenceCheck]:
     """The check of gathered gradients: copies summed, then compared with the unsplit model on all microbatches."""
     from ppsim.calibrate.execute.numerics import check_against_reference
 
@@ -74,15 +74,13 @@ def copies_reference(spec: ExecSpec, device: Any) -> Any:
 
 # --- one rank ----------------------------------------------------------------------------------------------------
 def run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measurement | None:
-    """One rank of a multi-chain schedule: build its stages, step them, hand the measurement to rank 0."""
+    """One rank of a multi-chain schedule (gloo: :func:`backend_refusal` is checked before the ranks start): build
+    its stages, step them, hand the measurement to rank 0."""
     import torch
 
     from ppsim.calibrate.execute.numerics import reference_name
     from ppsim.calibrate.models.transformer import loss_fn, make_batch
 
-    refusal = backend_refusal(spec.schedule, spec.backend)
-    if refusal is not None:
-        raise PPSimError(refusal)
     schedule = spec.schedule
     device = torch.device("cpu")
     modules = {s: stage_module(spec, s, device) for s in schedule.stages_of(rank)}
