@@ -77,12 +77,13 @@ def configs(quick: bool) -> list[Config]:
             Config("real", "GPipe", 2, 4),
             Config("synthetic", "1F1B", 4, 8), Config("synthetic", "DualPipeV", 4, 8),
             Config("synthetic", "ZBH1", 4, 8), Config("synthetic", "GPipe", 8, 16),
+            Config("synthetic", "DualPipe", 4, 8),
         ] + [titan_configs()[i] for i in (0, 1, 8, 11)]  # torchtitan: with --only torchtitan
     real = []
     for m in (4, 8):
         for name, v in (("GPipe", None), ("1F1B", None), ("ZBH1", None), ("ZBH2", None), ("Interleaved1F1B", 2),
                         ("LoopedBFS", 2), ("InterleavedZeroBubble", 2), ("ZBVZeroBubble", None),
-                        ("DualPipeV", None)):
+                        ("DualPipeV", None), ("DualPipe", None)):
             real.append(Config("real", name, 2, m, v))
     real += [
         Config("real", "1F1B", 2, 8, split=(3, 5)), Config("real", "1F1B", 2, 8, split=(5, 3)),
@@ -91,7 +92,7 @@ def configs(quick: bool) -> list[Config]:
     ]
     synthetic = [Config("synthetic", name, 4, 8, v) for name, v in (
         ("GPipe", None), ("1F1B", None), ("ZBH1", None), ("ZBH2", None), ("Interleaved1F1B", 2),
-        ("ZBVZeroBubble", None), ("DualPipeV", None))]
+        ("ZBVZeroBubble", None), ("DualPipeV", None), ("DualPipe", None))]
     synthetic += [Config("synthetic", "GPipe", 8, 16), Config("synthetic", "1F1B", 8, 16),
                   Config("synthetic", "ZBH1", 8, 16)]
     return real + synthetic + titan_configs()

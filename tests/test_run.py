@@ -113,7 +113,7 @@ def test_one_rank_runs_with_no_communication_and_draws_the_comparison(tmp_path: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("schedule", "num_stages"), [("1F1B", 2), ("ZBH1", 2), ("DualPipeV", 4)])
+@pytest.mark.parametrize(("schedule", "num_stages"), [("1F1B", 2), ("ZBH1", 2), ("DualPipeV", 4), ("DualPipe", 2)])
 def test_two_rank_run_matches_the_reference_and_times_every_action(
     tmp_path: Path, schedule: str, num_stages: int
 ) -> None:
@@ -122,10 +122,14 @@ def test_two_rank_run_matches_the_reference_and_times_every_action(
     code, _, stderr = invoke("-s", schedule, "-r", "2", "-m", "4", "--profile", str(profile), "-o", str(out), *FAST)
     assert code == 0, stderr
     data = check_run_json(out, schedule, 2, 4)
-    first_on_rank1 = next(a for a in data["per_action"] if a["rank"] == 1)
-    assert first_on_rank1["wait_s"] > 0  # rank 1 starts by waiting for rank 0's first forward
-    if schedule == "DualPipeV":
+    # rank 1 starts by waiting for rank 0's first forward (DualPipe: rank 1 feeds chain 1, which rank 0 waits for)
+    waiting = ("1F0", 1) if schedule != "DualPipe" else ("3F0", 0)
+    first_input = next(a for a in data["per_action"] if (a["action"], a["rank"]) == waiting)
+    assert first_input["wait_s"] > 0
+    if schedule in ("DualPipeV", "DualPipe"):
         assert any("halves" in a for a in data["per_action"])  # overlapped pairs run (as two halves)
+    if schedule == "DualPipe":  # two model copies of 2 stages, each profile stage used by both
+        assert data["stages"] == 4
 
 
 @pytest.mark.slow
@@ -143,11 +147,23 @@ def test_synthetic_interleaved_four_ranks_sleeps_each_cost(tmp_path: Path) -> No
     assert "plotly" in fig.read_text()[:100_000].lower()
 
 
-def test_dualpipe_is_refused_with_the_reason(tmp_path: Path) -> None:
-    code, _, stderr = invoke("-s", "DualPipe", "-r", "2", "-m", "4", "--synthetic")
+@pytest.mark.slow
+def test_synthetic_dualpipe_on_four_ranks_runs_both_chains_and_matches_the_reference(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    code, _, stderr = invoke("-s", "DualPipe", "-r", "4", "-m", "8", "--synthetic", "--costs", "F=1,B=2",
+                             "--time-unit", "0.002", "-o", str(out), *FAST)
+    assert code == 0, stderr
+    data = check_run_json(out, "DualPipe", 4, 8)
+    # the middle ranks hold neither end of a chain; every rank runs an overlapped pair
+    assert {a["rank"] for a in data["per_action"] if "halves" in a} == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize(("args", "says"), [(["-r", "3", "-m", "6"], "--ranks 3"), (["-r", "2", "-m", "5"], "--mb 5")])
+def test_dualpipe_with_odd_ranks_or_microbatches_is_refused_in_one_line(args: list[str], says: str) -> None:
+    code, _, stderr = invoke("-s", "DualPipe", *args, "--synthetic")
     assert code == 2
     line = stderr.strip()
-    assert "\n" not in line and "cannot execute" in line and "chain the two pipelines" in line
+    assert "\n" not in line and says in line and "even" in line
 
 
 @pytest.mark.parametrize(

@@ -151,6 +151,7 @@ def test_orders_torchtitan_cannot_run_are_refused_before_anything_starts(tmp_pat
     assert len(stderr.strip().splitlines()) == 1
     code, _, stderr = invoke("--profile", str(LLAMA_PROFILE), "-s", "DualPipe", "-r", "2", "-m", "4", *FAST)
     assert code == 2 and "2 independent pipelines" in stderr and len(stderr.strip().splitlines()) == 1
+    assert "--executor ppsim" in stderr  # ppsim's executor runs DualPipe's two chains
     assert not list(tmp_path.glob("*.json"))
 
 
@@ -169,6 +170,10 @@ def test_executor_choice() -> None:
         choose_runner("torchtitan", builtin, schedule, synthetic=False)
     with pytest.raises(TitanRunError, match="--synthetic"):
         choose_runner("torchtitan", titan, schedule, synthetic=True)
+    dualpipe = get_schedule("DualPipe", 2, 4)
+    with pytest.raises(TitanRunError, match="independent pipelines.*--executor ppsim"):
+        choose_runner("torchtitan", titan, dualpipe, synthetic=False)
+    assert isinstance(choose_runner("ppsim", titan, dualpipe, synthetic=False), PpsimExecutor)
 
 
 @pytest.mark.gpu

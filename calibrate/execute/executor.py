@@ -1,8 +1,10 @@
 """ppsim's executor: each rank builds its stages of the model (or synthetic stages,
 :mod:`ppsim.calibrate.execute.synthetic`), wraps them in torch's ``PipelineStage`` and runs them in
 ``_PipelineScheduleRuntime`` with the order set directly from ppsim's :class:`~ppsim.ir.Schedule` (the same order
-ppsim simulates, so ppsim-only schedules execute too). Everything inside torch's pipelining package goes through
-:mod:`ppsim.calibrate.execute.torch_adapter`; the steps are timed by :mod:`ppsim.calibrate.execute.steps`.
+ppsim simulates, so ppsim-only schedules execute too). A schedule with several chains (DualPipe), which torch's
+runtime would join into one, runs on :mod:`ppsim.calibrate.execute.dualpipe` instead. Everything inside torch's
+pipelining package goes through :mod:`ppsim.calibrate.execute.torch_adapter`; the steps are timed by
+:mod:`ppsim.calibrate.execute.steps`.
 
 torch is imported inside functions only.
 """
@@ -11,10 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ppsim.errors import PPSimError
+
 from ppsim.calibrate.execute.steps import (
     Clock,
     ExecSpec,
     Measurement,
+    RankBody,
     RankRun,
     checkpoint_chosen,
     launch_local,
@@ -33,20 +38,40 @@ class PpsimExecutor:
     name = "ppsim"
 
     def launch(self, spec: ExecSpec) -> Measurement:
-        return launch_local(spec, _run_rank)
+        return launch_local(spec, _body(spec))
 
     def run_rank(self, spec: ExecSpec, *, rank: int, world: int, store: Any | None = None) -> Measurement | None:
-        return run_in_group(spec, rank=rank, world=world, store=store, body=_run_rank)
+        return run_in_group(spec, rank=rank, world=world, store=store, body=_body(spec))
+
+
+def _body(spec: ExecSpec) -> RankBody:
+    """One rank's run: torch's runtime for one chain, :mod:`~ppsim.calibrate.execute.dualpipe` for several."""
+    if len(spec.schedule.pipelines) == 1:
+        return _run_rank
+    from ppsim.calibrate.execute import dualpipe
+
+    refusal = dualpipe.backend_refusal(spec.schedule, spec.backend)
+    if refusal is not None:
+        raise PPSimError(refusal)
+    return dualpipe.run_rank
 
 
 def schedule_refusal(schedule: Schedule) -> str | None:
+    """Why ppsim's executor cannot execute ``schedule`` (``None`` when it can): several chains run on its own path,
+    one chain on torch's runtime."""
+    if len(schedule.pipelines) > 1:
+        return None
+    return runtime_refusal(schedule)
+
+
+def runtime_refusal(schedule: Schedule) -> str | None:
     """Why torch's runtime cannot execute ``schedule`` (``None`` when it can)."""
     if len(schedule.pipelines) > 1:
         return (
             f"{schedule.name} has {len(schedule.pipelines)} independent pipelines (model copies fed from both ends); "
             "torch's runtime cannot execute it (it would chain the two pipelines, sending stage "
-            f"{schedule.pipelines[0][-1]}'s output into stage {schedule.pipelines[1][0]}); run DualPipeV instead, "
-            "which places the same stages on half the ranks"
+            f"{schedule.pipelines[0][-1]}'s output into stage {schedule.pipelines[1][0]}); pass --executor ppsim, "
+            "whose executor runs each chain itself"
         )
     chain = schedule.pipelines[0]
     if tuple(chain) != tuple(range(schedule.num_stages)):

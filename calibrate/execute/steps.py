@@ -577,7 +577,9 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
     grads: dict[str, Any] = {}
     for g in gathered:
         grads.update(g["grads"])
-    loss = next(g["loss"] for g in gathered if g["loss"] is not None)
+    # one rank per chain holds its last stage (DualPipe: two), each chain the same number of microbatches
+    chain_losses = [g["loss"] for g in gathered if g["loss"] is not None]
+    loss = sum(chain_losses) / len(chain_losses)
     ref = reference(grads) if reference is not None else check_against_reference(
         spec.model, schedule.num_stages, schedule.num_microbatches, grads, synthetic=spec.synthetic, seed=spec.seed,
         device=device, source=spec.source)

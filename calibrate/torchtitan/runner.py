@@ -111,11 +111,11 @@ def titan_placement_name(schedule: Schedule) -> str:
 
 def titan_refusal(schedule: Schedule) -> str | None:
     """Why torchtitan's pipeline path cannot run ``schedule`` (``None`` when it can): torch's runtime limits
-    (:func:`~ppsim.calibrate.execute.executor.schedule_refusal`), a placement torchtitan cannot express, an order torch's CSV loader
+    (:func:`~ppsim.calibrate.execute.executor.runtime_refusal`), a placement torchtitan cannot express, an order torch's CSV loader
     refuses (``_validate_schedule``, run here on the same actions)."""
-    from ppsim.calibrate.execute.executor import schedule_refusal
+    from ppsim.calibrate.execute.executor import runtime_refusal
 
-    refusal = schedule_refusal(schedule)
+    refusal = runtime_refusal(schedule)
     if refusal is not None:
         return refusal
     try:
