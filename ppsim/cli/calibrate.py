@@ -90,7 +90,7 @@ def calibrate_cmd(
 ) -> None:
     """Measure the model's blocks (embedding, layer, head), the per-stage overhead, p2p cost and the runtime's
     overheads on this machine; write a profile that serves any schedule and stage count."""
-    from ppsim.calibrate.measure.calibration import CalibrationOptions, check_limits
+    from ppsim.calibrate.measure.calibration import CalibrationOptions, check_limits, estimate_line
 
     stages = _checked_stages(stages, check_stages=check_stages, warmup=warmup, reps=reps)
     check_timeout("--init-timeout", init_timeout, least=1.0)
@@ -112,6 +112,7 @@ def calibrate_cmd(
         resume=resume, p2p=p2p, probe=probe, check_stages=check_stages, init_timeout_s=init_timeout,
         override_limits=override_limits, source=source,
     )
+    typer.echo(estimate_line(request), err=True)  # first: what is alive at once, and how long
     try:
         check_limits(request)  # before torch: the estimate needs none
     except PPSimError as exc:
