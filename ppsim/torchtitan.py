@@ -142,6 +142,8 @@ class TorchtitanJob:
     rank_stages: tuple[tuple[int, ...], ...] | None = None
     """Stage indices per rank as torchtitan places them (``_get_pp_rank_to_stage_indices_mapping``)."""
     in_file: bool = True
+    tensor_parallel_degree: int = 1
+    """``parallelism.tensor_parallel_degree`` (a profile must be measured at it)."""
 
     def refusal(self, exc: Exception) -> TorchtitanConfigError:
         """``exc`` (a schedule that cannot run this job) in the job config's words: the keys that set the ranks
@@ -327,6 +329,7 @@ def job_from_settings(
         source=source, schedule=ppsim_schedule, num_ranks=degree, num_microbatches=microbatches, stages_per_rank=v,
         split=spec, microbatch_size=mb_size, local_batch_size=batch, seq_len=seq_len, warnings=tuple(warnings),
         model_source=settings.model_source, torch_schedule=sched_name, in_file=settings.in_file,
+        tensor_parallel_degree=int(settings.parallelism.get("tensor_parallel_degree") or 1),
     )
 
 

@@ -553,6 +553,13 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
         rec.doc["p2p"] = None if result is None else result.to_dict()
         rec.doc["notes"] = notes
         rec.finish("p2p")
+    if opts.p2p and "collectives" not in rec.done:
+        if writer:
+            log("measuring FSDP's all-gather and reduce-scatter")
+        fits = _measure_collectives(opts, world, device, notes=notes)
+        rec.doc["collectives"] = [f.to_dict() for f in fits]
+        rec.doc["notes"] = notes
+        rec.finish("collectives")
     elif not opts.p2p and rec.doc["p2p"] is None:
         note = "p2p not measured (--no-p2p): the simulator treats cross-rank hand-offs as free"
         if note not in notes:
@@ -679,6 +686,39 @@ def _measure_p2p(opts: CalibrationOptions, world: World | None, sizes: list[int]
         notes.append(f"p2p fit error {result.fit_rel_error:.0%}: timings were noisy (a busy machine?); "
                      "see p2p.samples")
     return result
+
+
+#: Largest full tensor the collectives are timed at (a layer's gathered weights can be GBs; the fit extrapolates).
+COLLECTIVE_MAX_BYTES = 64 << 20
+
+
+def _measure_collectives(opts: CalibrationOptions, world: World | None, device: Any, *,
+                         notes: list[str]) -> list[Any]:
+    """FSDP's all-gather and reduce-scatter on the torchrun world, else on two local processes (CPU: gloo, two
+    GPUs: nccl); sizes up to one layer's weights (at most :data:`COLLECTIVE_MAX_BYTES`)."""
+    import torch
+
+    from ppsim.calibrate.measure import comm
+
+    largest = min(COLLECTIVE_MAX_BYTES, max(1 << 20, opts.model_source.estimate.largest_layer_param_bytes))
+    sizes = comm.collective_sizes(largest)
+    reps = max(opts.reps, 10)
+    if world is not None:
+        times = comm._collectives(world.world_size, world.rank, sizes=sizes, warmup=opts.warmup, reps=reps,
+                                  device=device)
+        fits = comm.fit_collectives(times, world.world_size)
+        notes.append(f"all-gather / reduce-scatter measured on the torchrun world ({world.world_size} ranks, "
+                     f"{world.backend}), full tensors up to {largest / 2**20:.0f} MiB")
+        return fits
+    if opts.device == "cuda" and torch.cuda.device_count() < 2:
+        notes.append("all-gather / reduce-scatter not measured: one GPU and no torchrun")
+        return []
+    backend = "nccl" if opts.device == "cuda" else "gloo"
+    fits = comm.measure_local_collectives(sizes, backend=backend, warmup=opts.warmup, reps=reps,
+                                          timeout_s=opts.init_timeout_s)
+    notes.append(f"all-gather / reduce-scatter measured on two local {backend} processes, full tensors up to "
+                 f"{largest / 2**20:.0f} MiB (FSDP's per-layer gathers cost alpha + bytes / beta)")
+    return fits
 
 
 def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], None]) -> None:
