@@ -74,6 +74,8 @@ class CalibrationOptions:
     override_limits: bool = False
     source: ModelSource | None = None
     """The model (``--model``); ``None``: the builtin model of ``config``."""
+    tensor_parallel_degree: int = 1
+    """T > 1: each unit measured as torchtitan shards it, on T local ranks (:mod:`.tensor_parallel`)."""
     at_size: bool | None = None
     """Measure one block at a time, each materialised alone from a meta-device build (calibration at size);
     ``None``: when a torchtitan model's whole-model calibration would not fit this device's memory."""
@@ -167,14 +169,18 @@ def at_size_estimate(source: ModelSource, *, device: str, reps: int, warmup: int
     config, est = source.config, source.estimate
     tokens, item = config.mb_size * config.seq_len, config.itemsize
     largest = est.largest_tensor_bytes or est.largest_layer_param_bytes // 2
-    parts = [("embedding", est.embed_param_bytes, tokens * config.hidden * item),
-             ("layer", est.largest_layer_param_bytes, est.layer_activation_bytes),
-             ("head", est.head_param_bytes, est.head_activation_bytes)]
+    parts = [("embedding", est.embed_param_bytes, tokens * config.hidden * item, est.embed_param_bytes),
+             ("layer", est.largest_layer_param_bytes, est.layer_activation_bytes, largest),
+             ("head", est.head_param_bytes, est.head_activation_bytes, est.head_param_bytes)]
 
-    def need(weights: int, acts: int) -> int:
-        return 2 * weights + min(largest, weights) + 3 * acts
+    def need(weights: int, acts: int, largest: int) -> int:
+        # weights, gradients, and the largest weight's transient gradient: one in the dtype while a repetition's
+        # gradient is accumulated, one in float32 where a half-precision backward computes in it (the CPU
+        # embedding backward; 70B bf16 measured 9.04 GiB peak against 9.8 GiB estimated)
+        transient = min(largest, weights) * (1 + 4 // item) if item < 4 else min(largest, weights)
+        return 2 * weights + transient + 3 * acts
 
-    block, weights, acts = max(parts, key=lambda part: need(part[1], part[2]))
+    block, weights, acts, biggest = max(parts, key=lambda part: need(*part[1:]))
     layer_params = max(1, est.largest_layer_param_bytes // item)
     layer_flops = 2 * tokens * layer_params + 4 * tokens * config.seq_len * config.hidden
     head_flops = 2 * tokens * max(1, est.head_param_bytes // item)
@@ -191,7 +197,7 @@ def at_size_estimate(source: ModelSource, *, device: str, reps: int, warmup: int
             probe_bytes = -probe_bytes  # skipped (run_probes says so): no time
         else:
             flops += (PROBE_STEPS + PROBE_WARMUP + 1) * microbatches * 3 * (small.num_layers * layer_flops + head_flops)
-    return AtSizeEstimate(block=block, weight_bytes=weights, need_bytes=need(weights, acts), activation_bytes=acts,
+    return AtSizeEstimate(block=block, weight_bytes=weights, need_bytes=need(weights, acts, biggest), activation_bytes=acts,
                           seconds=flops / (GPU_FLOPS if device == "cuda" else CPU_FLOPS), probe_bytes=probe_bytes)
 
 
@@ -226,6 +232,8 @@ def decide_at_size(opts: CalibrationOptions) -> CalibrationOptions:
     calibration does not fit this device."""
     if opts.at_size is not None:
         return opts
+    if opts.tensor_parallel_degree > 1:
+        return dataclasses.replace(opts, at_size=True)  # sharded units are materialised one at a time
     source = opts.model_source
     at_size = False
     if source.scheme == "torchtitan":
@@ -299,7 +307,8 @@ def check_at_size(opts: CalibrationOptions) -> None:
     have = device_memory_bytes(opts.device)
     cfg = opts.config
     if have is not None and est.need_bytes > MEMORY_SHARE * have:
-        fits = _what_fits(source, budget=MEMORY_SHARE * have)
+        fits = _what_fits(source, budget=MEMORY_SHARE * have) if est.block == "layer" else (
+            f"the {est.block} is measured whole (its vocab x hidden weight): use a device with more memory")
         raise PPSimError(
             f"one {est.block} of {source.text} ({est.weight_bytes / 2**30:.3g} GiB of weights) needs about "
             f"{est.need_bytes / 2**30:.3g} GiB alone (weights, gradients, activations of microbatch "
@@ -316,7 +325,9 @@ def _what_fits(source: ModelSource, *, budget: float) -> str:
     """What would let one block fit in ``budget`` bytes: a shorter sequence (activations) or a tensor-parallel
     degree (weights split over T ranks)."""
     est, cfg = source.estimate, source.config
-    weights = 2 * est.largest_layer_param_bytes + min(est.largest_tensor_bytes or 0, est.largest_layer_param_bytes)
+    item = cfg.itemsize
+    weights = 2 * est.largest_layer_param_bytes + min(est.largest_tensor_bytes or 0, est.largest_layer_param_bytes) * (
+        1 + 4 // item if item < 4 else 1)
     acts = 3 * est.layer_activation_bytes
     if weights < budget:
         seq = cfg.seq_len
@@ -600,11 +611,21 @@ def measure_at_size(opts: CalibrationOptions, rec: Recorder, device: Any, *, log
             "separated from the blocks (each stage's few-ms overhead is counted once per block)")
     if note not in rec.doc["notes"]:
         rec.doc["notes"] = [*rec.doc["notes"], note]
+    tp = opts.tensor_parallel_degree
+    if tp > 1:
+        _note(rec, f"layers measured at tensor_parallel_degree {tp} as torchtitan shards them (its parallelize on "
+                   f"{tp} local ranks: the costs include the layers' TP collectives; bytes are one rank's); the "
+                   "embedding and the head are measured unsharded (an upper bound)")
     for unit in todo:
         if unit.name in rec.doc["units"]:
             continue
         started = time.perf_counter()
-        (fields,) = measure_units(opts, [unit], device, random_weights=True)
+        if opts.tensor_parallel_degree > 1 and not (unit.has_embedding or unit.has_head):
+            from ppsim.calibrate.measure.tensor_parallel import measure_unit_tp
+
+            fields = measure_unit_tp(opts, unit)
+        else:
+            (fields,) = measure_units(opts, [unit], device, random_weights=True)
         rec.add_unit(unit.name, fields)
         rec.save()
         gc.collect()
@@ -642,18 +663,24 @@ def measure_units(opts: CalibrationOptions, units: list[Any], device: Any, *,
                 f"--model {source.text}: measuring {what} on {opts.device} failed ({type(exc).__name__}: {reason}); "
                 "the model may need CUDA (--device cuda on a GPU machine), or pick another flavor") from None
         raise
-    out = []
-    for unit, samples, mem in zip(units, timings, memories):
-        static = harness.unit_static(opts.config, unit, source)
-        out.append({
-            "layers": list(unit.layers), "has_embedding": unit.has_embedding, "has_head": unit.has_head,
-            **({"layer_ids": list(unit.ids)} if unit.ids is not None else {}),
-            **{op: Stat.from_samples(v).to_dict() for op, v in samples.items()},
-            **dataclasses.asdict(mem),
-            "param_bytes": static.param_bytes, "grad_bytes": static.grad_bytes,
-            "optimizer_bytes": static.optimizer_bytes, "output_bytes": static.output_bytes,
-        })
-    return out
+    return [unit_fields(opts, unit, samples, mem) for unit, samples, mem in zip(units, timings, memories)]
+
+
+def unit_fields(opts: CalibrationOptions, unit: Any, samples: dict[str, list[float]], mem: Any, *,
+                param_bytes: int | None = None) -> dict[str, Any]:
+    """A measured unit's entry in the profile's ``units``; ``param_bytes``: what one rank holds (tensor
+    parallelism), else the unit's parameters."""
+    from ppsim.calibrate.measure import harness
+
+    static = harness.unit_static(opts.config, unit, opts.model_source)
+    held = static.param_bytes if param_bytes is None else param_bytes
+    return {
+        "layers": list(unit.layers), "has_embedding": unit.has_embedding, "has_head": unit.has_head,
+        **({"layer_ids": list(unit.ids)} if unit.ids is not None else {}),
+        **{op: Stat.from_samples(v).to_dict() for op, v in samples.items()},
+        **dataclasses.asdict(mem),
+        "param_bytes": held, "grad_bytes": held, "optimizer_bytes": 2 * held, "output_bytes": static.output_bytes,
+    }
 
 
 def _measure_p2p(opts: CalibrationOptions, world: World | None, sizes: list[int], device: Any, *,
@@ -884,6 +911,7 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
                    "threads_per_rank": None if cuda else 1, "wall_s": None},
         "notes": [*source.notes],
         "units": {},
+        **({"tensor_parallel_degree": opts.tensor_parallel_degree} if opts.tensor_parallel_degree > 1 else {}),
     }
 
 

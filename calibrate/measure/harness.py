@@ -176,6 +176,7 @@ class StageBench:
     def __init__(
         self, config: ModelConfig, num_stages: int, stage: int, *, device: torch.device, seed: int = 0,
         unit: Unit | None = None, source: ModelSource | None = None, random_weights: bool = False,
+        module: torch.nn.Module | None = None,
     ) -> None:
         if unit is None:
             unit = stage_unit(config, num_stages, stage)
@@ -188,8 +189,9 @@ class StageBench:
         self.is_last = unit.has_head
         self.device = device
         self.clock = Clock(device)
-        self.module = source.build_stage(unit.layer_ids, has_embedding=unit.has_embedding, has_head=unit.has_head,
-                                         seed=seed, device=device, random_weights=random_weights)
+        self.module = module if module is not None else source.build_stage(
+            unit.layer_ids, has_embedding=unit.has_embedding, has_head=unit.has_head, seed=seed, device=device,
+            random_weights=random_weights)
         self.input = source.stage_input(first=unit.has_embedding, salt=0 if unit.has_embedding else max(stage, 1),
                                         seed=seed, device=device)
         gen = torch.Generator().manual_seed(seed + 104729 * (stage + 1))

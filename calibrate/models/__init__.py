@@ -101,7 +101,7 @@ class Estimate:
     head_activation_bytes: int
     """Logits and loss of one microbatch."""
     largest_tensor_bytes: int = 0
-    """The largest single parameter tensor (a backward's transient gradient; 0: not known)."""
+    """The largest single parameter tensor of a layer (a backward's transient gradient; 0: not known)."""
 
 
 @dataclass(frozen=True)

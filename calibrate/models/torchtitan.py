@@ -320,7 +320,7 @@ def _meta_counts(config: Any, text: str) -> dict[str, Any]:
     return {
         "total": count(model), "tok_embeddings": count(model.tok_embeddings), "norm": count(model.norm),
         "lm_head": count(model.lm_head), "layers": [count(layer) for layer in model.layers.values()],
-        "largest": max((p.numel() for p in model.parameters()), default=0),
+        "largest": max((p.numel() for layer in model.layers.values() for p in layer.parameters()), default=0),
     }
 
 
