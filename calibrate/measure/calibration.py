@@ -595,7 +595,8 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
 def at_size_units(source: ModelSource) -> list[Any]:
     """The units measured at size: the embedding, one layer of each kind, the head (no ``K``-layer unit: the
     per-stage overhead is folded into the blocks)."""
-    return [u for u in units_of(source) if not (u.name.startswith("layers") and u.name != "layers1")]
+    units = [u for u in units_of(source) if not (u.name.startswith("layers") and u.name != "layers1")]
+    return units[1:] + units[:1]  # the embedding (a large dense gradient on CPU) last: the layers are kept first
 
 
 def measure_at_size(opts: CalibrationOptions, rec: Recorder, device: Any, *, log: Callable[[str], None]) -> None:
