@@ -160,3 +160,17 @@ def test_layers_are_measured_as_torchtitan_shards_them_at_tp_2(tmp_path: Path) -
     job = ["--torchtitan-config", "llama3:llama3_debugmodel", "--parallelism.pipeline_parallel_degree", "2"]
     other = runner.invoke(app, ["simulate", "--profile", str(path), *job])
     assert other.exit_code == 2 and "measured at tensor_parallel_degree 2, the job runs 1" in other.output
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_fresh_gradients_hold_one_copy_instead_of_accumulating(fresh: bool) -> None:
+    from ppsim.calibrate.measure.harness import StageBench, unit_of
+
+    source = parse_model_source("torchtitan:llama3/debugmodel", TINY)
+    bench = StageBench(source.config, 1, 0, device=torch.device("cpu"), unit=unit_of("l", (0,)), source=source,
+                       random_weights=True, fresh_grads=fresh)
+    bench.backward(bench.forward())
+    first = [p.grad.clone() for p in bench.module.parameters()]
+    bench.backward(bench.forward())
+    for p, g in zip(bench.module.parameters(), first):
+        assert torch.allclose(p.grad, g if fresh else 2 * g, rtol=1e-4, atol=1e-6)

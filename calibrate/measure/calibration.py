@@ -612,6 +612,13 @@ def measure_at_size(opts: CalibrationOptions, rec: Recorder, device: Any, *, log
             "separated from the blocks (each stage's few-ms overhead is counted once per block)")
     if note not in rec.doc["notes"]:
         rec.doc["notes"] = [*rec.doc["notes"], note]
+    est = at_size_estimate(opts.model_source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=False)
+    have = device_memory_bytes(opts.device)
+    fresh = have is not None and est.need_bytes > MEMORY_SHARE * have  # allowed by --allow-large only
+    if fresh:
+        _note(rec, "gradients dropped before every backward (one gradient copy alive): the accumulation's transient "
+                   f"copy would not fit ({est.need_bytes / 2**30:.3g} GiB estimated, {have / 2**30:.1f} GiB "
+                   "available), so B and W leave out the gradient-accumulation add")
     tp = opts.tensor_parallel_degree
     if tp > 1:
         _note(rec, f"layers measured at tensor_parallel_degree {tp} as torchtitan shards them (its parallelize on "
@@ -626,7 +633,7 @@ def measure_at_size(opts: CalibrationOptions, rec: Recorder, device: Any, *, log
 
             fields = measure_unit_tp(opts, unit)
         else:
-            (fields,) = measure_units(opts, [unit], device, random_weights=True)
+            (fields,) = measure_units(opts, [unit], device, random_weights=True, fresh_grads=fresh)
         rec.add_unit(unit.name, fields)
         rec.save()
         gc.collect()
@@ -639,7 +646,7 @@ def measure_at_size(opts: CalibrationOptions, rec: Recorder, device: Any, *, log
 
 
 def measure_units(opts: CalibrationOptions, units: list[Any], device: Any, *,
-                  random_weights: bool = False) -> list[dict[str, Any]]:
+                  random_weights: bool = False, fresh_grads: bool = False) -> list[dict[str, Any]]:
     """Timings (F, B, I, W, FB samples, repetitions interleaved across units), memory and sizes of each unit."""
     from ppsim.calibrate.measure import harness
 
@@ -647,7 +654,7 @@ def measure_units(opts: CalibrationOptions, units: list[Any], device: Any, *,
     source = opts.model_source
     try:
         benches = [harness.StageBench(opts.config, opts.num_stages, 1, device=device, seed=opts.seed, unit=u,
-                                      source=source, random_weights=random_weights)
+                                      source=source, random_weights=random_weights, fresh_grads=fresh_grads)
                    for u in units]
         what = "timings"
         timings = harness.measure_interleaved(benches, warmup=opts.warmup, reps=opts.reps)

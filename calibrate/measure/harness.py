@@ -176,8 +176,11 @@ class StageBench:
     def __init__(
         self, config: ModelConfig, num_stages: int, stage: int, *, device: torch.device, seed: int = 0,
         unit: Unit | None = None, source: ModelSource | None = None, random_weights: bool = False,
-        module: torch.nn.Module | None = None,
+        module: torch.nn.Module | None = None, fresh_grads: bool = False,
     ) -> None:
+        self.fresh_grads = fresh_grads
+        """Drop the gradients before every backward (one gradient copy alive, its accumulation add not timed):
+        calibration at size when the accumulation's transient copy does not fit."""
         if unit is None:
             unit = stage_unit(config, num_stages, stage)
         source = source or source_for(config)
@@ -227,6 +230,8 @@ class StageBench:
                     t.detach_()
 
     def backward(self, fwd: _Forward) -> None:
+        if self.fresh_grads:
+            self.module.zero_grad(set_to_none=True)
         outputs, grads = self._backward_args(fwd)
         stage_backward, _, _ = backward_functions()
         stage_backward(outputs, grads, fwd.inputs)
@@ -247,6 +252,8 @@ class StageBench:
         if self.is_first:
             self.backward(fwd)
         else:
+            if self.fresh_grads:
+                self.module.zero_grad(set_to_none=True)
             _, _, stage_backward_weight = backward_functions()
             stage_backward_weight(self.module.parameters(), param_groups or [])
 

@@ -117,7 +117,6 @@ def calibrate_cmd(
         resume=resume, p2p=p2p, probe=probe, check_stages=check_stages, init_timeout_s=init_timeout,
         override_limits=override_limits, source=source, tensor_parallel_degree=tp,
     )
-    typer.echo(estimate_line(request), err=True)  # first: what is alive at once, and how long
     try:
         check_limits(request)  # before torch: the estimate needs none
     except PPSimError as exc:
@@ -125,6 +124,7 @@ def calibrate_cmd(
             raise
         raise PPSimError(f"{exc}; the job's training.seq_len is {config.seq_len}: e.g. --training.seq_len 128 "
                          "lowers it") from None
+    typer.echo(estimate_line(request), err=True)  # first (a refusal above carries it): what is alive at once
     if check_stages:  # after the estimate: the split takes time in the number of stages
         from ppsim.split import default_split
 
