@@ -228,8 +228,8 @@ def device_memory_bytes(device: str) -> int | None:
 
 
 def decide_at_size(opts: CalibrationOptions) -> CalibrationOptions:
-    """``opts`` with :attr:`CalibrationOptions.at_size` settled: asked, or a torchtitan model whose whole-model
-    calibration does not fit this device."""
+    """``opts`` with :attr:`CalibrationOptions.at_size` settled: asked, ``--tp`` above 1, or a torchtitan model
+    whose weights do not fit this device whole."""
     if opts.at_size is not None:
         return opts
     if opts.tensor_parallel_degree > 1:
@@ -237,10 +237,10 @@ def decide_at_size(opts: CalibrationOptions) -> CalibrationOptions:
     source = opts.model_source
     at_size = False
     if source.scheme == "torchtitan":
-        _, need = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=False,
-                           check_stages=opts.check_stages)
+        # the whole model's weights (with gradients and two optimizer-sized copies, as the estimate counts them)
+        # are what does not fit; a small model with long sequences is refused as before
         have = device_memory_bytes(opts.device)
-        at_size = have is not None and need > MEMORY_SHARE * have
+        at_size = have is not None and 4 * source.estimate.param_bytes > MEMORY_SHARE * have
     return dataclasses.replace(opts, at_size=at_size)
 
 
