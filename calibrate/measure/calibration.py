@@ -775,7 +775,7 @@ def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], 
         small = probe_source(opts.model_source)
         est = at_size_estimate(opts.model_source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=True)
         have = (device_memory_bytes(opts.device) or 0) / 2**30
-        if est.probe_bytes < 0 and not opts.override_limits:
+        if est.probe_bytes < 0:  # as the estimate said (--allow-large lifts limits, it does not add this run)
             _note(rec, f"runtime probe skipped: its {small.num_layers}-layer copy of the model needs about "
                        f"{-est.probe_bytes / 2**30:.3g} GiB and {have or 0:.3g} GiB is available; predictions use "
                        "the op costs and p2p only (calibrate on a larger device for the runtime's overheads)")
