@@ -368,6 +368,30 @@ class HostLoad:
 
 
 @dataclass(frozen=True)
+class CollectiveFit:
+    """One collective FSDP issues, ``op`` (``all_gather`` / ``reduce_scatter``), on a group of ``group_size`` ranks:
+    ``alpha_s + bytes / beta_bytes_per_s``, ``bytes`` the full (unsharded) tensor gathered or reduce-scattered."""
+
+    op: str
+    group_size: int
+    alpha_s: float
+    beta_bytes_per_s: float
+    fit_rel_error: float
+    samples: tuple[P2PSample, ...] = ()
+
+    def time(self, num_bytes: int) -> float:
+        return self.alpha_s + num_bytes / self.beta_bytes_per_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "group_size": self.group_size, "alpha_s": self.alpha_s,
+                "beta_bytes_per_s": self.beta_bytes_per_s, "fit_rel_error": self.fit_rel_error,
+                "samples": [s.to_dict() for s in self.samples]}
+
+
+COLLECTIVE_OPS = ("all_gather", "reduce_scatter")
+
+
+@dataclass(frozen=True)
 class Method:
     """How the numbers were taken."""
 
@@ -417,6 +441,19 @@ class Profile:
     runtime: RuntimeOverheads | None = None
     source: SourceInfo | None = None
     """Version 3: the measured model's source, flavor, parameter count, attention backend and layer kinds."""
+    tensor_parallel_degree: int = 1
+    """The tensor-parallel degree the blocks were measured at (1: unsharded layers)."""
+    collectives: tuple[CollectiveFit, ...] = ()
+    """FSDP's collectives (all-gather, reduce-scatter) per group size, measured beside p2p."""
+
+    def check_tensor_parallel(self, degree: int, *, source: str = "profile") -> None:
+        """One line when a job at tensor-parallel ``degree`` would be simulated with blocks measured at another."""
+        if degree != self.tensor_parallel_degree:
+            raise CostError(
+                f"profile {source}: measured at tensor_parallel_degree {self.tensor_parallel_degree}, the job runs "
+                f"{degree}; calibrate at the job's degree (`ppsim calibrate --torchtitan-config ... "
+                f"--parallelism.tensor_parallel_degree {degree}`) or set the job's degree to "
+                f"{self.tensor_parallel_degree}")
 
     @property
     def version(self) -> int:
@@ -454,6 +491,10 @@ class Profile:
             "complete": self.complete, "done": list(self.done),
             "method": None if self.method is None else self.method.to_dict(), "notes": list(self.notes),
         })
+        if self.tensor_parallel_degree != 1:
+            out["tensor_parallel_degree"] = self.tensor_parallel_degree
+        if self.collectives:
+            out["collectives"] = [c.to_dict() for c in self.collectives]
         return out
 
     @classmethod
@@ -810,6 +851,19 @@ class _Reader:
             samples=self.samples(d, "p2p"), pairs=tuple(pairs),
         )
 
+    def collectives(self, value: Any) -> tuple[CollectiveFit, ...]:
+        out = []
+        for i, raw in enumerate(self.list_(value or [], "collectives")):
+            where = f"collectives[{i}]"
+            d = self.obj(raw, where)
+            alpha, beta, err = self.fit(d, where)
+            out.append(CollectiveFit(
+                op=self.str_(self.get(d, "op", f"{where}."), f"{where}.op", COLLECTIVE_OPS),
+                group_size=self.int_(self.get(d, "group_size", f"{where}."), f"{where}.group_size", minimum=2),
+                alpha_s=alpha, beta_bytes_per_s=beta, fit_rel_error=err, samples=self.samples(d, where),
+            ))
+        return tuple(out)
+
     def method(self, value: Any) -> Method | None:
         if value is None:
             return None
@@ -907,6 +961,8 @@ class _Reader:
             done=done,
             method=self.method(d.get("method")),
             notes=tuple(self.str_(n, f"notes[{i}]") for i, n in enumerate(self.list_(d.get("notes") or [], "notes"))),
+            tensor_parallel_degree=self.int_(d.get("tensor_parallel_degree", 1), "tensor_parallel_degree", minimum=1),
+            collectives=self.collectives(d.get("collectives")),
             **extra,
         )
 

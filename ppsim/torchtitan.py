@@ -189,6 +189,8 @@ class TorchtitanJob:
     in_file: bool = True
     batch_keys: BatchKeys = OLD_KEYS
     """The keys the job sets its microbatches with (its torchtitan generation's)."""
+    tensor_parallel_degree: int = 1
+    """``parallelism.tensor_parallel_degree`` (a profile must be measured at it)."""
 
     def refusal(self, exc: Exception) -> TorchtitanConfigError:
         """``exc`` (a schedule that cannot run this job) in the job config's words: the keys that set the ranks
@@ -377,6 +379,7 @@ def job_from_settings(
         split=spec, microbatch_size=mb_size, local_batch_size=batch, seq_len=seq_len, warnings=tuple(warnings),
         model_source=settings.model_source, torch_schedule=sched_name, in_file=settings.in_file,
         batch_keys=shape.keys,
+        tensor_parallel_degree=int(settings.parallelism.get("tensor_parallel_degree") or 1),
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from ppsim.io import progress_path
 from ppsim.profile import load_profile
 
 pytest.importorskip("torch")
@@ -160,14 +161,16 @@ def test_gpu_recipe_launch_runs_on_cpus(cluster: None, tmp_path: Path) -> None:
 
 def test_cancelled_job_resumes_with_resume_1(cluster: None, tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
-    # The profile is rewritten after every finished measurement (the blocks, the per-stage overhead, p2p, the
-    # runtime probes), so there is room to cancel the job once the file shows one finished and before the end.
+    progress = progress_path(out)
+    # The progress file (-o.partial) is rewritten after every finished measurement (the blocks, the per-stage
+    # overhead, p2p, the runtime probes), so there is room to cancel the job once it shows one finished and before
+    # the end; -o itself is written only by a finished calibration.
     same = {"PRESET": "tiny", "STAGES": "8", "REPS": "6", "EXTRA": SMALL}
     job = submit(tmp_path, out, **same)
 
     def partly_done() -> bool:
         try:
-            profile = load_profile(out, allow_incomplete=True)
+            profile = load_profile(progress, allow_incomplete=True)
         except Exception:  # noqa: BLE001 - not written yet
             return False
         return bool(profile.done) and not profile.complete
@@ -178,11 +181,12 @@ def test_cancelled_job_resumes_with_resume_1(cluster: None, tmp_path: Path) -> N
     state = wait(tmp_path, job)
     assert state == "CANCELLED", f"job {job} ended {state}, not cancelled; log:\n{log_of(tmp_path, job)}"
 
-    killed_text = out.read_text()
-    killed = load_profile(out, allow_incomplete=True)
+    assert not out.exists(), "a cancelled calibration wrote -o"
+    killed_text = progress.read_text()
+    killed = load_profile(progress, allow_incomplete=True)
     assert not killed.complete and killed.done, f"the cancelled job left {killed.done}, complete={killed.complete}"
     with pytest.raises(Exception, match="complete"):
-        load_profile(out)  # an unfinished profile is refused without allow_incomplete
+        load_profile(progress)  # an unfinished profile is refused without allow_incomplete
 
     again = submit(tmp_path, out, RESUME="1", **same)
     state = wait(tmp_path, again)

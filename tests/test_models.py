@@ -207,14 +207,16 @@ def test_a_flavor_that_needs_cuda_is_refused_on_cpu(tmp_path: Path, monkeypatch:
 
 
 @needs_torchtitan
-def test_70b_is_refused_from_the_estimate_without_building_it() -> None:
+def test_70b_is_refused_from_the_estimate_without_building_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppsim.calibrate.measure import calibration
     from ppsim.calibrate.measure.calibration import CalibrationOptions, check_limits
 
+    monkeypatch.setattr(calibration, "device_memory_bytes", lambda device: 16 * 2**30)
     source = parse_model_source("torchtitan:llama3/70B")
     assert source.num_params > 70e9 and source.estimate.param_bytes > 280e9
-    with pytest.raises(PPSimError, match="--allow-large") as info:
+    with pytest.raises(PPSimError, match="--allow-large") as info:  # at size: one float32 layer at 2048 tokens
         check_limits(CalibrationOptions(output=Path("unused.json"), config=source.config, source=source))
-    assert "70.6B parameters" in str(info.value)
+    assert "one layer of torchtitan:llama3/70B" in str(info.value)
     check_limits(CalibrationOptions(output=Path("unused.json"), config=source.config, source=source,
                                     override_limits=True))
 

@@ -76,6 +76,11 @@ class CalibrationOptions:
     override_limits: bool = False
     source: ModelSource | None = None
     """The model (``--model``); ``None``: the builtin model of ``config``."""
+    tensor_parallel_degree: int = 1
+    """T > 1: each unit measured as torchtitan shards it, on T local ranks (:mod:`.tensor_parallel`)."""
+    at_size: bool | None = None
+    """Measure one block at a time, each materialised alone from a meta-device build (calibration at size);
+    ``None``: when a torchtitan model's whole-model calibration would not fit this device's memory."""
 
     @property
     def model_source(self) -> ModelSource:
@@ -88,11 +93,16 @@ class CalibrationOptions:
 
 # --- limits (no torch needed) -----------------------------------------------------------------------------------
 def estimate(config: ModelConfig | ModelSource, *, device: str, reps: int, warmup: int, probe: bool = False,
-             check_stages: bool = False) -> tuple[float, int]:
+             check_stages: bool = False, at_size: bool = False) -> tuple[float, int]:
     """``(seconds, bytes)``: a rough estimate of the calibration's work and of its memory (the units measured at
     once; a torchtitan or factory model is also built whole once, to cut the units from); with ``probe``, the
     runtime probe too (the whole model on two ranks, with its non-pipelined reference); with ``check_stages``, the
-    whole model measured stage by stage."""
+    whole model measured stage by stage. ``at_size``: one block alive at a time (:func:`at_size_estimate`)."""
+    if at_size:
+        from ppsim.calibrate.models import ModelSource
+
+        assert isinstance(config, ModelSource)
+        return at_size_estimate(config, device=device, reps=reps, warmup=warmup, probe=probe).total
     from ppsim.calibrate.models import ModelSource
 
     if isinstance(config, ModelSource):
@@ -134,15 +144,141 @@ def estimate(config: ModelConfig | ModelSource, *, device: str, reps: int, warmu
     return flops / (GPU_FLOPS if device == "cuda" else CPU_FLOPS), need
 
 
+@dataclass(frozen=True)
+class AtSizeEstimate:
+    """What calibration at size holds and takes: one block (embedding, one layer of a kind, head) alive at a time
+    with its gradients, the largest weight's transient gradient and its activations; the runtime probe on a
+    truncated copy (:func:`probe_source`)."""
+
+    block: str
+    """The block that needs the most memory."""
+    weight_bytes: int
+    """Its parameters."""
+    need_bytes: int
+    """Its parameters, gradients, the largest transient gradient and three microbatches' activations."""
+    activation_bytes: int
+    seconds: float
+    probe_bytes: int
+    """The runtime probe's run of the truncated copy (0: no probe; negative: too large here, skipped)."""
+
+    @property
+    def total(self) -> tuple[float, int]:
+        return self.seconds, self.need_bytes
+
+
+def at_size_estimate(source: ModelSource, *, device: str, reps: int, warmup: int, probe: bool) -> AtSizeEstimate:
+    """The blocks are measured one at a time: memory is the largest block's, time the sum of the blocks'."""
+    config, est = source.config, source.estimate
+    tokens, item = config.mb_size * config.seq_len, config.itemsize
+    largest = est.largest_tensor_bytes or est.largest_layer_param_bytes // 2
+    parts = [("embedding", est.embed_param_bytes, tokens * config.hidden * item, est.embed_param_bytes),
+             ("layer", est.largest_layer_param_bytes, est.layer_activation_bytes, largest),
+             ("head", est.head_param_bytes, est.head_activation_bytes, est.head_param_bytes)]
+
+    def need(weights: int, acts: int, largest: int) -> int:
+        # weights, gradients, and the largest weight's transient gradient: one in the dtype while a repetition's
+        # gradient is accumulated, one in float32 where a half-precision backward computes in it (the CPU
+        # embedding backward; 70B bf16 measured 9.04 GiB peak against 9.8 GiB estimated)
+        transient = min(largest, weights) * (1 + 4 // item) if item < 4 else min(largest, weights)
+        return 2 * weights + transient + 3 * acts
+
+    block, weights, acts, biggest = max(parts, key=lambda part: need(*part[1:]))
+    layer_params = max(1, est.largest_layer_param_bytes // item)
+    layer_flops = 2 * tokens * layer_params + 4 * tokens * config.seq_len * config.hidden
+    head_flops = 2 * tokens * max(1, est.head_param_bytes // item)
+    flops = (warmup + reps) * 8 * (len(source.kinds) * layer_flops + 2 * head_flops)
+    probe_bytes = 0
+    if probe and config.layers >= 2:
+        from ppsim.calibrate.measure import runtime_model as rm
+
+        small = probe_source(source)
+        ranks, microbatches = rm.probe_shape(False)
+        probe_bytes = small.run_bytes(num_ranks=ranks, num_microbatches=microbatches, synthetic=False)
+        have = device_memory_bytes(device)
+        if have is not None and probe_bytes > MEMORY_SHARE * have:
+            probe_bytes = -probe_bytes  # skipped (run_probes says so): no time
+        else:
+            flops += (PROBE_STEPS + PROBE_WARMUP + 1) * microbatches * 3 * (small.num_layers * layer_flops + head_flops)
+    return AtSizeEstimate(block=block, weight_bytes=weights, need_bytes=need(weights, acts, biggest), activation_bytes=acts,
+                          seconds=flops / (GPU_FLOPS if device == "cuda" else CPU_FLOPS), probe_bytes=probe_bytes)
+
+
+def probe_source(source: ModelSource) -> ModelSource:
+    """The truncated copy the runtime probe runs at size: the model's first layers, two of each kind (the layers
+    up to the last kind's first, plus one), same shapes."""
+    from ppsim.calibrate.models import parse_model_source
+
+    first = max(source.layer_kinds.index(k) for k in source.kinds)
+    wanted = min(source.num_layers, max(2, first + 2))
+    if wanted == source.num_layers:
+        return source
+    return parse_model_source(source.text, dataclasses.replace(source.options, layers=wanted), device=source.device)
+
+
+def device_memory_bytes(device: str) -> int | None:
+    """Memory a calibration may use on ``device`` (CPU: available now; CUDA: the GPU's free memory)."""
+    if device == "cpu":
+        from ppsim.calibrate.execute.launch import available_memory_bytes
+
+        return available_memory_bytes()
+    try:
+        import torch
+
+        return int(torch.cuda.mem_get_info()[0]) if torch.cuda.is_available() else None
+    except RuntimeError:
+        return None
+
+
+def decide_at_size(opts: CalibrationOptions) -> CalibrationOptions:
+    """``opts`` with :attr:`CalibrationOptions.at_size` settled: asked, ``--tp`` above 1, or a torchtitan model
+    whose weights do not fit this device whole."""
+    if opts.at_size is not None:
+        return opts
+    if opts.tensor_parallel_degree > 1:
+        return dataclasses.replace(opts, at_size=True)  # sharded units are materialised one at a time
+    source = opts.model_source
+    at_size = False
+    if source.scheme == "torchtitan":
+        # the whole model's weights (with gradients and two optimizer-sized copies, as the estimate counts them)
+        # are what does not fit; a small model with long sequences is refused as before
+        have = device_memory_bytes(opts.device)
+        at_size = have is not None and 4 * source.estimate.param_bytes > MEMORY_SHARE * have
+    return dataclasses.replace(opts, at_size=at_size)
+
+
+def estimate_line(opts: CalibrationOptions) -> str:
+    """The estimate ``calibrate`` prints first: memory alive at once, and time."""
+    opts = decide_at_size(opts)
+    source = opts.model_source
+    have = device_memory_bytes(opts.device)
+    avail = "" if have is None else f"; {have / 2**30:.1f} GiB available"
+    if opts.at_size:
+        est = at_size_estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe)
+        probe = "" if not est.probe_bytes else (
+            f"; runtime probe on a {probe_source(source).num_layers}-layer copy: about "
+            f"{abs(est.probe_bytes) / 2**30:.3g} GiB" + (" (too large here: skipped)" if est.probe_bytes < 0 else ""))
+        return (f"estimate: at size, one block at a time from a meta-device build (the whole model, "
+                f"{source.estimate.param_bytes / 2**30:,.4g} GiB, is never materialised): the largest, the {est.block} "
+                f"({est.weight_bytes / 2**30:.3g} GiB of weights), needs about {est.need_bytes / 2**30:.3g} GiB with "
+                f"its gradients and activations (microbatch {opts.config.mb_size}x{opts.config.seq_len}){probe}; "
+                f"about {_hours(est.seconds) if est.seconds >= 3600 else f'{est.seconds / 60:.1f} min'} on "
+                f"{opts.device}{avail}")
+    seconds, need = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
+                             check_stages=opts.check_stages)
+    took = _hours(seconds) if seconds >= 3600 else f"{seconds / 60:.1f} min"
+    return f"estimate: about {need / 2**30:.3g} GiB, about {took} on {opts.device}{avail}"
+
+
 def check_limits(opts: CalibrationOptions) -> None:
     """Refuse, in one line with the estimate, a calibration this machine cannot hold or finish in an hour."""
     if opts.override_limits:
         return
-    from ppsim.calibrate.execute.launch import available_memory_bytes
-
     from ppsim.calibrate.models import fmt_count
 
+    opts = decide_at_size(opts)
     source = opts.model_source
+    if opts.at_size:
+        return check_at_size(opts)
     seconds, need = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
                              check_stages=opts.check_stages)
     shape = (f"{fmt_count(source.num_params)} parameters ({source.estimate.param_bytes / 2**30:.3g} GiB), "
@@ -150,7 +286,7 @@ def check_limits(opts: CalibrationOptions) -> None:
              f"microbatch {opts.config.mb_size}x{opts.config.seq_len}")
     name = source.text if source.scheme != "builtin" else opts.config.preset
     whole = " (the runtime probe runs the whole model: --no-probe skips it)" if opts.probe else ""
-    have = available_memory_bytes() if opts.device == "cpu" else None
+    have = device_memory_bytes(opts.device) if opts.device == "cpu" else None
     if have is not None and need > MEMORY_SHARE * have:
         raise PPSimError(
             f"calibrating the {name} model ({shape}) needs about {need / 2**30:,.4g} GiB but "
@@ -163,6 +299,49 @@ def check_limits(opts: CalibrationOptions) -> None:
             f"{_hours(seconds)} (limit {MAX_CALIBRATION_S / 3600:g} h){whole}; lower --layers, --seq-len or --reps, "
             "use a smaller model, calibrate on a GPU, or pass --allow-large"
         )
+
+
+def check_at_size(opts: CalibrationOptions) -> None:
+    """At size: refuse a block that cannot fit alone, naming what would (a tensor-parallel degree, a shorter
+    sequence), or a calibration over the time limit."""
+    source = opts.model_source
+    est = at_size_estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe)
+    have = device_memory_bytes(opts.device)
+    cfg = opts.config
+    if have is not None and est.need_bytes > MEMORY_SHARE * have:
+        fits = _what_fits(source, budget=MEMORY_SHARE * have) if est.block == "layer" else (
+            f"the {est.block} is measured whole (its vocab x hidden weight): use a device with more memory")
+        raise PPSimError(
+            f"one {est.block} of {source.text} ({est.weight_bytes / 2**30:.3g} GiB of weights) needs about "
+            f"{est.need_bytes / 2**30:.3g} GiB alone (weights, gradients, activations of microbatch "
+            f"{cfg.mb_size}x{cfg.seq_len}) but {have / 2**30:.1f} GiB is available on {opts.device}; {fits}, "
+            "or pass --allow-large")
+    if est.seconds > MAX_CALIBRATION_S:
+        raise PPSimError(
+            f"calibrating {source.text} at size on {opts.device} would take about {_hours(est.seconds)} (limit "
+            f"{MAX_CALIBRATION_S / 3600:g} h); lower --reps, --warmup or --seq-len, calibrate on a GPU, or pass "
+            "--allow-large")
+
+
+def _what_fits(source: ModelSource, *, budget: float) -> str:
+    """What would let one block fit in ``budget`` bytes: a shorter sequence (activations) or a tensor-parallel
+    degree (weights split over T ranks)."""
+    est, cfg = source.estimate, source.config
+    item = cfg.itemsize
+    weights = 2 * est.largest_layer_param_bytes + min(est.largest_tensor_bytes or 0, est.largest_layer_param_bytes) * (
+        1 + 4 // item if item < 4 else 1)
+    acts = 3 * est.layer_activation_bytes
+    if weights < budget:
+        seq = cfg.seq_len
+        while seq > 1 and weights + acts * (seq / cfg.seq_len) ** 2 > budget:
+            seq //= 2
+        return f"--seq-len {seq} would fit"
+    heads = cfg.heads
+    for tp in (2, 4, 8, 16, 32, 64):
+        if heads % tp == 0 and weights / tp + acts < budget:
+            return (f"a tensor-parallel degree of {tp} would fit (its layer split over {tp} ranks: "
+                    f"--parallelism.tensor_parallel_degree {tp}), or a device with more memory")
+    return "no tensor-parallel degree up to 64 fits; use a device with more memory"
 
 
 def _hours(seconds: float) -> str:
@@ -234,7 +413,7 @@ def blocks_from_units(units: dict[str, dict[str, Any]], k: int, *, layer_block: 
     others = dict(other_kinds or {})
     blocks: dict[str, Any] = {}
     overhead: dict[str, Any] = {}
-    many = f"layers{k}"
+    many = f"layers{k}" if k >= 2 else None  # k 1 (at size): no multi-layer unit
     for op in OPS:
         t1 = samples("layers1", op)
         if many in units:
@@ -298,6 +477,7 @@ def calibrate(opts: CalibrationOptions, *, log: Callable[[str], None] | None = N
 
     from ppsim.calibrate.execute import launch, torch_adapter
 
+    opts = decide_at_size(opts)
     check_limits(opts)
     torch_adapter.check()
     started = time.perf_counter()
@@ -351,7 +531,8 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
     Profile.from_dict(doc, source=str(opts.output), allow_incomplete=True)  # the readers' shape rules, before measuring
     if writer and opts.resume:
         doc = resume_document(opts, doc, log=log)
-    if writer:
+    if writer:  # once the lock is held and a resume agrees: a refused calibration's stderr is its error line
+        log(estimate_line(opts))  # what is alive at once (a refusal of the estimate carries it)
         log(opts.model_source.summary())
     rec = Recorder(doc, opts.output, writer=writer)
     if world is not None:
@@ -365,6 +546,10 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
     rec.save()
 
     # 1. units, their repetitions interleaved (the writing rank; under torchrun the others wait for p2p)
+    if "units" not in rec.done and writer and opts.at_size:
+        measure_at_size(opts, rec, device, log=log)
+        rec.compose(opts)
+        rec.finish("units")
     if "units" not in rec.done and writer:
         todo: list[Any] = units_of(opts.model_source)
         if opts.check_stages:
@@ -388,6 +573,13 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
         rec.doc["p2p"] = None if result is None else result.to_dict()
         rec.doc["notes"] = notes
         rec.finish("p2p")
+    if opts.p2p and "collectives" not in rec.done:
+        if writer:
+            log("measuring FSDP's all-gather and reduce-scatter")
+        fits = _measure_collectives(opts, world, device, notes=notes)
+        rec.doc["collectives"] = [f.to_dict() for f in fits]
+        rec.doc["notes"] = notes
+        rec.finish("collectives")
     elif not opts.p2p and rec.doc["p2p"] is None:
         note = "p2p not measured (--no-p2p): the simulator treats cross-rank hand-offs as free"
         if note not in notes:
@@ -428,7 +620,61 @@ def host_load(doc: dict[str, Any], *, load_at_start: float) -> HostLoad:
     return HostLoad(load_avg=max(load_at_start, _load_avg()), num_cpus=os.cpu_count() or 1, spread=spread)
 
 
-def measure_units(opts: CalibrationOptions, units: list[Any], device: Any) -> list[dict[str, Any]]:
+def at_size_units(source: ModelSource) -> list[Any]:
+    """The units measured at size: the embedding, one layer of each kind, the head (no ``K``-layer unit: the
+    per-stage overhead is folded into the blocks)."""
+    units = [u for u in units_of(source) if not (u.name.startswith("layers") and u.name != "layers1")]
+    return units[1:] + units[:1]  # the embedding (a large dense gradient on CPU) last: the layers are kept first
+
+
+def measure_at_size(opts: CalibrationOptions, rec: Recorder, device: Any, *, log: Callable[[str], None]) -> None:
+    """Calibration at size: each unit materialised alone from the meta-device model (random weights), measured,
+    recorded and freed before the next (``--resume`` skips the recorded ones)."""
+    import gc
+
+    todo = at_size_units(opts.model_source)
+    log("measuring at size, one block at a time: " + ", ".join(u.name for u in todo)
+        + f" ({opts.reps} repetitions each)")
+    note = ("calibrated at size: each block materialised alone from a meta-device build with random weights "
+            "(torchtitan's init_states; timings do not depend on the values); the per-stage overhead is not "
+            "separated from the blocks (each stage's few-ms overhead is counted once per block)")
+    if note not in rec.doc["notes"]:
+        rec.doc["notes"] = [*rec.doc["notes"], note]
+    est = at_size_estimate(opts.model_source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=False)
+    have = device_memory_bytes(opts.device)
+    fresh = have is not None and est.need_bytes > MEMORY_SHARE * have  # allowed by --allow-large only
+    if fresh:
+        _note(rec, "gradients dropped before every backward (one gradient copy alive): the accumulation's transient "
+                   f"copy would not fit ({est.need_bytes / 2**30:.3g} GiB estimated, {have / 2**30:.1f} GiB "
+                   "available), so B and W leave out the gradient-accumulation add")
+    tp = opts.tensor_parallel_degree
+    if tp > 1:
+        _note(rec, f"layers measured at tensor_parallel_degree {tp} as torchtitan shards them (its parallelize on "
+                   f"{tp} local ranks: the costs include the layers' TP collectives; bytes are one rank's); the "
+                   "embedding and the head are measured unsharded (an upper bound)")
+    for unit in todo:
+        if unit.name in rec.doc["units"]:
+            continue
+        started = time.perf_counter()
+        if opts.tensor_parallel_degree > 1 and not (unit.has_embedding or unit.has_head):
+            from ppsim.calibrate.measure.tensor_parallel import measure_unit_tp
+
+            fields = measure_unit_tp(opts, unit)
+        else:
+            (fields,) = measure_units(opts, [unit], device, random_weights=True, fresh_grads=fresh)
+        rec.add_unit(unit.name, fields)
+        rec.save()
+        gc.collect()
+        if device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+        log(f"  {unit.name}: F {fields['F']['median']:.4g} s, B {fields['B']['median']:.4g} s "
+            f"({time.perf_counter() - started:.0f} s)")
+
+
+def measure_units(opts: CalibrationOptions, units: list[Any], device: Any, *,
+                  random_weights: bool = False, fresh_grads: bool = False) -> list[dict[str, Any]]:
     """Timings (F, B, I, W, FB samples, repetitions interleaved across units), memory and sizes of each unit."""
     from ppsim.calibrate.measure import harness
 
@@ -436,7 +682,7 @@ def measure_units(opts: CalibrationOptions, units: list[Any], device: Any) -> li
     source = opts.model_source
     try:
         benches = [harness.StageBench(opts.config, opts.num_stages, 1, device=device, seed=opts.seed, unit=u,
-                                      source=source)
+                                      source=source, random_weights=random_weights, fresh_grads=fresh_grads)
                    for u in units]
         what = "timings"
         timings = harness.measure_interleaved(benches, warmup=opts.warmup, reps=opts.reps)
@@ -453,18 +699,7 @@ def measure_units(opts: CalibrationOptions, units: list[Any], device: Any) -> li
                 f"--model {source.text}: measuring {what} on {opts.device} failed ({type(exc).__name__}: {reason}); "
                 "the model may need CUDA (--device cuda on a GPU machine), or pick another flavor") from None
         raise
-    out = []
-    for unit, samples, mem in zip(units, timings, memories):
-        static = harness.unit_static(opts.config, unit, source)
-        out.append({
-            "layers": list(unit.layers), "has_embedding": unit.has_embedding, "has_head": unit.has_head,
-            **({"layer_ids": list(unit.ids)} if unit.ids is not None else {}),
-            **{op: Stat.from_samples(v).to_dict() for op, v in samples.items()},
-            **dataclasses.asdict(mem),
-            "param_bytes": static.param_bytes, "grad_bytes": static.grad_bytes,
-            "optimizer_bytes": static.optimizer_bytes, "output_bytes": static.output_bytes,
-        })
-    return out
+    return [harness.unit_fields(opts, unit, samples, mem) for unit, samples, mem in zip(units, timings, memories)]
 
 
 def _measure_p2p(opts: CalibrationOptions, world: World | None, sizes: list[int], device: Any, *,
@@ -499,6 +734,39 @@ def _measure_p2p(opts: CalibrationOptions, world: World | None, sizes: list[int]
     return result
 
 
+#: Largest full tensor the collectives are timed at (a layer's gathered weights can be GBs; the fit extrapolates).
+COLLECTIVE_MAX_BYTES = 64 << 20
+
+
+def _measure_collectives(opts: CalibrationOptions, world: World | None, device: Any, *,
+                         notes: list[str]) -> list[Any]:
+    """FSDP's all-gather and reduce-scatter on the torchrun world, else on two local processes (CPU: gloo, two
+    GPUs: nccl); sizes up to one layer's weights (at most :data:`COLLECTIVE_MAX_BYTES`)."""
+    import torch
+
+    from ppsim.calibrate.measure import comm
+
+    largest = min(COLLECTIVE_MAX_BYTES, max(1 << 20, opts.model_source.estimate.largest_layer_param_bytes))
+    sizes = comm.collective_sizes(largest)
+    reps = max(opts.reps, 10)
+    if world is not None:
+        times = comm._collectives(world.world_size, world.rank, sizes=sizes, warmup=opts.warmup, reps=reps,
+                                  device=device)
+        fits = comm.fit_collectives(times, world.world_size)
+        notes.append(f"all-gather / reduce-scatter measured on the torchrun world ({world.world_size} ranks, "
+                     f"{world.backend}), full tensors up to {largest / 2**20:.0f} MiB")
+        return fits
+    if opts.device == "cuda" and torch.cuda.device_count() < 2:
+        notes.append("all-gather / reduce-scatter not measured: one GPU and no torchrun")
+        return []
+    backend = "nccl" if opts.device == "cuda" else "gloo"
+    fits = comm.measure_local_collectives(sizes, backend=backend, warmup=opts.warmup, reps=reps,
+                                          timeout_s=opts.init_timeout_s)
+    notes.append(f"all-gather / reduce-scatter measured on two local {backend} processes, full tensors up to "
+                 f"{largest / 2**20:.0f} MiB (FSDP's per-layer gathers cost alpha + bytes / beta)")
+    return fits
+
+
 def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], None]) -> None:
     """The runtime probe: the reference schedule under torch's runtime, real then synthetic; fitted into
     ``runtime`` (each part resumable)."""
@@ -513,6 +781,19 @@ def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], 
         _note(rec, f"runtime probe skipped: needs {rm.PROBE_RANKS} GPUs on this host; predictions use the op "
                    "costs and p2p only")
         return
+    probe_opts, probe_doc = opts, rec.doc
+    if opts.at_size:
+        small = probe_source(opts.model_source)
+        est = at_size_estimate(opts.model_source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=True)
+        have = (device_memory_bytes(opts.device) or 0) / 2**30
+        if est.probe_bytes < 0:  # as the estimate said (--allow-large lifts limits, it does not add this run)
+            _note(rec, f"runtime probe skipped: its {small.num_layers}-layer copy of the model needs about "
+                       f"{-est.probe_bytes / 2**30:.3g} GiB and {have or 0:.3g} GiB is available; predictions use "
+                       "the op costs and p2p only (calibrate on a larger device for the runtime's overheads)")
+            return
+        probe_opts = dataclasses.replace(opts, config=small.config, source=small, at_size=False)
+        probe_doc = {**rec.doc, "model": small.config.to_dict(), "source": small.describe(), "layout": small.layout()}
+        _note(rec, f"runtime probe run on a {small.num_layers}-layer copy of the model (same layer shapes)")
     runtime = dict(rec.doc.get("runtime") or {})
     for part in ("real", "synthetic"):
         key = f"runtime.{part}"
@@ -521,7 +802,7 @@ def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], 
         ranks, microbatches = rm.probe_shape(part == "synthetic")
         log(f"runtime probe ({part}): {rm.PROBE_SCHEDULE} on {ranks} local ranks, "
             f"{microbatches} microbatches, {PROBE_STEPS} steps")
-        fitted, (ranks, microbatches) = probe(opts, rec.doc, synthetic=part == "synthetic")
+        fitted, (ranks, microbatches) = probe(probe_opts, probe_doc, synthetic=part == "synthetic")
         probe_info = {"schedule": rm.PROBE_SCHEDULE, "ranks": ranks, "microbatches": microbatches,
                       "steps": PROBE_STEPS}
         section = {**fitted, "recv_posting": "consumer", "synthetic": None, "probe": probe_info}
@@ -649,6 +930,7 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
                    "threads_per_rank": None if cuda else 1, "wall_s": None},
         "notes": [*source.notes],
         "units": {},
+        **({"tensor_parallel_degree": opts.tensor_parallel_degree} if opts.tensor_parallel_degree > 1 else {}),
     }
 
 
@@ -742,7 +1024,7 @@ class Recorder:
         from ppsim.calibrate.models import block_name_of
 
         source = opts.model_source
-        k = num_common_layers(source)
+        k = 1 if opts.at_size else num_common_layers(source)
         layer_block = block_name_of(common_kind(source), single=len(source.kinds) == 1)
         blocks, overhead = blocks_from_units(self.doc["units"], k, layer_block=layer_block,
                                              other_kinds=kind_units(source))

@@ -189,3 +189,95 @@ def measure_local_pair(sizes: Sequence[int], *, backend: str = "gloo", warmup: i
     alpha, beta, err = fit_alpha_beta([s.bytes for s in samples], [s.median_s for s in samples])
     pair = P2PPair(src=0, dst=1, alpha_s=alpha, beta_bytes_per_s=beta, fit_rel_error=err, samples=tuple(samples))
     return combine_pairs([pair], max(sizes))
+
+
+# --- FSDP's collectives -------------------------------------------------------------------------------------------
+def collective_sizes(largest: int, *, factor: int = 4, smallest: int = 4096) -> list[int]:
+    """Full-tensor sizes for the collectives: ``smallest`` bytes, times ``factor`` each step, up to ``largest``
+    (at least 1 MiB)."""
+    return p2p_sizes(largest // 4, factor=factor, smallest=smallest)
+
+
+def _collectives(group_size: int, rank: int, *, sizes: Sequence[int], warmup: int, reps: int, device: Any,
+                 tick: Tick = _noop) -> dict[str, dict[int, list[float]]]:
+    """Seconds of FSDP2's collectives per full-tensor size on the current group: ``all_gather_into_tensor`` (each
+    rank gives ``n / group_size`` bytes, all get ``n``) and ``reduce_scatter_tensor`` (each gives ``n``, keeps its
+    ``n / group_size`` sum). A barrier starts every sample, so a sample is the slowest rank's finish."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.device(device).type == "cuda"
+    out: dict[str, dict[int, list[float]]] = {op: {n: [] for n in sizes} for op in ("all_gather", "reduce_scatter")}
+    bufs = {n: (torch.zeros(max(n // 4 // group_size, 1), dtype=torch.float32, device=device),
+                torch.zeros(max(n // 4 // group_size, 1) * group_size, dtype=torch.float32, device=device))
+            for n in sizes}
+    for i in range(warmup + reps):
+        for n in sizes:
+            shard, full = bufs[n]
+            for op in ("all_gather", "reduce_scatter"):
+                dist.barrier()
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                if op == "all_gather":
+                    dist.all_gather_into_tensor(full, shard)
+                else:
+                    dist.reduce_scatter_tensor(shard, full)
+                if cuda:
+                    torch.cuda.synchronize()
+                if i >= warmup:
+                    out[op][n].append(time.perf_counter() - t0)
+        if i >= warmup:
+            tick()
+    return out
+
+
+def _local_collectives_rank(ctx: Any, backend: str, sizes: list[int], warmup: int, reps: int,
+                            timeout_s: float) -> dict[str, dict[int, list[float]]]:
+    """One of the local processes of :func:`measure_local_collectives`."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    device: Any = "cpu"
+    if backend == "nccl":
+        torch.cuda.set_device(ctx.rank)
+        device = torch.device("cuda", ctx.rank)
+    init_world(backend=backend, timeout_s=timeout_s, store=ctx.store(timeout_s), rank=ctx.rank,
+               world_size=ctx.world_size)
+    try:
+        times = _collectives(ctx.world_size, ctx.rank, sizes=sizes, warmup=warmup, reps=reps, device=device)
+        dist.barrier()
+        return times
+    finally:
+        dist.destroy_process_group()
+
+
+def fit_collectives(times: dict[str, dict[int, list[float]]], group_size: int) -> list[Any]:
+    """One :class:`ppsim.profile.CollectiveFit` per op from its samples (``t = alpha + bytes / beta``)."""
+    from ppsim.profile import CollectiveFit
+
+    fits = []
+    for op, per_size in times.items():
+        samples = _samples(per_size)
+        alpha, beta, err = fit_alpha_beta([s.bytes for s in samples], [s.median_s for s in samples])
+        fits.append(CollectiveFit(op=op, group_size=group_size, alpha_s=alpha, beta_bytes_per_s=beta,
+                                  fit_rel_error=err, samples=tuple(samples)))
+    return fits
+
+
+def measure_local_collectives(sizes: Sequence[int], *, group_size: int = 2, backend: str = "gloo", warmup: int,
+                              reps: int, timeout_s: float = 60.0) -> list[Any]:
+    """Start ``group_size`` local processes, time FSDP's all-gather and reduce-scatter at every size, fit each."""
+    from ppsim.calibrate.execute.launch import run_local
+
+    try:
+        times = run_local(_local_collectives_rank, (backend, list(sizes), warmup, reps, timeout_s),
+                          world_size=group_size, timeout_s=timeout_s + 60 + 0.1 * reps * len(sizes),
+                          what="collective measurement")
+    except (PPSimError, RuntimeError) as exc:
+        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+        why = lines[-1] if lines else type(exc).__name__
+        raise PPSimError(f"all-gather / reduce-scatter measurement on {group_size} local {backend} processes failed "
+                         f"({why[:200]}); re-run with --no-p2p to skip communication, or under torchrun") from None
+    return fit_collectives(times, group_size)

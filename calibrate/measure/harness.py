@@ -17,6 +17,7 @@ times use events recorded around the action on the current stream, read after a 
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 import weakref
@@ -31,6 +32,7 @@ from ppsim.calibrate.models import ModelSource
 from ppsim.calibrate.models.transformer import DTYPES, ModelConfig, build_stage, loss_fn, split_layers
 from ppsim.calibrate.models.builtin import source_for
 from ppsim.errors import PPSimError
+from ppsim.profile import Stat
 
 Tick = Callable[[], None]
 
@@ -175,8 +177,12 @@ class StageBench:
 
     def __init__(
         self, config: ModelConfig, num_stages: int, stage: int, *, device: torch.device, seed: int = 0,
-        unit: Unit | None = None, source: ModelSource | None = None,
+        unit: Unit | None = None, source: ModelSource | None = None, random_weights: bool = False,
+        module: torch.nn.Module | None = None, fresh_grads: bool = False,
     ) -> None:
+        self.fresh_grads = fresh_grads
+        """Drop the gradients before every backward (one gradient copy alive, its accumulation add not timed):
+        calibration at size when the accumulation's transient copy does not fit."""
         if unit is None:
             unit = stage_unit(config, num_stages, stage)
         source = source or source_for(config)
@@ -188,8 +194,9 @@ class StageBench:
         self.is_last = unit.has_head
         self.device = device
         self.clock = Clock(device)
-        self.module = source.build_stage(unit.layer_ids, has_embedding=unit.has_embedding, has_head=unit.has_head,
-                                         seed=seed, device=device)
+        self.module = module if module is not None else source.build_stage(
+            unit.layer_ids, has_embedding=unit.has_embedding, has_head=unit.has_head, seed=seed, device=device,
+            random_weights=random_weights)
         self.input = source.stage_input(first=unit.has_embedding, salt=0 if unit.has_embedding else max(stage, 1),
                                         seed=seed, device=device)
         gen = torch.Generator().manual_seed(seed + 104729 * (stage + 1))
@@ -225,6 +232,8 @@ class StageBench:
                     t.detach_()
 
     def backward(self, fwd: _Forward) -> None:
+        if self.fresh_grads:
+            self.module.zero_grad(set_to_none=True)
         outputs, grads = self._backward_args(fwd)
         stage_backward, _, _ = backward_functions()
         stage_backward(outputs, grads, fwd.inputs)
@@ -245,6 +254,8 @@ class StageBench:
         if self.is_first:
             self.backward(fwd)
         else:
+            if self.fresh_grads:
+                self.module.zero_grad(set_to_none=True)
             _, _, stage_backward_weight = backward_functions()
             stage_backward_weight(self.module.parameters(), param_groups or [])
 
@@ -412,3 +423,18 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and (
         "out of memory" in str(exc).lower() or "can't allocate memory" in str(exc).lower()
     )
+
+
+def unit_fields(opts: Any, unit: Any, samples: dict[str, list[float]], mem: Any, *,
+                param_bytes: int | None = None) -> dict[str, Any]:
+    """A measured unit's entry in the profile's ``units``; ``param_bytes``: what one rank holds (tensor
+    parallelism), else the unit's parameters."""
+    static = unit_static(opts.config, unit, opts.model_source)
+    held = static.param_bytes if param_bytes is None else param_bytes
+    return {
+        "layers": list(unit.layers), "has_embedding": unit.has_embedding, "has_head": unit.has_head,
+        **({"layer_ids": list(unit.ids)} if unit.ids is not None else {}),
+        **{op: Stat.from_samples(v).to_dict() for op, v in samples.items()},
+        **dataclasses.asdict(mem),
+        "param_bytes": held, "grad_bytes": held, "optimizer_bytes": 2 * held, "output_bytes": static.output_bytes,
+    }

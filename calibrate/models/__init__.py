@@ -100,6 +100,8 @@ class Estimate:
     """Bytes autograd keeps for one layer and one microbatch (a rough upper estimate)."""
     head_activation_bytes: int
     """Logits and loss of one microbatch."""
+    largest_tensor_bytes: int = 0
+    """The largest single parameter tensor of a layer (a backward's transient gradient; 0: not known)."""
 
 
 @dataclass(frozen=True)
@@ -184,17 +186,19 @@ class ModelSource:
         return _backend(self.scheme).full_module(self, seed=seed, device=device)
 
     def build_stage(self, layer_ids: Sequence[int], *, has_embedding: bool, has_head: bool, seed: int = 0,
-                    device: str | torch.device = "cpu") -> nn.Module:
+                    device: str | torch.device = "cpu", random_weights: bool = False) -> nn.Module:
         """A module holding layers ``layer_ids`` (plus the embedding / final norm + head when asked), with the
         weights :meth:`build_full` gives the same blocks for the same seed. Input: token ids ``(mb, seq)`` with the
         embedding, else hidden states :attr:`ModelConfig.boundary_shape`; output: logits with the head, else hidden
-        states. ``device="meta"`` builds shapes only."""
+        states. ``device="meta"`` builds shapes only. ``random_weights`` (torchtitan): allocate only this stage,
+        cut from a meta-device build, with weights of its own (the whole model is never materialised)."""
         ids = tuple(int(i) for i in layer_ids)
         for i in ids:
             if not 0 <= i < self.num_layers:
                 raise ModelSourceError(f"layer {i}: the model {self.text} has layers 0..{self.num_layers - 1}")
+        extra = {"random_weights": True} if random_weights and self.scheme == "torchtitan" else {}
         return _backend(self.scheme).stage_module(self, ids, has_embedding=has_embedding, has_head=has_head,
-                                                 seed=seed, device=device)
+                                                 seed=seed, device=device, **extra)
 
     def reference_name(self, layer_ids: Sequence[int], local_name: str) -> str:
         """Name in :meth:`build_full`'s model of the parameter ``local_name`` of a stage holding ``layer_ids``."""

@@ -45,6 +45,7 @@ _IGNORED_FIELDS = ("param_init", "sharding_config")
 _NOT_FAMILIES = ("common", "utils")
 _SHAPE_OPTIONS = ("hidden", "heads", "ffn", "vocab")
 _CACHE: dict[Any, Any] = {}
+_META: dict[Any, Any] = {}
 # torchtitan's MoE asks for float32 autocast, which CPU autocast does not offer (harmless: it runs in float32)
 warnings.filterwarnings("ignore", message="In CPU autocast, but the target dtype is not supported")
 
@@ -252,7 +253,7 @@ def resolve(rest: str, options: ModelOptions, *, device: str = "cpu") -> ModelSo
         param_bytes=counts["total"] * item, largest_layer_param_bytes=max(counts["layers"]) * item,
         embed_param_bytes=counts["tok_embeddings"] * item, head_param_bytes=(counts["norm"] + counts["lm_head"]) * item,
         layer_activation_bytes=tokens * (16 * dim + 4 * ffn) * item + attn_scores,
-        head_activation_bytes=tokens * vocab * 8,
+        head_activation_bytes=tokens * vocab * 8, largest_tensor_bytes=counts["largest"] * item,
     )
     notes = []
     if device != "cuda" and inner:
@@ -319,6 +320,7 @@ def _meta_counts(config: Any, text: str) -> dict[str, Any]:
     return {
         "total": count(model), "tok_embeddings": count(model.tok_embeddings), "norm": count(model.norm),
         "lm_head": count(model.lm_head), "layers": [count(layer) for layer in model.layers.values()],
+        "largest": max((p.numel() for layer in model.layers.values() for p in layer.parameters()), default=0),
     }
 
 
@@ -360,19 +362,20 @@ def full_module(source: ModelSource, *, seed: int = 0, device: str | torch.devic
 
 
 def stage_module(source: ModelSource, layer_ids: tuple[int, ...], *, has_embedding: bool, has_head: bool,
-                seed: int = 0, device: str | torch.device = "cpu") -> nn.Module:
+                seed: int = 0, device: str | torch.device = "cpu", random_weights: bool = False) -> nn.Module:
     """torchtitan's ``_split_module`` done on the full model: keep deep copies of the named modules, set the
-    embedding / norm / head to ``None`` where the stage does not hold them, drop the other layers."""
+    embedding / norm / head to ``None`` where the stage does not hold them, drop the other layers.
+    ``random_weights``: cut the stage from the meta model and allocate only it, with weights of its own (not
+    :func:`full_module`'s): calibration at size."""
     import torch
     from torch import nn
 
     from ppsim.calibrate.models import place
     from ppsim.calibrate.models.transformer import DTYPES
 
-    if torch.device(device).type == "meta":
-        with torch.device("meta"):
-            full = prepared_config(source).build()
-        full = place(full, device=device, dtype=DTYPES[source.config.dtype])
+    at_size = random_weights and torch.device(device).type != "meta"
+    if torch.device(device).type == "meta" or at_size:
+        full = _meta_model(source)
     else:
         full = _full_model(source, seed=seed, device=device)
     stage = copy.copy(full)  # the module object without its children; they are replaced below
@@ -385,7 +388,40 @@ def stage_module(source: ModelSource, layer_ids: tuple[int, ...], *, has_embeddi
         keep = (name == "tok_embeddings" and has_embedding) or (name in ("norm", "lm_head") and has_head)
         stage._modules[name] = copy.deepcopy(child) if keep and child is not None else None
     stage._modules["layers"] = nn.ModuleDict({str(i): copy.deepcopy(full.layers[str(i)]) for i in layer_ids})
+    if at_size:
+        _materialise(stage, seed=seed, device=device)
     return _with_masks(source, stage)
+
+
+def _meta_model(source: ModelSource) -> nn.Module:
+    """The whole model on the meta device in the source's dtype (shapes only: a 405B model in seconds, no memory),
+    built once per process."""
+    import torch
+
+    from ppsim.calibrate.models import place
+    from ppsim.calibrate.models.transformer import DTYPES
+
+    key = ("meta", source.text, source.options, source.device)
+    cached = _META.get(key)
+    if cached is None:
+        _META.clear()
+        with torch.device("meta"):
+            cached = prepared_config(source).build()
+        cached = _META[key] = place(cached, device="meta", dtype=DTYPES[source.config.dtype])
+    return cached
+
+
+def _materialise(stage: nn.Module, *, seed: int, device: str | torch.device) -> None:
+    """Allocate a stage cut from the meta model on ``device`` and initialise it with torchtitan's own
+    ``init_states`` (random weights from ``seed``; the buffers, a RoPE table, as the model makes them). Only this
+    stage's blocks are ever allocated: what calibration at size measures one block at a time."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        stage.to_empty(device=torch.device(device))
+        with torch.no_grad():
+            stage.init_states(buffer_device=torch.device(device))
 
 
 def _with_masks(source: ModelSource, model: nn.Module) -> nn.Module:

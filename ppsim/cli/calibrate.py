@@ -88,6 +88,10 @@ def calibrate_cmd(
     override_limits: Annotated[
         bool, typer.Option("--allow-large", help="Run even when the memory or time estimate exceeds the limits.")
     ] = False,
+    tp: Annotated[
+        int, typer.Option("--tp", help="Tensor-parallel degree: measure each layer as torchtitan shards it, on T "
+                          "local ranks (torchtitan models; the profile records T).")
+    ] = 1,
     torchtitan_config: TorchtitanConfigOpt = None,
 ) -> None:
     """Measure the model's blocks (embedding, layer, head), the per-stage overhead, p2p cost and the runtime's
@@ -111,10 +115,11 @@ def calibrate_cmd(
                                                options=sizes, device=device.value)
         notes += job_notes
     config = source.config
+    _check_tp(tp, source)
     request = CalibrationOptions(
         output=output, config=config, num_stages=stages, device=device.value, warmup=warmup, reps=reps,
         resume=resume, p2p=p2p, probe=probe, check_stages=check_stages, init_timeout_s=init_timeout,
-        override_limits=override_limits, source=source,
+        override_limits=override_limits, source=source, tensor_parallel_degree=tp,
     )
     try:
         check_limits(request)  # before torch: the estimate needs none
@@ -129,6 +134,20 @@ def calibrate_cmd(
         default_split(config.layers, stages)
     warn(notes)
     _calibrate(request)
+
+
+def _check_tp(tp: int, source: ModelSource) -> None:
+    """``--tp``: at least 1; above 1 a torchtitan model whose heads it divides."""
+    if tp < 1:
+        raise PPSimError(f"--tp {tp}: must be at least 1; e.g. --tp 2")
+    if tp == 1:
+        return
+    if source.scheme != "torchtitan":
+        raise PPSimError(f"--tp {tp} with --model {source.text}: tensor-parallel measurement uses torchtitan's own "
+                         "sharding plan; use a torchtitan:FAMILY/FLAVOR model or --tp 1")
+    if source.config.heads % tp:
+        raise PPSimError(f"--tp {tp}: does not divide the {source.config.heads} attention heads of {source.text}; "
+                         "use a divisor of the head count")
 
 
 def _checked_stages(stages: int | None, *, check_stages: bool, warmup: int, reps: int, notes: list[str]) -> int:

@@ -235,6 +235,10 @@ def build_inputs(
         split=None if split is None else parse_split(split),
     )
     warn(f"warning: {line}" for line in job.warnings)
+    if profile is not None:
+        from ppsim.profile import load_profile
+
+        load_profile(profile).check_tensor_parallel(job.tensor_parallel_degree, source=str(profile))
     if blocks is not None:
         cost_model = cost_model.with_split(job.split)
     return Inputs([job.schedule], job.num_ranks, job.num_microbatches, job.stages_per_rank, cost_model, job)
