@@ -74,6 +74,10 @@ class RunOptions:
     layers_per_stage: int | None = None
     recompute: str | None = None
     """``--recompute none|full|FILE.json`` as `simulate` takes it (a CSV's ``.recompute.json`` beside it is read)."""
+    dp_shard: int = 1
+    """FSDP degree (``--dp-shard``): each pipeline rank runs as ``dp_shard x tp`` processes (torchtitan models)."""
+    tp: int = 1
+    """Tensor-parallel degree (``--tp``)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,15 @@ class RankMemoryReport:
     grad_bytes: int
     predicted_static_bytes: int | None
     measured_peak_allocated_bytes: int | None
+    predicted_peak_allocated_bytes: int | None = None
+    """:func:`ppsim.memory.job_memory`'s peak for this rank, made before the run."""
+    predicted_parts: dict[str, int] | None = None
+    predicted_during: str | None = None
+
+    @property
+    def allocated_error_pct(self) -> float | None:
+        p, m = self.predicted_peak_allocated_bytes, self.measured_peak_allocated_bytes
+        return None if p is None or not m else 100.0 * (p - m) / m
 
     @property
     def activation_error_pct(self) -> float | None:
@@ -153,7 +166,7 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
 
         options = dataclasses.replace(options, source=parse_model_source(None, device=device))
     world = int(os.environ["WORLD_SIZE"]) if launch.under_torchrun() else None
-    if world is not None and world != schedule.num_ranks:
+    if world is not None and options.dp_shard * options.tp == 1 and world != schedule.num_ranks:
         raise PPSimError(
             f"--ranks {schedule.num_ranks}: torchrun started {world} processes; launch {schedule.num_ranks} "
             f"(--nproc-per-node) or pass -r {world}"
@@ -165,8 +178,12 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         check_machine(options, schedule, early)  # before calibrating
         runner = choose_runner(options.executor, early, schedule, synthetic=False)
     chosen = _recompute_set(options, schedule)
+    if world is None and options.profile is None and not options.synthetic:
+        check_run_degrees(options, schedule, run_source(options), world=None)
     costs, time_scale, model, source = costs_and_model(options, schedule, device)
-    spec = dataclasses.replace(exec_spec(options, schedule, costs, time_scale, model, device), recompute=chosen)
+    spec = dataclasses.replace(exec_spec(options, schedule, costs, time_scale, model, device), recompute=chosen,
+                               dp_shard=options.dp_shard, tp=options.tp)
+    check_run_degrees(options, schedule, model, world=world)
     if runner is None:
         runner = choose_runner(options.executor, model, schedule, synthetic=options.synthetic)
     if world is None:
@@ -176,6 +193,7 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     from ppsim.simulate import simulate
 
     predicted = simulate(schedule, prediction_costs(costs, time_scale), recompute=chosen)  # before anything runs
+    memory = None if options.synthetic else predicted_memory(options, schedule, model, spec)  # before the run too
     check_predicted_time(options, predicted)
     if world is None:
         measurement = runner.launch(spec)
@@ -184,7 +202,55 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         if result is None:
             return None
         measurement = result
-    return build_report(schedule, measurement, costs, predicted, time_scale=time_scale, source=source)
+    return build_report(schedule, measurement, costs, predicted, time_scale=time_scale, source=source,
+                        memory_predicted=memory)
+
+
+def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSource, *, world: int | None) -> None:
+    """FSDP/TP degrees the run cannot take, refused in one line before anything starts: not a torchtitan model (its
+    own parallelize function shards it), a degree that does not divide the heads, processes that are not
+    PP x FSDP x TP (under torchrun)."""
+    from ppsim.memory import Degrees, check_degrees
+
+    if options.dp_shard < 1 or options.tp < 1:
+        raise PPSimError(f"--dp-shard {options.dp_shard} --tp {options.tp}: degrees must be at least 1")
+    if options.dp_shard * options.tp == 1 and world in (None, schedule.num_ranks):
+        return
+    if options.dp_shard * options.tp > 1 and (options.synthetic or source.scheme != "torchtitan"
+                                             or options.executor == "ppsim"):
+        raise PPSimError(f"--dp-shard {options.dp_shard} --tp {options.tp}: FSDP and TP runs go through torchtitan's "
+                         f"own parallelize function, so they need a torchtitan model (--model torchtitan:FAMILY/"
+                         f"FLAVOR) and the torchtitan executor; {source.text} is not one, or drop the degrees")
+    cfg = source.config
+    check_degrees(Degrees(pp=schedule.num_ranks, tp=options.tp, dp_shard=options.dp_shard), num_heads=cfg.heads,
+                  num_kv_heads=cfg.heads, num_layers=source.num_layers, world_size=world,
+                  fix="pass --dp-shard/--tp whose product with -r is the process count and that divide the heads")
+
+
+def predicted_memory(options: RunOptions, schedule: Schedule, source: ModelSource,
+                     spec: ExecSpec) -> list[Any] | None:
+    """Each PP rank's allocator peak over the step, before the run (:func:`ppsim.memory.job_memory` on the run's
+    shapes, :func:`ppsim.calibrate.torchtitan.shapes.run_shapes`); ``None`` where the model's blocks cannot be
+    named as torchtitan's stage modules (a stderr note says so)."""
+    from ppsim.calibrate.torchtitan.runner import module_names_per_stage
+    from ppsim.calibrate.torchtitan.shapes import run_shapes
+    from ppsim.memory import Degrees, job_memory
+
+    if len(schedule.pipelines) > 1:
+        return None
+    prof = None
+    if options.profile is not None:
+        from ppsim.profile import load_profile
+
+        prof = load_profile(options.profile)
+    try:
+        shapes = run_shapes(source, tp=spec.tp, fsdp=spec.dp_shard * spec.tp > 1, profile=prof)
+        names = module_names_per_stage(source, schedule.num_stages, spec.layer_counts)
+        return job_memory(shapes, degrees=Degrees(pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard),
+                          schedule=schedule, stage_modules=names, recompute=spec.recompute)
+    except (PPSimError, KeyError, IndexError) as exc:
+        _stderr(f"note: no memory prediction for {source.text} ({type(exc).__name__}: {exc})")
+        return None
 
 
 def _recompute_set(options: RunOptions, schedule: Schedule) -> frozenset[tuple[int, int]]:
@@ -496,7 +562,7 @@ def exec_spec(
 
 # --- comparison -------------------------------------------------------------------------------------------------
 def build_report(schedule: Schedule, measurement: Measurement, costs: CostModel, predicted: SimResult, *,
-                 time_scale: float, source: str) -> RunReport:
+                 time_scale: float, source: str, memory_predicted: list[Any] | None = None) -> RunReport:
     """Compare the measurement with the before-run prediction; fit the post-hoc model on the probe steps."""
     from ppsim.calibrate.measure.runtime_model import fit_runtime_model, with_runtime
     from ppsim.simulate import simulate
@@ -521,6 +587,7 @@ def build_report(schedule: Schedule, measurement: Measurement, costs: CostModel,
             predicted_peak_activation_bytes=None if peak is None or static is None else peak - static,
             param_bytes=mem.param_bytes, grad_bytes=mem.grad_bytes, predicted_static_bytes=static,
             measured_peak_allocated_bytes=mem.peak_allocated_bytes,
+            **_predicted_fields(memory_predicted, mem.rank),
         ))
     return RunReport(
         schedule=schedule, measurement=measurement, predicted=predicted, measured_step_s=statistics.median(spans),
@@ -528,6 +595,14 @@ def build_report(schedule: Schedule, measurement: Measurement, costs: CostModel,
         explained=explained, memory=tuple(memory), step_index=rep, costs=costs, costs_source=source,
         time_scale=time_scale,
     )
+
+
+def _predicted_fields(memory: list[Any] | None, rank: int) -> dict[str, Any]:
+    if memory is None:
+        return {}
+    mem = memory[rank]
+    return {"predicted_peak_allocated_bytes": mem.peak_memory_bytes, "predicted_parts": dict(mem.parts),
+            "predicted_during": mem.during}
 
 
 def _run_json(report: RunReport) -> dict[str, Any]:
@@ -625,6 +700,10 @@ def _run_json(report: RunReport) -> dict[str, Any]:
                 "grad_bytes_measured": m.grad_bytes,
                 "static_bytes_predicted": m.predicted_static_bytes,
                 "peak_allocated_bytes_measured": m.measured_peak_allocated_bytes,
+                "peak_allocated_bytes_predicted": m.predicted_peak_allocated_bytes,
+                "peak_allocated_error_pct": m.allocated_error_pct,
+                "memory_parts_predicted": m.predicted_parts,
+                "memory_during_predicted": m.predicted_during,
             }
             for m in report.memory
         ],

@@ -209,3 +209,95 @@ def _layer_block(kind: str, tensors: tuple[tuple[str, tuple[int, ...]], ...], *,
                            backward_transient_bytes=full + workspace)
     return BlockShapes(kind, tensors, saved_bytes=full, backward_transient_bytes=workspace)
 
+
+
+# --- a `ppsim run`'s model -------------------------------------------------------------------------------------
+_CANONICAL = {"embedding": "tok_embeddings", "head": "lm_head", "output": "lm_head"}
+"""ppsim's builtin and older torchtitan block names -> torchtitan 0.3.0's stage module names."""
+
+
+def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = None) -> JobShapes:
+    """The shapes of what ``ppsim run`` executes (a :class:`~ppsim.calibrate.models.ModelSource` at its microbatch
+    shape and dtype, no mixed precision, no optimizer step), for :func:`ppsim.memory.job_memory`.
+
+    Parameters: the model built on the meta device (``tp`` > 1: torchtitan's parallelize on a fake process group,
+    as :func:`job_shapes`). Saved activations per block: the profile's ``activation_bytes`` (what this device's
+    kernels save, measured by ``ppsim calibrate`` before the run) when ``profile`` has blocks of this shape, else
+    the formula of :func:`_layer_block` (which counts what flash attention saves, not CPU math attention)."""
+    import torch
+
+    cfg = source.config
+    tokens, dim = cfg.seq_len * cfg.mb_size, cfg.hidden
+    act_bytes = torch.empty((), dtype=getattr(torch, cfg.dtype)).element_size()
+    if tp > 1:
+        from ppsim.calibrate.models.torchtitan import prepared_config
+
+        local = _local_shapes(prepared_config(source), tp)
+    else:
+        local = _meta_shapes(source)
+    local = {_CANONICAL.get(k, k): v for k, v in local.items()}
+    measured = _profile_activations(profile, source.num_layers) if profile is not None else None
+    buffers = _buffer_bytes(source)
+    blocks: dict[str, BlockShapes] = {}
+    for i in range(source.num_layers):
+        block = _layer_block("layer", local[f"layers.{i}"], tokens=tokens, dim=dim, tp=tp, sp=tp > 1, ac="none",
+                             act_bytes=act_bytes)
+        block = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0))
+        if measured is not None:
+            block = dataclasses.replace(block, saved_bytes=measured[f"layers.{i}"])
+        blocks[f"layers.{i}"] = block
+    vocab_local = local["lm_head"][0][1][0]
+    head_saved = tokens * (dim + vocab_local) * act_bytes if measured is None else measured["lm_head"]
+    blocks["tok_embeddings"] = BlockShapes("embedding", local["tok_embeddings"],
+                                           saved_bytes=tokens * 8 if measured is None else measured["tok_embeddings"])
+    blocks["norm"] = BlockShapes("head", local.get("norm", ()),
+                                 saved_bytes=0 if measured is not None else tokens * dim * act_bytes)
+    blocks["lm_head"] = BlockShapes("head", local["lm_head"], saved_bytes=head_saved,
+                                    backward_transient_bytes=tokens * vocab_local * 4)
+    where = "the profile's measured activation bytes per block" if measured is not None else "the activation formula"
+    return JobShapes(source=source.text, blocks=blocks, tp=tp, boundary_bytes=tokens * dim * act_bytes,
+                     master_dtype=cfg.dtype, param_dtype=cfg.dtype, reduce_dtype=cfg.dtype, fsdp=fsdp,
+                     optimizer_states=0, notes=(f"activations from {where}",))
+
+
+def _meta_shapes(source: Any) -> dict[str, tuple[tuple[str, tuple[int, ...]], ...]]:
+    """Per top-level block, its parameters' shapes, from the unsplit model on the meta device."""
+    model = source.build_full(device="meta")
+    out: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+    for name, p in model.named_parameters():
+        block, rest = _block_of(name)
+        out.setdefault(block, []).append((rest, tuple(p.shape)))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _block_of(name: str) -> tuple[str, str]:
+    """``layers.3.attention.wo.weight`` -> (``layers.3``, ``attention.wo.weight``); ``norm.weight`` -> (``norm``,
+    ``weight``)."""
+    parts = name.split(".")
+    if parts[0] == "layers":
+        return ".".join(parts[:2]), ".".join(parts[2:])
+    return parts[0], ".".join(parts[1:])
+
+
+def _buffer_bytes(source: Any) -> dict[str, int]:
+    """Per top-level block, its buffers' bytes (unique storages), from the unsplit model on the meta device."""
+    model = source.build_full(device="meta")
+    out: dict[str, int] = {}
+    for name, b in model.named_buffers():
+        block = _CANONICAL.get(_block_of(name)[0], _block_of(name)[0])
+        out[block] = out.get(block, 0) + b.numel() * b.element_size()
+    return out
+
+
+def _profile_activations(profile: Any, num_layers: int) -> dict[str, int] | None:
+    """Saved bytes per microbatch by stage module name from a version-2 profile's blocks and layout (``None``
+    without blocks, without measured activations, or for another layer count)."""
+    blocks, layout = getattr(profile, "blocks", None), getattr(profile, "layout", ())
+    if not blocks or len(layout) != num_layers + 2:
+        return None
+    sizes = [blocks[kind].activation_bytes for kind in layout]
+    if any(b is None for b in sizes):
+        return None
+    out = {f"layers.{i}": int(sizes[i + 1]) for i in range(num_layers)}
+    out.update(tok_embeddings=int(sizes[0]), lm_head=int(sizes[-1]))
+    return out
