@@ -194,6 +194,11 @@ def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int) -> _Stag
     )
 
 
+def stage_numels(shapes: JobShapes, stage_modules: Sequence[Sequence[str]]) -> list[int]:
+    """Each stage's parameter elements as one TP rank holds them unsharded (what FSDP all-gathers)."""
+    return [_stage_of(shapes, mods, 1).gathered for mods in stage_modules]
+
+
 def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
                stage_modules: Sequence[Sequence[str]], recompute: AbstractSet[tuple[int, int]] = frozenset(),
                cap_bytes: int | None = None) -> list[RankMemory]:

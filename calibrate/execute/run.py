@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ppsim.calibrate.models import ModelSource
     from ppsim.calibrate.measure.runtime_model import RuntimeModel
     from ppsim.costs import CostModel
+    from ppsim.memory import JobShapes
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
 
@@ -190,10 +191,18 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         check_machine(options, schedule, model)
     if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:
         (log or _stderr)(model.summary())
+    from ppsim.memory import Degrees, job_memory
     from ppsim.simulate import simulate
 
-    predicted = simulate(schedule, prediction_costs(costs, time_scale), recompute=chosen)  # before anything runs
-    memory = None if options.synthetic else predicted_memory(options, schedule, model, spec)  # before the run too
+    shapes = None if options.synthetic else run_memory_inputs(options, schedule, model, spec)
+    extra, notes = fsdp_collectives(schedule, costs, shapes, spec)
+    if notes:
+        costs = dataclasses.replace(costs, notes=(*costs.notes, *notes))
+    # before anything runs: the step and each rank's memory
+    predicted = simulate(schedule, prediction_costs(costs, time_scale), recompute=chosen, extra_s=extra)
+    memory = None if shapes is None else job_memory(shapes[0], degrees=Degrees(
+        pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard), schedule=schedule, stage_modules=shapes[1],
+        recompute=spec.recompute)
     check_predicted_time(options, predicted)
     if world is None:
         measurement = runner.launch(spec)
@@ -227,14 +236,13 @@ def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSour
                   fix="pass --dp-shard/--tp whose product with -r is the process count and that divide the heads")
 
 
-def predicted_memory(options: RunOptions, schedule: Schedule, source: ModelSource,
-                     spec: ExecSpec) -> list[Any] | None:
-    """Each PP rank's allocator peak over the step, before the run (:func:`ppsim.memory.job_memory` on the run's
-    shapes, :func:`ppsim.calibrate.torchtitan.shapes.run_shapes`); ``None`` where the model's blocks cannot be
-    named as torchtitan's stage modules (a stderr note says so)."""
+def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSource,
+                      spec: ExecSpec) -> tuple[JobShapes, list[list[str]]] | None:
+    """The run's shapes (:func:`ppsim.calibrate.torchtitan.shapes.run_shapes`) and its stages' module names, for
+    :func:`ppsim.memory.job_memory` and the FSDP collectives; ``None`` where the model's blocks cannot be named as
+    torchtitan's stage modules (a stderr note says so)."""
     from ppsim.calibrate.torchtitan.runner import module_names_per_stage
     from ppsim.calibrate.torchtitan.shapes import run_shapes
-    from ppsim.memory import Degrees, job_memory
 
     if len(schedule.pipelines) > 1:
         return None
@@ -245,12 +253,31 @@ def predicted_memory(options: RunOptions, schedule: Schedule, source: ModelSourc
         prof = load_profile(options.profile)
     try:
         shapes = run_shapes(source, tp=spec.tp, fsdp=spec.dp_shard * spec.tp > 1, profile=prof)
-        names = module_names_per_stage(source, schedule.num_stages, spec.layer_counts)
-        return job_memory(shapes, degrees=Degrees(pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard),
-                          schedule=schedule, stage_modules=names, recompute=spec.recompute)
+        return shapes, module_names_per_stage(source, schedule.num_stages, spec.layer_counts)
     except (PPSimError, KeyError, IndexError) as exc:
         _stderr(f"note: no memory prediction for {source.text} ({type(exc).__name__}: {exc})")
         return None
+
+
+def fsdp_collectives(schedule: Schedule, costs: CostModel, shapes: tuple[JobShapes, list[list[str]]] | None,
+                     spec: ExecSpec) -> tuple[dict[tuple[int, int], float], tuple[str, ...]]:
+    """FSDP's exposed all-gathers and reduce-scatters (:mod:`ppsim.fsdp`) for ``--dp-shard`` above 1, costed from
+    the profile's point-to-point α/β (the profile has no collective α/β yet: said in the notes)."""
+    from ppsim.fsdp import exposed_collectives
+    from ppsim.memory import DTYPE_BYTES, stage_numels
+
+    if spec.dp_shard <= 1 or shapes is None:
+        return {}, ()
+    if costs.p2p_alpha is None or costs.p2p_beta is None:
+        return {}, ("FSDP collectives not in the step: the profile has no p2p alpha/beta to cost them",)
+    job, names = shapes
+    numels = stage_numels(job, names)
+    extra = exposed_collectives(schedule, gather_bytes=[n * DTYPE_BYTES[job.param_dtype] for n in numels],
+                                reduce_bytes=[n * DTYPE_BYTES[job.reduce_dtype] for n in numels], dp=spec.dp_shard,
+                                alpha_s=costs.p2p_alpha, bytes_per_s=costs.p2p_beta)
+    return extra, (f"FSDP all-gather before each stage's first F and reduce-scatter after its last backward "
+                   f"(dp_shard {spec.dp_shard}), costed as rings from the profile's p2p alpha/beta (fallback: no "
+                   "measured collective alpha/beta)",)
 
 
 def _recompute_set(options: RunOptions, schedule: Schedule) -> frozenset[tuple[int, int]]:
