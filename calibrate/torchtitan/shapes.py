@@ -13,6 +13,7 @@ are transient and not counted.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -238,11 +239,16 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
     local = {_CANONICAL.get(k, k): v for k, v in local.items()}
     measured = _profile_activations(profile, source.num_layers) if profile is not None else None
     buffers = _buffer_bytes(source)
+    # inside a layer's backward, beyond the formula's workspace: the FFN's three ffn-wide gradients, or (CPU math
+    # attention) one gradient of the attention probabilities, whichever is larger
+    probs = cfg.mb_size * (cfg.heads // tp) * cfg.seq_len ** 2 if source.device == "cpu" else 0
+    layer_extra = max(3 * tokens * (cfg.ffn // tp), probs) * act_bytes
     blocks: dict[str, BlockShapes] = {}
     for i in range(source.num_layers):
         block = _layer_block("layer", local[f"layers.{i}"], tokens=tokens, dim=dim, tp=tp, sp=tp > 1, ac="none",
                              act_bytes=act_bytes)
-        block = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0))
+        block = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0),
+                                    backward_transient_bytes=block.backward_transient_bytes + layer_extra)
         if measured is not None:
             block = dataclasses.replace(block, saved_bytes=measured[f"layers.{i}"])
         blocks[f"layers.{i}"] = block
@@ -252,8 +258,11 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
                                            saved_bytes=tokens * 8 if measured is None else measured["tok_embeddings"])
     blocks["norm"] = BlockShapes("head", local.get("norm", ()),
                                  saved_bytes=0 if measured is not None else tokens * dim * act_bytes)
+    # the loss's and the log-softmax's logits-sized gradients, and the head weight's new gradient before it is
+    # added into the accumulated one
+    head_weight = math.prod(local["lm_head"][0][1]) * act_bytes
     blocks["lm_head"] = BlockShapes("head", local["lm_head"], saved_bytes=head_saved,
-                                    backward_transient_bytes=tokens * vocab_local * 4)
+                                    backward_transient_bytes=2 * tokens * vocab_local * 4 + head_weight)
     where = "the profile's measured activation bytes per block" if measured is not None else "the activation formula"
     return JobShapes(source=source.text, blocks=blocks, tp=tp, boundary_bytes=tokens * dim * act_bytes,
                      master_dtype=cfg.dtype, param_dtype=cfg.dtype, reduce_dtype=cfg.dtype, fsdp=fsdp,
