@@ -56,6 +56,9 @@ class BlockShapes:
     """Held only while its forward runs (a checkpointed layer's intermediates)."""
     backward_transient_bytes: int = 0
     """Held only while its backward runs (recomputed activations, the gradient workspace)."""
+    weight_grad_stash_bytes: int = 0
+    """Held from a split backward's I to its W: the gradients of the weights' outputs that W needs (torch's
+    ``stage_backward_input`` keeps them for ``stage_backward_weight``)."""
     buffer_bytes: int = 0
     """The block's buffers (e.g. torchtitan 0.3.0's per-layer RoPE cache), held for the whole run."""
 
@@ -177,6 +180,7 @@ class _Stage:
     fwd_transient: int
     bwd_transient: int
     buffers: int
+    stash: int
 
 
 def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int) -> _Stage:
@@ -190,7 +194,7 @@ def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int) -> _Stag
         saved=sum(b.saved_bytes for b in blocks), kept=shapes.boundary_bytes,
         fwd_transient=max((b.forward_transient_bytes for b in blocks), default=0),
         bwd_transient=max((b.backward_transient_bytes for b in blocks), default=0),
-        buffers=sum(b.buffer_bytes for b in blocks),
+        buffers=sum(b.buffer_bytes for b in blocks), stash=sum(b.weight_grad_stash_bytes for b in blocks),
     )
 
 
@@ -261,8 +265,10 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
             state["accum"] += st.gathered * reduce
         transient = st.bwd_transient + (st.saved - st.kept if rc else 0)
         consider(transient, 0, label)
-        if c.type is not ActionType.I:  # I keeps what W needs: counted held until W
-            state["act"] -= saved
+        if c.type is ActionType.I:  # I keeps what W needs (the saved activations and the output gradients)
+            state["act"] += st.stash
+        else:
+            state["act"] -= saved + (st.stash if c.type is ActionType.W else 0)
         if c.type is not ActionType.I and i == lasts[(s, ActionType.B)]:
             state["accum"] -= st.gathered * reduce
             state["grads"] += st.sharded * master

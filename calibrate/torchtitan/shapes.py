@@ -248,7 +248,9 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
         block = _layer_block("layer", local[f"layers.{i}"], tokens=tokens, dim=dim, tp=tp, sp=tp > 1, ac="none",
                              act_bytes=act_bytes)
         block = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0),
-                                    backward_transient_bytes=block.backward_transient_bytes + layer_extra)
+                                    backward_transient_bytes=block.backward_transient_bytes + layer_extra,
+                                    weight_grad_stash_bytes=_output_grad_bytes(local[f"layers.{i}"], tokens,
+                                                                               act_bytes))
         if measured is not None:
             block = dataclasses.replace(block, saved_bytes=measured[f"layers.{i}"])
         blocks[f"layers.{i}"] = block
@@ -262,11 +264,24 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
     # added into the accumulated one
     head_weight = math.prod(local["lm_head"][0][1]) * act_bytes
     blocks["lm_head"] = BlockShapes("head", local["lm_head"], saved_bytes=head_saved,
-                                    backward_transient_bytes=2 * tokens * vocab_local * 4 + head_weight)
+                                    backward_transient_bytes=2 * tokens * vocab_local * 4 + head_weight,
+                                    weight_grad_stash_bytes=_output_grad_bytes(local["lm_head"], tokens, act_bytes))
+    blocks["norm"] = dataclasses.replace(blocks["norm"], weight_grad_stash_bytes=_output_grad_bytes(
+        local.get("norm", ()), tokens, act_bytes))
+    blocks["tok_embeddings"] = dataclasses.replace(blocks["tok_embeddings"], weight_grad_stash_bytes=(
+        _output_grad_bytes(local["tok_embeddings"], tokens, act_bytes, embedding=True)))
     where = "the profile's measured activation bytes per block" if measured is not None else "the activation formula"
     return JobShapes(source=source.text, blocks=blocks, tp=tp, boundary_bytes=tokens * dim * act_bytes,
                      master_dtype=cfg.dtype, param_dtype=cfg.dtype, reduce_dtype=cfg.dtype, fsdp=fsdp,
                      optimizer_states=0, notes=(f"activations from {where}",))
+
+
+def _output_grad_bytes(tensors: Sequence[tuple[str, tuple[int, ...]]], tokens: int, act_bytes: int, *,
+                       embedding: bool = False) -> int:
+    """The gradients of a block's weighted outputs per microbatch (a linear's or a norm's ``shape[0]`` outputs per
+    token, an embedding's width): what a split backward's I keeps for its W."""
+    widths = [shape[1] if embedding else shape[0] for name, shape in tensors if name.endswith("weight") and shape]
+    return tokens * sum(widths) * act_bytes
 
 
 def _meta_shapes(source: Any) -> dict[str, tuple[tuple[str, tuple[int, ...]], ...]]:
