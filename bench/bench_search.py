@@ -1,6 +1,7 @@
 """Benchmark of `ppsim search` against the named schedules and the lower bound (issue 11's targets).
 
     python bench/bench_search.py [--time-limit S] [--quick] [--recompute-frontier]
+    python bench/bench_search.py --production [--time-limit S] [--quick]   # R 16/32 against the zero-bubble authors
 
 Grid: R in {4, 8}, M in {8, 16, 24}, I in {1, 2} with F = W = 1 (B = I + W), comm in {0, 0.1}, cap R and 2R
 activations (one microbatch's activations of one stage, one stage per rank): 48 cases. Per case it prints the
@@ -17,11 +18,13 @@ Timings depend on the machine and its load: the first lines print the machine an
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from ppsim import get_schedule, parse_costs, simulate
 from ppsim.costs import CostModel
@@ -218,13 +221,73 @@ def recompute_frontier(time_limit: float, *, ranks: int = 4, num_microbatches: i
         print(f"  {cap:>5g}a | {named_text:>24} | {plain:>20} | {auto:>16} | {count:>10} | {lost:>9} | {source}")
 
 
+REFERENCE = Path(__file__).resolve().parent.parent / "tests" / "data" / "zb_peer_r16_r32.json"
+
+
+def authors_best(case: dict, cap: float) -> tuple[float, str] | None:
+    """The zero-bubble authors' fastest valid order (of every scheduler run for the case) that fits ``cap``."""
+    fitting = [c for c in case["candidates"] if c["peak_act"] <= cap + 1e-9]
+    if not fitting:
+        return None
+    best = min(fitting, key=lambda c: c["makespan"])
+    return best["makespan"], best["method"]
+
+
+def production_grid(time_limit: float, quick: bool, only: set[str] | None = None) -> bool:
+    """Issue 24 part 4: R 16/32, M 32-256, both placements, the reference caps (loop 1.5R / 2R, V at V-Half's level
+    or 2R) and, for V, V-Min's level; beside the authors' schedulers at the same cap (tests/data/zb_peer_r16_r32.json,
+    made by their code at commit 39f2c186 and timed by ppsim simulate on their orders)."""
+    cases = json.loads(REFERENCE.read_text())["cases"]
+    runs: list[tuple[dict, float]] = []
+    for case in cases:
+        runs.append((case, float(case["cap_act"])))
+        if case["placement"] == "v" and case["cap_level"] == "V-Half":
+            vmin = get_schedule("V-Min", case["R"], case["M"], 2)
+            runs.append((case, float(max(r.peak_activations for r in simulate(vmin, parse_costs(None)).per_rank))))
+    if quick:
+        runs = [r for r in runs if r[0]["R"] == 16 and r[0]["M"] <= 64]
+    if only:
+        runs = [r for r in runs if r[0]["id"] in only or f"{r[0]['id']}@{r[1]:g}" in only]
+    print(f"\nproduction grid ({time_limit:g} s per case): searched / best named that fits / authors at the same cap "
+          "/ bound")
+    print(f"{'case':<5} {'pl':<4} {'R':>2} {'M':>3} {'costs':<22} {'cap':>4} | {'searched':>9} {'named':>9} "
+          f"{'authors':>9} {'(method)':<16} {'vs auth':>8} {'bound':>8} {'gap':>6} {'wall':>6}  source")
+    worse = 0
+    for case, cap in runs:
+        R, M = case["R"], case["M"]
+        text = f"F={case['F']},I={case['I']},W={case['W']},comm={case['comm']}"
+        res = search(R, M, parse_costs(text), f"{cap:g}act", placement=case["placement"], time_limit=time_limit,
+                     seed=0)
+        theirs = authors_best(case, cap)
+        named = res.best_named.makespan if res.best_named else float("nan")
+        versus = "" if theirs is None else f"{(res.makespan - theirs[0]) / theirs[0]:+.2%}"
+        if theirs is not None and res.makespan > theirs[0] + 1e-6:
+            worse += 1
+        print(f"{case['id']:<5} {case['placement']:<4} {R:>2} {M:>3} {text:<22} {cap:>4g} | {res.makespan:>9.2f} "
+              f"{named:>9.2f} {theirs[0] if theirs else float('nan'):>9.2f} {theirs[1] if theirs else '-':<16} "
+              f"{versus:>8} {res.lower_bound:>8.2f} {res.gap:>6.1%} {res.elapsed_s:>5.1f}s  {res.source}")
+    print(f"target: never worse than the authors at the same cap: {len(runs) - worse}/{len(runs)} "
+          f"{'PASS' if worse == 0 else 'FAIL'}")
+    return worse == 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=2.0, help="seconds per grid case (default 2)")
     parser.add_argument("--quick", action="store_true", help="8 grid cases instead of 48")
     parser.add_argument("--recompute-frontier", action="store_true",
                         help="only the recompute frontier (search --recompute auto against cap)")
+    parser.add_argument("--production", action="store_true",
+                        help="only the production-size grid (R 16/32, M 32-256) against the zero-bubble authors")
+    parser.add_argument("--cases", default="",
+                        help="with --production: only these cases, e.g. PL01,PV07@34 (id, or id@cap)")
     args = parser.parse_args()
+    if args.production:
+        print("command: python " + " ".join(sys.argv))
+        print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+              f"python {platform.python_version()}; {machine_noise()}")
+        only = {c.strip() for c in args.cases.split(",") if c.strip()} or None
+        return 0 if production_grid(args.time_limit, args.quick, only) else 1
     if args.recompute_frontier:
         recompute_frontier(args.time_limit)
         return 0

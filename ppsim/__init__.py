@@ -1,39 +1,67 @@
 """ppsim: generate, simulate, draw, calibrate and execute pipeline-parallel training schedules.
 
-The core package is plain Python (no torch, no matplotlib at import time).
+The core package is plain Python (no torch, no matplotlib at import time). The names below load on first use
+(PEP 562), so ``ppsim --version`` and ``ppsim list`` do not pay for numpy and the simulator.
 """
 
 from __future__ import annotations
 
-from ppsim.costs import CostModel, load_costs, parse_costs
-from ppsim.errors import DeadlockError, PPSimError, ScheduleConfigError, ScheduleFormatError
-from ppsim.ir import Action, ActionType, Schedule, parse_action
-from ppsim.schedules.loading import load_schedule
-from ppsim.result import RankStats, SimResult
-from ppsim.schedules import all_specs, get_schedule, get_spec
-from ppsim.simulate import simulate
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Action",
-    "ActionType",
-    "DeadlockError",
-    "PPSimError",
-    "Schedule",
-    "ScheduleConfigError",
-    "ScheduleFormatError",
-    "all_specs",
-    "get_schedule",
-    "get_spec",
-    "load_schedule",
-    "parse_action",
-    "__version__",
-    "CostModel",
-    "RankStats",
-    "SimResult",
-    "load_costs",
-    "parse_costs",
-    "simulate",
-]
+_HOMES = {
+    "CostModel": "ppsim.costs",
+    "load_costs": "ppsim.costs",
+    "parse_costs": "ppsim.costs",
+    "DeadlockError": "ppsim.errors",
+    "PPSimError": "ppsim.errors",
+    "ScheduleConfigError": "ppsim.errors",
+    "ScheduleFormatError": "ppsim.errors",
+    "Action": "ppsim.ir",
+    "ActionType": "ppsim.ir",
+    "Schedule": "ppsim.ir",
+    "parse_action": "ppsim.ir",
+    "load_schedule": "ppsim.schedules.loading",
+    "RankStats": "ppsim.result",
+    "SimResult": "ppsim.result",
+    "all_specs": "ppsim.schedules",
+    "get_schedule": "ppsim.schedules",
+    "get_spec": "ppsim.schedules",
+    "simulate": "ppsim.simulate",
+}
 
+__all__ = [*_HOMES, "__version__"]
+
+if TYPE_CHECKING:
+    from ppsim.costs import CostModel, load_costs, parse_costs
+    from ppsim.errors import DeadlockError, PPSimError, ScheduleConfigError, ScheduleFormatError
+    from ppsim.ir import Action, ActionType, Schedule, parse_action
+    from ppsim.result import RankStats, SimResult
+    from ppsim.schedules import all_specs, get_schedule, get_spec
+    from ppsim.schedules.loading import load_schedule
+    from ppsim.simulate import simulate
+
+
+class _Package(types.ModuleType):
+    """``ppsim`` itself: a public name loads its home on first use. ``ppsim.simulate`` stays the function even
+    after the module of the same name is imported (the import system would otherwise set the module over it)."""
+
+    def __getattr__(self, name: str) -> Any:
+        home = _HOMES.get(name)
+        if home is None:
+            raise AttributeError(f"module 'ppsim' has no attribute {name!r}")
+        value = getattr(importlib.import_module(home), name)
+        super().__setattr__(name, value)
+        return value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "simulate" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

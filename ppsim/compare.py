@@ -14,11 +14,11 @@ from enum import Enum
 from collections.abc import Set
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from ppsim.errors import PPSimError
-from ppsim.costs import CostError
+from ppsim.errors import CostError, PPSimError
 
 if TYPE_CHECKING:
     from ppsim.costs import CostModel
+    from ppsim.io import MemoryCap
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
 
@@ -74,7 +74,7 @@ class Comparison:
 
 def _uniform(costs: CostModel) -> bool:
     """Costs from a ``--costs`` string (the same for every stage), not a profile (per stage, or per block)."""
-    return costs.num_positions is None and getattr(costs, "blocks", None) is None
+    return costs.num_positions is None and costs.blocks is None
 
 
 def rank(results: Iterable[SimResult]) -> list[SimResult]:
@@ -159,6 +159,7 @@ def compare(
     costs: CostModel | None = None,
     scope: CostScope | str | None = None,
     memory_cap_bytes: int | None = None,
+    memory_cap: MemoryCap | None = None,
     builder: Callable[[str], Schedule] | None = None,
     figure: bool = False,
     allow_large: bool = False,
@@ -228,7 +229,8 @@ def compare(
     for schedule, rc in zip(built, recomputed):
         try:  # costs that do not fit this schedule (a --split of another length): skip it, keep the others
             costs = costs_for(cost_model, schedule, scope=chosen.value)
-            results.append(simulate(schedule, costs, memory_cap_bytes=memory_cap_bytes, recompute=rc))
+            results.append(simulate(schedule, costs, memory_cap_bytes=memory_cap_bytes, memory_cap=memory_cap,
+                                    recompute=rc))
         except PPSimError as exc:
             if len(names) == 1:
                 raise

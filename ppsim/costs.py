@@ -76,6 +76,10 @@ class CostModel:
     """Every computation's op cost is multiplied by this (several ranks of one host computing at once)."""
     dispatch_s: float = 0.0
     """Added to every computation (an overlapped pair holds two): the runtime's gap between computations."""
+    outputs_held_to_backward: bool = False
+    """Whether the runtime keeps each stage's forward output (``output_bytes``) from its F until its backward (B or I)
+    besides what autograd saves: torch before 2.15 does (``PipelineStage.fwd_cache``); 2.15 drops it once the send
+    completes, as a runtime without a pipeline stage does (the default)."""
     recv_posting: str = "early"
     """``"early"``: a cross-rank hand-off leaves when its producer ends. ``"consumer"``: it leaves at the later of the
     producer's end and the end of the consumer rank's previous action (torch's lowering posts the receive just before
@@ -116,6 +120,15 @@ class CostModel:
                 f"{spec.describe()} needs a per-block profile; re-run `ppsim calibrate` with this ppsim"
             )
         return _from_stage_table(cls, profile, source)
+
+    def with_split(self, split: SplitSpec) -> CostModel:
+        """These per-block costs cut into stages by ``split`` instead (a torchtitan job's own split, say); checked
+        as :meth:`from_profile` checks one. Costs that are not a per-block profile cannot be split again."""
+        if self.blocks is None or self.split_counts is not None:
+            raise SplitError(f"costs {self.source}: {split.describe()} needs a per-block profile; pass --profile")
+        if split.split is not None:
+            check_split(split.split, self.blocks.num_layers)
+        return replace(self, split=split)
 
     # -- lookups ------------------------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import signal
 import stat
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator, Union
@@ -72,6 +72,64 @@ def write_atomic(path: str | os.PathLike[str], content: Content, *, option: str 
         _unlink_quietly(tmp)
         raise
     return target
+
+
+def output_file(text: str | os.PathLike[str]) -> Path:
+    """The parser of every output-file option: a name that ends in a separator names a folder (``-o newdir/``), so
+    one naming no folder is refused instead of becoming a file called ``newdir`` (an existing folder is refused by
+    :func:`check_writable`, which names a file inside it)."""
+    if isinstance(text, Path):
+        return text
+    text = os.fspath(text)
+    seps = tuple(s for s in (os.sep, os.altsep) if s)
+    if text.endswith(seps) and not os.path.isdir(text):
+        raise OutputPathError(f"{text!r} ends in {text[-1]!r}, so it names a folder, and no such folder exists; give "
+                              f"a file name (e.g. {text.rstrip(''.join(seps)) or 'out'}.json), or create the folder "
+                              "and name a file in it")
+    return Path(text)
+
+
+def progress_path(path: str | os.PathLike[str]) -> Path:
+    """Where a command that saves as it goes (``calibrate``) keeps its unfinished work for ``path``: beside it, so
+    that ``path`` itself is replaced only by a finished result (an interrupted or failed run never consumes it)."""
+    target = Path(path)
+    return target.with_name(target.name + ".partial")
+
+
+@contextlib.contextmanager
+def exclusive_writer(path: str | os.PathLike[str], *, option: str = "-o") -> Iterator[None]:
+    """Hold the one-writer lock of ``path`` (``.NAME.lock`` beside it, removed on release): a second process that
+    would write the same file meanwhile is refused with one line naming the holder, instead of both writing it."""
+    import fcntl
+
+    target = Path(path)
+    lock = target.with_name(f".{target.name}.lock")
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise _output_error(target, exc, option) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise OutputPathError(f"{option} {_show(target)}: another ppsim process (pid {holder}) is writing it; "
+                                  f"wait for it to finish, or choose another {option}") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino  # not a lock file its last holder just removed
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode("ascii"))
+        yield
+    finally:
+        _unlink_quietly(str(lock))
+        os.close(fd)
 
 
 def check_distinct(paths: Iterable[tuple[str, str | os.PathLike[str] | None]]) -> None:
@@ -255,14 +313,48 @@ _ACT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*acts?\s*$", re.IGNORECASE | r
 
 
 @dataclass(frozen=True)
-class ActivationCap:
-    """A memory cap counted in stage-chunk activations held per rank (``8act``), the ``peak_activations`` unit."""
+class MemoryCap:
+    """A per-rank memory cap: ``amount`` activations (``unit="act"``, written ``8act``) or bytes (``unit="bytes"``).
 
-    count: int | float
-    """Whole activations, or a fraction (``1.5act``): recomputed activations keep only a part of one."""
+    One activation is what :func:`ppsim.simulate` counts in ``peak_activations``: one microbatch's saved
+    activations of one stage (a fraction, ``1.5act``, when recomputed activations keep a part of one). A rank
+    holding several stages (chunks) holds one per chunk and microbatch. ``written`` is the text the user gave
+    (not compared), so :meth:`describe` can say how it was read.
+    """
+
+    amount: float
+    unit: str = "act"
+    written: str = field(default="", compare=False)
 
     def __str__(self) -> str:
-        return f"{self.count:g}act"
+        return f"{self.amount:g}act" if self.unit == "act" else f"{int(self.amount)}B"
+
+    @property
+    def bytes(self) -> int | None:
+        """The cap in bytes, or ``None`` for a cap in activations."""
+        return int(self.amount) if self.unit == "bytes" else None
+
+    def exceeded_by(self, *, peak_activations: float, peak_bytes: int | None) -> bool:
+        """Whether a rank with these peaks is over the cap (a byte cap with unknown bytes flags nothing)."""
+        if self.unit == "act":
+            return peak_activations > self.amount + 1e-9
+        return peak_bytes is not None and peak_bytes > self.amount
+
+    def describe(self) -> str:
+        """How the cap was read, e.g. ``80GB = 80,000,000,000 bytes (GB = 10^9 bytes; GiB = 2^30)``."""
+        if self.unit == "act":
+            return f"{self} per rank (activations, the unit of peak_activations)"
+        shown = self.written.strip() or str(self)
+        m = _SIZE_RE.match(self.written)
+        prefix = (m.group(2) or "").lower() if m else ""
+        if prefix.endswith("i"):
+            base = f"{prefix[0].upper()}iB = 2^{10 * ('kmgtp'.index(prefix[0]) + 1)} bytes"
+        elif prefix:
+            base = (f"{prefix.upper()}B = 10^{3 * ('kmgtp'.index(prefix) + 1)} bytes; "
+                    f"write {prefix.upper()}iB for 2^{10 * ('kmgtp'.index(prefix) + 1)}")
+        else:
+            base = "bytes"
+        return f"{shown} = {int(self.amount):,} bytes ({base}) per rank"
 
 
 def parse_bytes(text: str | None, *, option: str = "--memory-cap") -> int | None:
@@ -301,13 +393,14 @@ def _quoted(text: str, limit: int = 40) -> str:
     return f"{text[:16]!r}...{text[-8:]!r} ({len(text):,} characters)"
 
 
-def parse_memory_cap(text: str | None, *, option: str = "--memory-cap") -> int | ActivationCap | None:
-    """A cap in bytes (see :func:`parse_bytes`) or in activations per rank, written ``8act``."""
+def parse_memory_cap(text: str | None, *, option: str = "--memory-cap") -> MemoryCap | None:
+    """A cap in bytes (see :func:`parse_bytes`: ``80GB`` is 10^9-byte units, ``80GiB`` 2^30) or in activations per
+    rank, written ``8act`` (``None`` passes through). Every command reads ``--memory-cap`` with this function."""
     if text is None:
         return None
     m = _ACT_RE.match(text)
     if m is None:
-        return parse_bytes(text, option=option)
+        return MemoryCap(parse_bytes(text, option=option) or 0, "bytes", written=text)
     whole = m.group(1).split(".")[0].lstrip("0")
     if len(whole) > 12 or len(m.group(1)) > 40:  # thousands of digits are slow to convert; no rank holds 10**12
         raise SizeError(f"{option} {_quoted(text)}: more than 10**12 activations per rank or too many digits; give a "
@@ -315,7 +408,7 @@ def parse_memory_cap(text: str | None, *, option: str = "--memory-cap") -> int |
     count = float(m.group(1)) if "." in m.group(1) else int(whole or "0")
     if count < 1:
         raise SizeError(f"{option} {text!r}: an activation cap must be at least 1act; e.g. 8act")
-    return ActivationCap(count)
+    return MemoryCap(count, "act", written=text)
 
 
 def fmt_bytes(n: float) -> str:

@@ -31,6 +31,10 @@ class ActionType(str, Enum):
     UNSHARD = "UNSHARD"
     RESHARD = "RESHARD"
     REDUCE_GRAD = "REDUCE_GRAD"
+    # torch 2.15's lowering: a wait for an earlier send, and for a gradient reduction
+    WAIT_SEND_F = "WAIT_SEND_F"
+    WAIT_SEND_B = "WAIT_SEND_B"
+    WAIT_REDUCE_GRAD = "WAIT_REDUCE_GRAD"
 
     def __str__(self) -> str:
         return self.value
@@ -45,7 +49,8 @@ COMPUTE_TYPES = frozenset({ActionType.F, ActionType.B, ActionType.I, ActionType.
 BACKWARD_TYPES = frozenset({ActionType.B, ActionType.I})
 
 # ASCII digits only: ``\d`` and ``str.isdigit`` also accept Arabic-Indic and other Unicode digits (``٠F٠``).
-_ACTION_RE = re.compile(r"([0-9]+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)([0-9]*)", re.ASCII)
+_ACTION_RE = re.compile(r"([0-9]+)(WAIT_REDUCE_GRAD|WAIT_SEND_F|WAIT_SEND_B|REDUCE_GRAD|UNSHARD|RESHARD|SEND_F|RECV_F|"
+                        r"SEND_B|RECV_B|F|I|B|W)([0-9]*)", re.ASCII)
 MAX_ID = 2**31 - 1
 """Largest stage or microbatch id an action string may carry (torch stores them as C ints)."""
 _MAX_ID_DIGITS = len(str(MAX_ID))
@@ -142,7 +147,8 @@ def parse_action(text: str) -> Action | None:
         ascii_note = "" if s.isascii() else " (it has non-ASCII characters: ids are ASCII digits 0-9)"
         raise ScheduleFormatError(
             f"malformed action {_shown(s)}{ascii_note}: expected [stage][type][microbatch] with type one of "
-            "F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, UNSHARD, RESHARD, REDUCE_GRAD (e.g. 2F0)"
+            "F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, WAIT_SEND_F, WAIT_SEND_B, UNSHARD, RESHARD, REDUCE_GRAD, "
+            "WAIT_REDUCE_GRAD (e.g. 2F0)"
         )
     stage, kind, mb = m.groups()
     st = int(stage) if len(stage) < _MAX_ID_DIGITS else _id(stage, "stage", s)

@@ -26,6 +26,7 @@ A refusal names the estimate, the limit and the override (``--allow-large`` on t
 | :data:`MAX_CALIBRATION_S` | 1 h (estimated) | one ``calibrate``, the runtime probe of the whole model included |
 | :data:`MAX_TIMEOUT_S` | 7 days | ``run --timeout``, ``calibrate --init-timeout`` (not liftable) |
 | :data:`MAX_MODEL_DIM` | 2**31 - 1 | each model size (hidden, layers, ...; not liftable) |
+| :data:`MAX_MODEL_LAYERS` | 1,000,000 | a model's layers (ppsim keeps an entry per layer; not liftable) |
 | :data:`MAX_COST` / :data:`MIN_COST` | 1e12 / 1e-12 | one op's time in ``--costs`` (0 allowed; not liftable) |
 | :data:`MAX_STAGES` | 100,000 | a count in ``--split``, ``--layers-per-stage`` (not liftable) |
 | :data:`MAX_PROFILE_BYTES` | 64 MiB | a profile file read (not liftable) |
@@ -68,6 +69,9 @@ MAX_CALIBRATION_S = 3600.0
 MAX_TIMEOUT_S = 7 * 86_400.0
 """Longest timeout a command takes: beyond it, thread waits overflow (no override: nothing needs longer)."""
 MAX_MODEL_DIM = 2**31 - 1
+MAX_MODEL_LAYERS = 1_000_000
+"""Layers of one model: the largest models have hundreds; ppsim keeps a kind, a block name and a split entry per
+layer, so a billion would end in ``MemoryError`` whatever ``--allow-large`` lifts."""
 """Largest model size (torch's index range; no override: nothing larger can be built)."""
 MAX_COST = 1e12
 """Largest time one op (or ``comm``) may take in a cost string: a step sums millions of them, and beyond this

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppsim.errors import PPSimError
-from ppsim.limits import MAX_MODEL_DIM
+from ppsim.limits import MAX_MODEL_DIM, MAX_MODEL_LAYERS
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 """Bytes per element of each dtype a model may use."""
@@ -46,6 +46,9 @@ class ModelConfig:
             if value > MAX_MODEL_DIM:
                 raise PPSimError(f"--{opt} {_short(value)}: more than {MAX_MODEL_DIM:,}, the largest size torch can "
                                  f"index; e.g. --{opt} {TINY_VALUES[name]}")
+        if self.layers > MAX_MODEL_LAYERS:
+            raise PPSimError(f"--layers {self.layers:,}: more than {MAX_MODEL_LAYERS:,} layers, beyond any model "
+                             f"(ppsim keeps an entry per layer); e.g. --layers {TINY_VALUES['layers']}")
         if self.hidden % self.heads:
             raise PPSimError(
                 f"--hidden {self.hidden} with --heads {self.heads}: hidden must be divisible by heads; "

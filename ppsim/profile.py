@@ -18,7 +18,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,8 @@ BLOCK_HEAD = "head"
 MAX_INT = 2**63 - 1
 """Largest byte count or count accepted (int64, what torch reports)."""
 OPS = ("F", "B", "I", "W", "FB")
+ABSENT_IN_OLD = {"absent_in_old": True}
+"""Field metadata: a key that profiles written before it existed lack (read as ``None``)."""
 """Timed operations per stage: forward, full backward, backward-for-input, backward-for-weights, one F&B pair."""
 
 
@@ -98,21 +100,54 @@ class Block:
     FB: Stat | None = None
     activation_bytes: int | None = None
     activation_bytes_freed_by_I: int | None = None
-    activation_bytes_allocator: int | None = None
-    peak_bytes_allocator: int | None = None
+    activation_bytes_allocator: int | None = field(default=None, metadata=ABSENT_IN_OLD)
+    peak_bytes_allocator: int | None = field(default=None, metadata=ABSENT_IN_OLD)
 
     @property
     def is_measured(self) -> bool:
         return all(getattr(self, op) is not None for op in OPS) and self.activation_bytes is not None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for op in OPS:
-            stat = getattr(self, op)
-            out[op] = None if stat is None else stat.to_dict()
-        for key in _STAGE_INT_KEYS + _STAGE_OPTIONAL_INT_KEYS:
-            out[key] = getattr(self, key)
-        return out
+        return _measured_dict(self)
+
+
+@dataclass(frozen=True)
+class MeasuredFields:
+    """The measured fields a block and a stage share, read from :class:`Block`'s own fields, in the order a
+    profile stores and checks them: the timings (``Stat | None``), the byte counts that may be unmeasured
+    (``int | None``: activations), the other byte counts (``int``), then the keys older profiles lack
+    (``metadata=ABSENT_IN_OLD``). A new measured field is one line in :class:`Block` (and :class:`StageProfile`)."""
+
+    stats: tuple[str, ...]
+    ints: tuple[str, ...]
+    optional_ints: tuple[str, ...]
+    unmeasured_ints: tuple[str, ...]
+    """Of ``ints``, those a profile still being measured may leave null (``int | None``)."""
+
+    @classmethod
+    def of(cls, record: type) -> MeasuredFields:
+        fs = fields(record)
+        ints = [f for f in fs if f.type in ("int", "int | None") and not f.metadata.get("absent_in_old")]
+        return cls(
+            stats=tuple(f.name for f in fs if f.type == "Stat | None"),
+            ints=tuple(f.name for f in sorted(ints, key=lambda f: f.type == "int")),
+            optional_ints=tuple(f.name for f in fs if f.metadata.get("absent_in_old")),
+            unmeasured_ints=tuple(f.name for f in ints if f.type == "int | None"),
+        )
+
+
+def _measured_dict(record: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for op in MEASURED.stats:
+        stat = getattr(record, op)
+        out[op] = None if stat is None else stat.to_dict()
+    for key in MEASURED.ints + MEASURED.optional_ints:
+        out[key] = getattr(record, key)
+    return out
+
+
+MEASURED = MeasuredFields.of(Block)
+assert MEASURED.stats == OPS, "Block's timings are the schedule's operations"
 
 
 @dataclass(frozen=True)
@@ -222,9 +257,9 @@ class StageProfile:
     FB: Stat | None = None
     activation_bytes: int | None = None
     activation_bytes_freed_by_I: int | None = None
-    activation_bytes_allocator: int | None = None
+    activation_bytes_allocator: int | None = field(default=None, metadata=ABSENT_IN_OLD)
     """CUDA only: allocator bytes still held after a forward (what the runtime keeps until backward)."""
-    peak_bytes_allocator: int | None = None
+    peak_bytes_allocator: int | None = field(default=None, metadata=ABSENT_IN_OLD)
     """CUDA only: allocator peak above the pre-forward level over one forward + backward."""
 
     @property
@@ -236,12 +271,12 @@ class StageProfile:
             "stage": self.stage, "layers": list(self.layers),
             "has_embedding": self.has_embedding, "has_head": self.has_head,
         }
-        for op in OPS:
-            stat = getattr(self, op)
-            out[op] = None if stat is None else stat.to_dict()
-        for key in _STAGE_INT_KEYS + _STAGE_OPTIONAL_INT_KEYS:
-            out[key] = getattr(self, key)
-        return out
+        return {**out, **_measured_dict(self)}
+
+
+assert MeasuredFields.of(StageProfile).stats == MEASURED.stats and {
+    f.name: f.type for f in fields(StageProfile)}.items() >= {f.name: f.type for f in fields(Block)}.items(), \
+    "a stage holds every measured field of a block"
 
 
 @dataclass(frozen=True)
@@ -297,6 +332,42 @@ class P2PProfile:
 
 
 @dataclass(frozen=True)
+class HostLoad:
+    """How steady the host was while it was calibrated: a busy host inflates every time it measures, and every later
+    prediction with them (optional: profiles before it lack it)."""
+
+    load_avg: float
+    """The largest 1-minute load average seen (start, end), the calibration's own process included."""
+    num_cpus: int
+    spread: float
+    """The median over the measured block ops of (p90 - p10) / median of their repetitions."""
+
+    BUSY_FREE_CPUS = 2
+    """Fewer idle CPUs than this (the runtime probe runs two ranks at once) with others' load makes a host busy."""
+    UNSTEADY_SPREAD = 1.0
+    """Repetitions spread wider than their median make the timings unsteady."""
+
+    @property
+    def others(self) -> float:
+        """Load besides the calibration's own process."""
+        return max(0.0, self.load_avg - 1.0)
+
+    def warning(self, source: str) -> str | None:
+        """One line when the calibration is not to be trusted, else None."""
+        busy = self.others >= 0.5 and self.num_cpus - self.others < self.BUSY_FREE_CPUS
+        unsteady = self.spread > self.UNSTEADY_SPREAD
+        if not busy and not unsteady:
+            return None
+        seen = (f"a load of {self.others:.1f} besides the calibration on {self.num_cpus} CPUs" if busy else
+                f"repetitions spread {self.spread:.0%} around their median")
+        return (f"warning: {source} was calibrated on a busy host ({seen}): its times, and every prediction made "
+                "with them, may be inflated; calibrate again on a quiet host")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"load_avg": self.load_avg, "num_cpus": self.num_cpus, "spread": self.spread}
+
+
+@dataclass(frozen=True)
 class Method:
     """How the numbers were taken."""
 
@@ -305,12 +376,16 @@ class Method:
     timer: str  # "perf_counter" (CPU) or "cuda_events"
     threads_per_rank: int | None
     wall_s: float | None = None
+    host: HostLoad | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "warmup": self.warmup, "reps": self.reps, "timer": self.timer,
             "threads_per_rank": self.threads_per_rank, "wall_s": self.wall_s,
         }
+        if self.host is not None:
+            out["host"] = self.host.to_dict()
+        return out
 
 
 @dataclass(frozen=True)
@@ -353,6 +428,11 @@ class Profile:
     def num_layers(self) -> int:
         """Transformer layers between the embedding and the head (version 2 layout; version 1: ``model.layers``)."""
         return len(self.layout) - 2 if self.blocks is not None else self.model.layers
+
+    def host_warning(self, source: str) -> str | None:
+        """The one-line warning when this profile was calibrated on a busy or unsteady host (see :class:`HostLoad`)."""
+        host = None if self.method is None else self.method.host
+        return None if host is None else host.warning(source)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -439,9 +519,6 @@ def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
 
 # --- validation -------------------------------------------------------------------------------------------------
 _MODEL_KEYS = MODEL_KEYS
-_STAGE_INT_KEYS = ("activation_bytes", "activation_bytes_freed_by_I", "param_bytes", "grad_bytes",
-                   "optimizer_bytes", "output_bytes")
-_STAGE_OPTIONAL_INT_KEYS = ("activation_bytes_allocator", "peak_bytes_allocator")
 _MISSING = object()
 
 
@@ -533,19 +610,14 @@ class _Reader:
 
     def measured(self, d: Mapping[str, Any], pre: str, *, allow_incomplete: bool) -> dict[str, Any]:
         """Timings and byte counts shared by a block and a stage."""
-        kwargs: dict[str, Any] = {}
-        for op in OPS:
-            raw = self.get(d, op, pre)
-            if raw is None and not allow_incomplete:
-                raise self.fail(f"{pre}{op}", "is not measured (null)")
-            kwargs[op] = None if raw is None else self.stat(raw, f"{pre}{op}")
-        for key in _STAGE_INT_KEYS:
+        kwargs: dict[str, Any] = self.stats(d, pre, allow_incomplete=allow_incomplete)
+        for key in MEASURED.ints:
             raw = self.get(d, key, pre)
-            if raw is None and key.startswith("activation") and allow_incomplete:
+            if raw is None and allow_incomplete and key in MEASURED.unmeasured_ints:
                 kwargs[key] = None
                 continue
             kwargs[key] = self.int_(raw, f"{pre}{key}")
-        for key in _STAGE_OPTIONAL_INT_KEYS:
+        for key in MEASURED.optional_ints:
             raw = self.get(d, key, pre, optional=True)
             kwargs[key] = None if raw is None else self.int_(raw, f"{pre}{key}")
         act, freed = kwargs["activation_bytes"], kwargs["activation_bytes_freed_by_I"]
@@ -561,12 +633,16 @@ class _Reader:
         if len(layers) != 2:
             raise self.fail(f"{pre}layers", f"must be [first, last_exclusive], got {_shown(layers)}")
         first = self.int_(layers[0], f"{pre}layers[0]")
-        last = self.int_(layers[1], f"{pre}layers[1]", minimum=first + 1)
+        embedding = self.bool_(self.get(d, "has_embedding", pre), f"{pre}has_embedding")
+        head = self.bool_(self.get(d, "has_head", pre), f"{pre}has_head")
+        # A stage may hold the embedding or the head alone (torchtitan's split gives one when stages outnumber
+        # layers), never nothing.
+        last = self.int_(layers[1], f"{pre}layers[1]", minimum=first if embedding or head else first + 1)
         return StageProfile(
             stage=self.int_(self.get(d, "stage", pre), f"{pre}stage"),
             layers=(first, last),
-            has_embedding=self.bool_(self.get(d, "has_embedding", pre), f"{pre}has_embedding"),
-            has_head=self.bool_(self.get(d, "has_head", pre), f"{pre}has_head"),
+            has_embedding=embedding,
+            has_head=head,
             **self.measured(d, pre, allow_incomplete=allow_incomplete),
         )
 
@@ -580,13 +656,17 @@ class _Reader:
                 return None
             raise self.fail("stage_overhead", "is not measured (null); it may be zero but must be stored")
         d = self.obj(value, "stage_overhead")
-        kwargs: dict[str, Stat | None] = {}
-        for op in OPS:
-            raw = self.get(d, op, "stage_overhead.")
+        return StageOverhead(**self.stats(d, "stage_overhead.", allow_incomplete=allow_incomplete))
+
+    def stats(self, d: Mapping[str, Any], pre: str, *, allow_incomplete: bool) -> dict[str, Stat | None]:
+        """The timings (one :class:`Stat` per operation) of a block, a stage or the stage overhead."""
+        out: dict[str, Stat | None] = {}
+        for op in MEASURED.stats:
+            raw = self.get(d, op, pre)
             if raw is None and not allow_incomplete:
-                raise self.fail(f"stage_overhead.{op}", "is not measured (null)")
-            kwargs[op] = None if raw is None else self.stat(raw, f"stage_overhead.{op}")
-        return StageOverhead(**kwargs)
+                raise self.fail(f"{pre}{op}", "is not measured (null)")
+            out[op] = None if raw is None else self.stat(raw, f"{pre}{op}")
+        return out
 
     def runtime(self, value: Any, where: str = "runtime", *, nested: bool = False) -> RuntimeOverheads | None:
         if value is None:
@@ -736,13 +816,22 @@ class _Reader:
         d = self.obj(value, "method")
         threads = self.get(d, "threads_per_rank", "method.", optional=True)
         wall = self.get(d, "wall_s", "method.", optional=True)
+        host = self.get(d, "host", "method.", optional=True)
         return Method(
             warmup=self.int_(self.get(d, "warmup", "method."), "method.warmup"),
             reps=self.int_(self.get(d, "reps", "method."), "method.reps", minimum=1),
             timer=self.str_(self.get(d, "timer", "method."), "method.timer"),
             threads_per_rank=None if threads is None else self.int_(threads, "method.threads_per_rank", minimum=1),
             wall_s=None if wall is None else self.num(wall, "method.wall_s"),
+            host=None if host is None else self.host_load(host),
         )
+
+    def host_load(self, value: Any) -> HostLoad:
+        d = self.obj(value, "method.host")
+        pre = "method.host."
+        return HostLoad(load_avg=self.num(self.get(d, "load_avg", pre), f"{pre}load_avg"),
+                        num_cpus=self.int_(self.get(d, "num_cpus", pre), f"{pre}num_cpus", minimum=1),
+                        spread=self.num(self.get(d, "spread", pre), f"{pre}spread"))
 
     def profile(self, data: Any, *, allow_incomplete: bool) -> Profile:
         d = self.obj(data, "")
@@ -797,6 +886,9 @@ class _Reader:
                                 f"is {st.stage}; stages must be listed in order 0..{num_stages - 1}")
         if complete and not all(st.is_measured for st in parsed):
             raise self.fail("complete", "is true but some stage measurements are null")
+        if complete and _all_zero([*(extra.get("blocks") or {}).values(), extra.get("stage_overhead"), *parsed]):
+            raise CostError(f"profile {self.source}: every op takes 0 s, so the makespan and bubble would be "
+                            "meaningless (the rule --costs F=0,B=0 meets); re-run `ppsim calibrate`")
         world = self.int_(self.get(d, "world_size", ""), "world_size", minimum=1)
         backend = self.get(d, "backend", "")
         return Profile(
@@ -817,6 +909,13 @@ class _Reader:
             notes=tuple(self.str_(n, f"notes[{i}]") for i, n in enumerate(self.list_(d.get("notes") or [], "notes"))),
             **extra,
         )
+
+
+def _all_zero(parts: list[Any]) -> bool:
+    """Whether the measured ops of these blocks and stages all take 0 (a profile of nothing but zeros)."""
+    stats = [getattr(part, op) for part in parts if part is not None for op in ("F", "B", "I", "W", "FB")]
+    stats = [st for st in stats if st is not None]
+    return bool(stats) and all(st.median == 0 for st in stats)
 
 
 def _kind(value: Any) -> str:

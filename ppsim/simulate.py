@@ -30,7 +30,9 @@ import numpy as np
 from ppsim import deps
 from ppsim.costs import ACTIVATION_PARTS, CostModel, parse_costs
 from ppsim.errors import CostError, DeadlockError, ScheduleFormatError
+from ppsim.io import MemoryCap
 from ppsim.ir import Action, ActionType, Schedule, make_action, overlap
+from ppsim.limits import MAX_COST
 from ppsim.result import RankStats, SimResult, Trace, safe_ratio
 
 _KINDS = (ActionType.F, ActionType.B, ActionType.I, ActionType.W)  # computation codes 0..3
@@ -51,14 +53,20 @@ def simulate(
     costs: CostModel | None = None,
     *,
     memory_cap_bytes: int | None = None,
+    memory_cap: MemoryCap | None = None,
     recompute: Set[tuple[int, int]] | None = None,
     extra_s: Mapping[tuple[int, int], float] | None = None,
 ) -> SimResult:
     """Replay ``schedule`` under ``costs`` (default: ``parse_costs(None)``) and return the timed result.
 
     ``recompute``: the (stage, microbatch) pairs whose activations are recomputed (:mod:`ppsim.recompute`): each
-    keeps only its boundary input after its F, and its B/I runs the forward again first. ``extra_s``: time added to
-    the action at (rank, position), in the cost unit (FSDP's exposed collectives, :mod:`ppsim.fsdp`)."""
+    keeps only its boundary input after its F, and its B/I runs the forward again first.
+    ``memory_cap`` (bytes or activations, :func:`ppsim.io.parse_memory_cap`) flags the ranks over it;
+    ``memory_cap_bytes`` is the same for a cap in bytes. ``extra_s``: time added to the action at (rank, position),
+    in the cost unit (FSDP's exposed collectives, :mod:`ppsim.fsdp`)."""
+    assert memory_cap is None or memory_cap_bytes is None, "give the cap once"
+    if memory_cap_bytes is not None:
+        memory_cap = MemoryCap(memory_cap_bytes, "bytes")
     costs = parse_costs(None) if costs is None else costs
     was_enabled = gc.isenabled()
     gc.disable()  # the run creates no reference cycles; collections would only rescan large lists
@@ -67,7 +75,7 @@ def simulate(
         for (rank, pos), seconds in (extra_s or {}).items():
             program.duration[int(program.offsets[rank]) + pos] += seconds
         start, end = run(program)
-        return _finish(program, start, end, memory_cap_bytes)
+        return _finish(program, start, end, memory_cap)
     finally:
         if was_enabled:
             gc.enable()
@@ -355,9 +363,9 @@ def _durations(
         table2 = np.array(split, dtype=np.float64).reshape(-1, 2)
         duration[pair_idx] = table2[inverse, 0]
         share = table2[inverse, 1]
-    if len(duration) and not np.isfinite(duration).all():
-        a = int(np.flatnonzero(~np.isfinite(duration))[0])
-        _refuse_non_finite(costs, f"{_action_at(schedule, offsets, a)} takes {float(duration[a])}")
+    if len(duration) and not _within_limit(duration).all():
+        a = int(np.flatnonzero(~_within_limit(duration))[0])
+        _refuse_non_finite(costs, f"{_action_at(schedule, offsets, a)} takes {float(duration[a]):g}")
     return duration, share
 
 
@@ -394,9 +402,9 @@ class _Rules:
         self.req_phase = [np.array(col, dtype=np.int64) for col in phases]
         self.req_delay = [np.array(col, dtype=np.float64) for col in delays]
         for col in self.req_delay:
-            if not np.isfinite(col).all():
-                i = int(np.flatnonzero(~np.isfinite(col))[0])
-                _refuse_non_finite(costs, f"a hand-off to stage {i // 4} takes {float(col[i])}")
+            if not _within_limit(col).all():
+                i = int(np.flatnonzero(~_within_limit(col))[0])
+                _refuse_non_finite(costs, f"a hand-off to stage {i // 4} takes {float(col[i]):g}")
         provs: list[list[int]] = []
         for kind in _KINDS:
             made = deps.provides(Action(0, kind, 1))
@@ -730,7 +738,7 @@ def _peaks(delta: np.ndarray, plus: np.ndarray, offsets: np.ndarray) -> list[int
     return np.maximum(peaks, 0).tolist()
 
 
-def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_bytes: int | None) -> SimResult:
+def _finish(program: Program, start: np.ndarray, end: np.ndarray, cap: MemoryCap | None) -> SimResult:
     schedule, costs = program.schedule, program.costs
     offsets = program.offsets
     num_ranks = schedule.num_ranks
@@ -767,6 +775,10 @@ def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_byt
         _refuse_int64_bytes(program, costs, held_of, schedule)
         for s, (held, freed_by_i) in enumerate(held_of):
             table[:, s] = (held, -held, -freed_by_i, -(held - freed_by_i))
+        if costs.outputs_held_to_backward and costs.output_bytes is not None:
+            for s in range(schedule.num_stages - 1):  # the runtime's copy of the output, F to B or I
+                out = costs.output_bytes[costs.position(schedule, s)]
+                table[:, s] += (out, -out, -out, 0)
         if rc is None:
             byte_delta, byte_plus = _per_action(program, table[program.comp_code, program.comp_stage])
         else:
@@ -788,9 +800,8 @@ def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_byt
                 bubble_ratio=idle / makespan if makespan > 0 else 0.0,
                 peak_activations=peak_act[r],
                 peak_memory_bytes=peak_bytes,
-                over_memory_cap=memory_cap_bytes is not None
-                and peak_bytes is not None
-                and peak_bytes > memory_cap_bytes,
+                over_memory_cap=cap is not None
+                and cap.exceeded_by(peak_activations=peak_act[r], peak_bytes=peak_bytes),
             )
         )
     total_busy = float(busy.sum())
@@ -825,7 +836,7 @@ def _finish(program: Program, start: np.ndarray, end: np.ndarray, memory_cap_byt
         bubble_ratio=bubble,
         throughput=safe_ratio(schedule.num_microbatches, makespan),
         per_rank=tuple(stats),
-        memory_cap_bytes=memory_cap_bytes,
+        memory_cap_bytes=None if cap is None else cap.bytes,
         trace=trace,
         recompute=program.recompute,
     )
@@ -892,9 +903,16 @@ def _refuse_int64_bytes(program: Program, costs: CostModel, held_of: list[tuple[
         )
 
 
+def _within_limit(times: np.ndarray) -> np.ndarray:
+    """Each op or hand-off time is finite and at most ``MAX_COST``: the rule ``--costs`` applies, for costs from any
+    source (a profile's tiny bandwidth or huge op times too), so that every total and export stays representable."""
+    return np.isfinite(times) & (np.abs(times) <= MAX_COST)
+
+
 def _refuse_non_finite(costs: CostModel, what: str) -> None:
     raise CostError(
-        f"costs {costs.source!r}: {what}; costs must keep the step finite, use smaller units (e.g. ms instead of s)"
+        f"costs {costs.source!r}: {what}, beyond the limit of {MAX_COST:g} per op; costs must keep the step finite, "
+        "use smaller units (e.g. ms instead of s) or fix the profile"
     )
 
 

@@ -13,8 +13,9 @@ Read from ``parallelism``: ``pipeline_parallel_degree`` (or its older name ``pip
 ``pipeline_parallel_layers_per_stage``, ``pipeline_parallel_first_stage_less_layers``,
 ``pipeline_parallel_last_stage_less_layers`` and ``module_fqns_per_model_part`` (its ``layers.N`` names per part
 become the split); from ``training``: ``local_batch_size`` and ``seq_len``. Missing keys take torchtitan's defaults.
-``--parallelism.KEY VALUE`` / ``--training.KEY VALUE`` overrides are parsed by :func:`parse_overrides` with
-torchtitan's command-line rules (tyro). Settings ppsim cannot honour (other parallelism dimensions, ...) are returned
+``--parallelism.KEY VALUE`` / ``--training.KEY VALUE`` overrides of a config function are parsed by tyro with
+torchtitan's own rules (``ppsim.calibrate.torchtitan.config``); those of a TOML (and without torchtitan) by
+:func:`parse_overrides`, a small reader of the same rules for the types a job TOML holds. Settings ppsim cannot honour (other parallelism dimensions, ...) are returned
 as warnings naming the key; the CLI prints them on stderr. Module lists ppsim cannot read are refused.
 """
 
@@ -33,7 +34,7 @@ from typing import Any
 
 from ppsim.errors import PPSimError
 from ppsim.model_config import ModelConfig
-from ppsim.split import SplitSpec, stages_for_layers_per_stage
+from ppsim.split import SplitError, SplitSpec, stages_for_layers_per_stage
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 DEFAULTS: dict[str, Any] = {
@@ -46,8 +47,12 @@ DEFAULTS: dict[str, Any] = {
     "pipeline_parallel_last_stage_less_layers": 1,
     "local_batch_size": 8,
     "seq_len": 2048,
+    # the generation after 0.3.0 (torchtitan's main since its PR #4121): a microbatch count, and tokens
+    "num_pp_microbatches": 1,
+    "num_tokens_per_microbatch_per_dp_rank": 16384,
+    "max_context_length": 2048,
 }
-"""torchtitan's defaults for the keys ppsim reads."""
+"""torchtitan's defaults for the keys ppsim reads (both generations of the batch keys)."""
 FIELD_TYPES: dict[str, Any] = {
     "parallelism.pipeline_parallel_degree": int,
     "parallelism.pipeline_parallel_schedule": str,
@@ -59,11 +64,15 @@ FIELD_TYPES: dict[str, Any] = {
     "parallelism.module_fqns_per_model_part": list[list[str]] | None,
     "training.local_batch_size": int,
     "training.seq_len": int,
+    "parallelism.num_pp_microbatches": int,
+    "training.num_tokens_per_microbatch_per_dp_rank": int,
+    "training.max_context_length": int,
 }
 """The types of the keys ppsim reads (torchtitan 0.3.0's ``ParallelismConfig`` / ``TrainingConfig``); they type the
 overrides of a TOML job when torchtitan is not installed."""
 OVERRIDE_SECTIONS = ("parallelism", "training")
-_USED_PARALLELISM = {k for k in DEFAULTS if k.startswith("pipeline_")} | {"pipeline_parallel_size"}
+_USED_PARALLELISM = ({k for k in DEFAULTS if k.startswith("pipeline_")}
+                     | {"pipeline_parallel_size", "num_pp_microbatches"})
 _HARMLESS_PARALLELISM = {
     # off at these values, or not about the pipeline's timing
     "data_parallel_replicate_degree": (1,), "data_parallel_shard_degree": (1, -1), "tensor_parallel_degree": (1,),
@@ -87,6 +96,42 @@ HEAD_MODULES = ("norm", "output", "lm_head")
 
 class TorchtitanConfigError(PPSimError):
     """A torchtitan job config that cannot be read, or that contradicts the command line."""
+
+
+@dataclass(frozen=True)
+class BatchKeys:
+    """The job keys that set the microbatches, in the generation the job is written in."""
+
+    count: tuple[str, ...]
+    """``section.key`` of the keys that decide the microbatch count."""
+    size: str
+    """The key that decides the microbatch size (samples of ``seq_len`` tokens)."""
+    seq_len: str
+
+    def overrides(self, *, seq_len: int, mb_size: int) -> str:
+        """The overrides that give a microbatch of ``mb_size`` sequences of ``seq_len`` tokens."""
+        size = mb_size if self.size == "parallelism.pipeline_parallel_microbatch_size" else mb_size * seq_len
+        return f"--{self.seq_len} {seq_len} --{self.size} {size}"
+
+
+OLD_KEYS = BatchKeys(count=("training.local_batch_size", "parallelism.pipeline_parallel_microbatch_size"),
+                     size="parallelism.pipeline_parallel_microbatch_size", seq_len="training.seq_len")
+"""torchtitan 0.3.0 and earlier: microbatches = local_batch_size / pipeline_parallel_microbatch_size (samples)."""
+NEW_KEYS = BatchKeys(count=("parallelism.num_pp_microbatches",),
+                     size="training.num_tokens_per_microbatch_per_dp_rank", seq_len="training.max_context_length")
+"""torchtitan after 0.3.0: num_pp_microbatches is the count; a microbatch is num_tokens_per_microbatch_per_dp_rank
+tokens, i.e. that / max_context_length samples."""
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The microbatches of a job, read from either generation of torchtitan's keys."""
+
+    num_microbatches: int
+    microbatch_size: int
+    local_batch_size: int
+    seq_len: int
+    keys: BatchKeys = OLD_KEYS
 
 
 @dataclass(frozen=True)
@@ -142,19 +187,22 @@ class TorchtitanJob:
     rank_stages: tuple[tuple[int, ...], ...] | None = None
     """Stage indices per rank as torchtitan places them (``_get_pp_rank_to_stage_indices_mapping``)."""
     in_file: bool = True
+    batch_keys: BatchKeys = OLD_KEYS
+    """The keys the job sets its microbatches with (its torchtitan generation's)."""
 
     def refusal(self, exc: Exception) -> TorchtitanConfigError:
         """``exc`` (a schedule that cannot run this job) in the job config's words: the keys that set the ranks
         and microbatches, not the command-line options the user did not pass."""
         reason = re.sub(r"^(?:--mb|--ranks|-m|-r)\s+\d+:\s*", "", str(exc)).split("; ")[0]
-        keys = ("parallelism.pipeline_parallel_degree", "training.local_batch_size",
-                "parallelism.pipeline_parallel_microbatch_size")
-        fix = ("change pipeline_parallel_degree, local_batch_size or pipeline_parallel_microbatch_size in the file "
-               "to match") if self.in_file else "pass " + ", ".join(f"--{k}" for k in keys) + " to match"
+        keys = ("parallelism.pipeline_parallel_degree", *self.batch_keys.count)
+        short = [k.split(".")[-1] for k in keys]
+        fix = (f"change {', '.join(short[:-1])} or {short[-1]} in the file to match" if self.in_file
+               else "pass " + ", ".join(f"--{k}" for k in keys) + " to match")
+        how = (f"local_batch_size {self.local_batch_size} / pipeline_parallel_microbatch_size {self.microbatch_size}"
+               if self.batch_keys == OLD_KEYS else f"num_pp_microbatches {self.num_microbatches}")
         return TorchtitanConfigError(
             f"--torchtitan-config {self.source}: {Path(self.schedule).name} with pipeline_parallel_degree "
-            f"{self.num_ranks} and {self.num_microbatches} microbatches (local_batch_size {self.local_batch_size} / "
-            f"pipeline_parallel_microbatch_size {self.microbatch_size}) cannot run: {reason}; {fix}"
+            f"{self.num_ranks} and {self.num_microbatches} microbatches ({how}) cannot run: {reason}; {fix}"
         )
 
 
@@ -259,12 +307,12 @@ def job_from_settings(
     degree = _degree(settings)
     sched_name: str = get("parallelism", "pipeline_parallel_schedule", str)
     csv: str = get("parallelism", "pipeline_parallel_schedule_csv", str) or ""
-    mb_size: int = get("parallelism", "pipeline_parallel_microbatch_size", int, minimum=1)
     tt_layers_per_stage: int | None = get("parallelism", "pipeline_parallel_layers_per_stage", int, minimum=1)
     input_weight: int = get("parallelism", "pipeline_parallel_first_stage_less_layers", int, minimum=0)
     output_weight: int = get("parallelism", "pipeline_parallel_last_stage_less_layers", int, minimum=0)
-    batch: int = get("training", "local_batch_size", int, minimum=1)
-    seq_len: int = get("training", "seq_len", int, minimum=1)
+    shape = batch_shape(settings)
+    mb_size, batch, seq_len, microbatches = (shape.microbatch_size, shape.local_batch_size, shape.seq_len,
+                                             shape.num_microbatches)
     _warn_unused(settings, warnings)
     if degree < 2:
         raise TorchtitanConfigError(
@@ -272,40 +320,38 @@ def job_from_settings(
             + ("set [parallelism] pipeline_parallel_degree = 2 or more" if settings.in_file
                else "pass --parallelism.pipeline_parallel_degree 2 (or more)")
         )
-    if batch % mb_size:
-        raise TorchtitanConfigError(
-            f"--torchtitan-config {source}: local_batch_size {batch} is not divisible by "
-            f"pipeline_parallel_microbatch_size {mb_size} (torchtitan refuses it too); "
-            + settings.fix("training.local_batch_size", "parallelism.pipeline_parallel_microbatch_size")
-        )
-    microbatches = batch // mb_size
     layers = _layer_count(settings, num_layers)
 
     ppsim_schedule, single, v = _schedule(settings, sched_name, csv)
+    if csv and single:
+        _check_csv_one_stage_per_rank(settings, sched_name, csv)
     if tt_layers_per_stage is not None:
-        v = _stages_per_rank_from_layers(settings, tt_layers_per_stage, layers, input_weight, output_weight,
-                                         degree=degree, sched_name=sched_name, single=single, v=v)
-    fqn_split = module_lists_split(settings, num_layers=layers)
+        try:
+            v = _stages_per_rank_from_layers(settings, tt_layers_per_stage, layers, input_weight, output_weight,
+                                             degree=degree, sched_name=sched_name, single=single, v=v)
+        except SplitError as exc:
+            raise in_job_terms(settings, exc) from None
+    fqn_key, fqn_split = module_lists_split(settings, num_layers=layers, warnings=warnings)
     if fqn_split is not None:
         # torchtitan builds one stage per listed part, whatever layers_per_stage says
         if len(fqn_split) % degree:
-            raise TorchtitanConfigError(f"--torchtitan-config {source}: module_fqns_per_model_part lists "
+            raise TorchtitanConfigError(f"--torchtitan-config {source}: {fqn_key} lists "
                                         f"{len(fqn_split)} parts, not divisible by pipeline_parallel_degree {degree}; "
-                                        + settings.fix("parallelism.module_fqns_per_model_part"))
+                                        + settings.fix(f"parallelism.{fqn_key}"))
         if v is not None:
             v = len(fqn_split) // degree
         if split is not None and tuple(split) != fqn_split:
-            raise TorchtitanConfigError(f"--split contradicts module_fqns_per_model_part in {source} (layers per "
+            raise TorchtitanConfigError(f"--split contradicts {fqn_key} in {source} (layers per "
                                         f"part {','.join(map(str, fqn_split))}); drop --split")
         if tt_layers_per_stage is not None:
             warnings.append(f"parallelism.pipeline_parallel_layers_per_stage = {tt_layers_per_stage} does not "
-                            "decide the split: module_fqns_per_model_part does (as in torchtitan's pipeline_llm)")
+                            f"decide the split: {fqn_key} does (as in torchtitan's pipeline_llm)")
         split = fqn_split
         tt_layers_per_stage = None
     if model is not None and (model.seq_len, model.mb_size) != (seq_len, mb_size):
         fix = (f"calibrate with --seq-len {seq_len} --mb-size {mb_size}" if settings.in_file else
-               f"calibrate with --seq-len {seq_len} --mb-size {mb_size}, or pass --training.seq_len "
-               f"{model.seq_len} --parallelism.pipeline_parallel_microbatch_size {model.mb_size}")
+               f"calibrate with --seq-len {seq_len} --mb-size {mb_size}, or pass "
+               + shape.keys.overrides(seq_len=model.seq_len, mb_size=model.mb_size))
         warnings.append(
             f"the profile was measured with seq_len {model.seq_len} x microbatch size {model.mb_size}, the job runs "
             f"{seq_len} x {mb_size}: costs are not rescaled; {fix}"
@@ -321,12 +367,16 @@ def job_from_settings(
     if split is not None and tt_layers_per_stage is not None:
         raise TorchtitanConfigError(f"--split and pipeline_parallel_layers_per_stage in {source} both decide the "
                                     "split; drop one")
-    spec = SplitSpec(split=split, layers_per_stage=tt_layers_per_stage, input_weight=input_weight,
-                     output_weight=output_weight)
+    try:
+        spec = SplitSpec(split=split, layers_per_stage=tt_layers_per_stage, input_weight=input_weight,
+                         output_weight=output_weight)
+    except SplitError as exc:
+        raise in_job_terms(settings, exc) from None
     return TorchtitanJob(
         source=source, schedule=ppsim_schedule, num_ranks=degree, num_microbatches=microbatches, stages_per_rank=v,
         split=spec, microbatch_size=mb_size, local_batch_size=batch, seq_len=seq_len, warnings=tuple(warnings),
         model_source=settings.model_source, torch_schedule=sched_name, in_file=settings.in_file,
+        batch_keys=shape.keys,
     )
 
 
@@ -351,11 +401,56 @@ def setting(settings: JobSettings, section: str, key: str, kind: type, *, minimu
 
 
 def job_sizes(settings: JobSettings) -> tuple[int, int]:
-    """``(seq_len, microbatch size)`` of the job: ``training.seq_len`` and
-    ``parallelism.pipeline_parallel_microbatch_size``, the shape of one microbatch torchtitan runs (what
-    `calibrate` and `run` take as ``--seq-len`` / ``--mb-size``)."""
-    return (setting(settings, "training", "seq_len", int, minimum=1),
-            setting(settings, "parallelism", "pipeline_parallel_microbatch_size", int, minimum=1))
+    """``(seq_len, microbatch size)`` of the job (:func:`batch_shape`), the shape of one microbatch torchtitan
+    runs (what `calibrate` and `run` take as ``--seq-len`` / ``--mb-size``)."""
+    shape = batch_shape(settings)
+    return shape.seq_len, shape.microbatch_size
+
+
+def batch_keys_of(settings: JobSettings) -> BatchKeys:
+    """The generation of batch keys the job is written in; one line if it mixes the two."""
+    par, tr = settings.parallelism, settings.training
+    new = [f"parallelism.{k}" for k in ("num_pp_microbatches",) if k in par] + [
+        f"training.{k}" for k in ("num_tokens_per_microbatch_per_dp_rank", "max_context_length") if k in tr]
+    old = [f"parallelism.{k}" for k in ("pipeline_parallel_microbatch_size",) if k in par] + [
+        f"training.{k}" for k in ("local_batch_size", "seq_len") if k in tr]
+    if new and old:
+        raise TorchtitanConfigError(
+            f"--torchtitan-config {settings.source}: gives both torchtitan 0.3.0's batch keys ({', '.join(old)}) and "
+            f"the later release's ({', '.join(new)}); keep one generation"
+            + (" in the file" if settings.in_file else " (drop the overrides of the other)"))
+    return NEW_KEYS if new else OLD_KEYS
+
+
+def batch_shape(settings: JobSettings) -> BatchShape:
+    """The job's microbatches, read from either generation of torchtitan's keys: 0.3.0's ``local_batch_size`` /
+    ``pipeline_parallel_microbatch_size`` samples of ``seq_len`` tokens, or the later ``num_pp_microbatches``
+    microbatches of ``num_tokens_per_microbatch_per_dp_rank`` tokens in sequences of ``max_context_length``."""
+    keys = batch_keys_of(settings)
+
+    def get(name: str) -> int:
+        section, key = name.split(".")
+        return setting(settings, section, key, int, minimum=1)
+
+    seq_len = get(keys.seq_len)
+    if keys == OLD_KEYS:
+        mb_size, batch = get(keys.size), get("training.local_batch_size")
+        if batch % mb_size:
+            raise TorchtitanConfigError(
+                f"--torchtitan-config {settings.source}: local_batch_size {batch} is not divisible by "
+                f"pipeline_parallel_microbatch_size {mb_size} (torchtitan refuses it too); "
+                + settings.fix("training.local_batch_size", "parallelism.pipeline_parallel_microbatch_size"))
+        return BatchShape(num_microbatches=batch // mb_size, microbatch_size=mb_size, local_batch_size=batch,
+                          seq_len=seq_len, keys=keys)
+    count, tokens = get("parallelism.num_pp_microbatches"), get(keys.size)
+    if tokens % seq_len:
+        raise TorchtitanConfigError(
+            f"--torchtitan-config {settings.source}: num_tokens_per_microbatch_per_dp_rank {tokens} is not a multiple "
+            f"of max_context_length {seq_len}: ppsim simulates microbatches of whole sequences; "
+            + settings.fix(keys.size, keys.seq_len))
+    mb_size = tokens // seq_len
+    return BatchShape(num_microbatches=count, microbatch_size=mb_size, local_batch_size=count * mb_size,
+                      seq_len=seq_len, keys=keys)
 
 
 def _warn_unused(settings: JobSettings, warnings: list[str]) -> None:
@@ -427,6 +522,24 @@ def _schedule(settings: JobSettings, sched_name: str, csv: str) -> tuple[str, bo
                                 f"one torchtitan runs that ppsim knows; use one of {names}")
 
 
+def _check_csv_one_stage_per_rank(settings: JobSettings, sched_name: str, csv: str) -> None:
+    """A single-stage schedule class builds one stage per rank: a CSV placing more on a rank cannot load."""
+    from ppsim.formats import read_schedule_file
+
+    rows = read_schedule_file(csv).rows
+    for rank, row in enumerate(rows):
+        stages = sorted({a.stage for a in row if a is not None and a.stage >= 0}
+                        | {sub.stage for a in row if a is not None for sub in a.sub_actions})
+        if len(stages) > 1:
+            raise TorchtitanConfigError(
+                f"--torchtitan-config {settings.source}: pipeline_parallel_schedule {sched_name!r} builds one stage "
+                f"per rank but pipeline_parallel_schedule_csv {csv!r} holds {len(stages)} on rank {rank} (stages "
+                f"{', '.join(map(str, stages[:4]))}{' ...' if len(stages) > 4 else ''}), so torchtitan could not load "
+                "it; name a multi-stage class (PipelineScheduleMulti) or give a one-stage-per-rank CSV ("
+                + settings.fix("parallelism.pipeline_parallel_schedule", "parallelism.pipeline_parallel_schedule_csv")
+                + ")")
+
+
 def _stages_per_rank_from_layers(
     settings: JobSettings, lps: int, layers: int | None, input_weight: int, output_weight: int, *, degree: int,
     sched_name: str, single: bool, v: int | None,
@@ -459,19 +572,47 @@ def _stages_per_rank_from_layers(
 
 
 # --- module lists ----------------------------------------------------------------------------------------------
-def module_lists_split(settings: JobSettings, *, num_layers: int | None = None) -> tuple[int, ...] | None:
-    """Layers per part from torchtitan's explicit module lists (``[["tok_embeddings", "layers.0"], ...]``), or
-    ``None`` when the config gives none. Lists ppsim cannot simulate exactly are refused in one line."""
+def module_lists_split(settings: JobSettings, *, num_layers: int | None = None,
+                       warnings: list[str] | None = None) -> tuple[str, tuple[int, ...] | None]:
+    """``(key, layers per part)`` from torchtitan's explicit module lists (``[["tok_embeddings", "layers.0"],
+    ...]``; ``key`` the spelling read), or ``(key, None)`` when the config gives none. Lists ppsim cannot simulate
+    exactly are refused in one line naming the key; a job giving both spellings gets a warning naming the one used."""
     given = [(k, settings.parallelism[k]) for k in _FQN_KEYS if settings.parallelism.get(k)]
     if not given:
-        return None
+        return _FQN_KEYS[0], None
     key, parts = given[0]
+    if len(given) > 1 and warnings is not None:
+        same = "the same lists" if given[0][1] == given[1][1] else "different lists"
+        warnings.append(f"parallelism.{key} and parallelism.{given[1][0]} are both given ({same}): ppsim uses "
+                        f"{key} (torchtitan 0.3.0's name); drop {given[1][0]}")
     fix = settings.fix(f"parallelism.{key}") + " or use --split with the same layers per stage"
     try:
         counts = split_of_module_names(parts, num_layers=num_layers)
     except ValueError as exc:
         raise TorchtitanConfigError(f"--torchtitan-config {settings.source}: parallelism.{key} {exc}; {fix}") from None
-    return counts
+    return key, counts
+
+
+_INTERNAL_NAMES = (
+    (re.compile(r"^input_weight (\S+):"), "parallelism.pipeline_parallel_first_stage_less_layers = \\1"),
+    (re.compile(r"^output_weight (\S+):"), "parallelism.pipeline_parallel_last_stage_less_layers = \\1"),
+    (re.compile(r"^--layers-per-stage (\S+):"), "parallelism.pipeline_parallel_layers_per_stage = \\1"),
+)
+
+
+def in_job_terms(settings: JobSettings, exc: Exception) -> TorchtitanConfigError:
+    """A split refusal (:class:`ppsim.split.SplitError`) about a value the job set, in the job's own keys rather
+    than ppsim's option names (``input_weight``, ``--layers-per-stage``)."""
+    text = str(exc).split("; ")[0]
+    key = None
+    for pattern, replacement in _INTERNAL_NAMES:
+        if pattern.match(text):
+            key = replacement.split(" ")[0]
+            text = pattern.sub(replacement + ":", text)
+            break
+    fix = settings.fix(key) if key else settings.fix("parallelism.pipeline_parallel_layers_per_stage",
+                                                      "parallelism.module_fqns_per_model_part")
+    return TorchtitanConfigError(f"--torchtitan-config {settings.source}: {text}; {fix}")
 
 
 def split_of_module_names(parts: Any, *, num_layers: int | None = None) -> tuple[int, ...]:
@@ -503,6 +644,9 @@ def split_of_module_names(parts: Any, *, num_layers: int | None = None) -> tuple
             else:
                 raise ValueError(f"part {i} names {_shown(name)}, a module ppsim cannot simulate (it knows "
                                  f"{', '.join(EMBEDDING_MODULES)}, layers.N, {', '.join(HEAD_MODULES)})")
+        if n == 0 and 0 < i < last:
+            raise ValueError(f"part {i} holds no layers.N: only the first part (embedding) and the last (norm and "
+                             "head) may hold no layer")
         counts.append(n)
     if num_layers is not None and expected != num_layers:
         raise ValueError(f"holds {expected} layers but the profile's model has {num_layers}")
@@ -523,21 +667,9 @@ def parse_overrides(args: Sequence[str], fields: Mapping[str, Any], *, source: s
     while i < len(args):
         token = args[i]
         i += 1
-        if not token.startswith("--") or "." not in token.split("=", 1)[0]:
-            raise TorchtitanConfigError(_stray(token))
-        name, has_value, value = token[2:].partition("=")
-        name = name.replace("-", "_")
+        name, annotation, negated = _override_name(token, fields, source)
+        has_value, value = "=" in token, token.partition("=")[2]
         section, _, key = name.partition(".")
-        if section not in OVERRIDE_SECTIONS:
-            raise TorchtitanConfigError(
-                f"--{name}: ppsim reads only --parallelism.KEY and --training.KEY overrides (the settings that shape "
-                "the pipeline); drop it")
-        negated = False
-        annotation = fields.get(name)
-        if annotation is None and key.startswith("no_") and _is_bool(fields.get(f"{section}.{key[3:]}")):
-            name, annotation, negated = f"{section}.{key[3:]}", fields[f"{section}.{key[3:]}"], True
-        if annotation is None:
-            raise TorchtitanConfigError(_unknown(name, fields, source))
         if name in out:
             raise TorchtitanConfigError(f"--{name} given twice; give it once")
         if _is_bool(annotation):
@@ -564,6 +696,37 @@ def parse_overrides(args: Sequence[str], fields: Mapping[str, Any], *, source: s
             i += 1
         out[name] = _convert(name, [value], annotation)
     return out
+
+
+def check_override_names(args: Sequence[str], fields: Mapping[str, Any], *, source: str = "") -> None:
+    """ppsim's rules on the override names, before tyro reads the values: only ``--parallelism.KEY`` and
+    ``--training.KEY``, known keys (else the close ones), each once, no stray value first."""
+    seen: set[str] = set()
+    for i, token in enumerate(args):
+        if not token.startswith("--") and i > 0:
+            continue  # a value: tyro reads it
+        name = _override_name(token, fields, source)[0]
+        if name in seen:
+            raise TorchtitanConfigError(f"--{name} given twice; give it once")
+        seen.add(name)
+
+
+def _override_name(token: str, fields: Mapping[str, Any], source: str) -> tuple[str, Any, bool]:
+    """``(SECTION.KEY, its type, negated)`` of an override token (``--parallelism.no_KEY`` negates a flag)."""
+    if not token.startswith("--") or "." not in token.split("=", 1)[0]:
+        raise TorchtitanConfigError(_stray(token))
+    name = token[2:].partition("=")[0].replace("-", "_")
+    section, _, key = name.partition(".")
+    if section not in OVERRIDE_SECTIONS:
+        raise TorchtitanConfigError(
+            f"--{name}: ppsim reads only --parallelism.KEY and --training.KEY overrides (the settings that shape "
+            "the pipeline); drop it")
+    annotation = fields.get(name)
+    if annotation is None and key.startswith("no_") and _is_bool(fields.get(f"{section}.{key[3:]}")):
+        return f"{section}.{key[3:]}", fields[f"{section}.{key[3:]}"], True
+    if annotation is None:
+        raise TorchtitanConfigError(_unknown(name, fields, source))
+    return name, annotation, False
 
 
 JOB_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -664,11 +827,6 @@ def _convert(name: str, values: list[str], annotation: Any) -> Any:
         if len(values) != 1 or item is not str:
             raise bad
         return [s for s in values[0].split(",") if s]
-    if origin is typing.Literal:
-        if values[0] in [str(a) for a in args]:
-            return next(a for a in args if str(a) == values[0])
-        raise TorchtitanConfigError(f"--{name} {_shown(values[0])}: must be one of "
-                                    f"{', '.join(str(a) for a in args)}")
     if origin in (typing.Union, types.UnionType):
         for option in args:  # e.g. float | int: the first that takes the value
             try:
@@ -698,9 +856,7 @@ def _convert(name: str, values: list[str], annotation: Any) -> Any:
 def _type_name(annotation: Any) -> str:
     inner, optional = _strip_optional(annotation)
     origin, args = _origin(inner)
-    if origin is typing.Literal:
-        text = "one of " + ", ".join(str(a) for a in args)
-    elif _is_nested_list(inner):
+    if _is_nested_list(inner):
         text = "module-name lists"
     elif origin is list:
         text = "a comma-separated list"
@@ -714,8 +870,6 @@ def _type_name(annotation: Any) -> str:
 def _example(annotation: Any) -> str:
     inner, _ = _strip_optional(annotation)
     origin, args = _origin(inner)
-    if origin is typing.Literal:
-        return str(args[0])
     if origin is list:
         return "a,b"
     if origin in (typing.Union, types.UnionType):
@@ -759,7 +913,7 @@ def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
 _AGREE_KEYS = {
     "-s/--schedule": ("parallelism.pipeline_parallel_schedule",),
     "-r/--ranks": ("parallelism.pipeline_parallel_degree",),
-    "-m/--mb": ("training.local_batch_size", "parallelism.pipeline_parallel_microbatch_size"),
+    "-m/--mb": OLD_KEYS.count,
     "-v/--stages-per-rank": ("parallelism.pipeline_parallel_layers_per_stage",),
     "--layers-per-stage": ("parallelism.pipeline_parallel_layers_per_stage",),
 }
@@ -771,7 +925,8 @@ def _agree(settings: JobSettings, option: str, given: Any, from_config: Any, *, 
     equal = same(given, from_config) if same is not None and from_config is not None else given == from_config
     if not equal:
         shown = "not set" if from_config is None else str(from_config)
-        change = "change the file" if settings.in_file else settings.fix(*_AGREE_KEYS[option])
+        keys = batch_keys_of(settings).count if option == "-m/--mb" else _AGREE_KEYS[option]
+        change = "change the file" if settings.in_file else settings.fix(*keys)
         raise TorchtitanConfigError(
             f"{option} {given} contradicts {settings.source}, which gives {shown}; "
             f"drop {option.split('/')[0]} or {change}"

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from ppsim.calibrate.measure.comm import fit_alpha_beta, p2p_sizes
 from ppsim.cli import app
+from ppsim.io import progress_path
 from ppsim.profile import load_profile
 
 runner = CliRunner()
@@ -217,8 +218,9 @@ def _alive(pids: set[int]) -> set[int]:
 
 
 def test_killed_calibration_resumes_the_runtime_probe_without_remeasuring(tmp_path: Path) -> None:
-    path = tmp_path / "resume.json"
-    args = ["calibrate", "-o", str(path), *SMALL, "--stages", "2", "--reps", "3", "--warmup", "1", "--no-p2p"]
+    out = tmp_path / "resume.json"
+    path = progress_path(out)  # the unfinished profile; -o is written only when it is finished
+    args = ["calibrate", "-o", str(out), *SMALL, "--stages", "2", "--reps", "3", "--warmup", "1", "--no-p2p"]
     proc = subprocess.Popen([sys.executable, "-m", "ppsim.cli", *args], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen: set[int] = set()
@@ -250,16 +252,18 @@ def test_killed_calibration_resumes_the_runtime_probe_without_remeasuring(tmp_pa
     assert "incomplete" in one_line_error(runner.invoke(app, ["simulate", "-s", "1F1B", "-r", "2", "-m", "4",
                                                               "--profile", str(path)]))
 
+    assert not out.exists()
     result = runner.invoke(app, [*args, "--resume"])
     assert result.exit_code == 0, result.output
-    final = json.loads(path.read_text())
+    assert not path.exists()
+    final = json.loads(out.read_text())
     assert final["complete"] and final["done"] == ["units", "runtime.real", "runtime.synthetic"]
     assert final["units"] == partial["units"]  # kept, not measured again
     for key in ("compute_scale", "dispatch_s", "handoff_s", "samples"):
         assert final["runtime"][key] == partial["runtime"][key]
     assert partial["runtime"]["synthetic"] is None and final["runtime"]["synthetic"]["dispatch_s"] >= 0
     assert final["runtime"]["compute_scale"]["2"] > 0 and final["runtime"]["probe"]["schedule"] == "1F1B"
-    assert load_profile(path).runtime is not None
+    assert load_profile(out).runtime is not None
     assert "measuring" not in result.output and "runtime probe (real)" not in result.output
     again = runner.invoke(app, [*args, "--resume"])
     assert again.exit_code == 0 and "already complete" in again.output
@@ -315,7 +319,8 @@ def test_out_of_memory_names_the_shape_and_a_fix(tmp_path: Path, monkeypatch: py
     line = one_line_error(runner.invoke(app, ["calibrate", "-o", str(tmp_path / "p.json"), *SMALL, "--stages", "2",
                                               "--reps", "1", "--warmup", "0", "--no-p2p"]))
     assert "out of memory measuring memory" in line and "2x16" in line and "--mb-size" in line
-    assert load_profile(tmp_path / "p.json", allow_incomplete=True).done == ()
+    assert load_profile(progress_path(tmp_path / "p.json"), allow_incomplete=True).done == ()
+    assert not (tmp_path / "p.json").exists()
 
 
 def test_unreachable_peer_times_out_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -353,6 +358,39 @@ def test_an_unknown_torch_release_is_refused_by_the_adapter(monkeypatch: pytest.
         torch_adapter.check()
     monkeypatch.setenv(torch_adapter.OVERRIDE_ENV, "1")
     torch_adapter.check()  # the names it needs are all there: allowed with the override
+
+
+def test_an_older_torch_is_refused_in_one_line_naming_the_releases_that_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppsim.calibrate.execute import torch_adapter
+    from ppsim.errors import PPSimError
+
+    monkeypatch.setattr(torch_adapter, "_checked", False)
+    monkeypatch.setattr(torch, "__version__", "2.12.1+cpu")
+    monkeypatch.setenv(torch_adapter.OVERRIDE_ENV, "1")  # the override does not lift it: older releases lack names
+    with pytest.raises(PPSimError, match=r"torch 2\.12\.1\+cpu: .*needs torch 2\.13, 2\.14, 2\.15") as info:
+        torch_adapter.check()
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("version", ["2.13.0+cpu", "2.14.1", "2.15.0"])
+def test_the_tested_torch_releases_run_without_the_override(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str], version: str) -> None:
+    from ppsim.calibrate.execute import torch_adapter
+
+    monkeypatch.delenv(torch_adapter.OVERRIDE_ENV, raising=False)
+    torch_adapter._check_version(version)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_newer_untested_torch_runs_with_the_override_and_one_warning(monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from ppsim.calibrate.execute import torch_adapter
+
+    monkeypatch.setenv(torch_adapter.OVERRIDE_ENV, "1")
+    monkeypatch.delenv("RANK", raising=False)
+    torch_adapter._check_version("2.16.0")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "torch 2.16.0 is newer" in err and "2.13, 2.14, 2.15" in err
 
 
 @pytest.mark.parametrize(

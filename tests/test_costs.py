@@ -344,3 +344,15 @@ def test_composition_is_compared_with_stages_measured_whole() -> None:
     )
     costs = costs_for(CostModel.from_profile(make_v2_profile(stages=stages)), get_schedule("1F1B", 2, 4))
     assert any("within 9.1% of the stages measured whole" in n for n in costs.notes)
+
+
+def test_per_block_costs_take_another_split_through_one_checked_method() -> None:
+    from ppsim.split import SplitError, SplitSpec
+
+    base = _v2_costs()
+    chosen = base.with_split(SplitSpec(layers_per_stage=2))
+    assert chosen.split == SplitSpec(layers_per_stage=2) and chosen.blocks is base.blocks
+    with pytest.raises(SplitError, match="needs a per-block profile"):
+        parse_costs("F=1,B=2").with_split(SplitSpec(layers_per_stage=2))
+    with pytest.raises(SplitError):
+        base.with_split(SplitSpec(split=(1,)))  # one stage cannot hold a split of another model's layer count

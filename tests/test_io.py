@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 
 from ppsim.cli import app
 from ppsim.errors import OutputPathError, SizeError
-from ppsim.io import ActivationCap, check_writable, fmt_bytes, parse_bytes, parse_memory_cap, write_atomic
+from ppsim.io import MemoryCap, check_writable, fmt_bytes, parse_bytes, parse_memory_cap, write_atomic
 
 
 def leftovers(folder: Path, name: str) -> list[str]:
@@ -209,13 +210,47 @@ def test_parse_bytes_passes_none_through() -> None:
     assert parse_bytes(None) is None
 
 
-def test_memory_cap_in_activations_is_a_distinct_type() -> None:
-    assert parse_memory_cap("8act") == ActivationCap(8)
-    assert parse_memory_cap("8 acts") == ActivationCap(8)
-    assert str(ActivationCap(8)) == "8act"
-    assert parse_memory_cap("80GiB") == 80 * 2**30
+def test_memory_cap_in_activations_is_a_distinct_unit() -> None:
+    assert parse_memory_cap("8act") == MemoryCap(8, "act")
+    assert parse_memory_cap("8 acts") == MemoryCap(8, "act")
+    assert str(MemoryCap(8, "act")) == "8act"
+    assert parse_memory_cap("80GiB") == MemoryCap(80 * 2**30, "bytes")
     with pytest.raises(SizeError, match="at least 1act"):
         parse_memory_cap("0act")
+
+
+def test_memory_cap_says_whether_gb_or_gib_was_read() -> None:
+    decimal, binary = parse_memory_cap("80GB"), parse_memory_cap("80GiB")
+    assert decimal == MemoryCap(80 * 10**9, "bytes") and binary == MemoryCap(80 * 2**30, "bytes")
+    assert "80,000,000,000 bytes (GB = 10^9 bytes; write GiB for 2^30)" in decimal.describe()
+    assert "85,899,345,920 bytes (GiB = 2^30 bytes)" in binary.describe()
+
+
+def test_search_and_simulate_read_the_same_cap_type() -> None:
+    from ppsim.search import MemoryCap as SearchCap
+    from ppsim.search import parse_memory_cap as search_parse
+
+    assert SearchCap is MemoryCap
+    for text in ("8act", "1.5act", "80GB", "80GiB", "1e9"):
+        assert search_parse(text) == parse_memory_cap(text)
+
+
+@pytest.mark.parametrize("command", [["simulate"], ["plot", "--memory", "-o", "{tmp}/x.png"]])
+def test_cli_memory_cap_in_activations_is_read_by_simulate_and_plot(command: list[str], tmp_path: Path) -> None:
+    args = [a.replace("{tmp}", str(tmp_path)) for a in command]
+    result = CliRunner().invoke(app, [*args, "-s", "1F1B", "-r", "2", "-m", "4", "--memory-cap", "1act"])
+    assert result.exit_code == 0, result.output
+    assert "not a size" not in result.output
+
+
+def test_simulate_flags_ranks_over_an_activation_cap() -> None:
+    from ppsim import get_schedule, simulate
+
+    result = simulate(get_schedule("1F1B", 2, 4), memory_cap=parse_memory_cap("1act"))
+    assert [p.over_memory_cap for p in result.per_rank] == [True, False]
+    assert result.over_memory_cap == (0,) and result.memory_cap_bytes is None
+    shown = CliRunner().invoke(app, ["simulate", "-s", "1F1B", "-r", "2", "-m", "4", "--memory-cap", "1act"])
+    assert "2 > cap" in shown.output and "memory cap: 1act per rank" in shown.output
 
 
 def test_cli_memory_cap_overflow_exits_2() -> None:

@@ -338,3 +338,16 @@ def test_a_huge_string_value_is_cut_in_the_message(tmp_path: Path) -> None:
     data = _v2_dict()
     data["runtime"]["recv_posting"] = "x" * 100_000
     assert len(load_error(write_json(tmp_path, data))) < 400
+
+
+def test_measured_fields_are_read_from_the_block_dataclass() -> None:
+    """Adding a measured field is one line in Block (and StageProfile): the reader and writer follow its fields."""
+    from dataclasses import fields
+
+    from ppsim.profile import MEASURED, OPS, Block, StageProfile
+
+    assert MEASURED.stats == OPS
+    assert set(MEASURED.stats + MEASURED.ints + MEASURED.optional_ints) == {f.name for f in fields(Block)}
+    assert {f.name for f in fields(Block)} <= {f.name for f in fields(StageProfile)}
+    assert MEASURED.unmeasured_ints == ("activation_bytes", "activation_bytes_freed_by_I")
+    assert list(Block(1, 2, 3, 4).to_dict()) == [*MEASURED.stats, *MEASURED.ints, *MEASURED.optional_ints]

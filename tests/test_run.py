@@ -477,6 +477,7 @@ def test_killing_run_leaves_no_process_behind(sig: str, tmp_path: Path) -> None:
          "F=1,B=1", "--time-unit", "1", "--steps", "5", "--timeout", "300"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, "TMPDIR": str(tmp_path)},  # what SIGKILL leaves (multiprocessing's folder) stays in here
+        preexec_fn=_default_signals,  # SIGINT as a terminal leaves it (`nohup pytest &` starts with it ignored)
     )
     seen: set[int] = set()
     deadline = time.monotonic() + 120
@@ -500,6 +501,14 @@ def test_killing_run_leaves_no_process_behind(sig: str, tmp_path: Path) -> None:
     while _alive(seen) and time.monotonic() < wait_until:
         time.sleep(0.2)
     assert len(seen) >= 4 and not _alive(seen), f"left behind: {_alive(seen)} of {seen}"
+
+
+def _default_signals() -> None:
+    """In the child: SIGINT and SIGHUP at their defaults, whatever the shell that started pytest left them at."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _cmdline(pid: int) -> bytes:

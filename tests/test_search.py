@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from ppsim.cli import app
 from ppsim.errors import PPSimError
 from ppsim.formats import read_csv
 from ppsim.search import MemoryCap, MemoryCapError, lower_bound, parse_memory_cap, search
-from ppsim.schedules._greedy import Rule, list_schedule, make_problem
+from ppsim.search.listsched import Rule, list_schedule, make_problem
 from ppsim.schedules._phases import loop_placement, make_schedule, v_placement
 from ppsim.validate import validate
 
@@ -211,6 +212,20 @@ def test_cli_cap_too_small_is_one_line_exit_2() -> None:
     assert len(lines) == 1 and "2act" in lines[0]
 
 
+def test_cli_no_order_in_time_names_the_smallest_cap_known_to_fit_and_its_order(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # a search that finds nothing in time (here: list scheduling made to find nothing) at a feasible but tight cap
+    import ppsim.search.driver as driver
+
+    monkeypatch.setattr(driver, "list_schedule", lambda *a, **k: None)
+    res = runner.invoke(app, ["search", "-r", "4", "-m", "8", "--memory-cap", "1act", "--time-limit", "1", "-q"])
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1
+    # 4 activations on 4 ranks: the lowest named peak (1F1B's and others'); the message names the order with it
+    assert "smallest cap known to fit is 4act" in lines[0] and "--memory-cap 4act" in lines[0]
+    assert re.search(r"\([\w-]+'s peak, makespan [\d.]+\)", lines[0]), lines[0]
+
+
 def test_cli_report_includes_the_searched_schedule(tmp_path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "report.html"
     res = runner.invoke(app, ["report", "-s", "1F1B,ZBH1", "-r", "4", "-m", "8", "--costs", "F=1,B=2,comm=0.1",
@@ -389,7 +404,7 @@ def test_searched_is_never_slower_than_a_named_schedule_or_a_v_building_block_th
 # --- proofs: CP-SAT proves small cases optimal, and its bound is a bound (issue 19) ---------------------------------
 @pytest.mark.parametrize(
     "ranks, mb, cap, placement, optimum",
-    [(2, 4, 3, "v", 27.8), (3, 4, 4, "v", 30.2), (4, 6, 2, "loop", 32.6), (2, 6, 1, "loop", 31.2),
+    [(2, 4, 3, "v", 27.8), (3, 4, 4, "v", 30.2), (4, 6, 2, "loop", 32.6),
      (3, 5, 2, "loop", 22.2)],  # each above the analytic bound: only CP-SAT can prove it
 )
 def test_cpsat_proves_small_cases_optimal(ranks: int, mb: int, cap: int, placement: str, optimum: float) -> None:
@@ -402,6 +417,15 @@ def test_cpsat_proves_small_cases_optimal(ranks: int, mb: int, cap: int, placeme
     assert result.makespan == pytest.approx(optimum) and result.lower_bound == pytest.approx(optimum)
     assert result.gap == 0.0
     assert validate(result.schedule) == [] and result.peak <= cap
+
+
+def test_the_occupancy_bound_makes_the_serial_order_at_one_activation_provably_optimal() -> None:
+    # 2 ranks x 6 microbatches at 1act: rank 0 holds one microbatch at a time, each for its round trip at least
+    # (5.2: F, comm, F, I, comm, I, W), 6 times: 31.2, which CP-SAT proved optimal; the occupancy term gives it alone
+    problem = make_problem(make_schedule("t", [[], []], loop_placement(2, 1), 6, 1), COMM, 1.0)
+    assert lower_bound(problem) == pytest.approx(31.2)
+    result = search(2, 6, COMM, "1act", time_limit=30.0, max_orders=200, solver="none")
+    assert result.optimal and result.makespan == pytest.approx(31.2)
 
 
 def test_an_order_meeting_the_analytic_bound_is_optimal_without_cpsat() -> None:
@@ -512,3 +536,39 @@ def test_greedy_v_seeds_are_valid_and_fit_the_cap(ranks: int, mb: int, cap: int)
         assert validate(schedule) == []
         assert max(p.peak_activations for p in sim.per_rank) <= cap
         assert sim.makespan == pytest.approx(simulate(schedule, costs).makespan)
+
+
+def test_critical_chain_moves_are_actions_their_rank_mate_delayed_on_the_chain_to_the_makespan() -> None:
+    from ppsim.search.local import critical_chain
+
+    sched = get_schedule("V-Half", 4, 8, 2)
+    costs = parse_costs("F=1,I=1.5,W=0.5,comm=0.1")
+    sim = simulate(sched, costs_for(costs, sched, scope="stage"))
+    chain = critical_chain(sched, sim)
+    assert chain
+    for r, k in chain:  # each started the moment the previous action of its rank ended
+        assert k > 0 and sim.starts[r][k] == pytest.approx(sim.ends[r][k - 1])
+    last_rank = max(range(4), key=lambda r: sim.ends[r][-1])
+    assert max(chain) <= (3, 10**9) and any(r == last_rank for r, _ in chain)
+
+
+def test_orders_above_cpsats_size_limit_are_big_and_skip_cpsat_under_solver_auto() -> None:
+    import ppsim.search.driver as driver
+
+    mb = driver.CPSAT_MAX_COMPUTATIONS // (3 * 8)  # 4 ranks x 2 stages (V): at the limit, then just above it
+    assert not driver._is_big(driver._templates(4, mb, driver.Placement.v, None))
+    assert driver._is_big(driver._templates(4, mb + 1, driver.Placement.v, None))
+    assert driver._is_big(driver._templates(32, 128, driver.Placement.v, None))  # 24,576 computations
+
+
+def test_at_16_ranks_and_zbvs_memory_the_search_is_no_slower_than_the_zero_bubble_authors() -> None:
+    # PV02 of the authors' reference grid (tests/data/zb_peer_r16_r32.json): V, 16 ranks x 64 microbatches,
+    # F=1, I=1.5, W=0.5, comm 0.1, 32act; their best order there (zbv) takes 422.3, ppsim's ZBV 422.8
+    data = json.loads((Path(__file__).parent / "data" / "zb_peer_r16_r32.json").read_text())
+    case = next(c for c in data["cases"] if c["id"] == "PV02")
+    costs = parse_costs(f"F={case['F']},I={case['I']},W={case['W']},comm={case['comm']}")
+    result = search(case["R"], case["M"], costs, f"{case['cap_act']}act", placement="v", time_limit=600.0,
+                    max_orders=3, solver="none")
+    assert result.stopped == "done"
+    assert result.makespan <= case["peer_makespan"] + 1e-6
+    assert result.peak <= case["cap_act"]

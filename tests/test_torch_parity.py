@@ -223,6 +223,9 @@ class _RecordingStage(_StubStage):
     def perform_reduce_grad(self, *args) -> None:
         pass
 
+    def release_fwd_send_outputs(self, mb: int) -> None:  # torch 2.15: the outputs dropped once the send is waited
+        pass
+
 
 def torch_executed_order(torch_name: str, num_ranks: int, num_microbatches: int) -> list[list[Key]]:
     """The computations torch's single-stage schedule actually runs on each rank (its ``step`` path)."""

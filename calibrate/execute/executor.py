@@ -71,7 +71,8 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     clock = Clock(sleep_s, cuda)
     stages = [torch_adapter.pipeline_stage(modules[s], s, schedule.num_stages, device) for s in my_stages]
     for st in stages:
-        torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post)
+        torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post,
+                                       outputs=clock.outputs)
     checkpoint_chosen(spec, stages, [modules[s] for s in my_stages])
     order = {r: [str(a) for a in row] for r, row in enumerate(schedule.actions)}
     runtime = torch_adapter.runtime(stages, num_microbatches=schedule.num_microbatches, loss_fn=loss_fn,

@@ -157,7 +157,7 @@ class RunReport:
 def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) -> RunReport | None:
     """Refuse, predict, run, compare. ``None`` on torchrun ranks other than 0 (rank 0 reports). ``log`` gets the
     line naming the model before the run starts (default: stderr)."""
-    from ppsim.calibrate.execute import launch
+    from ppsim.calibrate.execute import launch, torch_adapter
     from ppsim.calibrate.torchtitan.runner import choose_runner
 
     schedule = load_checked_schedule(options)
@@ -166,6 +166,7 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         from ppsim.calibrate.models import parse_model_source
 
         options = dataclasses.replace(options, source=parse_model_source(None, device=device))
+    torch_adapter.check()  # the torch release: refused, or warned about once, before anything is measured
     world = int(os.environ["WORLD_SIZE"]) if launch.under_torchrun() else None
     if world is not None and options.dp_shard * options.tp == 1 and world != schedule.num_ranks:
         raise PPSimError(
@@ -189,11 +190,10 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         runner = choose_runner(options.executor, model, schedule, synthetic=options.synthetic)
     if world is None:
         check_machine(options, schedule, model)
-    if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:
-        (log or _stderr)(model.summary())
     from ppsim.memory import Degrees, job_memory
     from ppsim.simulate import simulate
 
+    costs = dataclasses.replace(costs, outputs_held_to_backward=torch_adapter.keeps_forward_outputs())
     shapes = None if options.synthetic else run_memory_inputs(options, schedule, model, spec)
     extra, notes = fsdp_collectives(schedule, costs, shapes, spec)
     if notes:
@@ -204,6 +204,8 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard), schedule=schedule, stage_modules=shapes[1],
         recompute=spec.recompute)
     check_predicted_time(options, predicted)
+    if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:  # after every refusal: an error stands alone
+        (log or _stderr)(model.summary())
     if world is None:
         measurement = runner.launch(spec)
     else:

@@ -253,10 +253,16 @@ class Clock:
         self._begin_host = 0.0
         self._name = ""
         self._index = 0
+        self.memory: _PeakSaved | None = None
+        """The step's memory count, while one is taken: told of the forward outputs the runtime keeps."""
         if cuda:
             import torch
 
             self._event = lambda: torch.cuda.Event(enable_timing=True)
+
+    def outputs(self, key: tuple[int, int], tensors: list[Any]) -> None:
+        if self.memory is not None:
+            self.memory.keep(key, tensors)
 
     def reset(self) -> None:
         self.records = []
@@ -297,7 +303,8 @@ class Clock:
 
 
 class _PeakSaved:
-    """Saved-tensor hooks: the peak over a step of the bytes autograd keeps for backward (unique storages, the
+    """Saved-tensor hooks: the peak over a step of the bytes autograd keeps for backward, plus the forward outputs
+    the pipeline runtime keeps (until the backward before torch 2.15, until the send since) (unique storages, the
     rank's parameters excluded)."""
 
     def __init__(self, param_storages: set[int]) -> None:
@@ -306,6 +313,28 @@ class _PeakSaved:
         self.nbytes: dict[int, int] = {}
         self.held = 0
         self.peak = 0
+        self.kept: dict[tuple[int, int], list[int]] = {}
+
+    def keep(self, key: tuple[int, int], tensors: list[Any]) -> None:
+        """The runtime now keeps ``tensors`` as the outputs of (stage, microbatch) ``key``."""
+        for ptr in self.kept.pop(key, []):
+            self._release(ptr)
+        ptrs = []
+        for tensor in tensors:
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in self.param_storages and storage.nbytes() > 0:
+                ptrs.append(self._hold(storage))
+        if ptrs:
+            self.kept[key] = ptrs
+
+    def _hold(self, storage: Any) -> int:
+        ptr = storage.data_ptr()
+        if self.refs.get(ptr, 0) == 0:
+            self.nbytes[ptr] = storage.nbytes()
+            self.held += storage.nbytes()
+            self.peak = max(self.peak, self.held)
+        self.refs[ptr] = self.refs.get(ptr, 0) + 1
+        return ptr
 
     def pack(self, tensor: Any) -> Any:
         storage = tensor.untyped_storage()
@@ -313,11 +342,7 @@ class _PeakSaved:
         if ptr in self.param_storages or storage.nbytes() == 0:
             return tensor
         box = _Box(tensor.detach())
-        if self.refs.get(ptr, 0) == 0:
-            self.nbytes[ptr] = storage.nbytes()
-            self.held += storage.nbytes()
-            self.peak = max(self.peak, self.held)
-        self.refs[ptr] = self.refs.get(ptr, 0) + 1
+        self._hold(storage)
         weakref.finalize(box, self._release, ptr)
         return box
 
@@ -465,9 +490,11 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
                 base_event.record()
             hooks = (torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack) if step == last_timed
                      else contextlib.nullcontext())
+            clock.memory = saved if step == last_timed else None
             t0 = time.perf_counter()
             with hooks:
                 run.runtime.step(*args, losses=losses, return_outputs=False, **kwargs)
+            clock.memory = None
             if cuda:
                 torch.cuda.synchronize(device)
             t1 = time.perf_counter()

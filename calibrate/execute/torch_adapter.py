@@ -13,6 +13,7 @@ torch is imported inside the functions only.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,9 +21,9 @@ from typing import Any
 
 from ppsim.errors import PPSimError
 
-#: torch releases (major.minor) this adapter was tested with.
-TESTED = ("2.13",)
-#: Set to 1 to run with another torch release anyway (a missing name is still refused).
+#: torch releases (major.minor) this adapter was tested with (CI runs the torch tests on the first and the last).
+TESTED = ("2.13", "2.14", "2.15")
+#: Set to 1 to run with a newer, untested torch release anyway (a missing name is still refused).
 OVERRIDE_ENV = "PPSIM_UNTESTED_TORCH"
 
 _REQUIRED = {
@@ -35,6 +36,38 @@ _STAGE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_on
 _checked = False
 
 
+def _release(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a torch version string (``2.15.0+cpu`` -> ``(2, 15)``)."""
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def _check_version(version: str) -> None:
+    """An older release than the tested ones is refused; a newer one needs the override and gets one warning."""
+    release = _release(version)
+    names = ", ".join(TESTED)
+    if release in {_release(t) for t in TESTED}:
+        return
+    if release < min(_release(t) for t in TESTED):
+        raise PPSimError(f"torch {version}: ppsim's pipeline adapter (calibrate/execute/torch_adapter.py) needs torch "
+                         f"{names} (it is tested with those); install one (pip install -c constraints.txt torch)")
+    if os.environ.get(OVERRIDE_ENV) != "1":
+        raise PPSimError(
+            f"torch {version}: ppsim's pipeline adapter (calibrate/execute/torch_adapter.py) uses private "
+            f"torch.distributed.pipelining internals and is tested with torch {names}; install one "
+            f"(pip install -c constraints.txt torch) or set {OVERRIDE_ENV}=1 to try this release"
+        )
+    import multiprocessing
+
+    # one line per run: from the launching process (not its local workers), or rank 0 under torchrun
+    if multiprocessing.parent_process() is None and os.environ.get("RANK", "0") == "0":
+        print(f"ppsim: warning: torch {version} is newer than the releases ppsim is tested with ({names}); running "
+              f"it because {OVERRIDE_ENV}=1", file=sys.stderr)
+
+
 def check() -> None:
     """Refuse (one line) a torch release this adapter does not know, or one lacking a name it needs."""
     global _checked
@@ -44,14 +77,7 @@ def check() -> None:
 
     import torch
 
-    version = torch.__version__.split("+")[0]
-    major_minor = ".".join(version.split(".")[:2])
-    if major_minor not in TESTED and os.environ.get(OVERRIDE_ENV) != "1":
-        raise PPSimError(
-            f"torch {torch.__version__}: ppsim's pipeline adapter (calibrate/execute/torch_adapter.py) uses private "
-            f"torch.distributed.pipelining internals and is tested with torch {', '.join(TESTED)}; install that "
-            f"(pip install -c constraints.txt torch) or set {OVERRIDE_ENV}=1 to try this release"
-        )
+    _check_version(torch.__version__)
     for module_name, names in _REQUIRED.items():
         module = importlib.import_module(module_name)
         missing = [n for n in names if not hasattr(module, n)]
@@ -80,6 +106,35 @@ def backward_functions() -> tuple[Callable[..., Any], Callable[..., Any], Callab
     from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight
 
     return stage_backward, stage_backward_input, stage_backward_weight
+
+
+def keeps_forward_outputs(runtime: Any = None) -> bool:
+    """Whether the runtime keeps a stage's forward outputs until the backward. torch before 2.15 always does
+    (``PipelineStage.fwd_cache``). 2.15 drops them when their send is waited for (``release_fwd_send_outputs`` at a
+    ``WAIT_SEND_F``), but its lowering (``_add_wait_send``) places that wait right after the same microbatch's
+    backward unless the schedule is built with ``max_outstanding_sends`` (a send budget that waits earlier); without
+    one (ppsim's runtime, torchtitan 0.3.0's builder) the outputs live to the backward as before. The memory model
+    follows it (``CostModel.outputs_held_to_backward``)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    if not hasattr(PipelineStage, "release_fwd_send_outputs"):
+        return True
+    return getattr(runtime, "_max_outstanding_sends", None) is None
+
+
+def held_outputs(stage: Any, microbatch: int) -> list[Any]:
+    """The output tensors a stage that sends them keeps for ``microbatch`` right now (for the executor's memory
+    count; the last stage's output, the logits the loss reads, is held to the backward by every release alike and
+    is counted on neither side)."""
+    if stage.is_last:
+        return []
+    cache = getattr(stage, "fwd_cache", None)
+    if cache is not None:  # torch before 2.15: (outputs, inputs)
+        entry = cache.get(microbatch)
+        return [] if entry is None else [t for t in entry[0] if hasattr(t, "untyped_storage")]
+    state = getattr(stage, "_forward_chunk_states", {}).get(microbatch)
+    outputs = [] if state is None else state.live_outputs
+    return [t for t in outputs if t is not None and hasattr(t, "untyped_storage")]
 
 
 # --- executing an order -----------------------------------------------------------------------------------------
@@ -132,23 +187,38 @@ def timed_receive_waits(on_wait: Callable[[float], None]) -> Iterator[None]:
 
 
 def instrument_stage(stage: Any, *, begin: Callable[[str], None], finish: Callable[[], None],
-                     posted: Callable[[int, int, str], None]) -> None:
+                     posted: Callable[[int, int, str], None],
+                     outputs: Callable[[tuple[int, int], list[Any]], None] | None = None) -> None:
     """Wrap the stage's per-computation entry points (instance attributes shadow the class methods): ``begin(name)``
     before each computation, ``finish()`` after a backward (a forward is finished by the runtime's
-    ``after_forward``), ``posted(stage, microbatch, "F"|"B")`` when a receive is posted."""
+    ``after_forward``), ``posted(stage, microbatch, "F"|"B")`` when a receive is posted; ``outputs((stage,
+    microbatch), tensors)`` each time the forward outputs the stage keeps change (after a forward, a backward, and
+    on torch 2.15 the release after the send)."""
     index = stage.stage_index
     fwd, bwd, bwd_w = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
+    kept = outputs or (lambda key, tensors: None)
 
     def forward_one_chunk(fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         begin(f"{index}F{fwd_chunk_id}")
-        return fwd(fwd_chunk_id, *args, **kwargs)
+        out = fwd(fwd_chunk_id, *args, **kwargs)
+        kept((index, fwd_chunk_id), held_outputs(stage, fwd_chunk_id))
+        return out
 
     def backward_one_chunk(bwd_chunk_id: int, loss: Any = None, full_backward: bool = True,
                            last_backward: bool = False) -> Any:
         begin(f"{index}{'B' if full_backward else 'I'}{bwd_chunk_id}")
         out = bwd(bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward)
+        kept((index, bwd_chunk_id), held_outputs(stage, bwd_chunk_id))
         finish()
         return out
+
+    release = getattr(stage, "release_fwd_send_outputs", None)
+    if release is not None:  # torch 2.15
+        def release_fwd_send_outputs(fwd_chunk_id: int) -> None:
+            release(fwd_chunk_id)
+            kept((index, fwd_chunk_id), held_outputs(stage, fwd_chunk_id))
+
+        stage.release_fwd_send_outputs = release_fwd_send_outputs
 
     def backward_weight_one_chunk(bwd_chunk_id: int, last_backward: bool = False) -> Any:
         begin(f"{index}W{bwd_chunk_id}")

@@ -27,6 +27,7 @@ torch is imported inside the functions only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -40,8 +41,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import PPSimError
+from ppsim.io import exclusive_writer, progress_path
 from ppsim.limits import MAX_CALIBRATION_S, MEMORY_SHARE  # work and memory limits (``--allow-large`` lifts them)
-from ppsim.profile import Stat, load_profile
+from ppsim.profile import HostLoad, Stat, load_profile
 
 if TYPE_CHECKING:
     from ppsim.calibrate.execute.launch import World
@@ -309,14 +311,16 @@ def calibrate(opts: CalibrationOptions, *, log: Callable[[str], None] | None = N
     if distributed:
         world = launch.init_world(backend="nccl" if opts.device == "cuda" else "gloo", timeout_s=opts.init_timeout_s)
     threads = torch.get_num_threads()
-    existed = opts.output.exists()
+    partial = progress_path(opts.output)
+    existed = partial.exists()
     try:
-        return _calibrate(opts, world, started=started, writer=writer, log=log or _stderr)
+        with exclusive_writer(opts.output) if writer else contextlib.nullcontext():
+            return _calibrate(opts, world, started=started, writer=writer, log=log or _stderr)
     except PPSimError as exc:
         from ppsim.calibrate.models import ModelSourceError
 
         if isinstance(exc, ModelSourceError) and writer and not existed:
-            opts.output.unlink(missing_ok=True)  # the model cannot run here: nothing worth resuming
+            partial.unlink(missing_ok=True)  # the model cannot run here: nothing worth resuming
         raise
     finally:
         torch.set_num_threads(threads)  # measured with one thread per rank; leave the caller's setting as it was
@@ -342,10 +346,13 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
         torch.set_num_threads(1)
         device = torch.device("cpu")
     doc = new_document(opts, device=device, world_size=world_size, backend=world.backend if world else None)
-    if writer:
-        log(opts.model_source.summary())
+    from ppsim.profile import Profile
+
+    Profile.from_dict(doc, source=str(opts.output), allow_incomplete=True)  # the readers' shape rules, before measuring
     if writer and opts.resume:
         doc = resume_document(opts, doc, log=log)
+    if writer:
+        log(opts.model_source.summary())
     rec = Recorder(doc, opts.output, writer=writer)
     if world is not None:
         rec.doc = _broadcast(rec.doc)
@@ -354,6 +361,7 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
             log(f"{opts.output} is already complete; nothing to resume")
         return rec.doc if writer else None
     prior_wall = float((rec.doc.get("method") or {}).get("wall_s") or 0.0)
+    load_at_start = _load_avg()
     rec.save()
 
     # 1. units, their repetitions interleaved (the writing rank; under torchrun the others wait for p2p)
@@ -392,13 +400,32 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
         return None
     method = dict(rec.doc.get("method") or {})
     method["wall_s"] = prior_wall + time.perf_counter() - started
+    method["host"] = host_load(rec.doc, load_at_start=load_at_start).to_dict()
     rec.doc["method"] = method
     rec.doc["complete"] = True
-    from ppsim.profile import Profile
-
-    Profile.from_dict(rec.doc, source=str(opts.output))  # what every reader will check: fail here, not later
-    rec.save()
+    profile = Profile.from_dict(rec.doc, source=str(opts.output))  # what every reader will check: fail here
+    rec.publish()
+    warning = profile.host_warning(str(opts.output))
+    if warning:
+        log(warning)
     return rec.doc
+
+
+def _load_avg() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # no load average on this system
+        return 0.0
+
+
+def host_load(doc: dict[str, Any], *, load_at_start: float) -> HostLoad:
+    """How steady the host was: the larger load average of the calibration's start and end, and the median
+    relative spread (p90 - p10) / median of the measured blocks' repetitions."""
+    spreads = sorted((stat["p90"] - stat["p10"]) / stat["median"]
+                     for block in (doc.get("blocks") or {}).values() for op in OPS
+                     for stat in [block.get(op)] if isinstance(stat, dict) and (stat.get("median") or 0) > 0)
+    spread = spreads[len(spreads) // 2] if spreads else 0.0
+    return HostLoad(load_avg=max(load_at_start, _load_avg()), num_cpus=os.cpu_count() or 1, spread=spread)
 
 
 def measure_units(opts: CalibrationOptions, units: list[Any], device: Any) -> list[dict[str, Any]]:
@@ -633,18 +660,21 @@ def _unmeasured(st: Any) -> dict[str, Any]:
 
 
 def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Callable[[str], None]) -> dict:
-    """The unfinished profile in ``opts.output`` if it was measured with the same options."""
-    if not opts.output.exists():
+    """The unfinished profile (``-o``'s progress file, or ``-o`` itself as an older ppsim left it) if it was measured
+    with the same options."""
+    partial = progress_path(opts.output)
+    path = partial if partial.exists() else opts.output
+    if not path.exists():
         log(f"--resume: {opts.output} does not exist yet; starting a new calibration")
         return fresh
-    load_profile(opts.output, allow_incomplete=True)  # one-line errors for a broken file
-    old = json.loads(opts.output.read_text(encoding="utf-8"))
+    load_profile(path, allow_incomplete=True)  # one-line errors for a broken file
+    old = json.loads(path.read_text(encoding="utf-8"))
     method = old.get("method") or {}
     theirs = {"model": old.get("model"), "source": (old.get("source") or {}).get("source"),
               "stages": old.get("num_stages"), "device": old.get("device"),
               "warmup": method.get("warmup"), "reps": method.get("reps")}
     if old.get("version") != 3 or "units" not in old:
-        raise PPSimError(f"--resume: {opts.output} is a profile of an older ppsim (version {old.get('version')}); "
+        raise PPSimError(f"--resume: {path} is a profile of an older ppsim (version {old.get('version')}); "
                          "drop --resume to start over")
     ours = {"model": fresh["model"], "source": fresh["source"]["source"], "stages": fresh["num_stages"],
             "device": fresh["device"],
@@ -653,7 +683,7 @@ def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Cal
     if diff:
         k = diff[0]
         raise PPSimError(
-            f"--resume: {opts.output} was measured with {k} {_show(theirs[k])}, not {_show(ours[k])}; "
+            f"--resume: {path} was measured with {k} {_show(theirs[k])}, not {_show(ours[k])}; "
             "repeat the original options, or drop --resume to start over"
         )
     return {**fresh, **old}
@@ -678,10 +708,20 @@ class Recorder:
         return list(self.doc["done"])
 
     def save(self) -> None:
+        """Keep the work so far in the progress file (``-o`` itself is replaced only by :meth:`publish`)."""
+        if self.writer:
+            from ppsim.io import write_atomic
+
+            write_atomic(progress_path(self.path), json.dumps(self.doc, indent=1, allow_nan=False) + "\n",
+                         option="-o")
+
+    def publish(self) -> None:
+        """Write the finished profile to ``-o`` (atomically) and drop the progress file."""
         if self.writer:
             from ppsim.io import write_atomic
 
             write_atomic(self.path, json.dumps(self.doc, indent=1, allow_nan=False) + "\n")
+            progress_path(self.path).unlink(missing_ok=True)
 
     def finish(self, key: str) -> None:
         self.doc["done"] = [*self.doc["done"], key]

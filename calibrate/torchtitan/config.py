@@ -8,14 +8,17 @@ names the extra to install.
 
 ``MODULE`` is a folder under ``torchtitan.models`` (or ``torchtitan.experiments``) or a full dotted module path, and
 ``CONFIG`` a function of its ``config_registry``, as torchtitan's own ``--module`` / ``--config`` choose them
-(``torchtitan/config/manager.py``). The overrides follow torchtitan's (tyro's) rules: see
-:func:`ppsim.torchtitan.parse_overrides`.
+(``torchtitan/config/manager.py``). The overrides are parsed by tyro with torchtitan's own rules
+(:func:`parse_with_tyro`), as ``torchtitan.train`` parses them; a job TOML without torchtitan installed uses ppsim's
+small reader (:func:`ppsim.torchtitan.parse_overrides`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
+import io
 import inspect
 import logging
 import os
@@ -40,11 +43,11 @@ from ppsim.torchtitan import (
     JobSettings,
     TorchtitanConfigError,
     TorchtitanJob,
+    check_override_names,
     close_matches,
     is_registry_name,
     job_from_settings,
     override_fields_of,
-    parse_overrides,
     read_toml_settings,
 )
 
@@ -75,14 +78,19 @@ def read_registry_settings(value: str, overrides: Sequence[str] = ()) -> JobSett
     module_name, config_name = _parse_name(value)
     import_torchtitan(f"--torchtitan-config {value}")
     module = _config_module(value, module_name)
-    config = _call_config(value, module, config_name)
+    return settings_of_config(value, _call_config(value, module, config_name), overrides)
+
+
+def settings_of_config(value: str, config: Any, overrides: Sequence[str] = ()) -> JobSettings:
+    """The settings of a ``Trainer.Config`` (``value`` names it in messages) with ``overrides`` parsed as
+    torchtitan's own command line parses them (:func:`parse_with_tyro`). Either generation of torchtitan's batch
+    keys is read (:func:`ppsim.torchtitan.batch_shape`)."""
     parallelism, training = _sections(value, config)
     fields = {**override_fields_of("parallelism", _hints(parallelism)),
               **override_fields_of("training", _hints(training))}
-    parsed = parse_overrides(overrides, fields, source=value)
-    parallelism = _replace(value, parallelism, "parallelism", parsed)
-    training = _replace(value, training, "training", parsed)
-    notes = _whole_config_check(config, parallelism, training) if parsed else ()
+    check_override_names(overrides, fields, source=value)  # ppsim's rules: these two sections, each key once
+    parallelism, training = parse_with_tyro(value, parallelism, training, overrides)
+    notes = _whole_config_check(config, parallelism, training) if overrides else ()
     spec = getattr(config, "model_spec", None)
     family, flavor = getattr(spec, "name", None), getattr(spec, "flavor", None)
     layers = getattr(getattr(spec, "model", None), "layers", None)
@@ -94,6 +102,45 @@ def read_registry_settings(value: str, overrides: Sequence[str] = ()) -> JobSett
         known_schedules=torch_schedule_names() + ((schedule,) if _torch_knows(schedule) else ()),
         notes=notes,
     )
+
+
+def parse_with_tyro(value: str, parallelism: Any, training: Any, overrides: Sequence[str]) -> tuple[Any, Any]:
+    """``(parallelism, training)`` with ``overrides`` applied by tyro with torchtitan's own constructor rules
+    (``ConfigManager.register_tyro_rules``), as ``torchtitan.train`` parses its command line: the rules cannot
+    drift. Each section's ``__post_init__`` checks it; a refusal is one line."""
+    if not overrides:
+        return parallelism, training
+    import tyro
+    from torchtitan.config.manager import ConfigManager
+
+    registry = tyro.constructors.ConstructorRegistry()
+    ConfigManager.register_tyro_rules(registry)
+    sections = dataclasses.make_dataclass("Job", [("parallelism", type(parallelism)), ("training", type(training))])
+    shown = io.StringIO()
+    try:
+        with _quiet(), contextlib.redirect_stdout(shown), contextlib.redirect_stderr(shown):
+            parsed = tyro.cli(sections, args=list(overrides), default=sections(parallelism, training),
+                              registry=registry)
+    except SystemExit:
+        raise TorchtitanConfigError(f"--torchtitan-config {value}: {_tyro_message(shown.getvalue())}") from None
+    except (ValueError, TypeError) as exc:
+        shown_args = " ".join(overrides)
+        raise TorchtitanConfigError(f"--torchtitan-config {value}: {shown_args[:120]}: torchtitan refuses it "
+                                    f"({_first_line(exc)})") from None
+    return parsed.parallelism, parsed.training
+
+
+def _tyro_message(text: str) -> str:
+    """tyro's boxed error as one line: its first paragraph (between the first two rules)."""
+    blocks = re.split(r"\n\s*[-─]{10,}\s*\n", text)
+    body = blocks[1] if len(blocks) > 1 else text
+    line = " ".join(body.split())
+    line = re.sub(r"Error parsing (--\S+): invalid literal for int\(\) with base 10: (.+)$",
+                  r"\1 \2: not an integer", line)
+    line = re.sub(r"invalid choice (\S+) for argument '(--\S+)'\. Expected one of \((.*)\)\.?$",
+                  r"\2 \1: must be one of \3", line)
+    line = line if len(line) <= 240 else line[:237] + "..."
+    return f"{line} (torchtitan's command line; see its --help)"
 
 
 def load_registry_job(value: str, *, overrides: Sequence[str] = (), **kwargs: Any) -> TorchtitanJob:
@@ -240,20 +287,6 @@ def _hints(obj: Any) -> dict[str, Any]:
         hints = {}
     return {f.name: hints.get(f.name, f.type if not isinstance(f.type, str) else Any)
             for f in dataclasses.fields(obj) if f.init}
-
-
-def _replace(value: str, obj: Any, section: str, parsed: dict[str, Any]) -> Any:
-    """``obj`` with its overrides, validated by torchtitan's own ``__post_init__``."""
-    changes = {k.split(".", 1)[1]: v for k, v in parsed.items() if k.startswith(section + ".")}
-    if not changes:
-        return obj
-    try:
-        with _quiet():
-            return dataclasses.replace(obj, **changes)
-    except (ValueError, TypeError) as exc:
-        shown = " ".join(f"--{section}.{k} {v}" for k, v in changes.items())
-        raise TorchtitanConfigError(f"--torchtitan-config {value}: {shown}: torchtitan refuses it "
-                                    f"({_first_line(exc)})") from None
 
 
 def _whole_config_check(config: Any, parallelism: Any, training: Any) -> tuple[str, ...]:

@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ppsim.errors import PPSimError
-from ppsim.torchtitan import JobSettings, TorchtitanConfigError, TorchtitanJob, job_sizes
+from ppsim.torchtitan import (
+    OLD_KEYS,
+    JobSettings,
+    TorchtitanConfigError,
+    TorchtitanJob,
+    batch_keys_of,
+    job_sizes,
+)
 
 if TYPE_CHECKING:
     from ppsim.calibrate.models import ModelOptions, ModelSource
@@ -55,8 +62,9 @@ class JobRun:
         if re.match(r"^(\S+ )?-r \d+", str(exc)) is None:
             return exc
         source = self.job.source
-        fix = ("change pipeline_parallel_degree, local_batch_size or seq_len in the file" if self.job.in_file else
-               "pass --parallelism.pipeline_parallel_degree, --training.local_batch_size or --training.seq_len")
+        keys = ("parallelism.pipeline_parallel_degree", self.job.batch_keys.count[0], self.job.batch_keys.seq_len)
+        fix = (f"change {', '.join(k.split('.')[-1] for k in keys[:2])} or {keys[2].split('.')[-1]} in the file"
+               if self.job.in_file else f"pass --{keys[0]}, --{keys[1]} or --{keys[2]}")
         return PPSimError(f"{exc} (-r and -m come from --torchtitan-config {source}: {fix})")
 
     @property
@@ -112,10 +120,11 @@ def job_options(settings: JobSettings, options: ModelOptions) -> tuple[ModelOpti
     """``options`` with the job's microbatch shape where ``--seq-len`` / ``--mb-size`` are not given; a given one
     that differs from the job's replaces it, with a note."""
     seq_len, mb_size = job_sizes(settings)
+    keys = batch_keys_of(settings)
     notes = []
     for option, given, key, own in (
-        ("--seq-len", options.seq_len, "training.seq_len", seq_len),
-        ("--mb-size", options.mb_size, "parallelism.pipeline_parallel_microbatch_size", mb_size),
+        ("--seq-len", options.seq_len, keys.seq_len, seq_len),
+        ("--mb-size", options.mb_size, keys.size if keys == OLD_KEYS else f"{keys.size} / {keys.seq_len}", mb_size),
     ):
         if given is not None and given != own:
             notes.append(f"note: {option} {given} replaces {key} {own} of --torchtitan-config {settings.source}")
@@ -216,7 +225,7 @@ def _check_profile(settings: JobSettings, path: Path | None, prof: tuple[str | N
                                     f"{settings.source} runs {text}; {again}, or drop --profile")
     if (seq_len, mb_size) != (options.seq_len, options.mb_size):
         fix = ("" if settings.in_file else
-               f", or pass --training.seq_len {seq_len} --parallelism.pipeline_parallel_microbatch_size {mb_size}")
+               ", or pass " + batch_keys_of(settings).overrides(seq_len=seq_len, mb_size=mb_size))
         raise TorchtitanConfigError(
             f"--profile {path}: measured at seq_len {seq_len} x microbatch size {mb_size} but --torchtitan-config "
             f"{settings.source} runs {options.seq_len} x {options.mb_size}; {again}{fix}"

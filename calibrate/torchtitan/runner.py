@@ -9,7 +9,8 @@ order in place of a named schedule:
    torch schedule name whose rank-to-stage mapping (``_get_pp_rank_to_stage_indices_mapping``: loop or V) equals
    the ppsim schedule's placement (:func:`titan_placement_name`; checked again against the stages it built);
 3. the schedule from ``_build_pipeline_schedule(parallelism=ParallelismConfig(pipeline_parallel_schedule_csv=
-   <ppsim's compute-only CSV>, ...), local_batch_size=M * mb_size, stages, loss_fn)``: torch's
+   <ppsim's compute-only CSV>, ...), local_batch_size=M * mb_size, stages, loss_fn)`` (``num_microbatches=M`` on
+   torchtitan releases after 0.3.0: :func:`schedule_arguments`): torch's
    ``_PipelineScheduleRuntime`` loading the CSV, with torchtitan's ``scale_grads=False`` (gradients are the *sum*
    over microbatches) and its ``(loss, extra)`` loss convention.
 
@@ -189,12 +190,14 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
     assert source is not None
     name = titan_placement_name(schedule)
     names = module_names_per_stage(source, schedule.num_stages, spec.layer_counts)
-    parallelism = ParallelismConfig(
-        pipeline_parallel_degree=schedule.num_ranks, pipeline_parallel_schedule=name,
-        pipeline_parallel_schedule_csv=csv_path, pipeline_parallel_microbatch_size=source.config.mb_size,
-        module_fqns_per_model_part=names, data_parallel_shard_degree=spec.dp_shard,
-        tensor_parallel_degree=spec.tp, spmd_backend="partial_dtensor",
-    )
+    degrees = {} if spec.dp_shard * spec.tp == 1 else {  # a plain PP run keeps the generation's defaults
+        "data_parallel_shard_degree": spec.dp_shard, "tensor_parallel_degree": spec.tp,
+        "spmd_backend": "partial_dtensor"}
+    parallelism, count = schedule_arguments(pp, ParallelismConfig, num_microbatches=schedule.num_microbatches,
+                                            mb_size=source.config.mb_size,
+                                            pipeline_parallel_degree=schedule.num_ranks,
+                                            pipeline_parallel_schedule=name, pipeline_parallel_schedule_csv=csv_path,
+                                            module_fqns_per_model_part=names, **degrees)
     whole = source.build_full(seed=spec.seed, device=device)
     if spec.dp_shard * spec.tp == 1:
         mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("pp",))
@@ -220,9 +223,7 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
 
     logging.disable(logging.WARNING)  # its "fewer microbatches than stages" warning: one run note instead
     try:
-        runtime = pp._build_pipeline_schedule(parallelism=parallelism,
-                                              local_batch_size=schedule.num_microbatches * source.config.mb_size,
-                                              stages=stages, loss_fn=loss_fn)
+        runtime = pp._build_pipeline_schedule(parallelism=parallelism, stages=stages, loss_fn=loss_fn, **count)
     finally:
         logging.disable(logging.NOTSET)
     return stages, parts, runtime, pp_rank
@@ -267,6 +268,25 @@ def _parallelize(source: ModelSource, part: Any, dims: Any, parallelism: Any) ->
     return part
 
 
+def schedule_arguments(pp: Any, config_class: Any, *, num_microbatches: int, mb_size: int,
+                       **fields: Any) -> tuple[Any, dict[str, int]]:
+    """``(ParallelismConfig, microbatch keyword)`` for ``_build_pipeline_schedule`` in the generation installed:
+    0.3.0 takes ``local_batch_size=`` and a ``pipeline_parallel_microbatch_size`` field, later releases
+    ``num_microbatches=`` (torchtitan's PR #4121) and a ``num_pp_microbatches`` field."""
+    import dataclasses
+    import inspect
+
+    names = {f.name for f in dataclasses.fields(config_class)}
+    if "pipeline_parallel_microbatch_size" in names:
+        fields["pipeline_parallel_microbatch_size"] = mb_size
+    if "num_pp_microbatches" in names:
+        fields["num_pp_microbatches"] = num_microbatches
+    params = inspect.signature(pp._build_pipeline_schedule).parameters
+    count = ({"num_microbatches": num_microbatches} if "num_microbatches" in params
+             else {"local_batch_size": num_microbatches * mb_size})
+    return config_class(**fields), count
+
+
 def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measurement | None:
     import torch
 
@@ -283,7 +303,8 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
         stages, parts, runtime, pp_rank = _build(spec, rank, world, device, csv_path)
     clock = Clock(None, cuda)
     for st in stages:
-        torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post)
+        torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post,
+                                       outputs=clock.outputs)
     checkpoint_chosen(spec, stages, parts)
     compute_loss = runtime._maybe_compute_loss
 

@@ -30,6 +30,7 @@ from ppsim.cli.options import (
     VocabOpt,
 )
 from ppsim.errors import PPSimError
+from ppsim.io import check_distinct, output_file, progress_path
 from ppsim.limits import check_timeout
 from ppsim.torchtitan import JOB_CONTEXT
 
@@ -46,7 +47,8 @@ class Device(str, Enum):
 @user_errors
 def calibrate_cmd(
     ctx: typer.Context,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Profile JSON to write (atomically, as it goes).")],
+    output: Annotated[Path, typer.Option("--output", "-o", parser=output_file, help="Profile JSON to write when "
+                                         "finished (progress goes to -o.partial).")],
     device: Annotated[Device, typer.Option("--device", case_sensitive=False, help="cpu or cuda.")] = Device.cpu,
     model: ModelOpt = None,
     preset: PresetOpt = None,
@@ -92,10 +94,12 @@ def calibrate_cmd(
     overheads on this machine; write a profile that serves any schedule and stage count."""
     from ppsim.calibrate.measure.calibration import CalibrationOptions, check_limits
 
-    stages = _checked_stages(stages, check_stages=check_stages, warmup=warmup, reps=reps)
+    notes: list[str] = []  # printed once every refusal is behind: a failing command's stderr is its error line
+    stages = _checked_stages(stages, check_stages=check_stages, warmup=warmup, reps=reps, notes=notes)
     check_timeout("--init-timeout", init_timeout, least=1.0)
     overrides = job_overrides(ctx, torchtitan_config)
     check_output(output, "-o", suffix=".json")
+    check_distinct((("--torchtitan-config", torchtitan_config), ("-o", output)))  # an output never replaces an input
     sizes = model_options(hidden=hidden, heads=heads, ffn=ffn, layers=layers, vocab=vocab, seq_len=seq_len,
                           mb_size=mb_size, dtype=dtype)
     if torchtitan_config is None:
@@ -103,9 +107,9 @@ def calibrate_cmd(
     else:
         from ppsim.calibrate.torchtitan.job import calibration_source
 
-        source, notes = calibration_source(torchtitan_config, overrides, model=model, preset=preset, options=sizes,
-                                           device=device.value)
-        warn(notes)
+        source, job_notes = calibration_source(torchtitan_config, overrides, model=model, preset=preset,
+                                               options=sizes, device=device.value)
+        notes += job_notes
     config = source.config
     request = CalibrationOptions(
         output=output, config=config, num_stages=stages, device=device.value, warmup=warmup, reps=reps,
@@ -123,19 +127,21 @@ def calibrate_cmd(
         from ppsim.split import default_split
 
         default_split(config.layers, stages)
+    warn(notes)
     _calibrate(request)
 
 
-def _checked_stages(stages: int | None, *, check_stages: bool, warmup: int, reps: int) -> int:
-    """``--stages`` (default 4) after the counts' checks; a ``--stages`` without ``--check-stages`` warns."""
+def _checked_stages(stages: int | None, *, check_stages: bool, warmup: int, reps: int, notes: list[str]) -> int:
+    """``--stages`` (default 4) after the counts' checks; a ``--stages`` without ``--check-stages`` adds a warning to
+    ``notes`` (printed once the calibration starts)."""
     for name, value, least in (("--warmup", warmup, 0), ("--reps", reps, 1)):
         if value < least:
             raise PPSimError(f"{name} {value}: must be at least {least}; e.g. {name} {max(least, 3)}")
     if stages is not None and stages < 1:
         raise PPSimError(f"--stages {stages}: must be at least 1; e.g. --stages 4")
     if stages is not None and not check_stages:  # the Slurm scripts pass it always: a warning, not a refusal
-        typer.echo(f"warning: --stages {stages} is used only with --check-stages (the profile's blocks serve any "
-                   "stage count), so it is ignored", err=True)
+        notes.append(f"warning: --stages {stages} is used only with --check-stages (the profile's blocks serve any "
+                     "stage count), so it is ignored")
     return 4 if stages is None else stages
 
 
@@ -146,7 +152,8 @@ def _calibrate(request: Any) -> None:
     try:
         doc = calibrate(request)
     except KeyboardInterrupt:
-        typer.echo(f"interrupted; finished measurements are in {request.output}; continue with --resume", err=True)
+        typer.echo(f"interrupted; finished measurements are in {progress_path(request.output)} ({request.output} is "
+                   "untouched); continue with --resume", err=True)
         raise typer.Exit(code=130) from None
     if doc is not None:
         print_profile_summary(doc)

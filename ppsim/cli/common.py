@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import gc
 import json
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from ppsim.errors import PPSimError
 if TYPE_CHECKING:
     from ppsim.compare import Comparison
     from ppsim.costs import CostModel
+    from ppsim.io import MemoryCap
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
     from ppsim.torchtitan import TorchtitanJob
@@ -55,6 +57,7 @@ def user_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        collecting = gc.isenabled()  # build_schedule pauses the collector for the rest of the command
         try:
             return func(*args, **kwargs)
         except KeyboardInterrupt:
@@ -62,10 +65,16 @@ def user_errors(func: F) -> F:
             raise typer.Exit(code=130) from None
         except PPSimError as exc:
             raise fail(str(exc)) from None
+        except MemoryError:  # --allow-large lifts the estimates, not the duty to fail in one line
+            raise fail("out of memory: the sizes asked for need more memory than this machine has; lower them "
+                       "(layers, ranks, microbatches, sequence length) or use a machine with more memory") from None
         except OSError as exc:
             if exc.filename is None:
                 raise
             raise fail(os_error_line(exc)) from None
+        finally:
+            if collecting:
+                gc.enable()
 
     return wrapper  # type: ignore[return-value]
 
@@ -125,6 +134,10 @@ def build_schedule(
     go to stderr."""
     from ppsim.compare import build
 
+    # The schedule (up to millions of Actions, no reference cycles) lives until the command ends; with the cyclic
+    # collector on, its first pass after the build walks every Action (a quarter of a 1M-action `simulate`). So it
+    # stays paused until the command returns (:func:`user_errors` restores it); reference counting frees as before.
+    gc.disable()
     sched, notes = build(
         schedule, ranks, mb, v, num_pipelines=directions, allow_large=allow_large, figure=figure, check=check
     )
@@ -144,7 +157,18 @@ def build_costs(
 ) -> CostModel:
     from ppsim.costs import load_costs
 
-    return load_costs(costs, profile, split=split, layers_per_stage=layers_per_stage)
+    model = load_costs(costs, profile, split=split, layers_per_stage=layers_per_stage)
+    warn_host(getattr(model, "blocks", None), profile)
+    return model
+
+
+def warn_host(loaded: Any, path: Path | None) -> None:
+    """Repeat, on stderr, the calibration's warning when the profile was measured on a busy host."""
+    from ppsim.profile import Profile
+
+    line = loaded.host_warning(str(path)) if isinstance(loaded, Profile) and path is not None else None
+    if line:
+        typer.echo(line, err=True)
 
 
 @dataclass(frozen=True)
@@ -194,8 +218,6 @@ def build_inputs(
             raise PPSimError("--schedule/-s is required (or --torchtitan-config MODULE:CONFIG or job.toml); e.g. "
                              "-s 1F1B -r 4 -m 8")
         return Inputs(given, ranks, mb, stages_per_rank, cost_model)
-    from dataclasses import replace
-
     from ppsim.split import parse_split
 
     if given is not None and len(given) > 1:
@@ -214,7 +236,7 @@ def build_inputs(
     )
     warn(f"warning: {line}" for line in job.warnings)
     if blocks is not None:
-        cost_model = replace(cost_model, split=job.split)
+        cost_model = cost_model.with_split(job.split)
     return Inputs([job.schedule], job.num_ranks, job.num_microbatches, job.stages_per_rank, cost_model, job)
 
 
@@ -228,14 +250,14 @@ def job_overrides(ctx: typer.Context, torchtitan_config: object) -> list[str]:
 
 
 def run_simulation(
-    sched: Schedule, cost_model: CostModel, scope: CostScope | None, cap: int | None = None,
+    sched: Schedule, cost_model: CostModel, scope: CostScope | None, cap: MemoryCap | None = None,
     recompute: AbstractSet[tuple[int, int]] = frozenset(),
 ) -> SimResult:
     from ppsim.costs import costs_for
     from ppsim.simulate import simulate
 
     chosen = CostScope.stage if scope is None else scope
-    return simulate(sched, costs_for(cost_model, sched, scope=chosen.value), memory_cap_bytes=cap,
+    return simulate(sched, costs_for(cost_model, sched, scope=chosen.value), memory_cap=cap,
                     recompute=recompute)
 
 
@@ -263,8 +285,8 @@ def warn_comparison(comparison: Comparison, *, several: bool) -> None:
         typer.echo(comparison.scope_text, err=True)
 
 
-def warn_cap_without_bytes(cap: int | None, cost_model: CostModel) -> None:
-    if cap is not None and not cost_model.has_memory:
+def warn_cap_without_bytes(cap: MemoryCap | None, cost_model: CostModel) -> None:
+    if cap is not None and cap.bytes is not None and not cost_model.has_memory:
         typer.echo("warning: --memory-cap needs byte sizes from --profile; without one no rank can be flagged",
                    err=True)
 

@@ -12,6 +12,10 @@ from typing import Annotated, Optional
 import typer
 
 from ppsim.compare import CostScope
+from ppsim.io import output_file
+
+__all__ = ["output_file"]  # the parser of every output-file option (-o, --plot, --profile-out)
+
 
 ScheduleOpt = Annotated[
     list[str],
@@ -75,7 +79,8 @@ TorchtitanConfigOpt = Annotated[
                  "--parallelism.KEY VALUE, --training.KEY VALUE."),
 ]
 MemCapOpt = Annotated[
-    Optional[str], typer.Option("--memory-cap", help="Flag ranks whose peak memory exceeds BYTES (e.g. 80e9, 80GiB).")
+    Optional[str], typer.Option("--memory-cap", help="Flag ranks whose peak memory exceeds CAP per rank: bytes "
+                                "(80GB = 80e9, 80GiB = 80*2^30) or activations (8act).")
 ]
 CostScopeOpt = Annotated[
     Optional[CostScope],

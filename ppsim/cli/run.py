@@ -12,7 +12,7 @@ import json
 import math
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -30,6 +30,7 @@ from ppsim.cli.options import (
     TorchtitanConfigOpt,
 )
 from ppsim.errors import PPSimError
+from ppsim.io import output_file
 from ppsim.limits import check_timeout
 from ppsim.torchtitan import JOB_CONTEXT
 
@@ -72,7 +73,7 @@ RunProfileOpt = Annotated[
 ]
 ProfileOutOpt = Annotated[
     Optional[Path],
-    typer.Option("--profile-out", help="Without --profile: keep the calibration made first here (default: "
+    typer.Option("--profile-out", parser=output_file, help="Without --profile: keep the calibration made first here (default: "
                  "next to -o as NAME.profile.json; an existing file is never replaced)."),
 ]
 RunSplitOpt = Annotated[
@@ -90,9 +91,11 @@ ProbesOpt = Annotated[
     typer.Option("--probes", help="Steps interleaved with the timed ones for the post-hoc model "
                  "(explained_step_s; default: as many as --steps; 0: fit it on the warm-up steps)."),
 ]
-RunOutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the run JSON here.")]
+RunOutputOpt = Annotated[
+    Optional[Path], typer.Option("--output", "-o", parser=output_file, help="Write the run JSON here.")
+]
 PlotOpt = Annotated[
-    Optional[Path], typer.Option("--plot", help="Measured timeline above the predicted one: .png/.svg/.pdf/.html.")
+    Optional[Path], typer.Option("--plot", parser=output_file, help="Measured timeline above the predicted one: .png/.svg/.pdf/.html.")
 ]
 SyntheticOpt = Annotated[
     bool, typer.Option("--synthetic", help="Stages sleep their cost instead of computing (exact gradients).")
@@ -213,8 +216,13 @@ def run_cmd(
                     ("--profile", profile), ("-o", output), ("--plot", plot), ("--profile-out", save_calibration),
                     ("--torchtitan-config", torchtitan_config)))
     report = execute_in_job_terms(request, job)
-    if report is not None:  # None: a torchrun rank other than 0
-        show_run(report, output=output, plot=plot, json_out=json_out)
+    if report is None:  # a torchrun rank other than 0
+        return
+    if profile is not None:  # the calibration's warning, repeated where its numbers are used
+        from ppsim.profile import load_profile
+
+        warn([line for line in [load_profile(profile).host_warning(str(profile))] if line])
+    show_run(report, output=output, plot=plot, json_out=json_out)
 
 
 def check_run_values(*, ranks: int | None, mb: int | None, stages_per_rank: int | None, steps: int, warmup: int,
@@ -264,21 +272,18 @@ def execute_in_job_terms(request: RunOptions, job: JobRun | None) -> RunReport |
 def show_run(report: RunReport, *, output: Path | None, plot: Path | None, json_out: bool) -> None:
     """Write the run JSON and the figure, print the table (or the JSON), and fail when the numerics do."""
     data = report.to_dict()
-    if output is not None:
-        from ppsim.io import write_atomic
-
-        write_atomic(output, json.dumps(data, indent=1, allow_nan=False) + "\n")
-    if plot is not None:
-        from ppsim.viz.run_figure import plot_run
-
-        title = (f"{data['schedule']}, {data['ranks']} ranks, {data['microbatches']} microbatches: measured "
-                 f"{fmt_s(data['measured_step_s'])}, predicted {fmt_s(data['predicted_step_s'])} "
-                 f"({data['step_error_pct']:+.1f}%)")
-        plot_run(report.measured_bars(), report.predicted_bars(), data["ranks"], title, plot)
-    if json_out:
-        typer.echo(json.dumps(data, indent=1, allow_nan=False))
+    text = json.dumps(data, indent=1, allow_nan=False)
+    if json_out:  # the measurement first: a file that cannot be written never takes it with it
+        typer.echo(text)
     else:
         print_run_summary(report)
+    try:
+        _write_run(report, data, text, output=output, plot=plot)
+    except (PPSimError, OSError) as exc:
+        if not json_out:
+            typer.echo(text)
+        raise PPSimError(f"{exc}; the run's JSON is on stdout above, nothing measured is lost") from None
+    if not json_out:
         for path in (output, plot):
             if path is not None:
                 typer.echo(str(path))
@@ -290,6 +295,22 @@ def show_run(report: RunReport, *, output: Path | None, plot: Path | None, json_
             err=True,
         )
         raise typer.Exit(code=1)
+
+
+def _write_run(report: RunReport, data: dict[str, Any], text: str, *, output: Path | None,
+               plot: Path | None) -> None:
+    """``-o`` (the run JSON, atomically) and ``--plot`` (measured above predicted)."""
+    if output is not None:
+        from ppsim.io import write_atomic
+
+        write_atomic(output, text + "\n")
+    if plot is not None:
+        from ppsim.viz.run_figure import plot_run
+
+        title = (f"{data['schedule']}, {data['ranks']} ranks, {data['microbatches']} microbatches: measured "
+                 f"{fmt_s(data['measured_step_s'])}, predicted {fmt_s(data['predicted_step_s'])} "
+                 f"({data['step_error_pct']:+.1f}%)")
+        plot_run(report.measured_bars(), report.predicted_bars(), data["ranks"], title, plot)
 
 
 def check_ignored_run_options(*, synthetic: bool, profile: Path | None, costs: str | None, time_unit: float | None,

@@ -20,6 +20,7 @@ from ppsim.cli.common import (
 )
 from ppsim.cli.options import (
     AllowLargeOpt,
+    output_file,
     CostScopeOpt,
     CostsOpt,
     DirectionsOpt,
@@ -136,7 +137,7 @@ def validate_cmd(
 @user_errors
 def export_cmd(
     schedule: ScheduleOpt,
-    output: Annotated[Path, typer.Option("--output", "-o", help="File to write.")],
+    output: Annotated[Path, typer.Option("--output", "-o", parser=output_file, help="File to write.")],
     ranks: RanksOpt = None,
     mb: MbOpt = None,
     stages_per_rank: VOpt = None,

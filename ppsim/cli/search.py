@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from ppsim.cli._app import app
-from ppsim.cli.common import build_costs, console, echo_json, user_errors
-from ppsim.cli.options import AllowLargeOpt, CostScopeOpt, CostsOpt, JsonOpt, ProfileOpt, RecomputeOpt
+from ppsim.cli.common import build_costs, check_outputs_apart, console, echo_json, user_errors
+from ppsim.cli.options import (AllowLargeOpt, CostScopeOpt, CostsOpt, JsonOpt, ProfileOpt, RecomputeOpt,
+                               output_file)
 from ppsim.errors import PPSimError
-from ppsim.io import check_writable, fmt_bytes
-from ppsim.search import SEARCH_NAME, Placement, Solver
-from ppsim.search.common import peak_of
+from ppsim.io import MemoryCap, check_writable, fmt_bytes
+from ppsim.search.choices import SEARCH_NAME, Placement, Solver
 
 if TYPE_CHECKING:
     from ppsim.costs import CostModel
@@ -54,7 +54,8 @@ def search_cmd(
                              "installed (the 'search' extra); cpsat: require it; none: never.")
     ] = Solver.auto,
     output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", help="Write the order as torch's compute-only CSV.")
+        Optional[Path], typer.Option("--output", "-o", parser=output_file,
+                                     help="Write the order as torch's compute-only CSV.")
     ] = None,
     cost_scope: CostScopeOpt = None,
     json_out: JsonOpt = False,
@@ -68,6 +69,7 @@ def search_cmd(
     auto = _recompute_mode(recompute)
     if output is not None:
         check_writable(output, example="best.csv")
+        check_outputs_apart([("-o", output)], inputs=[("--profile", profile)])
     cost_model = build_costs(costs, profile)
     show = not quiet and not json_out
 
@@ -153,6 +155,8 @@ def print_search_recompute(result: RecomputeResult) -> None:
     """The chosen order and set, every order tried, and the time lost against the uncapped best."""
     from rich.table import Table
 
+    from ppsim.search.common import peak_of
+
     cap = result.cap
     s = result.schedule
     table = Table(title=f"search --recompute auto: {s.num_ranks} ranks, {s.num_microbatches} microbatches, cap "
@@ -178,8 +182,8 @@ def print_search_recompute(result: RecomputeResult) -> None:
 def searched_for_report(
     ranks: int | None, mb: int | None, cost_model: CostModel, memory_cap: str | None, cost_scope: object,
     time_limit: float, *, allow_large: bool = False,
-) -> tuple[Schedule, int | None]:
-    """`ppsim report --search`: the searched order (placement any) and the byte cap to flag ranks with."""
+) -> tuple[Schedule, MemoryCap]:
+    """`ppsim report --search`: the searched order (placement any) and the cap to flag ranks with."""
     from ppsim.search import search
 
     if ranks is None or mb is None or memory_cap is None:
@@ -190,8 +194,7 @@ def searched_for_report(
     typer.echo(f"searched: {result.makespan:.6g} ({result.source}); {bound_line(result)}", err=True)
     from dataclasses import replace
 
-    cap = int(result.cap.amount) if result.cap.unit == "bytes" else None
-    return replace(result.schedule, name=SEARCH_NAME), cap
+    return replace(result.schedule, name=SEARCH_NAME), result.cap
 
 
 def check_time_limit(value: float, option: str) -> None:

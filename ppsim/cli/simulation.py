@@ -25,6 +25,7 @@ from ppsim.cli.common import (
 )
 from ppsim.cli.options import (
     AllowLargeOpt,
+    output_file,
     CostScopeOpt,
     CostsOpt,
     DirectionsOpt,
@@ -42,7 +43,7 @@ from ppsim.cli.options import (
     VOpt,
 )
 from ppsim.errors import PPSimError
-from ppsim.io import check_writable, fmt_bytes, parse_bytes, release_unused, reserve_new
+from ppsim.io import check_writable, fmt_bytes, parse_memory_cap, release_unused, reserve_new
 from ppsim.torchtitan import JOB_CONTEXT
 
 if TYPE_CHECKING:
@@ -79,22 +80,25 @@ def simulate_cmd(
                               layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config,
                               overrides=job_overrides(ctx, torchtitan_config))
     names, cost_model = inputs.names, inputs.cost_model
-    cap = parse_bytes(memory_cap)
+    cap = parse_memory_cap(memory_cap)
     if inputs.job is None or inputs.job.stage_modules is None:  # a job's memory comes from its shapes
         warn_cap_without_bytes(cap, cost_model)
     comparison = compare(
         names, builder=lambda name: inputs.schedule(name, directions, allow_large=allow_large),
-        costs=cost_model, scope=cost_scope, memory_cap_bytes=cap, allow_large=allow_large,
+        costs=cost_model, scope=cost_scope, memory_cap=cap, allow_large=allow_large,
         recompute=recompute_for(recompute),
     )
     warn_comparison(comparison, several=len(names) > 1)
     results = list(comparison.results)
-    memory = job_memory_of(inputs, results[0], torchtitan_config, job_overrides(ctx, torchtitan_config), cap)
+    memory = job_memory_of(inputs, results[0], torchtitan_config, job_overrides(ctx, torchtitan_config),
+                           None if cap is None else cap.bytes)
     if json_out:
         echo_json(with_memory(results[0].to_dict(), memory) if len(names) == 1 else [r.to_dict() for r in results])
         return
     print_results(results)
-    print_memory(memory, memory_cap, cap)
+    print_memory(memory, memory_cap, None if cap is None else cap.bytes)
+    if cap is not None and memory is None:
+        typer.echo(f"memory cap: {cap.describe()}")
 
 def print_results(results: list[SimResult]) -> None:
     from rich.table import Table
@@ -125,10 +129,12 @@ def print_results(results: list[SimResult]) -> None:
             table.add_column(col, justify="right")
         for p in r.per_rank:
             peak = fmt_bytes(p.peak_memory_bytes) if p.peak_memory_bytes is not None else "-"
-            if p.over_memory_cap:
+            act = str(p.peak_activations)
+            if p.over_memory_cap and p.peak_memory_bytes is None:  # a cap in activations
+                act = f"[bold red]{act} > cap[/]"
+            elif p.over_memory_cap:
                 peak = f"[bold red]{peak} > cap[/]"
-            table.add_row(str(p.rank), f"{p.busy:.6g}", f"{p.idle:.6g}", f"{p.bubble_ratio:.1%}",
-                          str(p.peak_activations), peak)
+            table.add_row(str(p.rank), f"{p.busy:.6g}", f"{p.idle:.6g}", f"{p.bubble_ratio:.1%}", act, peak)
         con.print(table)
 
 
@@ -144,7 +150,8 @@ def plot_cmd(
     costs: CostsOpt = None,
     profile: ProfileOpt = None,
     output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", help="png/svg/pdf (static) or html (interactive).")
+        Optional[Path], typer.Option("--output", "-o", parser=output_file,
+                                     help="png/svg/pdf (static) or html (interactive).")
     ] = None,
     dpi: Annotated[
         Optional[int], typer.Option("--dpi", help="Resolution of png output (default 200; svg/pdf: of their raster "
@@ -189,7 +196,7 @@ def plot_cmd(
     from ppsim.viz import plot_to_file
 
     cost_model = inputs.cost_model
-    cap = parse_bytes(memory_cap)
+    cap = parse_memory_cap(memory_cap)
     if cap is not None and not memory:
         raise PPSimError(f"--memory-cap {memory_cap}: a plot draws the cap on its memory panel, so without --memory "
                          "it would be ignored; add --memory, or use `ppsim simulate` to flag ranks over it")
@@ -215,7 +222,8 @@ def default_taken(path: Path) -> str:
 @user_errors
 def report_cmd(
     ctx: typer.Context,
-    output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write (self-contained, offline).")],
+    output: Annotated[Path, typer.Option("--output", "-o", parser=output_file,
+                                         help="HTML file to write (self-contained, offline).")],
     schedule: MaybeSchedulesOpt = None,
     ranks: RanksOpt = None,
     mb: MbOpt = None,
@@ -256,20 +264,30 @@ def report_cmd(
                           layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config,
                           overrides=job_overrides(ctx, torchtitan_config))
     names, cost_model = inputs.names, inputs.cost_model
-    searched: dict[str, Schedule] = {}
+    searched: dict[str, Schedule | PPSimError] = {}
     if search:
         from ppsim.cli.search import searched_for_report
+        from ppsim.search import SEARCH_NAME
 
-        found, cap = searched_for_report(inputs.ranks, inputs.mb, cost_model, memory_cap, cost_scope,
-                                         10.0 if search_time is None else search_time, allow_large=allow_large)
-        searched[found.name] = found
+        try:
+            found, cap = searched_for_report(inputs.ranks, inputs.mb, cost_model, memory_cap, cost_scope,
+                                             10.0 if search_time is None else search_time, allow_large=allow_large)
+            searched[found.name] = found
+        except PPSimError as exc:  # the searched order is skipped with its reason, as a named one is (compare)
+            if not names or inputs.ranks is None or inputs.mb is None or memory_cap is None:
+                raise
+            searched[SEARCH_NAME] = exc
+            cap = parse_memory_cap(memory_cap)
     else:
-        cap = parse_bytes(memory_cap)
+        cap = parse_memory_cap(memory_cap)
     warn_cap_without_bytes(cap, cost_model)
 
     def builder(name: str) -> Schedule:
         if name in searched:
-            return searched[name]
+            found = searched[name]
+            if isinstance(found, PPSimError):
+                raise found
+            return found
         return inputs.schedule(name, directions, allow_large=allow_large, figure=True)
 
     by_option = recompute_for(recompute)
@@ -278,9 +296,9 @@ def report_cmd(
         return frozenset() if name in searched else by_option(name, schedule)
 
     comparison = compare(list(names) + list(searched), builder=builder, costs=cost_model, scope=cost_scope,
-                         memory_cap_bytes=cap, figure=True, allow_large=allow_large, recompute=recomputed)
+                         memory_cap=cap, figure=True, allow_large=allow_large, recompute=recomputed)
     warn_comparison(comparison, several=len(names) > 1)
-    path = write_report(comparison, output, memory_cap_bytes=cap)
+    path = write_report(comparison, output, memory_cap_bytes=None if cap is None else cap.bytes)
     typer.echo(str(path))
 
 

@@ -3,59 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 from ppsim.costs import CostModel
 from ppsim.errors import PPSimError
+from ppsim.io import MemoryCap
+from ppsim.io import parse_memory_cap as parse
 from ppsim.ir import Schedule
 from ppsim.result import SimResult
-from ppsim.schedules._greedy import Problem, make_problem
+from ppsim.search.choices import SEARCH_NAME, Placement, Solver
+from ppsim.search.listsched import Problem, make_problem
 from ppsim.schedules._phases import v_placement
-
-SEARCH_NAME = "Searched"
-
-
-class Placement(str, Enum):
-    """Where stages live: ``loop`` (stage s on rank s % R), ``v`` (rank r holds r and 2R-1-r), ``any`` (both)."""
-
-    loop = "loop"
-    v = "v"
-    any = "any"
-
-
-class Solver(str, Enum):
-    """Whether to polish with CP-SAT: when OR-Tools is importable (``auto``), always (``cpsat``), never."""
-
-    auto = "auto"
-    cpsat = "cpsat"
-    none = "none"
-
 
 class MemoryCapError(PPSimError):
     """A memory cap is malformed, needs a profile, or is too small for any order."""
 
 
-@dataclass(frozen=True)
-class MemoryCap:
-    """A per-rank memory cap: ``amount`` activations (``unit="act"``) or bytes (``unit="bytes"``).
-
-    One activation is what :func:`ppsim.simulate` counts in ``peak_activations``: one microbatch's saved
-    activations of one stage. A rank holding several stages (chunks) holds one per chunk and microbatch.
-    """
-
-    amount: float
-    unit: str = "act"
-
-    def __str__(self) -> str:
-        return f"{self.amount:g}act" if self.unit == "act" else f"{int(self.amount)}B"
-
-
 def parse_memory_cap(text: str | int | float | MemoryCap) -> MemoryCap:
-    """``"8act"`` (activations, see :class:`MemoryCap`) or a byte size (``80GiB``, ``1.5e9``), as
-    :func:`ppsim.io.parse_memory_cap` reads them; a number is bytes."""
-    from ppsim.io import ActivationCap
-    from ppsim.io import parse_memory_cap as parse
-
+    """``"8act"`` or a byte size (``80GiB``, ``1.5e9``), as :func:`ppsim.io.parse_memory_cap` reads them; a number
+    is bytes."""
     if isinstance(text, MemoryCap):
         return text
     if isinstance(text, (int, float)):
@@ -64,9 +29,7 @@ def parse_memory_cap(text: str | int | float | MemoryCap) -> MemoryCap:
         return MemoryCap(float(int(text)), "bytes")
     cap = parse(text)
     assert cap is not None
-    if isinstance(cap, ActivationCap):
-        return MemoryCap(float(cap.count), "act")
-    return MemoryCap(float(cap), "bytes")
+    return cap
 
 
 @dataclass(frozen=True)

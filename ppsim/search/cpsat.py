@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from ppsim.ir import Action, ActionType, Schedule
-from ppsim.schedules._greedy import Problem
+from ppsim.search.listsched import Problem
 
 _F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 

@@ -27,7 +27,7 @@ from ppsim.costs import CostModel, costs_for, parse_costs
 from ppsim.errors import PPSimError
 from ppsim.ir import Action, Schedule
 from ppsim.result import SimResult
-from ppsim.schedules._greedy import Problem, Rule, list_schedule
+from ppsim.search.listsched import Problem, Rule, list_schedule
 from ppsim.schedules._phases import loop_placement, make_schedule, v_placement
 from ppsim.search import cpsat
 from ppsim.search.bounds import lower_bound, pair_saving, smallest_cap
@@ -167,7 +167,7 @@ def search(
     run = _Run(cases, cap, [lower_bound(p) for _, _, p in cases], t0, t0 + time_limit, random.Random(seed),
                progress, last_report=t0)
     run.report("set-up", force=True)
-    use_cpsat = _use_cpsat(solver)
+    use_cpsat = _use_cpsat(solver) and (Solver(solver) is Solver.cpsat or not _is_big(templates))
     named = _named([tpl for tpl, _, _ in cases], num_ranks, num_microbatches, costs, cost_scope, cap, run=run)
     fitting = sorted((x for x in named if x[0].fits), key=lambda x: x[0].makespan)
     if fitting:
@@ -177,8 +177,12 @@ def search(
         # Phase 1: seeds, then list scheduling
         now = time.perf_counter()
         left = max(0.0, run.deadline - now)  # the shares are of the time the set-up left
-        _v_seeds(run, now + (0.15 if use_cpsat else 0.25) * left, max_orders)
-        phase1_end = now + (0.3 if use_cpsat else 0.6) * left
+        big = _is_big(templates)
+        # a big order: one list-scheduling pass takes seconds and random rules rarely win there; the seeds and the
+        # critical-chain local search get the time instead
+        seeds_share, phase1_share = (0.3, 0.4) if big else (0.15, 0.3) if use_cpsat else (0.25, 0.6)
+        _v_seeds(run, now + seeds_share * left, max_orders)
+        phase1_end = now + phase1_share * left
         elites = _list_scheduling(run, phase1_end, None if max_orders is None else max(1, int(0.6 * max_orders)))
         starts = _local_starts(run, elites, fitting[0] if fitting else None, costs, cost_scope)
         # Phase 2: CP-SAT
@@ -186,7 +190,7 @@ def search(
             _cpsat_polish(run, starts, seed=seed, max_orders=max_orders)
         # Phase 3: local search (nothing to gain once the best order meets the bound)
         if not run.optimal():
-            _local_phase(run, starts, max_orders)
+            _local_phase(run, starts, max_orders, big=big)
         if time.perf_counter() >= run.deadline and not run.optimal():
             stopped = "time limit"
     except KeyboardInterrupt:
@@ -232,6 +236,11 @@ def _use_cpsat(solver: Solver | str) -> bool:
     if solver == "cpsat" and not cpsat.available():
         raise PPSimError("--solver cpsat needs OR-Tools; pip install 'ppsim[search]' (or ortools), or drop --solver")
     return solver == "cpsat" or (solver == "auto" and cpsat.available())
+
+
+def _is_big(templates: list[Schedule]) -> bool:
+    """An order above :data:`CPSAT_MAX_COMPUTATIONS` computations (stages x microbatches x 3)."""
+    return max(3 * t.num_stages * t.num_microbatches for t in templates) > CPSAT_MAX_COMPUTATIONS
 
 
 def _templates(num_ranks: int, num_microbatches: int, placement: Placement, v: int | None) -> list[Schedule]:
@@ -319,11 +328,13 @@ SEED_SOURCE = "V building block"
 
 def _v_seeds(run: _Run, phase_end: float, max_count: int | None) -> None:
     """The greedy V orders and the V building blocks that fit the cap (V placement only); the best two become
-    local-search starts."""
+    local-search starts. The greedy goes first where the cap allows ZBV's 2R (where it completes), else the
+    blocks (below 2R the greedy rarely completes, and a big order's blocks take the whole phase)."""
     for tpl, tcosts, prob in run.cases:
         blocks = v_block_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end, max_count=max_count)
         greedy = v_greedy_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end)
-        for schedule, sim in chain(greedy, blocks):
+        greedy_first = run.cap.unit != "act" or run.cap.amount >= 2 * tpl.num_ranks
+        for schedule, sim in chain(greedy, blocks) if greedy_first else chain(blocks, greedy):
             if run.optimal():
                 return
             run.evaluations += 1
@@ -395,6 +406,12 @@ def _local_starts(
 
 
 # --- Phase 2: CP-SAT -------------------------------------------------------------------------------------------------
+CPSAT_MAX_COMPUTATIONS = 8000
+"""Above this many computations (stages x microbatches x 3) CP-SAT (``--solver auto``) is skipped: building its model alone takes much of a
+minute (R=32, M=128, V: 24,576 computations, 26 s for no gain) and the time goes to the other phases;
+``--solver cpsat`` still runs it."""
+
+
 def _cpsat_polish(run: _Run, starts: list[tuple[Schedule, CostModel]], *, seed: int, max_orders: int | None) -> None:
     """CP-SAT from the best start: its answer, re-simulated with the exact costs, becomes the first start; where its
     model covers every order (:func:`ppsim.search.cpsat.provable`) its bound tightens the case's lower bound."""
@@ -431,24 +448,39 @@ def _cpsat_polish(run: _Run, starts: list[tuple[Schedule, CostModel]], *, seed: 
 
 
 # --- Phase 3: local search -------------------------------------------------------------------------------------------
-def _local_phase(run: _Run, starts: list[tuple[Schedule, CostModel]], max_orders: int | None) -> None:
-    """Local search from each start in turn; the time (and orders) left are shared among the starts left."""
+def _local_phase(run: _Run, starts: list[tuple[Schedule, CostModel]], max_orders: int | None, *, big: bool) -> None:
+    """Local search from each start in turn; the time (and orders) left are shared among the starts left (on a
+    ``big`` order the best start gets half, and nine moves in ten are on the critical chain)."""
     from ppsim.simulate import simulate
 
     for k, (sched, tcosts) in enumerate(starts):
         if time.perf_counter() >= run.deadline:
             break
         left = len(starts) - k
-        share = (run.deadline - time.perf_counter()) / left
+        # the best start gets half the time on a big order (one move is a whole simulation there), else an even share
+        share = (run.deadline - time.perf_counter()) / (2 if big and k == 0 and left > 1 else left)
         tries = None if max_orders is None else max(0, (max_orders - run.evaluations) // left)
-        improved, n = local_search(sched, tcosts, run.cap, run.rng, time.perf_counter() + share, run.report, tries)
+        improved, n = local_search(sched, tcosts, run.cap, run.rng, time.perf_counter() + share, run.report, tries,
+                                   chain_share=0.9 if big else 0.5)
         run.evaluations += n
         sim = simulate(improved, tcosts)
         if fits(sim, run.cap):
             run.take(improved, sim.makespan, "local search")
 
 
-# --- Phase 4: the result ---------------------------------------------------------------------------------------------
+# --- Phase 4: the result ------------------------------------------------------------------------------------------
+def _no_order_message(cap: MemoryCap, named: list[Named]) -> str:
+    """The error when no order fitting ``cap`` was found in time: the smallest cap an order the search knows fits
+    (the named schedule with the lowest peak), so the user can pick it rather than guess."""
+    head = f"--memory-cap {cap}: no order found within the time limit"
+    if not named:
+        return f"{head}; raise --time-limit or the cap"
+    lowest = min(named, key=lambda x: (x[0].peak, x[0].makespan))[0]
+    shown = f"{lowest.peak:g}act" if cap.unit == "act" else f"{int(math.ceil(lowest.peak))}"
+    return (f"{head}; the smallest cap known to fit is {shown} ({lowest.name}'s peak, makespan {lowest.makespan:g}); "
+            f"raise --time-limit or pass --memory-cap {shown}")
+
+
 def _result(
     run: _Run, fitting: list[Named], named: list[Named], costs: CostModel, scope: str, *, stopped: str, seed: int
 ) -> SearchResult:
@@ -459,9 +491,7 @@ def _result(
     if best.schedule is None and stopped == "interrupted":
         raise KeyboardInterrupt  # no order yet
     if best.schedule is None:
-        raise MemoryCapError(
-            f"--memory-cap {run.cap}: no order found within the time limit; raise --time-limit or the cap"
-        )
+        raise MemoryCapError(_no_order_message(run.cap, named))
     result_sched, source = best.schedule, best.source
     if source in ("list scheduling", "local search", "CP-SAT", SEED_SOURCE):
         result_sched = replace(result_sched, name=SEARCH_NAME)

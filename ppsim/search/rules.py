@@ -1,6 +1,6 @@
 """The list-scheduling rules the search tries: a fixed set first, then random rules and mutations of good ones.
 
-A :class:`~ppsim.schedules._greedy.Rule` sets how the memory-aware list scheduler picks the next computation on a
+A :class:`~ppsim.search.listsched.Rule` sets how the memory-aware list scheduler picks the next computation on a
 rank (admission limits per rank, when deferred W run, B or I+W, overlapped pairs, ...).
 """
 
@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from ppsim.costs import CostModel
 from ppsim.ir import ActionType, Schedule
-from ppsim.schedules._greedy import Problem, Rule
+from ppsim.search.listsched import Problem, Rule
 
 
 def random_rule(rng: random.Random, problem: Problem, *, allow_pairs: bool) -> Rule:

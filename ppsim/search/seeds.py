@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from ppsim.costs import CostModel
 from ppsim.ir import Schedule
 from ppsim.result import SimResult
-from ppsim.schedules._greedy import Problem
+from ppsim.search.listsched import Problem
 from ppsim.schedules._vshape import block_schedule, building_blocks, plain_peak
 from ppsim.search.common import MemoryCap, fits, is_v
 
@@ -79,7 +79,7 @@ def v_greedy_seeds(
     for level in range(top, R - 1, -1):
         if time.perf_counter() >= deadline:
             return
-        for schedule in greedy_v(R, M, mean, comm, level):
+        for schedule in greedy_v(R, M, mean, comm, level, deadline=deadline):
             schedule = template.with_actions(schedule.actions)
             sim = simulate(schedule, costs)
             if fits(sim, cap):

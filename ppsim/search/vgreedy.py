@@ -24,6 +24,7 @@ caller simulates every order and keeps those that fit.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import product
@@ -221,16 +222,19 @@ class _Build:
 
 
 def greedy_v(num_ranks: int, num_microbatches: int, cost: tuple[float, float, float], comm: float,
-             level: int) -> list[Schedule]:
+             level: int, *, deadline: float | None = None) -> list[Schedule]:
     """The distinct greedy V orders built for ``level`` chunk activations per rank: every variant and every round
     of idle-time feedback (the caller simulates them and keeps the best that fits).
 
-    ``cost``: per-chunk F, I and W; ``comm``: the hand-off delay between ranks."""
+    ``cost``: per-chunk F, I and W; ``comm``: the hand-off delay between ranks; no new build starts after
+    ``deadline`` (``time.perf_counter()``)."""
     found: dict[tuple[tuple[tuple[int, int, int], ...], ...], None] = {}
     for i_frees_half, fill_b, fill_f in product((False, True), (True, False), (True, False)):
         allowance: list[float] | None = None
         best_idle = float("inf")
         for _ in range(8):  # feed the idle times back while the largest drops
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
             build = _Build(num_ranks, num_microbatches, cost, comm, level, fill_f=fill_f, fill_b=fill_b,
                            allowance=allowance, i_frees_half=i_frees_half)
             orders = build.run()

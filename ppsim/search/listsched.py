@@ -1,4 +1,4 @@
-"""Memory-aware list scheduling: the engine behind ``ppsim.search`` and the V-Min / V-Half schedules.
+"""Memory-aware list scheduling: the engine behind ``ppsim.search`` (moved here from ``ppsim/schedules``, its only user).
 
 Every rank is a single lane. Ranks are visited in order of the time they next decide (ties by a counter, so runs
 are deterministic); at that time every computation that ends earlier is already placed, so a candidate's readiness

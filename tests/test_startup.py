@@ -1,0 +1,65 @@
+"""Start-up: the short commands load only what they use (no numpy, pandas, rich tables, search machinery, frames)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("numpy", "pandas", "rich.table", "ppsim.result", "ppsim.simulate", "ppsim.search.common",
+         "ppsim.search.driver", "ppsim.search.cpsat", "ortools", "torch", "matplotlib")
+
+
+def _loaded_after(argv: list[str]) -> list[str]:
+    """The heavy modules loaded by importing ppsim.cli and running ``ppsim ARGV`` (in a fresh interpreter)."""
+    code = (
+        "import io, sys, contextlib\n"
+        f"sys.argv = ['ppsim', *{argv!r}]\n"
+        "import ppsim.cli\n"
+        "if len(sys.argv) > 1:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        try:\n"
+        "            ppsim.cli.main()\n"
+        "        except SystemExit:\n"
+        "            pass\n"
+        f"print(__import__('json').dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_cli_loads_nothing_heavy() -> None:
+    assert _loaded_after([]) == []
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["show", "-s", "1F1B", "-r", "2", "-m", "2"]])
+def test_version_and_show_load_nothing_heavy(argv: list[str]) -> None:
+    assert _loaded_after(argv) == []
+
+
+def test_list_loads_only_the_table_it_prints() -> None:
+    assert _loaded_after(["list"]) == ["rich.table"]
+
+
+def test_the_library_names_load_on_first_use() -> None:
+    import ppsim
+    from ppsim.simulate import simulate
+
+    assert ppsim.simulate is simulate  # the function, even after its module of the same name was imported
+    assert "load_costs" in ppsim.__all__ and callable(ppsim.load_costs)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        ppsim.nope  # noqa: B018
+
+
+def test_a_command_run_alone_behaves_as_in_the_whole_app() -> None:
+    from typer.testing import CliRunner
+
+    from ppsim.cli import _app_for, app
+
+    whole = CliRunner().invoke(app, ["list", "--json"])
+    alone = CliRunner().invoke(_app_for(["ppsim", "list"]), ["list", "--json"])
+    assert alone.exit_code == whole.exit_code == 0 and alone.output == whole.output
+    assert _app_for(["ppsim", "--help"]) is app and _app_for(["ppsim", "lis"]) is app
+    assert [c.name for c in _app_for(["ppsim", "--version"]).registered_commands] == []
