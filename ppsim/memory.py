@@ -265,10 +265,12 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
             state["accum"] += st.gathered * reduce
         transient = st.bwd_transient + (st.saved - st.kept if rc else 0)
         consider(transient, 0, label)
-        if c.type is ActionType.I:  # I keeps what W needs (the saved activations and the output gradients)
-            state["act"] += st.stash
+        # I keeps what W needs until W: the saved activations (recomputed ones too) and the output gradients
+        held_to_w = st.stash + (st.saved - st.kept if rc else 0)
+        if c.type is ActionType.I:
+            state["act"] += held_to_w
         else:
-            state["act"] -= saved + (st.stash if c.type is ActionType.W else 0)
+            state["act"] -= saved + (held_to_w if c.type is ActionType.W else 0)
         if c.type is not ActionType.I and i == lasts[(s, ActionType.B)]:
             state["accum"] -= st.gathered * reduce
             state["grads"] += st.sharded * master
