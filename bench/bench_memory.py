@@ -42,7 +42,7 @@ CASES: list[tuple[str, list[str]]] = [
     ("llama3", ["-s", "1F1B", "-r", "2", "-m", "4", "--dp-shard", "2", "--recompute", "full"]),
     ("llama3", ["-s", "1F1B", "-r", "2", "-m", "4", "--tp", "2"]),
     ("deepseek_v3", ["-s", "1F1B", "-r", "2", "-m", "4"]),
-    ("deepseek_v3", ["-s", "ZBVZeroBubble", "-r", "2", "-m", "4", "--recompute", "full"]),
+    ("deepseek_v3", ["-s", "1F1B", "-r", "2", "-m", "4", "--recompute", "full"]),
     ("deepseek_v3", ["-s", "1F1B", "-r", "2", "-m", "4", "--dp-shard", "2"]),
     ("custom106M", ["-s", "1F1B", "-r", "2", "-m", "4"]),
     ("custom106M", ["-s", "Interleaved1F1B", "-r", "2", "-m", "4", "--recompute", "full"]),
