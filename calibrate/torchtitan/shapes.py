@@ -101,7 +101,8 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = ()) -> tuple
                   num_layers=len(layers), num_experts=experts,
                   fix="pass --parallelism.KEY VALUE with a degree that divides it")
     model_cfg.update_from_config(config=config)
-    local = _local_shapes(model_cfg, degrees.tp)
+    buffers: dict[str, int] = {}
+    local = _local_shapes(model_cfg, degrees.tp, buffers)
     kinds: dict[tuple[tuple[str, tuple[int, ...]], ...], int] = {}
     kind_of = [kinds.setdefault(local[f"layers.{i}"], len(kinds)) for i in range(len(layers))]
     ac = _ac_mode(config.activation_checkpoint)
@@ -112,8 +113,9 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = ()) -> tuple
     blocks: dict[str, BlockShapes] = {}
     for i, k in enumerate(kind_of):
         tensors = local[f"layers.{i}"]
-        blocks[f"layers.{i}"] = _layer_block(f"layer{k}" if len(kinds) > 1 else "layer", tensors, tokens=tokens,
-                                             dim=dim, tp=degrees.tp, sp=sp, ac=ac, act_bytes=act_bytes)
+        block = _layer_block(f"layer{k}" if len(kinds) > 1 else "layer", tensors, tokens=tokens, dim=dim,
+                             tp=degrees.tp, sp=sp, ac=ac, act_bytes=act_bytes)
+        blocks[f"layers.{i}"] = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0))
     blocks["tok_embeddings"] = BlockShapes("embedding", local["tok_embeddings"], saved_bytes=tokens * 8)
     norm_tokens = tokens // degrees.tp if sp else tokens
     blocks["norm"] = BlockShapes("head", local["norm"], saved_bytes=norm_tokens * dim * act_bytes)
@@ -139,7 +141,8 @@ def _ac_mode(ac_config: Any) -> str:
     return "full" if "full" in name else "selective" if "selective" in name else "none"
 
 
-def _local_shapes(model_cfg: Any, tp: int) -> dict[str, tuple[tuple[str, tuple[int, ...]], ...]]:
+def _local_shapes(model_cfg: Any, tp: int, buffers: dict[str, int] | None = None
+                  ) -> dict[str, tuple[tuple[str, tuple[int, ...]], ...]]:
     """Per top-level block (``tok_embeddings``, ``layers.N``, ``norm``, ``lm_head``) its parameters' TP-local
     shapes, from torchtitan's own ``parallelize`` on a fake process group of ``tp`` ranks."""
     import torch
@@ -161,6 +164,8 @@ def _local_shapes(model_cfg: Any, tp: int) -> dict[str, tuple[tuple[str, tuple[i
             model.parallelize(dims)
         finally:
             dist.destroy_process_group()
+    if buffers is not None:  # each block's buffers (``buffers`` filled in place)
+        buffers.update(_module_buffer_bytes(model))
     out: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
     for name, p in model.named_parameters():
         t = getattr(p, "_local_tensor", p)
@@ -233,12 +238,12 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
     if tp > 1:
         from ppsim.calibrate.models.torchtitan import prepared_config
 
-        local = _local_shapes(prepared_config(source), tp)
+        buffers: dict[str, int] = {}
+        local = _local_shapes(prepared_config(source), tp, buffers)
     else:
-        local = _meta_shapes(source)
+        local, buffers = _meta_shapes(source), _buffer_bytes(source)
     local = {_CANONICAL.get(k, k): v for k, v in local.items()}
     measured = _profile_activations(profile, source.num_layers) if profile is not None else None
-    buffers = _buffer_bytes(source)
     # inside a layer's backward, beyond the formula's workspace: the FFN's three ffn-wide gradients, or (CPU math
     # attention) one gradient of the attention probabilities, whichever is larger
     probs = cfg.mb_size * (cfg.heads // tp) * cfg.seq_len ** 2 if source.device == "cpu" else 0
@@ -304,12 +309,18 @@ def _block_of(name: str) -> tuple[str, str]:
 
 
 def _buffer_bytes(source: Any) -> dict[str, int]:
-    """Per top-level block, its buffers' bytes (unique storages), from the unsplit model on the meta device."""
-    model = source.build_full(device="meta")
+    """Per top-level block, its buffers' bytes, from the unsplit model on the meta device."""
+    return _module_buffer_bytes(source.build_full(device="meta"))
+
+
+def _module_buffer_bytes(model: Any) -> dict[str, int]:
+    """Per top-level block (torchtitan's stage module names), the bytes of its buffers (e.g. torchtitan 0.3.0's
+    per-layer RoPE cache), a DTensor's local part."""
     out: dict[str, int] = {}
     for name, b in model.named_buffers():
         block = _CANONICAL.get(_block_of(name)[0], _block_of(name)[0])
-        out[block] = out.get(block, 0) + b.numel() * b.element_size()
+        local = getattr(b, "_local_tensor", b)
+        out[block] = out.get(block, 0) + local.numel() * local.element_size()
     return out
 
 
