@@ -56,6 +56,11 @@ class BlockShapes:
     """Held only while its forward runs (a checkpointed layer's intermediates)."""
     backward_transient_bytes: int = 0
     """Held only while its backward runs (recomputed activations, the gradient workspace)."""
+    weight_grad_stash_bytes: int = 0
+    """Held from a split backward's I to its W: the gradients of the weights' outputs that W needs (torch's
+    ``stage_backward_input`` keeps them for ``stage_backward_weight``)."""
+    buffer_bytes: int = 0
+    """The block's buffers (e.g. torchtitan 0.3.0's per-layer RoPE cache), held for the whole run."""
 
     @property
     def numel(self) -> int:
@@ -82,6 +87,11 @@ class JobShapes:
     activation_checkpoint: str = "none"
     reshard_after_forward: bool = False
     notes: tuple[str, ...] = ()
+    fsdp: bool = True
+    """``fully_shard`` applied (torchtitan applies it even at ``dp_shard`` 1): each stage's parameters are gathered
+    into a second, unsharded copy while it computes. False: the module's own parameters are used (a plain PP run)."""
+    optimizer_states: int = 2
+    """Optimizer states per sharded element (AdamW: 2; a run without an optimizer step: 0)."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +179,8 @@ class _Stage:
     kept: int
     fwd_transient: int
     bwd_transient: int
+    buffers: int
+    stash: int
 
 
 def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int) -> _Stage:
@@ -182,7 +194,13 @@ def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int) -> _Stag
         saved=sum(b.saved_bytes for b in blocks), kept=shapes.boundary_bytes,
         fwd_transient=max((b.forward_transient_bytes for b in blocks), default=0),
         bwd_transient=max((b.backward_transient_bytes for b in blocks), default=0),
+        buffers=sum(b.buffer_bytes for b in blocks), stash=sum(b.weight_grad_stash_bytes for b in blocks),
     )
+
+
+def stage_numels(shapes: JobShapes, stage_modules: Sequence[Sequence[str]]) -> list[int]:
+    """Each stage's parameter elements as one TP rank holds them unsharded (what FSDP all-gathers)."""
+    return [_stage_of(shapes, mods, 1).gathered for mods in stage_modules]
 
 
 def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
@@ -202,10 +220,13 @@ def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
 def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], rank: int,
                  recompute: AbstractSet[tuple[int, int]], cap_bytes: int | None) -> RankMemory:
     master, param, reduce = (DTYPE_BYTES[d] for d in (shapes.master_dtype, shapes.param_dtype, shapes.reduce_dtype))
+    if not shapes.fsdp:  # no gathered copy: the stored parameters are computed with
+        param = 0
     own = schedule.stages_of(rank)
     sharded = sum(stages[s].sharded for s in own)
     m = schedule.num_microbatches
-    buffers = sum(m * shapes.boundary_bytes * ((schedule.prev_stage(s) is not None) + (schedule.next_stage(s)
+    module_buffers = sum(stages[s].buffers for s in own)
+    buffers = module_buffers + sum(m * shapes.boundary_bytes * ((schedule.prev_stage(s) is not None) + (schedule.next_stage(s)
                                                                                       is not None)) for s in own)
     comps = [(c, str(a)) for a in schedule.actions[rank] for c in a.computations]
     backward = (ActionType.B, ActionType.W)
@@ -221,7 +242,7 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
     def consider(transient: int, extra_act: int, label: str) -> None:
         nonlocal best
         parts = {"parameters": sharded * master, "gradients": state["accum"] + state["grads"],
-                 "optimizer": 2 * sharded * master, "activations": state["act"] + extra_act,
+                 "optimizer": shapes.optimizer_states * sharded * master, "activations": state["act"] + extra_act,
                  "other": state["gathered"] + buffers + transient}
         total = sum(parts.values())
         if total > best[0]:
@@ -244,8 +265,12 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
             state["accum"] += st.gathered * reduce
         transient = st.bwd_transient + (st.saved - st.kept if rc else 0)
         consider(transient, 0, label)
-        if c.type is not ActionType.I:  # I keeps what W needs: counted held until W
-            state["act"] -= saved
+        # I keeps what W needs until W: the saved activations (recomputed ones too) and the output gradients
+        held_to_w = st.stash + (st.saved - st.kept if rc else 0)
+        if c.type is ActionType.I:
+            state["act"] += held_to_w
+        else:
+            state["act"] -= saved + (held_to_w if c.type is ActionType.W else 0)
         if c.type is not ActionType.I and i == lasts[(s, ActionType.B)]:
             state["accum"] -= st.gathered * reduce
             state["grads"] += st.sharded * master
@@ -253,9 +278,10 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
         elif shapes.reshard_after_forward:
             state["gathered"] -= st.gathered * param
     consider(0, 0, "the step's end")
-    end = 4 * sharded * master + buffers + state["gathered"] + state["accum"] + state["act"]
-    static = {"parameters": sharded * master, "optimizer": 2 * sharded * master, "gradients": sharded * master,
-              "gathered_parameters": sum(stages[s].gathered for s in own) * param, "p2p_buffers": buffers}
+    end = (2 + shapes.optimizer_states) * sharded * master + buffers + state["gathered"] + state["accum"] + state["act"]
+    static = {"parameters": sharded * master, "optimizer": shapes.optimizer_states * sharded * master, "gradients": sharded * master,
+              "gathered_parameters": sum(stages[s].gathered for s in own) * param, "p2p_buffers": buffers - module_buffers,
+              "module_buffers": module_buffers}
     return RankMemory(rank=rank, parts=best[1], during=best[2], cap_bytes=cap_bytes, static_bytes=static,
                       end_bytes=end)
 

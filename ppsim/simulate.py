@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterator, Set
+from collections.abc import Iterator, Mapping, Set
 from dataclasses import dataclass
 from itertools import chain
 
@@ -55,13 +55,15 @@ def simulate(
     memory_cap_bytes: int | None = None,
     memory_cap: MemoryCap | None = None,
     recompute: Set[tuple[int, int]] | None = None,
+    extra_s: Mapping[tuple[int, int], float] | None = None,
 ) -> SimResult:
     """Replay ``schedule`` under ``costs`` (default: ``parse_costs(None)``) and return the timed result.
 
     ``recompute``: the (stage, microbatch) pairs whose activations are recomputed (:mod:`ppsim.recompute`): each
     keeps only its boundary input after its F, and its B/I runs the forward again first.
     ``memory_cap`` (bytes or activations, :func:`ppsim.io.parse_memory_cap`) flags the ranks over it;
-    ``memory_cap_bytes`` is the same for a cap in bytes."""
+    ``memory_cap_bytes`` is the same for a cap in bytes. ``extra_s``: time added to the action at (rank, position),
+    in the cost unit (FSDP's exposed collectives, :mod:`ppsim.fsdp`)."""
     assert memory_cap is None or memory_cap_bytes is None, "give the cap once"
     if memory_cap_bytes is not None:
         memory_cap = MemoryCap(memory_cap_bytes, "bytes")
@@ -70,6 +72,8 @@ def simulate(
     gc.disable()  # the run creates no reference cycles; collections would only rescan large lists
     try:
         program = compile_schedule(schedule, costs, recompute=recompute)
+        for (rank, pos), seconds in (extra_s or {}).items():
+            program.duration[int(program.offsets[rank]) + pos] += seconds
         start, end = run(program)
         return _finish(program, start, end, memory_cap)
     finally:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ppsim.calibrate.models import ModelSource
     from ppsim.calibrate.measure.runtime_model import RuntimeModel
     from ppsim.costs import CostModel
+    from ppsim.memory import JobShapes
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
 
@@ -74,6 +75,10 @@ class RunOptions:
     layers_per_stage: int | None = None
     recompute: str | None = None
     """``--recompute none|full|FILE.json`` as `simulate` takes it (a CSV's ``.recompute.json`` beside it is read)."""
+    dp_shard: int = 1
+    """FSDP degree (``--dp-shard``): each pipeline rank runs as ``dp_shard x tp`` processes (torchtitan models)."""
+    tp: int = 1
+    """Tensor-parallel degree (``--tp``)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,15 @@ class RankMemoryReport:
     grad_bytes: int
     predicted_static_bytes: int | None
     measured_peak_allocated_bytes: int | None
+    predicted_peak_allocated_bytes: int | None = None
+    """:func:`ppsim.memory.job_memory`'s peak for this rank, made before the run."""
+    predicted_parts: dict[str, int] | None = None
+    predicted_during: str | None = None
+
+    @property
+    def allocated_error_pct(self) -> float | None:
+        p, m = self.predicted_peak_allocated_bytes, self.measured_peak_allocated_bytes
+        return None if p is None or not m else 100.0 * (p - m) / m
 
     @property
     def activation_error_pct(self) -> float | None:
@@ -154,7 +168,7 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         options = dataclasses.replace(options, source=parse_model_source(None, device=device))
     torch_adapter.check()  # the torch release: refused, or warned about once, before anything is measured
     world = int(os.environ["WORLD_SIZE"]) if launch.under_torchrun() else None
-    if world is not None and world != schedule.num_ranks:
+    if world is not None and options.dp_shard * options.tp == 1 and world != schedule.num_ranks:
         raise PPSimError(
             f"--ranks {schedule.num_ranks}: torchrun started {world} processes; launch {schedule.num_ranks} "
             f"(--nproc-per-node) or pass -r {world}"
@@ -166,16 +180,29 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         check_machine(options, schedule, early)  # before calibrating
         runner = choose_runner(options.executor, early, schedule, synthetic=False)
     chosen = _recompute_set(options, schedule)
+    if world is None and options.profile is None and not options.synthetic:
+        check_run_degrees(options, schedule, run_source(options), world=None)
     costs, time_scale, model, source = costs_and_model(options, schedule, device)
-    spec = dataclasses.replace(exec_spec(options, schedule, costs, time_scale, model, device), recompute=chosen)
+    spec = dataclasses.replace(exec_spec(options, schedule, costs, time_scale, model, device), recompute=chosen,
+                               dp_shard=options.dp_shard, tp=options.tp)
+    check_run_degrees(options, schedule, model, world=world)
     if runner is None:
         runner = choose_runner(options.executor, model, schedule, synthetic=options.synthetic)
     if world is None:
         check_machine(options, schedule, model)
+    from ppsim.memory import Degrees, job_memory
     from ppsim.simulate import simulate
 
     costs = dataclasses.replace(costs, outputs_held_to_backward=torch_adapter.keeps_forward_outputs())
-    predicted = simulate(schedule, prediction_costs(costs, time_scale), recompute=chosen)  # before anything runs
+    shapes = None if options.synthetic else run_memory_inputs(options, schedule, model, spec)
+    extra, notes = fsdp_collectives(schedule, costs, shapes, spec)
+    if notes:
+        costs = dataclasses.replace(costs, notes=(*costs.notes, *notes))
+    # before anything runs: the step and each rank's memory
+    predicted = simulate(schedule, prediction_costs(costs, time_scale), recompute=chosen, extra_s=extra)
+    memory = None if shapes is None else job_memory(shapes[0], degrees=Degrees(
+        pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard), schedule=schedule, stage_modules=shapes[1],
+        recompute=spec.recompute)
     check_predicted_time(options, predicted)
     if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:  # after every refusal: an error stands alone
         (log or _stderr)(model.summary())
@@ -186,7 +213,73 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         if result is None:
             return None
         measurement = result
-    return build_report(schedule, measurement, costs, predicted, time_scale=time_scale, source=source)
+    return build_report(schedule, measurement, costs, predicted, time_scale=time_scale, source=source,
+                        memory_predicted=memory)
+
+
+def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSource, *, world: int | None) -> None:
+    """FSDP/TP degrees the run cannot take, refused in one line before anything starts: not a torchtitan model (its
+    own parallelize function shards it), a degree that does not divide the heads, processes that are not
+    PP x FSDP x TP (under torchrun)."""
+    from ppsim.memory import Degrees, check_degrees
+
+    if options.dp_shard < 1 or options.tp < 1:
+        raise PPSimError(f"--dp-shard {options.dp_shard} --tp {options.tp}: degrees must be at least 1")
+    if options.dp_shard * options.tp == 1 and world in (None, schedule.num_ranks):
+        return
+    if options.dp_shard * options.tp > 1 and (options.synthetic or source.scheme != "torchtitan"
+                                             or options.executor == "ppsim"):
+        raise PPSimError(f"--dp-shard {options.dp_shard} --tp {options.tp}: FSDP and TP runs go through torchtitan's "
+                         f"own parallelize function, so they need a torchtitan model (--model torchtitan:FAMILY/"
+                         f"FLAVOR) and the torchtitan executor; {source.text} is not one, or drop the degrees")
+    cfg = source.config
+    check_degrees(Degrees(pp=schedule.num_ranks, tp=options.tp, dp_shard=options.dp_shard), num_heads=cfg.heads,
+                  num_kv_heads=cfg.heads, num_layers=source.num_layers, world_size=world,
+                  fix="pass --dp-shard/--tp whose product with -r is the process count and that divide the heads")
+
+
+def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSource,
+                      spec: ExecSpec) -> tuple[JobShapes, list[list[str]]] | None:
+    """The run's shapes (:func:`ppsim.calibrate.torchtitan.shapes.run_shapes`) and its stages' module names, for
+    :func:`ppsim.memory.job_memory` and the FSDP collectives; ``None`` where the model's blocks cannot be named as
+    torchtitan's stage modules (a stderr note says so)."""
+    from ppsim.calibrate.torchtitan.runner import module_names_per_stage
+    from ppsim.calibrate.torchtitan.shapes import run_shapes
+
+    if len(schedule.pipelines) > 1:
+        return None
+    prof = None
+    if options.profile is not None:
+        from ppsim.profile import load_profile
+
+        prof = load_profile(options.profile)
+    try:
+        shapes = run_shapes(source, tp=spec.tp, fsdp=spec.dp_shard * spec.tp > 1, profile=prof)
+        return shapes, module_names_per_stage(source, schedule.num_stages, spec.layer_counts)
+    except (PPSimError, KeyError, IndexError) as exc:
+        _stderr(f"note: no memory prediction for {source.text} ({type(exc).__name__}: {exc})")
+        return None
+
+
+def fsdp_collectives(schedule: Schedule, costs: CostModel, shapes: tuple[JobShapes, list[list[str]]] | None,
+                     spec: ExecSpec) -> tuple[dict[tuple[int, int], float], tuple[str, ...]]:
+    """FSDP's exposed all-gathers and reduce-scatters (:mod:`ppsim.fsdp`) for ``--dp-shard`` above 1, costed from
+    the profile's point-to-point α/β (the profile has no collective α/β yet: said in the notes)."""
+    from ppsim.fsdp import exposed_collectives
+    from ppsim.memory import DTYPE_BYTES, stage_numels
+
+    if spec.dp_shard <= 1 or shapes is None:
+        return {}, ()
+    if costs.p2p_alpha is None or costs.p2p_beta is None:
+        return {}, ("FSDP collectives not in the step: the profile has no p2p alpha/beta to cost them",)
+    job, names = shapes
+    numels = stage_numels(job, names)
+    extra = exposed_collectives(schedule, gather_bytes=[n * DTYPE_BYTES[job.param_dtype] for n in numels],
+                                reduce_bytes=[n * DTYPE_BYTES[job.reduce_dtype] for n in numels], dp=spec.dp_shard,
+                                alpha_s=costs.p2p_alpha, bytes_per_s=costs.p2p_beta)
+    return extra, (f"FSDP all-gather before each stage's first F and reduce-scatter after its last backward "
+                   f"(dp_shard {spec.dp_shard}), costed as rings from the profile's p2p alpha/beta (fallback: no "
+                   "measured collective alpha/beta)",)
 
 
 def _recompute_set(options: RunOptions, schedule: Schedule) -> frozenset[tuple[int, int]]:
@@ -498,7 +591,7 @@ def exec_spec(
 
 # --- comparison -------------------------------------------------------------------------------------------------
 def build_report(schedule: Schedule, measurement: Measurement, costs: CostModel, predicted: SimResult, *,
-                 time_scale: float, source: str) -> RunReport:
+                 time_scale: float, source: str, memory_predicted: list[Any] | None = None) -> RunReport:
     """Compare the measurement with the before-run prediction; fit the post-hoc model on the probe steps."""
     from ppsim.calibrate.measure.runtime_model import fit_runtime_model, with_runtime
     from ppsim.simulate import simulate
@@ -523,6 +616,7 @@ def build_report(schedule: Schedule, measurement: Measurement, costs: CostModel,
             predicted_peak_activation_bytes=None if peak is None or static is None else peak - static,
             param_bytes=mem.param_bytes, grad_bytes=mem.grad_bytes, predicted_static_bytes=static,
             measured_peak_allocated_bytes=mem.peak_allocated_bytes,
+            **_predicted_fields(memory_predicted, mem.rank),
         ))
     return RunReport(
         schedule=schedule, measurement=measurement, predicted=predicted, measured_step_s=statistics.median(spans),
@@ -530,6 +624,14 @@ def build_report(schedule: Schedule, measurement: Measurement, costs: CostModel,
         explained=explained, memory=tuple(memory), step_index=rep, costs=costs, costs_source=source,
         time_scale=time_scale,
     )
+
+
+def _predicted_fields(memory: list[Any] | None, rank: int) -> dict[str, Any]:
+    if memory is None:
+        return {}
+    mem = memory[rank]
+    return {"predicted_peak_allocated_bytes": mem.peak_memory_bytes, "predicted_parts": dict(mem.parts),
+            "predicted_during": mem.during}
 
 
 def _run_json(report: RunReport) -> dict[str, Any]:
@@ -627,6 +729,10 @@ def _run_json(report: RunReport) -> dict[str, Any]:
                 "grad_bytes_measured": m.grad_bytes,
                 "static_bytes_predicted": m.predicted_static_bytes,
                 "peak_allocated_bytes_measured": m.measured_peak_allocated_bytes,
+                "peak_allocated_bytes_predicted": m.predicted_peak_allocated_bytes,
+                "peak_allocated_error_pct": m.allocated_error_pct,
+                "memory_parts_predicted": m.predicted_parts,
+                "memory_during_predicted": m.predicted_during,
             }
             for m in report.memory
         ],

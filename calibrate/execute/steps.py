@@ -20,6 +20,7 @@ torch is imported inside functions only (``ppsim`` itself must import without it
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 import weakref
@@ -66,6 +67,15 @@ class ExecSpec:
     """(stage, microbatch) whose forward runs under ``torch.utils.checkpoint`` (recomputed in its backward)."""
     source: ModelSource | None = None
     """The executed model (``--model``); ``None``: the builtin model of ``model``."""
+    dp_shard: int = 1
+    """FSDP degree (torchtitan runner): each pipeline rank is ``dp_shard x tp`` processes."""
+    tp: int = 1
+    """Tensor-parallel degree (torchtitan runner)."""
+
+    @property
+    def world_size(self) -> int:
+        """Processes: the pipeline's ranks times the FSDP and TP degrees."""
+        return self.schedule.num_ranks * self.dp_shard * self.tp
 
 
 @dataclass(frozen=True)
@@ -187,7 +197,7 @@ def launch_local(spec: ExecSpec, body: RankBody) -> Measurement:
     up; rank 0's gathered measurement."""
     from ppsim.calibrate.execute import launch as launcher
 
-    return launcher.run_local(_local_rank, (spec, body), world_size=spec.schedule.num_ranks,
+    return launcher.run_local(_local_rank, (spec, body), world_size=spec.world_size,
                               timeout_s=spec.timeout_s, what="the run")
 
 
@@ -210,10 +220,11 @@ def run_in_group(spec: ExecSpec, *, rank: int, world: int, store: Any | None, bo
     from ppsim.calibrate.execute import launch, torch_adapter
 
     torch_adapter.check()
-    if world != spec.schedule.num_ranks:
+    if world != spec.world_size:
+        degrees = f" x dp_shard {spec.dp_shard} x tp {spec.tp}" if spec.world_size != spec.schedule.num_ranks else ""
         raise PPSimError(
-            f"{spec.schedule.name} has {spec.schedule.num_ranks} ranks but the job has {world} processes; "
-            f"launch {spec.schedule.num_ranks} (torchrun --nproc-per-node) or pass -r {world}"
+            f"{spec.schedule.name} has {spec.schedule.num_ranks} ranks{degrees} but the job has {world} processes; "
+            f"launch {spec.world_size} (torchrun --nproc-per-node) or pass -r {world}"
         )
     torch.set_num_threads(1)
     if spec.synthetic:
@@ -352,6 +363,65 @@ class _Box:
         self.tensor = tensor
 
 
+def live_bytes_mode() -> Any:
+    """A dispatch mode counting every live tensor's bytes on the CPU (unique storages) over a step; ``.peak`` after.
+
+    It starts from the tensors alive when it is entered (found by the garbage collector: parameters, gradients,
+    buffers, receive buffers, FSDP's shards) and adds each storage an operator returns while it runs, released when
+    its last tensor dies (a finalizer on the storage). That is what the allocator holds for tensors; a kernel's own
+    scratch outside tensors is not seen. A DTensor counts its local tensor."""
+    import gc
+    import warnings
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class LiveBytes(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: dict[int, int] = {}
+            self.held = 0
+            self.peak = 0
+
+        def track(self, tensor: Any) -> None:
+            local = getattr(tensor, "_local_tensor", tensor)
+            if local.device.type != "cpu" or local.is_meta:
+                return
+            try:
+                storage = local.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # a wrapper without storage
+                return
+            key, size = id(storage), storage.nbytes()
+            if size == 0 or key in self.sizes:
+                return
+            self.sizes[key] = size
+            self.held += size
+            self.peak = max(self.peak, self.held)
+            weakref.finalize(storage, self._release, key)
+
+        def _release(self, key: int) -> None:
+            self.held -= self.sizes.pop(key, 0)
+
+        def __enter__(self) -> Any:
+            gc.collect()
+            with warnings.catch_warnings():  # isinstance on torch's deprecated aliases warns
+                warnings.simplefilter("ignore")
+                for obj in gc.get_objects():
+                    if isinstance(obj, torch.Tensor):
+                        self.track(obj)
+            return super().__enter__()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for leaf in tree_leaves(out):
+                if isinstance(leaf, torch.Tensor):
+                    self.track(leaf)
+            return out
+
+    return LiveBytes()
+
+
 @dataclass
 class RankRun:
     """What one rank built and steps: its stage modules by stage, the runtime running its order, the clock its
@@ -365,6 +435,10 @@ class RankRun:
     has_first: bool
     has_last: bool
     grad_name: Callable[[int, str], str]
+    pp_rank: int | None = None
+    """This process's pipeline rank (``None``: its global rank; FSDP/TP runs have ``dp_shard x tp`` per PP rank)."""
+    primary: bool = True
+    """The process whose times, loss and gradients stand for its PP rank (FSDP and TP coordinate 0)."""
 
 
 def checkpoint_chosen(spec: ExecSpec, stages: Sequence[Any], modules: Sequence[Any]) -> None:
@@ -388,20 +462,19 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
     from ppsim.calibrate.execute import torch_adapter
 
     schedule, clock, cuda = spec.schedule, run.clock, spec.device == "cuda"
+    pp_rank = rank if run.pp_rank is None else run.pp_rank
     tokens, targets = run.tokens.to(device), run.targets.to(device)
     args = (tokens,) if run.has_first else ()
     kwargs: dict[str, Any] = {"target": targets} if run.has_last else {}
     modules = list(run.parts.values())
-    expected = [e[2] for e in expected_computations(schedule, rank)]
+    expected = [e[2] for e in expected_computations(schedule, pp_rank)]
     kinds = step_kinds(spec)
     last_timed = max(i for i, k in enumerate(kinds) if k == "timed")
     # parameters and buffers (a RoPE table) live as long as the module: not activations
-    saved = _PeakSaved({t.untyped_storage().data_ptr() for m in modules for t in (*m.parameters(), *m.buffers())})
-    peak_allocated: int | None = None
+    saved = _PeakSaved({_local(t).untyped_storage().data_ptr() for m in modules for t in (*m.parameters(), *m.buffers())})
     per_step: list[list[tuple[float, float, float, float | None]]] = []
     step_walls: list[float] = []
     losses: list[Any] = []
-    base_alloc = 0
     with torch_adapter.timed_receive_waits(clock.add_wait):
         for step in range(len(kinds)):
             for m in modules:
@@ -409,9 +482,6 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
             losses = []
             if cuda:
                 torch.cuda.synchronize(device)
-                if step == last_timed:
-                    torch.cuda.reset_peak_memory_stats(device)
-                    base_alloc = torch.cuda.memory_allocated(device)
             dist.barrier()
             clock.reset()
             base_event = None
@@ -427,32 +497,29 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
             clock.memory = None
             if cuda:
                 torch.cuda.synchronize(device)
-                if step == last_timed:
-                    peak_allocated = max(0, torch.cuda.max_memory_allocated(device) - base_alloc)
             t1 = time.perf_counter()
             names = [r[3] for r in clock.records]
             if names != expected:
                 raise RuntimeError(f"rank {rank} ran {names} but the schedule orders {expected} (ppsim bug)")
             per_step.append(_host_times(clock.records, t0, base_event, _posted_times(clock.posted, names)))
             step_walls.append(t1 - t0)
+        losses = []
+        peak_allocated = _allocator_peak_step(run, modules, device, cuda, args, kwargs, losses)
 
-    grads = {
-        run.grad_name(s, name): p.grad.detach().to("cpu", torch.float32)
-        for s, mod in run.parts.items()
-        for name, p in mod.named_parameters()
-        if p.grad is not None
-    }
+    grads = {run.grad_name(s, name): _full_grad(p.grad) for s, mod in run.parts.items()
+             for name, p in mod.named_parameters() if p.grad is not None}
     params = [p for m in modules for p in m.parameters()]
     memory = RankMemory(
-        rank=rank, peak_activation_bytes=saved.peak,
-        param_bytes=sum(p.numel() * p.element_size() for p in params),
-        grad_bytes=sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
+        rank=pp_rank, peak_activation_bytes=saved.peak,
+        param_bytes=sum(_local(p).numel() * p.element_size() for p in params),
+        grad_bytes=sum(_local(p.grad).numel() * p.grad.element_size() for p in params if p.grad is not None),
         peak_allocated_bytes=peak_allocated,
     )
     loss = float(torch.stack([x.detach().float() for x in losses]).mean()) if run.has_last else None
     offset = _clock_offset(rank, world, device)
     payload = {
-        "rank": rank,
+        "rank": pp_rank,
+        "primary": run.primary,
         "times": [
             [(a - offset, b - offset, w, None if p is None else p - offset) for a, b, w, p in step]
             for step in per_step
@@ -469,6 +536,50 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
         return None
     assert gathered is not None
     return _assemble(spec, gathered, device, reference=reference)
+
+
+def _allocator_peak_step(run: RankRun, modules: Sequence[Any], device: Any, cuda: bool, args: tuple[Any, ...],
+                         kwargs: dict[str, Any], losses: list[Any]) -> int:
+    """One more step, untimed, for the allocator-level peak: on CUDA ``max_memory_allocated`` (the model caches
+    dropped first, so the process holds the job alone); on CPU every live tensor's bytes (:func:`live_bytes_mode`).
+    Its gradients and losses replace the last timed step's (same batch, same weights)."""
+    import gc
+
+    import torch
+    import torch.distributed as dist
+
+    from ppsim.calibrate.models import drop_cached_models
+
+    drop_cached_models()
+    for m in modules:
+        m.zero_grad(set_to_none=True)
+    gc.collect()
+    dist.barrier()
+    run.clock.reset()
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        run.runtime.step(*args, losses=losses, return_outputs=False, **kwargs)
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device))
+    mode = live_bytes_mode()
+    with mode:
+        run.runtime.step(*args, losses=losses, return_outputs=False, **kwargs)
+    return int(mode.peak)
+
+
+def _local(tensor: Any) -> Any:
+    """A DTensor's local shard (a plain tensor as it is)."""
+    return getattr(tensor, "_local_tensor", tensor)
+
+
+def _full_grad(grad: Any) -> Any:
+    """The whole gradient on the CPU in float32: an FSDP or TP gradient (a DTensor) gathered from its shards (a
+    collective: every rank of its mesh calls it in the same order)."""
+    import torch
+
+    full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+    return full.detach().to("cpu", torch.float32)
 
 
 def _checkpoint_forwards(stage: Any, module: Any, microbatches: frozenset[int]) -> None:
@@ -562,7 +673,15 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
     from ppsim.calibrate.execute.numerics import check_against_reference
 
     schedule = spec.schedule
-    gathered = sorted(gathered, key=lambda g: g["rank"])
+    peaks: dict[int, int] = {}
+    for g in gathered:  # each PP rank's worst device among its FSDP/TP replicas
+        mem = g["memory"]
+        if mem.peak_allocated_bytes is not None:
+            peaks[mem.rank] = max(peaks.get(mem.rank, 0), mem.peak_allocated_bytes)
+    gathered = sorted((g for g in gathered if g["primary"]), key=lambda g: g["rank"])
+    for g in gathered:
+        if g["rank"] in peaks:
+            g["memory"] = dataclasses.replace(g["memory"], peak_allocated_bytes=peaks[g["rank"]])
     steps: list[tuple[CompTiming, ...]] = []
     kinds = step_kinds(spec)
     for i in range(len(kinds)):

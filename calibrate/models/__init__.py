@@ -307,6 +307,17 @@ def _backend(scheme: str) -> Any:
     raise AssertionError(scheme)
 
 
+def drop_cached_models() -> None:
+    """Forget the unsplit models kept between builds (torchtitan's and ``python:`` factories'), so that a rank holds
+    its job alone while its memory is measured; a later build makes them again."""
+    import sys
+
+    for name in ("ppsim.calibrate.models.torchtitan", "ppsim.calibrate.models.python_factory"):
+        module = sys.modules.get(name)
+        if module is not None:
+            module._CACHE.clear()
+
+
 def kinds_of(keys: Sequence[Any], bases: Sequence[str], descriptions: Sequence[str]
              ) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """Name the distinct structural ``keys`` of the layers: ``bases[i]`` (e.g. ``dense``/``moe``) when one key has

@@ -194,6 +194,12 @@ def _set_layers(config: Any, wanted: int | None, text: str) -> None:
                                            for _ in range(wanted - len(config.layers)))]
 
 
+def model_spec(source: ModelSource) -> Any:
+    """The flavor's torchtitan ``ModelSpec`` (its ``parallelize_fn`` shards a model part as torchtitan trains it)."""
+    assert source.family is not None and source.flavor is not None
+    return _family_module(source.family, source.text).model_registry(source.flavor)
+
+
 def prepared_config(source: ModelSource) -> Any:
     """The flavor's config as this source builds it (layer count, attention backend)."""
     assert source.family is not None and source.flavor is not None

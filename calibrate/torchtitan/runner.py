@@ -45,6 +45,8 @@ TITAN_NOTE = "stages and schedule built by torchtitan's pipeline helpers"
 """The line the run output and the run JSON's notes carry for a run on this path."""
 SUM_NOTE = ("numerics: torchtitan's schedule does not scale gradients (scale_grads=False), so the reference sums "
             "each microbatch's gradients too; the loss is the mean microbatch loss")
+FSDP_SUM_NOTE = ("torchtitan disables FSDP's gradient division, so the replicas' (same-batch) gradients are summed; "
+                 "the check divides them by dp_shard")
 _LOOP_NAMES = ("1F1B", "Interleaved1F1B")
 _V_NAME = "ZBVZeroBubble"
 
@@ -175,8 +177,9 @@ class TorchtitanRunner:
 
 
 # --- one rank ---------------------------------------------------------------------------------------------------
-def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) -> tuple[list[Any], list[Any], Any]:
-    """torchtitan's stages and schedule for this rank: ``(stages, model_parts, schedule)``."""
+def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) -> tuple[list[Any], list[Any], Any, int]:
+    """torchtitan's stages and schedule for this process: ``(stages, model_parts, schedule, pp_rank)``. With FSDP or
+    TP degrees each model part goes through the model's own parallelize function, as ``pipeline_llm`` does."""
     from torch.distributed.device_mesh import init_device_mesh
     from torchtitan.config import ParallelismConfig
 
@@ -186,19 +189,34 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
     schedule, source = spec.schedule, spec.source
     assert source is not None
     name = titan_placement_name(schedule)
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("pp",))
-    whole = source.build_full(seed=spec.seed, device=device)
     names = module_names_per_stage(source, schedule.num_stages, spec.layer_counts)
-    stages, parts = pp._pipeline_module_split(whole, mesh, name, device, names)
+    degrees = {} if spec.dp_shard * spec.tp == 1 else {  # a plain PP run keeps the generation's defaults
+        "data_parallel_shard_degree": spec.dp_shard, "tensor_parallel_degree": spec.tp,
+        "spmd_backend": "partial_dtensor"}
+    parallelism, count = schedule_arguments(pp, ParallelismConfig, num_microbatches=schedule.num_microbatches,
+                                            mb_size=source.config.mb_size,
+                                            pipeline_parallel_degree=schedule.num_ranks,
+                                            pipeline_parallel_schedule=name, pipeline_parallel_schedule_csv=csv_path,
+                                            module_fqns_per_model_part=names, **degrees)
+    whole = source.build_full(seed=spec.seed, device=device)
+    if spec.dp_shard * spec.tp == 1:
+        mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("pp",))
+        stages, parts = pp._pipeline_module_split(whole, mesh, name, device, names)
+        pp_rank = rank
+    else:
+        dims = _parallel_dims(parallelism, world, device.type)
+        mesh = dims.get_mesh("pp")
+        stages, parts = pp._pipeline_module_split(whole, mesh, name, device, names,
+                                                  get_mesh=pp._build_get_mesh_callback(dims))
+        for i, part in enumerate(parts):
+            parts[i] = _parallelize(source, part, dims, parallelism)
+            stages[i].submod = parts[i]
+        pp_rank = mesh.get_local_rank()
     del whole
     built = tuple(st.stage_index for st in stages)
-    if built != tuple(schedule.stages_of(rank)):
+    if built != tuple(schedule.stages_of(pp_rank)):
         raise RuntimeError(f"rank {rank}: torchtitan built stages {built} for {name} but the schedule places "
-                           f"{schedule.stages_of(rank)} here (ppsim bug)")
-    parallelism, count = schedule_arguments(pp, ParallelismConfig, num_microbatches=schedule.num_microbatches,
-                                            mb_size=source.config.mb_size, pipeline_parallel_degree=world,
-                                            pipeline_parallel_schedule=name,
-                                            pipeline_parallel_schedule_csv=csv_path, module_fqns_per_model_part=names)
+                           f"{schedule.stages_of(pp_rank)} on PP rank {pp_rank} (ppsim bug)")
 
     def loss_fn(output: Any, target: Any) -> tuple[Any, None]:  # torchtitan's convention: (loss, extra)
         return source.loss_fn(output, target), None
@@ -208,7 +226,46 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
         runtime = pp._build_pipeline_schedule(parallelism=parallelism, stages=stages, loss_fn=loss_fn, **count)
     finally:
         logging.disable(logging.NOTSET)
-    return stages, parts, runtime
+    return stages, parts, runtime, pp_rank
+
+
+def _parallel_dims(parallelism: Any, world: int, device_type: str) -> Any:
+    """torchtitan's ``ParallelDims`` of the run (pp x fsdp x tp), its meshes built on ``device_type`` (torchtitan
+    picks the device type at import and falls back to ``cuda``, which a CPU-only torch cannot set)."""
+    from torchtitan.distributed import parallel_dims
+
+    dims = parallel_dims.ParallelDims.from_config(parallelism, world)
+    chosen = parallel_dims.device_type
+    parallel_dims.device_type = device_type
+    try:
+        dims.build_mesh()
+    finally:
+        parallel_dims.device_type = chosen
+    return dims
+
+
+def _parallelize(source: ModelSource, part: Any, dims: Any, parallelism: Any) -> Any:
+    """One model part through its model's own parallelize function (TP plan, then FSDP2's ``fully_shard`` with
+    the run's dtype for parameters and reductions, so the numerics check holds), as ``pipeline_llm`` applies it."""
+    import tempfile
+
+    from torchtitan.config import CompileConfig, TrainingConfig
+
+    from ppsim.calibrate.models.torchtitan import model_spec
+
+    dtype = source.config.dtype
+    training = TrainingConfig(mixed_precision_param=dtype, mixed_precision_reduce=dtype)
+    with tempfile.TemporaryDirectory(prefix="ppsim-titan-") as dump:
+        part = model_spec(source).parallelize_fn(part, parallel_dims=dims, training=training,
+                                                 parallelism=parallelism, compile_config=CompileConfig(),
+                                                 ac_config=None, dump_folder=dump)
+    if dims.world_mesh.device_type == "cpu":  # gloo has no PREMUL_SUM/AVG: FSDP sums, then divides
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in part.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+    return part
 
 
 def schedule_arguments(pp: Any, config_class: Any, *, num_microbatches: int, mb_size: int,
@@ -243,7 +300,7 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     with tempfile.TemporaryDirectory(prefix="ppsim-titan-") as tmp:
         csv_path = str(write_csv(schedule, os.path.join(tmp, "order.csv")))
-        stages, parts, runtime = _build(spec, rank, world, device, csv_path)
+        stages, parts, runtime, pp_rank = _build(spec, rank, world, device, csv_path)
     clock = Clock(None, cuda)
     for st in stages:
         torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post,
@@ -263,17 +320,23 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
         return source.reference_name(_layer_ids(by_stage[stage]), name)
 
     def reference(pipelined: dict[str, Any]) -> ReferenceCheck:
+        if spec.dp_shard > 1:  # torchtitan turns FSDP's division off: the replicas' gradients are summed
+            pipelined = {k: g / spec.dp_shard for k, g in pipelined.items()}
         return summed_reference(source, schedule.num_microbatches, pipelined, seed=spec.seed, device=device)
 
     rank_run = RankRun(parts=by_stage, runtime=runtime, clock=clock, tokens=tokens, targets=targets,
                        has_first=any(st.is_first for st in stages), has_last=any(st.is_last for st in stages),
-                       grad_name=grad_name)
+                       grad_name=grad_name, pp_rank=pp_rank, primary=rank % (spec.dp_shard * spec.tp) == 0)
     measurement = measure_rank(spec, rank, world, device, rank_run, reference=reference)
     if measurement is None:
         return None
     import dataclasses
 
     notes = [TITAN_NOTE, SUM_NOTE]
+    if spec.dp_shard * spec.tp > 1:
+        notes.append(f"each PP rank is dp_shard {spec.dp_shard} x tp {spec.tp} processes, parallelized by the "
+                     "model's own torchtitan parallelize function; "
+                     + (FSDP_SUM_NOTE if spec.dp_shard > 1 else "TP gradients gathered for the check"))
     if schedule.num_microbatches < schedule.num_stages:
         notes.append(f"torchtitan warns that {schedule.num_microbatches} microbatches < {schedule.num_stages} "
                      "stages may leave a bubble; it runs the order all the same")

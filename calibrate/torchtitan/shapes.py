@@ -13,6 +13,7 @@ are transient and not counted.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -100,7 +101,8 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = ()) -> tuple
                   num_layers=len(layers), num_experts=experts,
                   fix="pass --parallelism.KEY VALUE with a degree that divides it")
     model_cfg.update_from_config(config=config)
-    local = _local_shapes(model_cfg, degrees.tp)
+    buffers: dict[str, int] = {}
+    local = _local_shapes(model_cfg, degrees.tp, buffers)
     kinds: dict[tuple[tuple[str, tuple[int, ...]], ...], int] = {}
     kind_of = [kinds.setdefault(local[f"layers.{i}"], len(kinds)) for i in range(len(layers))]
     ac = _ac_mode(config.activation_checkpoint)
@@ -111,8 +113,9 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = ()) -> tuple
     blocks: dict[str, BlockShapes] = {}
     for i, k in enumerate(kind_of):
         tensors = local[f"layers.{i}"]
-        blocks[f"layers.{i}"] = _layer_block(f"layer{k}" if len(kinds) > 1 else "layer", tensors, tokens=tokens,
-                                             dim=dim, tp=degrees.tp, sp=sp, ac=ac, act_bytes=act_bytes)
+        block = _layer_block(f"layer{k}" if len(kinds) > 1 else "layer", tensors, tokens=tokens, dim=dim,
+                             tp=degrees.tp, sp=sp, ac=ac, act_bytes=act_bytes)
+        blocks[f"layers.{i}"] = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0))
     blocks["tok_embeddings"] = BlockShapes("embedding", local["tok_embeddings"], saved_bytes=tokens * 8)
     norm_tokens = tokens // degrees.tp if sp else tokens
     blocks["norm"] = BlockShapes("head", local["norm"], saved_bytes=norm_tokens * dim * act_bytes)
@@ -138,7 +141,8 @@ def _ac_mode(ac_config: Any) -> str:
     return "full" if "full" in name else "selective" if "selective" in name else "none"
 
 
-def _local_shapes(model_cfg: Any, tp: int) -> dict[str, tuple[tuple[str, tuple[int, ...]], ...]]:
+def _local_shapes(model_cfg: Any, tp: int, buffers: dict[str, int] | None = None
+                  ) -> dict[str, tuple[tuple[str, tuple[int, ...]], ...]]:
     """Per top-level block (``tok_embeddings``, ``layers.N``, ``norm``, ``lm_head``) its parameters' TP-local
     shapes, from torchtitan's own ``parallelize`` on a fake process group of ``tp`` ranks."""
     import torch
@@ -160,6 +164,8 @@ def _local_shapes(model_cfg: Any, tp: int) -> dict[str, tuple[tuple[str, tuple[i
             model.parallelize(dims)
         finally:
             dist.destroy_process_group()
+    if buffers is not None:  # each block's buffers (``buffers`` filled in place)
+        buffers.update(_module_buffer_bytes(model))
     out: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
     for name, p in model.named_parameters():
         t = getattr(p, "_local_tensor", p)
@@ -209,3 +215,124 @@ def _layer_block(kind: str, tensors: tuple[tuple[str, tuple[int, ...]], ...], *,
                            backward_transient_bytes=full + workspace)
     return BlockShapes(kind, tensors, saved_bytes=full, backward_transient_bytes=workspace)
 
+
+
+# --- a `ppsim run`'s model -------------------------------------------------------------------------------------
+_CANONICAL = {"embedding": "tok_embeddings", "head": "lm_head", "output": "lm_head"}
+"""ppsim's builtin and older torchtitan block names -> torchtitan 0.3.0's stage module names."""
+
+
+def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = None) -> JobShapes:
+    """The shapes of what ``ppsim run`` executes (a :class:`~ppsim.calibrate.models.ModelSource` at its microbatch
+    shape and dtype, no mixed precision, no optimizer step), for :func:`ppsim.memory.job_memory`.
+
+    Parameters: the model built on the meta device (``tp`` > 1: torchtitan's parallelize on a fake process group,
+    as :func:`job_shapes`). Saved activations per block: the profile's ``activation_bytes`` (what this device's
+    kernels save, measured by ``ppsim calibrate`` before the run) when ``profile`` has blocks of this shape, else
+    the formula of :func:`_layer_block` (which counts what flash attention saves, not CPU math attention)."""
+    import torch
+
+    cfg = source.config
+    tokens, dim = cfg.seq_len * cfg.mb_size, cfg.hidden
+    act_bytes = torch.empty((), dtype=getattr(torch, cfg.dtype)).element_size()
+    if tp > 1:
+        from ppsim.calibrate.models.torchtitan import prepared_config
+
+        buffers: dict[str, int] = {}
+        local = _local_shapes(prepared_config(source), tp, buffers)
+    else:
+        local, buffers = _meta_shapes(source), _buffer_bytes(source)
+    local = {_CANONICAL.get(k, k): v for k, v in local.items()}
+    measured = _profile_activations(profile, source.num_layers) if profile is not None else None
+    # inside a layer's backward, beyond the formula's workspace: the FFN's three ffn-wide gradients, or (CPU math
+    # attention) one gradient of the attention probabilities, whichever is larger
+    probs = cfg.mb_size * (cfg.heads // tp) * cfg.seq_len ** 2 if source.device == "cpu" else 0
+    layer_extra = max(3 * tokens * (cfg.ffn // tp), probs) * act_bytes
+    blocks: dict[str, BlockShapes] = {}
+    for i in range(source.num_layers):
+        block = _layer_block("layer", local[f"layers.{i}"], tokens=tokens, dim=dim, tp=tp, sp=tp > 1, ac="none",
+                             act_bytes=act_bytes)
+        block = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0),
+                                    backward_transient_bytes=block.backward_transient_bytes + layer_extra,
+                                    weight_grad_stash_bytes=_output_grad_bytes(local[f"layers.{i}"], tokens,
+                                                                               act_bytes))
+        if measured is not None:
+            block = dataclasses.replace(block, saved_bytes=measured[f"layers.{i}"])
+        blocks[f"layers.{i}"] = block
+    vocab_local = local["lm_head"][0][1][0]
+    head_saved = tokens * (dim + vocab_local) * act_bytes if measured is None else measured["lm_head"]
+    blocks["tok_embeddings"] = BlockShapes("embedding", local["tok_embeddings"],
+                                           saved_bytes=tokens * 8 if measured is None else measured["tok_embeddings"])
+    blocks["norm"] = BlockShapes("head", local.get("norm", ()),
+                                 saved_bytes=0 if measured is not None else tokens * dim * act_bytes)
+    # the loss's and the log-softmax's logits-sized gradients, and the head weight's new gradient before it is
+    # added into the accumulated one
+    head_weight = math.prod(local["lm_head"][0][1]) * act_bytes
+    blocks["lm_head"] = BlockShapes("head", local["lm_head"], saved_bytes=head_saved,
+                                    backward_transient_bytes=2 * tokens * vocab_local * 4 + head_weight,
+                                    weight_grad_stash_bytes=_output_grad_bytes(local["lm_head"], tokens, act_bytes))
+    blocks["norm"] = dataclasses.replace(blocks["norm"], weight_grad_stash_bytes=_output_grad_bytes(
+        local.get("norm", ()), tokens, act_bytes))
+    blocks["tok_embeddings"] = dataclasses.replace(blocks["tok_embeddings"], weight_grad_stash_bytes=(
+        _output_grad_bytes(local["tok_embeddings"], tokens, act_bytes, embedding=True)))
+    where = "the profile's measured activation bytes per block" if measured is not None else "the activation formula"
+    return JobShapes(source=source.text, blocks=blocks, tp=tp, boundary_bytes=tokens * dim * act_bytes,
+                     master_dtype=cfg.dtype, param_dtype=cfg.dtype, reduce_dtype=cfg.dtype, fsdp=fsdp,
+                     optimizer_states=0, notes=(f"activations from {where}",))
+
+
+def _output_grad_bytes(tensors: Sequence[tuple[str, tuple[int, ...]]], tokens: int, act_bytes: int, *,
+                       embedding: bool = False) -> int:
+    """The gradients of a block's weighted outputs per microbatch (a linear's or a norm's ``shape[0]`` outputs per
+    token, an embedding's width): what a split backward's I keeps for its W."""
+    widths = [shape[1] if embedding else shape[0] for name, shape in tensors if name.endswith("weight") and shape]
+    return tokens * sum(widths) * act_bytes
+
+
+def _meta_shapes(source: Any) -> dict[str, tuple[tuple[str, tuple[int, ...]], ...]]:
+    """Per top-level block, its parameters' shapes, from the unsplit model on the meta device."""
+    model = source.build_full(device="meta")
+    out: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+    for name, p in model.named_parameters():
+        block, rest = _block_of(name)
+        out.setdefault(block, []).append((rest, tuple(p.shape)))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _block_of(name: str) -> tuple[str, str]:
+    """``layers.3.attention.wo.weight`` -> (``layers.3``, ``attention.wo.weight``); ``norm.weight`` -> (``norm``,
+    ``weight``)."""
+    parts = name.split(".")
+    if parts[0] == "layers":
+        return ".".join(parts[:2]), ".".join(parts[2:])
+    return parts[0], ".".join(parts[1:])
+
+
+def _buffer_bytes(source: Any) -> dict[str, int]:
+    """Per top-level block, its buffers' bytes, from the unsplit model on the meta device."""
+    return _module_buffer_bytes(source.build_full(device="meta"))
+
+
+def _module_buffer_bytes(model: Any) -> dict[str, int]:
+    """Per top-level block (torchtitan's stage module names), the bytes of its buffers (e.g. torchtitan 0.3.0's
+    per-layer RoPE cache), a DTensor's local part."""
+    out: dict[str, int] = {}
+    for name, b in model.named_buffers():
+        block = _CANONICAL.get(_block_of(name)[0], _block_of(name)[0])
+        local = getattr(b, "_local_tensor", b)
+        out[block] = out.get(block, 0) + local.numel() * local.element_size()
+    return out
+
+
+def _profile_activations(profile: Any, num_layers: int) -> dict[str, int] | None:
+    """Saved bytes per microbatch by stage module name from a version-2 profile's blocks and layout (``None``
+    without blocks, without measured activations, or for another layer count)."""
+    blocks, layout = getattr(profile, "blocks", None), getattr(profile, "layout", ())
+    if not blocks or len(layout) != num_layers + 2:
+        return None
+    sizes = [blocks[kind].activation_bytes for kind in layout]
+    if any(b is None for b in sizes):
+        return None
+    out = {f"layers.{i}": int(sizes[i + 1]) for i in range(num_layers)}
+    out.update(tok_embeddings=int(sizes[0]), lm_head=int(sizes[-1]))
+    return out

@@ -118,6 +118,9 @@ TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Stop the processes
 RunAllowLargeOpt = Annotated[
     bool, typer.Option("--allow-large", help="Run even beyond the work, rank and memory limits.")
 ]
+DpShardOpt = Annotated[int, typer.Option("--dp-shard", help="FSDP degree: each pipeline rank runs as dp-shard x tp "
+                                         "processes, sharded by torchtitan's own parallelize (torchtitan models).")]
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (torchtitan models), as --dp-shard.")]
 RunJsonOpt = Annotated[bool, typer.Option("--json", help="Print the run JSON instead of the table.")]
 RunRecomputeOpt = Annotated[
     Optional[str],
@@ -161,6 +164,8 @@ def run_cmd(
     json_out: RunJsonOpt = False,
     recompute: RunRecomputeOpt = None,
     torchtitan_config: TorchtitanConfigOpt = None,
+    dp_shard: DpShardOpt = 1,
+    tp: TpOpt = 1,
 ) -> None:
     """Execute the schedule on R processes with torch's pipeline runtime; check gradients; compare with ppsim's
     before-run prediction."""
@@ -195,6 +200,7 @@ def run_cmd(
         time_unit_s=0.01 if time_unit is None else time_unit, num_steps=steps, num_warmup=warmup, num_probes=probes,
         seed=seed, timeout_s=timeout, save_calibration=save_calibration, override_limits=override_limits,
         split=split, layers_per_stage=layers_per_stage, recompute=recompute, executor=executor.value,
+        dp_shard=dp_shard, tp=tp,
     )
     job = None
     if torchtitan_config is not None:
@@ -375,6 +381,12 @@ def print_run_summary(report: RunReport) -> None:
         err = m["peak_activation_error_pct"]
         table.add_row(f"rank {m['rank']} peak activations", fmt_bytes(m["peak_activation_bytes_measured"]),
                       fmt_bytes(pred), "" if err is None else f"{err:+.1f}%")
+    for m in d["memory"]:
+        if m["peak_allocated_bytes_measured"] is None:
+            continue
+        pred, err = m["peak_allocated_bytes_predicted"], m["peak_allocated_error_pct"]
+        table.add_row(f"rank {m['rank']} peak allocated", fmt_bytes(m["peak_allocated_bytes_measured"]),
+                      "" if pred is None else fmt_bytes(pred), "" if err is None else f"{err:+.1f}%")
     ae = d["action_error"]
     table.add_row("action start |error| median / max", "", "",
                   f"{fmt_s(ae['start_median_abs_s'])} / {fmt_s(ae['start_max_abs_s'])}")
