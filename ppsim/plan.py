@@ -331,6 +331,10 @@ def job_of(c: Candidate, request: PlanRequest) -> Any:
 
 
 def covering_profile(c: Candidate, request: PlanRequest) -> ProfileCover | None:
+    """The profile measured at the candidate's TP degree and tokens per microbatch, under the job's own activation
+    checkpoint mode (a profile times what it measured)."""
+    if c.activation_checkpoint != request.activation_checkpoints[0]:
+        return None
     tokens = c.microbatch_size * batch_shape(request.settings).seq_len
     return next((p for p in request.profiles if p.tp == c.degrees.tp and p.tokens_per_microbatch == tokens), None)
 
@@ -382,7 +386,7 @@ def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Callable[..., An
     stopped, pruned = "", 0
     try:
         for i, c in enumerate(space):
-            if time.monotonic() - start > request.time_limit_s:
+            if i and time.monotonic() - start > request.time_limit_s:
                 stopped = f"time limit ({request.time_limit_s:g} s) after {i} of {len(space)} candidates"
                 break
             kth = _kth_unit(timed, request.top)

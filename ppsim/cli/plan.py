@@ -223,7 +223,8 @@ def _time(schedule: Any, job: Any, profile: str | None, unit: str) -> float:
     key = (profile or unit, job.split if profile else None)
     if key not in _COSTS:
         _COSTS[key] = load_costs(profile=profile, split=job.split) if profile else load_costs(costs=unit)
-    return compare([schedule.name], builder=lambda _: schedule, costs=_COSTS[key], scope="stage").best.makespan
+    return compare([schedule.name], builder=lambda _: schedule, costs=_COSTS[key],
+                   scope=None if profile else "stage").best.makespan
 
 
 def _progress_line() -> Any:
@@ -256,22 +257,24 @@ def print_plan(result: Plan) -> None:
              + (f", {result.pruned} pruned by their lower bound" if result.pruned else "")
              + (f"; stopped: {result.stopped}" if result.stopped else ""))
     table = Table(title=title)
-    for col in ("#", "pp", "tp", "dp", "schedule", "mb", "mb size", "v", "AC", "peak GiB",
-                "step s" if timed else "relative step", "tok/s/GPU" if timed else ""):
+    for col in ("#", "pp", "tp", "dp", "schedule", "m", "size", "v", "AC", "peak GiB",
+                *(("step s", "tok/s/GPU") if timed else ("rel. step",))):
         table.add_column(col)
     base = best.relative_step if best is not None and best.relative_step else 1.0
     for i, j in enumerate(result.ranked[:result.request.top]):
-        c = j.candidate
-        step = f"{j.step_s:.4g}" if j.step_s is not None else f"{(j.relative_step or 0) / base:.3f}"
-        tps = (f"{result.global_batch * _seq(result) / (j.step_s * result.request.num_gpus):.1f}"
-               if j.step_s else "")
-        table.add_row(str(i + 1), str(c.degrees.pp), str(c.degrees.tp), str(c.degrees.dp_shard * c.degrees.dp_replicate),
-                      c.schedule, str(c.num_microbatches), str(c.microbatch_size), str(c.num_stages_per_rank),
-                      c.activation_checkpoint, f"{j.peak_bytes / GIB:.2f}", step, tps)
+        c, d = j.candidate, j.candidate.degrees
+        if j.step_s is not None:
+            step = (f"{j.step_s:.4g}", f"{result.global_batch * _seq(result) / (j.step_s * result.request.num_gpus):.1f}")
+        else:
+            step = (f"{(j.relative_step or 0) / base:.3f}",) + (("-",) if timed else ())
+        table.add_row(str(i + 1), str(d.pp), str(d.tp), str(d.dp_shard * d.dp_replicate), c.schedule,
+                      str(c.num_microbatches), str(c.microbatch_size), str(c.num_stages_per_rank),
+                      c.activation_checkpoint, f"{j.peak_bytes / GIB:.2f}", *step)
     console().print(table)
     if not timed:
-        typer.echo("no --profile covers these candidates: ranked by unit costs (relative step, the best = 1.000), "
-                   "memory from the model's shapes; `ppsim calibrate` a profile for seconds")
+        typer.echo("no --profile covers these candidates: ranked by unit costs (rel. step, the best = 1.000; F=1, "
+                   "B=2 per weighted layer and token / TP), memory from the model's shapes; `ppsim calibrate` a "
+                   "profile for seconds")
     _print_tail(result)
 
 
