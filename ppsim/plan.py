@@ -94,6 +94,8 @@ class Candidate:
     layers_per_stage: int | None
     activation_checkpoint: str
     num_stages_per_rank: int
+    csv: str | None = None
+    """A searched order's CSV file (``search``'s order for this configuration), or ``None`` for the named order."""
 
     @property
     def num_microbatches(self) -> int:
@@ -113,6 +115,8 @@ class Candidate:
                     f"--{keys.size} {self.microbatch_size * batch_shape(settings).seq_len}"]
         if self.layers_per_stage is not None:
             out.append(f"--parallelism.pipeline_parallel_layers_per_stage {self.layers_per_stage}")
+        if self.csv is not None:
+            out.append(f"--parallelism.pipeline_parallel_schedule_csv {self.csv}")
         return tuple(out)
 
 
@@ -340,8 +344,9 @@ def covering_profile(c: Candidate, request: PlanRequest) -> ProfileCover | None:
 
 
 def judge(c: Candidate, request: PlanRequest, *, shapes_for: ShapesFor, build: Callable[..., Any],
-          timer: Timer, best_step: float | None = None) -> Judged:
-    """Memory per PP rank first; only a candidate that fits is timed."""
+          timer: Timer, order: Any = None) -> Judged:
+    """Memory per PP rank first; only a candidate that fits is timed. ``order``: a searched order to judge in
+    place of the named schedule's."""
     from ppsim.split import resolve_split
 
     overrides = tuple(request.user_overrides) + c.overrides(request.settings)
@@ -349,13 +354,13 @@ def judge(c: Candidate, request: PlanRequest, *, shapes_for: ShapesFor, build: C
         job = job_of(c, request)
         num_stages = c.degrees.pp * c.num_stages_per_rank
         counts = resolve_split(job.split, request.model.num_layers, num_stages, schedule=c.schedule)
-        schedule = build(c.schedule, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
+        schedule = order or build(c.schedule, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
+        shapes = shapes_for(c.degrees.tp, c.microbatch_size, c.activation_checkpoint)
+        memory = tuple(job_memory(shapes, degrees=c.degrees, schedule=schedule,
+                                  stage_modules=stage_modules(request.model.num_layers, counts),
+                                  cap_bytes=request.cap_bytes))
     except PPSimError as exc:
         return Judged(c, overrides, reason=f"cannot run: {exc}")
-    shapes = shapes_for(c.degrees.tp, c.microbatch_size, c.activation_checkpoint)
-    memory = tuple(job_memory(shapes, degrees=c.degrees, schedule=schedule,
-                              stage_modules=stage_modules(request.model.num_layers, counts),
-                              cap_bytes=request.cap_bytes))
     judged = Judged(c, overrides, memory=memory)
     if not judged.fits:
         over = [m for m in memory if not m.fits]
@@ -376,18 +381,20 @@ Progress = Callable[[int, int, "Judged | None", float], None]
 
 
 def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Callable[..., Any], timer: Timer,
-         progress: Progress | None = None) -> Plan:
-    """Judge the candidates in order of their lower bound, within the time limit; Ctrl-C keeps what was judged."""
+         progress: Progress | None = None, searcher: Searcher | None = None) -> Plan:
+    """Judge the candidates in order of their lower bound, within the time limit (the named orders, then
+    ``searcher``'s orders for the best few configurations); Ctrl-C keeps what was judged."""
     start = time.monotonic()
     batch = global_batch(request.settings, request.num_gpus)
     space = sorted(candidates(request, batch), key=lambda c: lower_bound(c, request))
     judged: list[Judged] = []
     timed: list[Judged] = []
     stopped, pruned = "", 0
+    named_limit = request.time_limit_s * (0.75 if searcher is not None else 1.0)
     try:
         for i, c in enumerate(space):
-            if i and time.monotonic() - start > request.time_limit_s:
-                stopped = f"time limit ({request.time_limit_s:g} s) after {i} of {len(space)} candidates"
+            if i and time.monotonic() - start > named_limit:
+                stopped = f"time limit ({named_limit:g} s) after {i} of {len(space)} candidates"
                 break
             kth = _kth_unit(timed, request.top)
             if kth is not None and not request.profiles and lower_bound(c, request) >= kth:
@@ -399,6 +406,12 @@ def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Callable[..., An
                 timed.append(j)
             if progress is not None:
                 progress(i + 1, len(space), min(timed, key=Judged.key, default=None), time.monotonic() - start)
+        if searcher is not None and not stopped:
+            for j in searched(timed, request, searcher=searcher, shapes_for=shapes_for, build=build, timer=timer,
+                              time_s=max(0.0, request.time_limit_s - (time.monotonic() - start))):
+                judged.append(j)
+                if j.fits and (j.step_s is not None or j.relative_step is not None):
+                    timed.append(j)
     except KeyboardInterrupt:
         stopped = f"interrupted after {len(judged)} of {len(space)} candidates"
     ranked = tuple(sorted(timed, key=Judged.key))
@@ -407,6 +420,39 @@ def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Callable[..., An
     if not ranked and not stopped.startswith("interrupted"):
         raise PlanError(_nothing_fits(result))
     return result
+
+
+Searcher = Callable[[Any, Any, "str | None", str, float, Candidate], "tuple[Any, str] | None"]
+"""``searcher(named_schedule, job, profile, unit_costs, seconds, candidate) -> (order, csv path) | None``: a faster
+order than the named one for the same configuration, at no more activations per rank, and where its CSV goes."""
+NUM_SEARCHED = 3
+
+
+def searched(timed: Sequence[Judged], request: PlanRequest, *, searcher: Searcher, shapes_for: ShapesFor,
+             build: Callable[..., Any], timer: Timer, time_s: float) -> list[Judged]:
+    """``search``'s order for the best few configurations (distinct degrees, microbatches and stage counts),
+    judged the same way; only an order that fits and beats its named schedule is kept."""
+    seen: set[tuple[Any, ...]] = set()
+    out: list[Judged] = []
+    for j in sorted(timed, key=Judged.key):
+        c = j.candidate
+        config = (c.degrees, c.microbatch_size, c.num_stages_per_rank, c.activation_checkpoint, c.schedule in V_SHAPE)
+        if config in seen or len(seen) >= NUM_SEARCHED or time_s <= 0:
+            continue
+        seen.add(config)
+        job = job_of(c, request)
+        named = build(c.schedule, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
+        cover = covering_profile(c, request)
+        found = searcher(named, job, None if cover is None else cover.path, unit_costs(c.activation_checkpoint),
+                         time_s / NUM_SEARCHED, c)
+        if found is None:
+            continue
+        order, csv = found
+        k = judge(dataclasses.replace(c, csv=csv), request, shapes_for=shapes_for, build=build, timer=timer,
+                  order=order)
+        if k.fits and k.key() < j.key():
+            out.append(k)
+    return out
 
 
 def _kth_unit(timed: Sequence[Judged], k: int) -> float | None:
@@ -430,7 +476,8 @@ def _nothing_fits(result: Plan) -> str:
 def describe(c: Candidate) -> str:
     d = c.degrees
     lps = f", {c.layers_per_stage} layers per stage" if c.layers_per_stage is not None else ""
-    return (f"pp {d.pp} x tp {d.tp} x dp_shard {d.dp_shard}, {c.schedule} with {c.num_microbatches} microbatches "
+    name = f"search's order ({c.csv}, stages placed as {c.schedule})" if c.csv else c.schedule
+    return (f"pp {d.pp} x tp {d.tp} x dp_shard {d.dp_shard}, {name} with {c.num_microbatches} microbatches "
             f"of {c.microbatch_size}{lps}, activation checkpoint {c.activation_checkpoint}")
 
 
@@ -444,7 +491,7 @@ def to_dict(result: Plan, *, job: str) -> dict[str, Any]:
         tps = (result.global_batch * seq / (j.step_s * result.request.num_gpus)) if j.step_s else None
         rows.append({
             "pp": c.degrees.pp, "tp": c.degrees.tp, "dp_shard": c.degrees.dp_shard,
-            "dp_replicate": c.degrees.dp_replicate, "schedule": c.schedule, "microbatches": c.num_microbatches,
+            "dp_replicate": c.degrees.dp_replicate, "schedule": c.schedule, "schedule_csv": c.csv, "microbatches": c.num_microbatches,
             "microbatch_size": c.microbatch_size, "stages_per_rank": c.num_stages_per_rank,
             "layers_per_stage": c.layers_per_stage, "recompute": c.activation_checkpoint, "fits": j.fits,
             "peak_memory_bytes": [m.peak_memory_bytes for m in j.memory],

@@ -232,3 +232,40 @@ def test_a_profile_of_another_model_is_refused(tmp_path: Path) -> None:
     result = runner.invoke(app, [*DEBUG, "--gpus", "2", "--memory-cap", "1GiB", "--profile", str(other)])
     assert result.exit_code == 2, result.output
     assert "measured torchtitan:llama3/8B, but the job llama3:llama3_debugmodel trains" in result.stderr
+
+
+def test_a_searched_order_that_beats_its_named_schedule_is_ranked_with_its_csv_in_the_overrides() -> None:
+    calls: list[str] = []
+    faster: list[Any] = []
+
+    def searcher(named: Any, job: Any, profile: Any, unit: str, seconds: float, c: Any) -> Any:
+        calls.append(named.name)
+        if named.name != "GPipe":
+            return None
+        faster.append(build("1F1B", named.num_ranks, named.num_microbatches)[0])
+        return faster[-1], "plan_pp2.csv"
+
+    def timer(schedule: Any, *args: Any) -> float:  # the searched order takes half its named schedule's time
+        return _unit_timer(schedule, *args) * (0.5 if any(schedule is f for f in faster) else 1.0)
+
+    request = _request(cap_bytes=10**7, activation_checkpoints=("none",), pinned={"pp": 2, "tp": 2})
+
+    def gpipe_only(name: str, ranks: int, mb: int, v: int) -> Any:
+        if name != "GPipe":
+            raise PlanError(f"{name}: not in this test's space")
+        return _build(name, ranks, mb, v)
+
+    only_gpipe = plan(request, shapes_for=_shapes_for(2000), build=gpipe_only, timer=timer, searcher=searcher)
+    assert calls and only_gpipe.best.candidate.csv == "plan_pp2.csv"
+    assert "--parallelism.pipeline_parallel_schedule_csv plan_pp2.csv" in only_gpipe.best.overrides
+
+
+@pytest.mark.torch
+def test_plan_html_has_the_frontier_the_best_gantt_and_memory_and_why_the_others_lost(tmp_path: Path) -> None:
+    pytest.importorskip("torchtitan")
+    page = tmp_path / "plan.html"
+    result = runner.invoke(app, [*DEBUG, "--gpus", "2", "--memory-cap", "1GiB", "-o", str(page)])
+    assert result.exit_code == 0, result.output
+    text = page.read_text()
+    for part in ('id="frontier"', 'id="gantt-best"', 'id="memory-best"', 'id="runners-up"', "--parallelism."):
+        assert part in text

@@ -53,13 +53,16 @@ def plan_cmd(
 
     request = _request(torchtitan_config, list(ctx.args), gpus=gpus, gpus_per_node=gpus_per_node,
                        memory_cap=memory_cap, profiles=profile or [], time_limit=time_limit, top=top)
+    orders: dict[str, Any] = {}
     result = plan(request, shapes_for=_shapes_cache(torchtitan_config, request), build=_build, timer=_time,
-                  progress=_progress_line())
+                  progress=_progress_line(), searcher=_searcher(output, orders))
     typer.echo("", err=True)
+    _write_orders(result, orders)
     if output is not None and result.best is not None:
-        from viz.plan_page import write_plan_page  # noqa: PLC0415  (matplotlib/plotly only when asked)
+        from ppsim.viz.plan_page import write_plan_page  # plotly only when asked
 
-        typer.echo(f"wrote {write_plan_page(result, output, job=torchtitan_config)}", err=True)
+        page = write_plan_page(result, output, best_result=_best_result(result), job=torchtitan_config)
+        typer.echo(f"wrote {page}", err=True)
     if json_out:
         from ppsim.plan import to_dict
 
@@ -216,15 +219,62 @@ def _build(name: str, ranks: int, mb: int, v: int) -> Any:
 _COSTS: dict[tuple[str, Any], Any] = {}
 
 
-def _time(schedule: Any, job: Any, profile: str | None, unit: str) -> float:
-    from ppsim.compare import compare
+def _costs(job: Any, profile: str | None, unit: str) -> Any:
     from ppsim.costs import load_costs
 
     key = (profile or unit, job.split if profile else None)
     if key not in _COSTS:
         _COSTS[key] = load_costs(profile=profile, split=job.split) if profile else load_costs(costs=unit)
-    return compare([schedule.name], builder=lambda _: schedule, costs=_COSTS[key],
-                   scope=None if profile else "stage").best.makespan
+    return _COSTS[key]
+
+
+def _simulated(schedule: Any, job: Any, profile: str | None, unit: str) -> Any:
+    from ppsim.compare import compare
+
+    return compare([schedule.name], builder=lambda _: schedule, costs=_costs(job, profile, unit),
+                   scope=None if profile else "stage").best
+
+
+def _time(schedule: Any, job: Any, profile: str | None, unit: str) -> float:
+    return float(_simulated(schedule, job, profile, unit).makespan)
+
+
+def _searcher(output: Path | None, orders: dict[str, Any]) -> Any:
+    """``search``'s order for a configuration, at no more activations per rank than its named schedule holds; its
+    CSV goes beside ``-o`` (or in the current folder)."""
+    folder = output.parent if output is not None else Path(".")
+    stem = output.stem if output is not None else "plan"
+
+    def run(named: Any, job: Any, profile: str | None, unit: str, seconds: float, c: Any) -> Any:
+        from ppsim.plan import V_SHAPE
+        from ppsim.search import search
+
+        base = _simulated(named, job, profile, unit)
+        peak = max(r.peak_activations for r in base.per_rank)
+        v_shape = c.schedule in V_SHAPE
+        try:
+            found = search(named.num_ranks, named.num_microbatches, _costs(job, profile, unit), f"{peak}act",
+                           placement="v" if v_shape else "loop",
+                           num_stages_per_rank=None if v_shape else c.num_stages_per_rank, time_limit=seconds,
+                           solver="none", cost_scope=None if profile else "stage")
+        except PPSimError:
+            return None
+        if found.makespan >= base.makespan * (1 - 1e-9):
+            return None
+        path = folder / f"{stem}_pp{named.num_ranks}_m{named.num_microbatches}_v{c.num_stages_per_rank}.csv"
+        orders[str(path)] = found.schedule
+        return found.schedule, str(path)
+
+    return run
+
+
+def _write_orders(result: Plan, orders: dict[str, Any]) -> None:
+    """The CSV of each searched order among the candidates shown (named in their overrides)."""
+    from ppsim.formats import write_csv
+
+    for j in result.ranked[:result.request.top]:
+        if j.candidate.csv is not None and j.candidate.csv in orders:
+            typer.echo(f"wrote {write_csv(orders[j.candidate.csv], j.candidate.csv)} (search's order)", err=True)
 
 
 def _progress_line() -> Any:
@@ -242,6 +292,24 @@ def _progress_line() -> Any:
         typer.echo(end, err=True, nl=False)
 
     return show
+
+
+def _best_result(result: Plan) -> Any:
+    """The best candidate's simulated timeline (for its Gantt chart), with the costs that ranked it."""
+    from ppsim.compare import compare
+    from ppsim.costs import load_costs
+    from ppsim.plan import covering_profile, job_of, unit_costs
+
+    best = result.best
+    assert best is not None
+    c, request = best.candidate, result.request
+    job = job_of(c, request)
+    schedule = _build(c.schedule, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
+    cover = covering_profile(c, request)
+    costs = (load_costs(profile=cover.path, split=job.split) if cover is not None
+             else load_costs(costs=unit_costs(c.activation_checkpoint)))
+    return compare([schedule.name], builder=lambda _: schedule, costs=costs,
+                   scope=None if cover is not None else "stage").best
 
 
 # --- printing --------------------------------------------------------------------------------------------------
