@@ -5,8 +5,9 @@ make up the GPU count (TP within a node, FSDP for the rest, or as the job pins t
 torchtitan runs), the microbatches (through the microbatch size), the layers per stage (torchtitan's
 ``pipeline_parallel_layers_per_stage``) and the activation checkpoint mode. Every candidate is judged the same way:
 
-1. its job is derived from the job's settings plus the candidate's overrides (:func:`ppsim.torchtitan.job_from_settings`,
-   torchtitan's rules), its stages cut by :mod:`ppsim.split` (torchtitan's split);
+1. its job is derived from the job's settings plus the candidate's overrides
+   (:func:`ppsim.torchtitan.job_from_settings`, torchtitan's rules), its stages cut by :mod:`ppsim.split`
+   (torchtitan's split);
 2. each PP rank's memory by :func:`ppsim.memory.job_memory` over the schedule's order, from shapes the caller passes
    (``shapes_for(tp, microbatch_size, activation_checkpoint)``; torch-free here), and the verdict against the cap;
 3. only a candidate that fits is timed (:func:`ppsim.compare.compare`): with a profile that covers it (same TP, same
@@ -36,8 +37,9 @@ MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 V_SHAPE = ("ZBVZeroBubble", "DualPipeV")
 SCHEDULES = SINGLE_STAGE + MULTI_STAGE + V_SHAPE
 """torch's schedules torchtitan launches by name (``pipeline_parallel_schedule``)."""
-DEGREE_KEYS = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree", "dp_shard": "data_parallel_shard_degree",
-               "dp_replicate": "data_parallel_replicate_degree", "cp": "context_parallel_degree"}
+DEGREE_KEYS = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree",
+               "dp_shard": "data_parallel_shard_degree", "dp_replicate": "data_parallel_replicate_degree",
+               "cp": "context_parallel_degree"}
 MAX_STAGES_PER_RANK = 4
 
 
@@ -485,13 +487,15 @@ def to_dict(result: Plan, *, job: str) -> dict[str, Any]:
     """``plan --json`` (the contract's keys, plus ``reason``, ``relative_step`` and ``memory_parts`` per rank)."""
     seq = batch_shape(result.request.settings).seq_len
     rows = []
-    order = list(result.ranked) + [j for j in result.judged if j not in result.ranked]
+    shown = {id(j) for j in result.ranked}
+    order = list(result.ranked) + [j for j in result.judged if id(j) not in shown]
     for j in order:
         c = j.candidate
         tps = (result.global_batch * seq / (j.step_s * result.request.num_gpus)) if j.step_s else None
         rows.append({
             "pp": c.degrees.pp, "tp": c.degrees.tp, "dp_shard": c.degrees.dp_shard,
-            "dp_replicate": c.degrees.dp_replicate, "schedule": c.schedule, "schedule_csv": c.csv, "microbatches": c.num_microbatches,
+            "dp_replicate": c.degrees.dp_replicate, "schedule": c.schedule, "schedule_csv": c.csv,
+            "microbatches": c.num_microbatches,
             "microbatch_size": c.microbatch_size, "stages_per_rank": c.num_stages_per_rank,
             "layers_per_stage": c.layers_per_stage, "recompute": c.activation_checkpoint, "fits": j.fits,
             "peak_memory_bytes": [m.peak_memory_bytes for m in j.memory],

@@ -57,7 +57,8 @@ def _lost_table(rows: list[tuple[str, str]]) -> str:
     if not rows:
         return "<p>none</p>"
     body = "".join(f'<tr><td class="name">{html.escape(c)}</td><td>{html.escape(w)}</td></tr>' for c, w in rows)
-    return f'<table id="runners-up"><thead><tr><th>candidate</th><th>why it lost</th></tr></thead><tbody>{body}</tbody></table>'
+    head = "<thead><tr><th>candidate</th><th>why it lost</th></tr></thead>"
+    return f'<table id="runners-up">{head}<tbody>{body}</tbody></table>'
 
 
 def _why_lost(result: Plan) -> list[tuple[str, str]]:

@@ -288,7 +288,8 @@ def _progress_line() -> Any:
 
         lead = f"best so far: {describe(best.candidate)}" if best is not None else "nothing fits yet"
         end = "\r" if sys.stderr.isatty() else "\n"
-        typer.echo(f"plan: {done}/{total} candidates judged in {elapsed:.1f} s; {lead}", err=True, nl=False)
+        estimate = f" (all {total}: ~{elapsed / done * total:.0f} s at this pace)" if done < total else ""
+        typer.echo(f"plan: {done}/{total} candidates judged in {elapsed:.1f} s{estimate}; {lead}", err=True, nl=False)
         typer.echo(end, err=True, nl=False)
 
     return show
@@ -332,7 +333,8 @@ def print_plan(result: Plan) -> None:
     for i, j in enumerate(result.ranked[:result.request.top]):
         c, d = j.candidate, j.candidate.degrees
         if j.step_s is not None:
-            step = (f"{j.step_s:.4g}", f"{result.global_batch * _seq(result) / (j.step_s * result.request.num_gpus):.1f}")
+            tps = result.global_batch * _seq(result) / (j.step_s * result.request.num_gpus)
+            step = (f"{j.step_s:.4g}", f"{tps:.1f}")
         else:
             step = (f"{(j.relative_step or 0) / base:.3f}",) + (("-",) if timed else ())
         table.add_row(str(i + 1), str(d.pp), str(d.tp), str(d.dp_shard * d.dp_replicate), c.schedule,
