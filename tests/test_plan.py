@@ -270,3 +270,22 @@ def test_plan_html_has_the_frontier_the_best_gantt_and_memory_and_why_the_others
     text = page.read_text()
     for part in ('id="frontier"', 'id="gantt-best"', 'id="memory-best"', 'id="runners-up"', "--parallelism."):
         assert part in text
+
+
+@pytest.mark.torch
+def test_ctrl_c_prints_the_best_so_far_and_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torchtitan")
+    import ppsim.cli.plan as cli_plan
+
+    real, calls = cli_plan._time, []
+
+    def interrupted_after_two(*args: Any) -> float:
+        calls.append(1)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(cli_plan, "_time", interrupted_after_two)
+    result = runner.invoke(app, [*DEBUG, "--gpus", "2", "--memory-cap", "1GiB"], env={"COLUMNS": "200"})
+    assert result.exit_code == 130, result.output
+    assert "Interrupted: interrupted after 3 of" in result.stderr and "launch with:" in result.stdout

@@ -70,6 +70,7 @@ def plan_cmd(
     else:
         print_plan(result)
     if result.stopped.startswith("interrupted"):
+        typer.echo(f"Interrupted: {result.stopped}; the plan above is the best so far.", err=True)
         raise typer.Exit(130)
 
 
