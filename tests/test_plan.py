@@ -24,6 +24,12 @@ CANDIDATE_KEYS = {"pp", "tp", "dp_shard", "dp_replicate", "schedule", "microbatc
                   "fits", "peak_memory_bytes", "step_s", "tokens_per_s_per_gpu", "overrides"}
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A searched order's CSV goes to the current folder without -o: keep it out of the project."""
+    monkeypatch.chdir(tmp_path)
+
+
 # --- the core, on synthetic shapes (no torch) ------------------------------------------------------------------
 def _settings(*, num_layers: int = 6, local_batch: int = 4) -> JobSettings:
     return JobSettings(source="toy:job", parallelism={"data_parallel_shard_degree": -1},
