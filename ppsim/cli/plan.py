@@ -338,7 +338,8 @@ def print_plan(result: Plan) -> None:
             step = (f"{j.step_s:.4g}", f"{tps:.1f}")
         else:
             step = (f"{(j.relative_step or 0) / base:.3f}",) + (("-",) if timed else ())
-        table.add_row(str(i + 1), str(d.pp), str(d.tp), str(d.dp_shard * d.dp_replicate), c.schedule,
+        name = f"{c.schedule} searched" if c.csv else c.schedule
+        table.add_row(str(i + 1), str(d.pp), str(d.tp), str(d.dp_shard * d.dp_replicate), name,
                       str(c.num_microbatches), str(c.microbatch_size), str(c.num_stages_per_rank),
                       c.activation_checkpoint, f"{j.peak_bytes / GIB:.2f}", *step)
     console().print(table)
