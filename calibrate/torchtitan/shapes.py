@@ -80,9 +80,11 @@ def degrees_of(parallelism: Any) -> Degrees:
                    cp=int(parallelism["context_parallel_degree"]), ep=int(parallelism["expert_parallel_degree"]))
 
 
-def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = ()) -> tuple[JobShapes, Degrees]:
+def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
+               activation_checkpoint: str | None = None) -> tuple[JobShapes, Degrees]:
     """The TP-local shapes of ``MODULE:CONFIG``'s model and the job's degrees, ``settings`` being its
-    :class:`ppsim.torchtitan.JobSettings` (overrides applied)."""
+    :class:`ppsim.torchtitan.JobSettings` (overrides applied); ``activation_checkpoint`` (``none``/``full``) counts
+    another checkpoint mode than the config's (``plan`` compares them)."""
     import torch
 
     with converters_set_aside() as set_aside:
@@ -105,7 +107,7 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = ()) -> tuple
     local = _local_shapes(model_cfg, degrees.tp, buffers)
     kinds: dict[tuple[tuple[str, tuple[int, ...]], ...], int] = {}
     kind_of = [kinds.setdefault(local[f"layers.{i}"], len(kinds)) for i in range(len(layers))]
-    ac = _ac_mode(config.activation_checkpoint)
+    ac = activation_checkpoint or _ac_mode(config.activation_checkpoint)
     tokens = training.seq_len * parallelism.pipeline_parallel_microbatch_size
     sp = degrees.tp > 1 and parallelism.enable_sequence_parallel
     dim = model_cfg.dim

@@ -17,7 +17,7 @@ import sys
 
 import typer
 
-from ppsim.cli import calibrate, run, schedules, search, simulation  # noqa: F401  (importing registers the commands)
+from ppsim.cli import calibrate, plan, run, schedules, search, simulation  # noqa: F401  (importing registers the commands)
 from ppsim.cli._app import app
 from ppsim.cli.common import os_error_line
 from ppsim.errors import PPSimError

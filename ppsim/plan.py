@@ -1,0 +1,508 @@
+"""`ppsim plan`: the fastest configuration of a torchtitan job that fits each device's memory.
+
+The job fixes the model, the global batch and the sequence length. A plan varies the PP degree and the degrees that
+make up the GPU count (TP within a node, FSDP for the rest, or as the job pins them), the schedule (every named one
+torchtitan runs), the microbatches (through the microbatch size), the layers per stage (torchtitan's
+``pipeline_parallel_layers_per_stage``) and the activation checkpoint mode. Every candidate is judged the same way:
+
+1. its job is derived from the job's settings plus the candidate's overrides
+   (:func:`ppsim.torchtitan.job_from_settings`, torchtitan's rules), its stages cut by :mod:`ppsim.split`
+   (torchtitan's split);
+2. each PP rank's memory by :func:`ppsim.memory.job_memory` over the schedule's order, from shapes the caller passes
+   (``shapes_for(tp, microbatch_size, activation_checkpoint)``; torch-free here), and the verdict against the cap;
+3. only a candidate that fits is timed (:func:`ppsim.compare.compare`): with a profile that covers it (same TP, same
+   tokens per microbatch) in seconds, otherwise in unit costs (F=1 per weighted layer, B=2, full checkpointing adds a
+   forward to the backward) scaled by each chunk's work, which ranks candidates relative to each other only.
+
+Candidates are visited in order of a lower bound on their step (the larger of a rank's compute and one microbatch's
+critical path); once the bound reaches the K-th best step found, no later candidate can enter the top K and the plan
+stops (:func:`plan`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ppsim.errors import PPSimError
+from ppsim.memory import GIB, Degrees, JobMemoryError, JobShapes, RankMemory, check_degrees, job_memory
+from ppsim.torchtitan import JobSettings, batch_shape, job_from_settings
+
+SINGLE_STAGE = ("GPipe", "1F1B")
+MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
+V_SHAPE = ("ZBVZeroBubble", "DualPipeV")
+SCHEDULES = SINGLE_STAGE + MULTI_STAGE + V_SHAPE
+"""torch's schedules torchtitan launches by name (``pipeline_parallel_schedule``)."""
+DEGREE_KEYS = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree",
+               "dp_shard": "data_parallel_shard_degree", "dp_replicate": "data_parallel_replicate_degree",
+               "cp": "context_parallel_degree"}
+MAX_STAGES_PER_RANK = 4
+
+
+class PlanError(PPSimError):
+    """A plan that cannot be made from these inputs (one line)."""
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the degrees must divide: the model's layers and attention heads."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    source: str = ""
+    """``torchtitan:FAMILY/FLAVOR``: a profile must be of the same model."""
+
+
+@dataclass(frozen=True)
+class ProfileCover:
+    """A profile and what it covers: its TP degree (1 unless it records one) and tokens per microbatch."""
+
+    path: str
+    tp: int
+    tokens_per_microbatch: int
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    settings: JobSettings
+    """The job's settings with the user's overrides applied."""
+    user_overrides: tuple[str, ...]
+    model: ModelFacts
+    num_gpus: int
+    gpus_per_node: int
+    cap_bytes: int
+    pinned: Mapping[str, int] = field(default_factory=dict)
+    """Degrees the user fixed (``pp``, ``tp``, ``dp_shard``, ``dp_replicate``, ``cp``)."""
+    profiles: tuple[ProfileCover, ...] = ()
+    time_limit_s: float = 60.0
+    top: int = 5
+    activation_checkpoints: tuple[str, ...] = ("none",)
+    microbatch_sizes: tuple[int, ...] = (1, 2, 4)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration of the job."""
+
+    degrees: Degrees
+    schedule: str
+    microbatch_size: int
+    local_batch_size: int
+    layers_per_stage: int | None
+    activation_checkpoint: str
+    num_stages_per_rank: int
+    csv: str | None = None
+    """A searched order's CSV file (``search``'s order for this configuration), or ``None`` for the named order."""
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.local_batch_size // self.microbatch_size
+
+    def overrides(self, settings: JobSettings) -> tuple[str, ...]:
+        """torchtitan's command-line overrides that launch it (each ``--KEY VALUE``)."""
+        d = self.degrees
+        out = [f"--parallelism.{DEGREE_KEYS[k]} {getattr(d, k)}" for k in ("pp", "tp", "dp_shard", "dp_replicate")]
+        out.append(f"--parallelism.pipeline_parallel_schedule {self.schedule}")
+        keys = batch_shape(settings).keys
+        if keys.size == "parallelism.pipeline_parallel_microbatch_size":
+            out += [f"--training.local_batch_size {self.local_batch_size}",
+                    f"--parallelism.pipeline_parallel_microbatch_size {self.microbatch_size}"]
+        else:
+            out += [f"--parallelism.num_pp_microbatches {self.num_microbatches}",
+                    f"--{keys.size} {self.microbatch_size * batch_shape(settings).seq_len}"]
+        if self.layers_per_stage is not None:
+            out.append(f"--parallelism.pipeline_parallel_layers_per_stage {self.layers_per_stage}")
+        if self.csv is not None:
+            out.append(f"--parallelism.pipeline_parallel_schedule_csv {self.csv}")
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A candidate's verdict: memory per PP rank, and its step where it fits and was timed."""
+
+    candidate: Candidate
+    overrides: tuple[str, ...]
+    memory: tuple[RankMemory, ...] = ()
+    step_s: float | None = None
+    relative_step: float | None = None
+    """The step in unit costs (F=1 per weighted layer and token / TP): comparable between candidates only."""
+    reason: str = ""
+    """Why it does not fit, could not run, or was not timed."""
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.memory) and all(m.fits for m in self.memory)
+
+    @property
+    def peak_bytes(self) -> int:
+        return max((m.peak_memory_bytes for m in self.memory), default=0)
+
+    def key(self) -> tuple[float, float]:
+        """Sort key: timed with a profile first (by seconds), then by unit-cost step."""
+        if self.step_s is not None:
+            return (0, self.step_s)
+        return (1, self.relative_step if self.relative_step is not None else math.inf)
+
+
+@dataclass(frozen=True)
+class Plan:
+    request: PlanRequest
+    global_batch: int
+    judged: tuple[Judged, ...]
+    ranked: tuple[Judged, ...]
+    """Those that fit and were timed, fastest first."""
+    num_candidates: int
+    stopped: str = ""
+    """Why the plan stopped before judging every candidate (``time limit``, ``interrupted``), or empty."""
+    pruned: int = 0
+    """Candidates skipped because their lower bound could not enter the top K."""
+
+    @property
+    def best(self) -> Judged | None:
+        return self.ranked[0] if self.ranked else None
+
+    def frontier(self) -> list[Judged]:
+        """The timed candidates no other beats on both step and peak memory, fastest first."""
+        out: list[Judged] = []
+        for j in self.ranked:
+            if not out or j.peak_bytes < out[-1].peak_bytes:
+                out.append(j)
+        return out
+
+
+# --- the space -------------------------------------------------------------------------------------------------
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def global_batch(settings: JobSettings, num_gpus: int) -> int:
+    """Sequences per step: ``training.global_batch_size``, or the job's local batch times its data-parallel degree
+    (``data_parallel_shard_degree -1`` filling the GPUs the other degrees leave)."""
+    given = int(settings.training.get("global_batch_size", -1) or -1)
+    if given > 0:
+        return given
+    par = settings.parallelism
+    other = 1
+    for key in ("pipeline_parallel_degree", "tensor_parallel_degree", "context_parallel_degree",
+                "data_parallel_replicate_degree"):
+        other *= max(1, int(par.get(key, 1)))
+    shard = int(par.get("data_parallel_shard_degree", -1))
+    if shard < 1:
+        shard = max(1, num_gpus // other)
+    return batch_shape(settings).local_batch_size * shard * max(1, int(par.get("data_parallel_replicate_degree", 1)))
+
+
+def degree_layouts(request: PlanRequest, batch: int) -> list[Degrees]:
+    """Every (pp, tp, dp_shard, dp_replicate) whose product is the GPU count: TP within a node and dividing the
+    heads, PP at least 2 and at most the layers, the data-parallel degree dividing the global batch; pins kept."""
+    n, pins, model = request.num_gpus, request.pinned, request.model
+    _check_pins(request)
+    cp, rep = pins.get("cp", 1), pins.get("dp_replicate", 1)
+    out: list[Degrees] = []
+    for pp in ([pins["pp"]] if "pp" in pins else _divisors(n)):
+        for tp in ([pins["tp"]] if "tp" in pins else _divisors(request.gpus_per_node)):
+            rest, rem = divmod(n, pp * tp * cp * rep)
+            if rem or rest < 1 or pp < 2 or pp > model.num_layers:
+                continue
+            if model.num_heads % tp or model.num_kv_heads % tp or ("dp_shard" in pins and pins["dp_shard"] != rest):
+                continue
+            if batch % (rest * rep):
+                continue
+            out.append(Degrees(pp=pp, tp=tp, dp_shard=rest, dp_replicate=rep, cp=cp))
+    if not out:
+        raise PlanError(f"--gpus {n}: no degrees make it up (PP 2..{model.num_layers} layers, TP dividing "
+                        f"{request.gpus_per_node} GPUs per node and the {model.num_heads} heads / "
+                        f"{model.num_kv_heads} kv heads, data parallel dividing the global batch of {batch}"
+                        + (f", pinned {_pins_text(pins)}" if pins else "") + "); pick a GPU count such as "
+                        f"{2 * request.gpus_per_node if request.gpus_per_node > 1 else 2}")
+    return out
+
+
+def _pins_text(pins: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in pins.items())
+
+
+def _check_pins(request: PlanRequest) -> None:
+    """Pinned degrees must multiply into the GPU count and keep TP within a node and dividing the heads."""
+    pins, n = request.pinned, request.num_gpus
+    product = math.prod(pins.values()) if pins else 1
+    fix = "drop one of the --parallelism.*_degree overrides or change --gpus"
+    if n % product or (set(pins) >= {"pp", "tp", "dp_shard", "dp_replicate", "cp"} and product != n):
+        raise PlanError(f"pinned degrees {_pins_text(pins)} multiply to {product}, which does not divide --gpus {n}; "
+                        f"{fix}")
+    if "tp" in pins and pins["tp"] > request.gpus_per_node:
+        raise PlanError(f"pinned tensor_parallel_degree {pins['tp']} is more than --gpus-per-node "
+                        f"{request.gpus_per_node}: TP stays within a node; {fix}")
+    try:
+        check_degrees(Degrees(pp=pins.get("pp", 2), tp=pins.get("tp", 1)), num_heads=request.model.num_heads,
+                      num_kv_heads=request.model.num_kv_heads, num_layers=request.model.num_layers)
+    except JobMemoryError as exc:
+        raise PlanError(f"pinned degrees {_pins_text(pins)}: {exc}") from None
+
+
+def _stage_options(name: str, pp: int, num_layers: int) -> list[tuple[int | None, int]]:
+    """``(layers_per_stage, stages per rank)`` a schedule can take: torchtitan's default, and for the looped
+    multi-stage schedules a ``layers_per_stage`` giving each other stage count up to 4 per rank."""
+    if name in SINGLE_STAGE:
+        return [(None, 1)]
+    if name in V_SHAPE:
+        return [(None, 2)]
+    weighted = num_layers + 2
+    out: list[tuple[int | None, int]] = [(None, 2)]
+    for v in range(3, MAX_STAGES_PER_RANK + 1):
+        fits = [k for k in range(1, weighted + 1) if math.ceil(weighted / k) == pp * v]
+        if fits:
+            out.append((fits[0], v))
+    return out
+
+
+def candidates(request: PlanRequest, batch: int) -> list[Candidate]:
+    """The whole space (layouts x microbatch sizes x schedules x layer splits x checkpoint modes)."""
+    out: list[Candidate] = []
+    for deg in degree_layouts(request, batch):
+        local = batch // (deg.dp_shard * deg.dp_replicate)
+        for size in request.microbatch_sizes:
+            if local % size or local // size < deg.pp:
+                continue
+            for name in SCHEDULES:
+                for lps, v in _stage_options(name, deg.pp, request.model.num_layers):
+                    for ac in request.activation_checkpoints:
+                        out.append(Candidate(degrees=deg, schedule=name, microbatch_size=size, local_batch_size=local,
+                                             layers_per_stage=lps, activation_checkpoint=ac, num_stages_per_rank=v))
+    return out
+
+
+# --- bounds ----------------------------------------------------------------------------------------------------
+def _chunk_work(c: Candidate, request: PlanRequest) -> float:
+    """One stage chunk's forward in unit costs: weighted layers x tokens / TP."""
+    weighted = request.model.num_layers + 2
+    tokens = c.microbatch_size * batch_shape(request.settings).seq_len
+    return weighted / (c.degrees.pp * c.num_stages_per_rank) * tokens / c.degrees.tp
+
+
+def unit_costs(activation_checkpoint: str) -> str:
+    """F=1, B=2 (I=W=1); full checkpointing runs the forward again inside the backward's input gradient."""
+    return "F=1,B=3,I=2,W=1" if activation_checkpoint == "full" else "F=1,B=2,I=1,W=1"
+
+
+def lower_bound(c: Candidate, request: PlanRequest) -> float:
+    """No order beats the larger of a rank's compute and one microbatch's critical path (every stage's F, then
+    every stage's input gradient), in unit costs."""
+    f, b = (1.0, 3.0) if c.activation_checkpoint == "full" else (1.0, 2.0)
+    chunks = c.degrees.pp * c.num_stages_per_rank
+    rank_work = c.num_microbatches * c.num_stages_per_rank * (f + b)
+    chain = chunks * (f + b / 2)
+    return max(rank_work, chain) * _chunk_work(c, request)
+
+
+# --- judging one candidate ------------------------------------------------------------------------------------
+ShapesFor = Callable[[int, int, str], JobShapes]
+Timer = Callable[[Any, Any, str | None, str], float]
+"""``timer(schedule, job, profile_path_or_None, unit_costs) -> makespan`` (seconds with a profile)."""
+
+
+def stage_modules(num_layers: int, counts: Sequence[int]) -> tuple[tuple[str, ...], ...]:
+    """torchtitan's module names per stage for a split (``tok_embeddings`` first, ``norm`` and ``lm_head`` last)."""
+    from ppsim.split import stage_blocks
+
+    layout = ["tok_embeddings", *(f"layers.{i}" for i in range(num_layers)), "lm_head"]
+    names = stage_blocks(layout, counts)
+    return tuple(tuple(n for m in stage for n in (("norm", m) if m == "lm_head" else (m,))) for stage in names)
+
+
+def job_of(c: Candidate, request: PlanRequest) -> Any:
+    """The candidate's :class:`~ppsim.torchtitan.TorchtitanJob` by torchtitan's rules (pure Python)."""
+    settings = request.settings
+    par = dict(settings.parallelism)
+    tr = dict(settings.training)
+    for k in ("pp", "tp", "dp_shard", "dp_replicate"):
+        par[DEGREE_KEYS[k]] = getattr(c.degrees, k)
+    par["pipeline_parallel_schedule"] = c.schedule
+    par["pipeline_parallel_schedule_csv"] = ""
+    par["pipeline_parallel_layers_per_stage"] = c.layers_per_stage
+    keys = batch_shape(settings).keys
+    if keys.size == "parallelism.pipeline_parallel_microbatch_size":
+        tr["local_batch_size"], par["pipeline_parallel_microbatch_size"] = c.local_batch_size, c.microbatch_size
+    else:
+        par["num_pp_microbatches"] = c.num_microbatches
+        tr[keys.size.split(".")[1]] = c.microbatch_size * batch_shape(settings).seq_len
+    return job_from_settings(dataclasses.replace(settings, parallelism=par, training=tr, notes=()),
+                             num_layers=request.model.num_layers)
+
+
+def covering_profile(c: Candidate, request: PlanRequest) -> ProfileCover | None:
+    """The profile measured at the candidate's TP degree and tokens per microbatch, under the job's own activation
+    checkpoint mode (a profile times what it measured)."""
+    if c.activation_checkpoint != request.activation_checkpoints[0]:
+        return None
+    tokens = c.microbatch_size * batch_shape(request.settings).seq_len
+    return next((p for p in request.profiles if p.tp == c.degrees.tp and p.tokens_per_microbatch == tokens), None)
+
+
+def judge(c: Candidate, request: PlanRequest, *, shapes_for: ShapesFor, build: Callable[..., Any],
+          timer: Timer, order: Any = None) -> Judged:
+    """Memory per PP rank first; only a candidate that fits is timed. ``order``: a searched order to judge in
+    place of the named schedule's."""
+    from ppsim.split import resolve_split
+
+    overrides = tuple(request.user_overrides) + c.overrides(request.settings)
+    try:
+        job = job_of(c, request)
+        num_stages = c.degrees.pp * c.num_stages_per_rank
+        counts = resolve_split(job.split, request.model.num_layers, num_stages, schedule=c.schedule)
+        schedule = order or build(c.schedule, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
+        shapes = shapes_for(c.degrees.tp, c.microbatch_size, c.activation_checkpoint)
+        memory = tuple(job_memory(shapes, degrees=c.degrees, schedule=schedule,
+                                  stage_modules=stage_modules(request.model.num_layers, counts),
+                                  cap_bytes=request.cap_bytes))
+    except PPSimError as exc:
+        return Judged(c, overrides, reason=f"cannot run: {exc}")
+    judged = Judged(c, overrides, memory=memory)
+    if not judged.fits:
+        over = [m for m in memory if not m.fits]
+        return dataclasses.replace(judged, reason="; ".join(m.verdict() for m in over[:2])
+                                   + (f" (+{len(over) - 2} ranks)" if len(over) > 2 else ""))
+    cover = covering_profile(c, request)
+    try:
+        makespan = timer(schedule, job, None if cover is None else cover.path, unit_costs(c.activation_checkpoint))
+    except PPSimError as exc:
+        return dataclasses.replace(judged, reason=f"not timed: {exc}")
+    if cover is not None:
+        return dataclasses.replace(judged, step_s=makespan)
+    return dataclasses.replace(judged, relative_step=makespan * _chunk_work(c, request))
+
+
+# --- the plan --------------------------------------------------------------------------------------------------
+Progress = Callable[[int, int, "Judged | None", float], None]
+
+
+def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Callable[..., Any], timer: Timer,
+         progress: Progress | None = None, searcher: Searcher | None = None) -> Plan:
+    """Judge the candidates in order of their lower bound, within the time limit (the named orders, then
+    ``searcher``'s orders for the best few configurations); Ctrl-C keeps what was judged."""
+    start = time.monotonic()
+    batch = global_batch(request.settings, request.num_gpus)
+    space = sorted(candidates(request, batch), key=lambda c: lower_bound(c, request))
+    judged: list[Judged] = []
+    timed: list[Judged] = []
+    stopped, pruned = "", 0
+    named_limit = request.time_limit_s * (0.75 if searcher is not None else 1.0)
+    try:
+        for i, c in enumerate(space):
+            if i and time.monotonic() - start > named_limit:
+                stopped = f"time limit ({named_limit:g} s) after {i} of {len(space)} candidates"
+                break
+            kth = _kth_unit(timed, request.top)
+            if kth is not None and not request.profiles and lower_bound(c, request) >= kth:
+                pruned = len(space) - i
+                break
+            j = judge(c, request, shapes_for=shapes_for, build=build, timer=timer)
+            judged.append(j)
+            if j.fits and (j.step_s is not None or j.relative_step is not None):
+                timed.append(j)
+            if progress is not None:
+                progress(i + 1, len(space), min(timed, key=Judged.key, default=None), time.monotonic() - start)
+        if searcher is not None and not stopped:
+            for j in searched(timed, request, searcher=searcher, shapes_for=shapes_for, build=build, timer=timer,
+                              time_s=max(0.0, request.time_limit_s - (time.monotonic() - start))):
+                judged.append(j)
+                if j.fits and (j.step_s is not None or j.relative_step is not None):
+                    timed.append(j)
+    except KeyboardInterrupt:
+        stopped = f"interrupted after {len(judged)} of {len(space)} candidates"
+    ranked = tuple(sorted(timed, key=Judged.key))
+    result = Plan(request=request, global_batch=batch, judged=tuple(judged), ranked=ranked,
+                  num_candidates=len(space), stopped=stopped, pruned=pruned)
+    if not ranked and not stopped.startswith("interrupted"):
+        raise PlanError(_nothing_fits(result))
+    return result
+
+
+Searcher = Callable[[Any, Any, "str | None", str, float, Candidate], "tuple[Any, str] | None"]
+"""``searcher(named_schedule, job, profile, unit_costs, seconds, candidate) -> (order, csv path) | None``: a faster
+order than the named one for the same configuration, at no more activations per rank, and where its CSV goes."""
+NUM_SEARCHED = 3
+
+
+def searched(timed: Sequence[Judged], request: PlanRequest, *, searcher: Searcher, shapes_for: ShapesFor,
+             build: Callable[..., Any], timer: Timer, time_s: float) -> list[Judged]:
+    """``search``'s order for the best few configurations (distinct degrees, microbatches and stage counts),
+    judged the same way; only an order that fits and beats its named schedule is kept."""
+    seen: set[tuple[Any, ...]] = set()
+    out: list[Judged] = []
+    for j in sorted(timed, key=Judged.key):
+        c = j.candidate
+        config = (c.degrees, c.microbatch_size, c.num_stages_per_rank, c.activation_checkpoint, c.schedule in V_SHAPE)
+        if config in seen or len(seen) >= NUM_SEARCHED or time_s <= 0:
+            continue
+        seen.add(config)
+        job = job_of(c, request)
+        named = build(c.schedule, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
+        cover = covering_profile(c, request)
+        found = searcher(named, job, None if cover is None else cover.path, unit_costs(c.activation_checkpoint),
+                         time_s / NUM_SEARCHED, c)
+        if found is None:
+            continue
+        order, csv = found
+        k = judge(dataclasses.replace(c, csv=csv), request, shapes_for=shapes_for, build=build, timer=timer,
+                  order=order)
+        if k.fits and k.key() < j.key():
+            out.append(k)
+    return out
+
+
+def _kth_unit(timed: Sequence[Judged], k: int) -> float | None:
+    steps = sorted(j.relative_step for j in timed if j.relative_step is not None)
+    return steps[k - 1] if len(steps) >= k else None
+
+
+def _nothing_fits(result: Plan) -> str:
+    cap = result.request.cap_bytes
+    with_memory = [j for j in result.judged if j.memory]
+    if not with_memory:
+        reasons = {j.reason for j in result.judged}
+        return (f"--gpus {result.request.num_gpus}: none of the {len(result.judged)} candidates can run "
+                f"({'; '.join(sorted(reasons))[:300]}); change the job's batch or the GPU count")
+    smallest = min(with_memory, key=lambda j: j.peak_bytes)
+    return (f"--memory-cap {cap / GIB:.2f} GiB: no candidate fits; the smallest peak is "
+            f"{smallest.peak_bytes / GIB:.2f} GiB ({describe(smallest.candidate)}); raise the cap to at least that "
+            "or use more GPUs")
+
+
+def describe(c: Candidate) -> str:
+    d = c.degrees
+    lps = f", {c.layers_per_stage} layers per stage" if c.layers_per_stage is not None else ""
+    name = f"search's order ({c.csv}, stages placed as {c.schedule})" if c.csv else c.schedule
+    return (f"pp {d.pp} x tp {d.tp} x dp_shard {d.dp_shard}, {name} with {c.num_microbatches} microbatches "
+            f"of {c.microbatch_size}{lps}, activation checkpoint {c.activation_checkpoint}")
+
+
+def to_dict(result: Plan, *, job: str) -> dict[str, Any]:
+    """``plan --json`` (the contract's keys, plus ``reason``, ``relative_step`` and ``memory_parts`` per rank)."""
+    seq = batch_shape(result.request.settings).seq_len
+    rows = []
+    shown = {id(j) for j in result.ranked}
+    order = list(result.ranked) + [j for j in result.judged if id(j) not in shown]
+    for j in order:
+        c = j.candidate
+        tps = (result.global_batch * seq / (j.step_s * result.request.num_gpus)) if j.step_s else None
+        rows.append({
+            "pp": c.degrees.pp, "tp": c.degrees.tp, "dp_shard": c.degrees.dp_shard,
+            "dp_replicate": c.degrees.dp_replicate, "schedule": c.schedule, "schedule_csv": c.csv,
+            "microbatches": c.num_microbatches,
+            "microbatch_size": c.microbatch_size, "stages_per_rank": c.num_stages_per_rank,
+            "layers_per_stage": c.layers_per_stage, "recompute": c.activation_checkpoint, "fits": j.fits,
+            "peak_memory_bytes": [m.peak_memory_bytes for m in j.memory],
+            "memory_parts": [dict(m.parts) for m in j.memory],
+            "step_s": j.step_s, "tokens_per_s_per_gpu": tps, "relative_step": j.relative_step,
+            "reason": j.reason or None, "overrides": list(j.overrides),
+        })
+    return {"job": job, "gpus": result.request.num_gpus, "memory_cap_bytes": result.request.cap_bytes,
+            "global_batch": result.global_batch, "seq_len": seq, "num_candidates": result.num_candidates,
+            "stopped": result.stopped or None, "candidates": rows, "best": 0 if result.ranked else None}
