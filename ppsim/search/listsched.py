@@ -20,7 +20,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ppsim.costs import CostModel
+from ppsim.costs import StageCosts
 from ppsim.ir import Action, ActionType, Schedule, overlap
 
 _F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
@@ -47,7 +47,7 @@ class Problem:
     freed_by_i: tuple[float, ...]
     cap: tuple[float, ...]
     """Per rank: the most activation memory (in ``act``'s unit) it may hold at once."""
-    costs: CostModel
+    costs: StageCosts
 
     @property
     def num_ranks(self) -> int:
@@ -62,7 +62,7 @@ class Problem:
         return sum(self.act[s] for s in self.template.stages_of(rank))
 
 
-def make_problem(template: Schedule, costs: CostModel, cap: float | None, *, unit: str = "act") -> Problem:
+def make_problem(template: Schedule, costs: StageCosts, cap: float | None, *, unit: str = "act") -> Problem:
     """A :class:`Problem` for ``template``'s placement. ``unit`` is ``"act"`` (counts) or ``"bytes"``."""
     S = template.num_stages
     chain = template.pipelines[0]
