@@ -6,34 +6,40 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup, TyperOption
+from typer.core import TyperCommand, TyperGroup, TyperOption, _click
 
 
-class _HelpOption(TyperOption):
-    """``--help``, left unconverted when it is not given: typer would build a pydantic type adapter (and import
-    pydantic, about 60 ms) on every command only to turn the unset value into ``None``."""
+class _UnsetOption(TyperOption):
+    """An option whose unset value (``None``) is not converted: typer would build a pydantic type adapter for each
+    option of the command (and import pydantic, about 60 ms, even for ``--help``'s unset value) only to turn
+    ``None`` into ``None`` (or ``()`` for a multiple option). Given values are converted as typer does."""
 
     def process_value(self, ctx: Any, value: Any) -> Any:
-        if value is None:
-            return None if self.callback is None else self.callback(ctx, self, value)
-        return super().process_value(ctx, value)
+        if value is not None:
+            return super().process_value(ctx, value)
+        value = () if self.multiple or self.nargs == -1 else None
+        if self.required and self.value_is_missing(value):
+            raise _click.exceptions.MissingParameter(ctx=ctx, param=self)
+        return value if self.callback is None else self.callback(ctx, self, value)
 
 
-class _LightHelp:
-    """A command or group whose ``--help`` is a :class:`_HelpOption`."""
+class _LightOptions:
+    """A command or group whose options (``--help`` among them) are :class:`_UnsetOption`: the same objects, the
+    class swapped where typer made a plain ``TyperOption``."""
 
-    def get_help_option(self, ctx: Any) -> TyperOption | None:
-        option = super().get_help_option(ctx)  # type: ignore[misc]
-        if option is not None and type(option) is TyperOption:
-            option.__class__ = _HelpOption  # the same object (typer caches it), with the unset value left alone
-        return option
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if type(param) is TyperOption:
+                param.__class__ = _UnsetOption
+        return params
 
 
-class _Group(_LightHelp, TyperGroup):
+class _Group(_LightOptions, TyperGroup):
     pass
 
 
-class _Command(_LightHelp, TyperCommand):
+class _Command(_LightOptions, TyperCommand):
     pass
 
 
