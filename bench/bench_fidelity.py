@@ -148,11 +148,11 @@ def split_text(cfg: Config) -> str | None:
 def predict(cfg: Config, path: Path, schedule: Any) -> float:
     """`simulate --profile [--split]` of the configuration (synthetic: the probe's synthetic runtime overheads)."""
     from ppsim.calibrate.execute.run import synthetic_runtime
-    from ppsim.costs import costs_for, load_costs
+    from ppsim.costs import load_costs
     from ppsim.profile import load_profile
     from ppsim.simulate import simulate
 
-    costs = costs_for(load_costs(profile=path, split=split_text(cfg)), schedule)
+    costs = load_costs(profile=path, split=split_text(cfg)).for_schedule(schedule)
     if cfg.group == "synthetic":
         costs = synthetic_runtime(costs, load_profile(path))
     return simulate(schedule, costs).makespan

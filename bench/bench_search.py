@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from ppsim import get_schedule, parse_costs, simulate
-from ppsim.costs import CostModel
+from ppsim.costs import StageCosts
 from ppsim.search import search
 
 
@@ -81,7 +81,7 @@ def grid(time_limit: float, quick: bool) -> bool:
     return ok
 
 
-def best_blocks(R: int, M: int, costs: CostModel) -> dict[int, float]:
+def best_blocks(R: int, M: int, costs: StageCosts) -> dict[int, float]:
     """The fastest building block (repeated and reordered, as V-Half) at each peak, in chunk activations."""
     from ppsim.schedules._vshape import block_schedule, building_blocks
 
@@ -123,7 +123,7 @@ def v_levels(time_limit: float, quick: bool) -> bool:
     return not_worse == n
 
 
-def profile_like_costs(num_stages: int) -> CostModel:
+def profile_like_costs(num_stages: int) -> StageCosts:
     """Per-stage costs shaped like a calibrated transformer: an embedding-heavy first stage, a loss-heavy last one."""
     f = [1.0e-3 * (1.0 + 0.08 * (s % 3)) for s in range(num_stages)]
     f[0] *= 1.3
@@ -133,7 +133,7 @@ def profile_like_costs(num_stages: int) -> CostModel:
     b = [a + c for a, c in zip(i_, w)]
     fb = [0.9 * (a + c) for a, c in zip(f, b)]
     act = [200 * 2**20] * num_stages
-    return CostModel(
+    return StageCosts(
         F=tuple(f), B=tuple(b), I=tuple(i_), W=tuple(w), FB=tuple(fb), comm=0.0,
         p2p_alpha=20e-6, p2p_beta=10e9, output_bytes=(16 * 2**20,) * num_stages,
         activation_bytes=tuple(act), activation_bytes_freed_by_I=tuple(a // 4 for a in act),

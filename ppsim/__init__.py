@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _HOMES = {
-    "CostModel": "ppsim.costs",
+    "CostSpec": "ppsim.costs",
+    "StageCosts": "ppsim.costs",
     "load_costs": "ppsim.costs",
     "parse_costs": "ppsim.costs",
     "DeadlockError": "ppsim.errors",
@@ -37,7 +38,7 @@ _HOMES = {
 __all__ = [*_HOMES, "__version__"]
 
 if TYPE_CHECKING:
-    from ppsim.costs import CostModel, load_costs, parse_costs
+    from ppsim.costs import CostSpec, StageCosts, load_costs, parse_costs
     from ppsim.errors import DeadlockError, PPSimError, ScheduleConfigError, ScheduleFormatError
     from ppsim.ir import Action, ActionType, Schedule, parse_action
     from ppsim.result import RankStats, SimResult

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 from ppsim.errors import CostError, PPSimError
 
 if TYPE_CHECKING:
-    from ppsim.costs import CostModel
+    from ppsim.costs import CostSpec, StageCosts
     from ppsim.io import MemoryCap
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
@@ -48,7 +48,7 @@ class Comparison:
 
     results: tuple[SimResult, ...]
     skipped: tuple[Skipped, ...]
-    costs: CostModel
+    costs: CostSpec
     scope: CostScope
     scope_reason: str
     """Why this scope: ``"default"``, ``"given"``, ``"same stage count"``, ``"profile"``, or the stage counts."""
@@ -62,7 +62,7 @@ class Comparison:
     @property
     def scope_text(self) -> str:
         """One line for people: which scope was used and why."""
-        if not _uniform(self.costs):
+        if not self.costs.is_uniform:
             return "costs from the profile (measured or composed per stage)"
         what = {CostScope.stage: "per stage chunk", CostScope.rank: "per rank share of one model copy"}[self.scope]
         return f"cost scope: {self.scope.value} (--costs times {what}; {self.scope_reason})"
@@ -70,11 +70,6 @@ class Comparison:
     def entries(self) -> list[tuple[str, SimResult | str]]:
         """``(name, result)`` fastest first, then ``(name, reason)`` for each schedule skipped."""
         return [(r.schedule.name, r) for r in self.results] + [(s.name, s.reason) for s in self.skipped]
-
-
-def _uniform(costs: CostModel) -> bool:
-    """Costs from a ``--costs`` string (the same for every stage), not a profile (per stage, or per block)."""
-    return costs.num_positions is None and costs.blocks is None
 
 
 def rank(results: Iterable[SimResult]) -> list[SimResult]:
@@ -122,7 +117,7 @@ def build(
 
 
 def resolve_scope(
-    schedules: Sequence[Schedule], costs: CostModel, scope: CostScope | str | None
+    schedules: Sequence[Schedule], costs: CostSpec, scope: CostScope | str | None
 ) -> tuple[CostScope, str, list[str]]:
     """The scope to simulate ``schedules`` at, why, and warnings (see the module docstring for the rule)."""
     counts = [(s.name, len(s.pipelines[0])) for s in schedules]
@@ -130,18 +125,18 @@ def resolve_scope(
     detail = ", ".join(f"{name}: {n}" for name, n in counts)
     if scope is not None:
         chosen = CostScope(scope)
-        if not _uniform(costs):  # a profile: its costs are per stage already, the scope would change nothing
+        if not costs.is_uniform:  # a profile: its costs are per stage already, the scope would change nothing
             raise CostError(f"--cost-scope {chosen.value} applies to --costs; a profile's costs are measured per stage "
                             "(its blocks compose each schedule's stages), drop --cost-scope")
         notes = []
-        if chosen is CostScope.stage and differ and _uniform(costs):
+        if chosen is CostScope.stage and differ and costs.is_uniform:
             notes.append(
                 f"warning: --cost-scope stage: these schedules cut the model into different numbers of stages "
                 f"({detail}) and every chunk costs the same, so the chunks differ in size and the schedules "
                 "describe different models; drop --cost-scope to compare them on the same model"
             )
         return chosen, "given", notes
-    if not _uniform(costs):
+    if not costs.is_uniform:
         return CostScope.stage, "profile", []
     if differ:
         return CostScope.rank, f"the schedules cut the model into different numbers of stages ({detail}), so they " \
@@ -156,7 +151,7 @@ def compare(
     num_microbatches: int | None = None,
     num_stages_per_rank: int | None = None,
     num_pipelines: int | None = None,
-    costs: CostModel | None = None,
+    costs: CostSpec | StageCosts | None = None,
     scope: CostScope | str | None = None,
     memory_cap_bytes: int | None = None,
     memory_cap: MemoryCap | None = None,
@@ -178,12 +173,12 @@ def compare(
     (:mod:`ppsim.recompute`); its errors are the schedule's, as for building.
     """
     from ppsim import limits
-    from ppsim.costs import costs_for, parse_costs
+    from ppsim.costs import as_spec
     from ppsim.simulate import simulate
 
     if not names:
         raise PPSimError("--schedule: give at least one schedule name, e.g. -s DualPipeV")
-    cost_model = parse_costs(None) if costs is None else costs
+    cost_model = as_spec(costs)
     built: list[Schedule] = []
     recomputed: list[Set[tuple[int, int]]] = []
     skipped: list[Skipped] = []
@@ -228,7 +223,7 @@ def compare(
     results = []
     for schedule, rc in zip(built, recomputed):
         try:  # costs that do not fit this schedule (a --split of another length): skip it, keep the others
-            costs = costs_for(cost_model, schedule, scope=chosen.value)
+            costs = cost_model.for_schedule(schedule, scope=chosen.value)
             results.append(simulate(schedule, costs, memory_cap_bytes=memory_cap_bytes, memory_cap=memory_cap,
                                     recompute=rc))
         except PPSimError as exc:

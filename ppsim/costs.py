@@ -1,16 +1,19 @@
 """The cost model: how long each computation takes and how long a hand-off between ranks travels.
 
-One model, one place. Costs come either from a cost string (``--costs "F=1,B=2,I=1,W=1,FB=3,comm=0"``, one value
-for every stage, in an arbitrary unit) or from a calibration profile (per stage, in seconds, plus activation and
-parameter bytes and a p2p model ``alpha + bytes / beta``).
+Two types. :class:`CostSpec` is what the user gave: a cost string (``--costs "F=1,B=2,I=1,W=1,FB=3,comm=0"``, one
+value for every stage, in an arbitrary unit), per-stage tables from a version-1 profile, or a per-block (version-2)
+profile with its split. :class:`StageCosts` is what the simulator reads: per-stage costs (in seconds with a profile,
+plus activation and parameter bytes and a p2p model ``alpha + bytes / beta``) for one schedule, made by one method,
+:meth:`CostSpec.for_schedule`. A cost string parses straight to :class:`StageCosts` (:func:`parse_costs`): one
+table that fits every chain.
 
 Profile tables are indexed by a stage's *position in its chain* (``schedule.pipelines[d].index(stage)``), so the
 second model copy of DualPipe (stage ``R + j``) uses the profile's stage ``j``.
 
-A version-1 profile gives fixed per-stage tables. A version-2 profile gives per-block costs; :func:`costs_for`
-composes the tables for a schedule's chain length (:func:`compose`): the chain is split as :mod:`ppsim.split` says,
-a stage costs the sum of its blocks plus the profile's fixed ``stage_overhead``, and the profile's ``runtime``
-section sets ``compute_scale``, ``dispatch_s``, ``recv_posting`` and the hand-off latency.
+A version-1 profile gives fixed per-stage tables. A version-2 profile gives per-block costs;
+:meth:`CostSpec.for_schedule` composes the tables for a schedule's chain length: the chain is split as
+:mod:`ppsim.split` says, a stage costs the sum of its blocks plus the profile's fixed ``stage_overhead``, and the
+profile's ``runtime`` section sets ``compute_scale``, ``dispatch_s``, ``recv_posting`` and the hand-off latency.
 
 An overlapped pair ``(sF m; tB n)OVERLAP_F_B`` takes ``(F[s] + X[t]) * r`` where ``X`` is the backward half's cost
 (B or I) and ``r`` is the mean of the two stages' overlap ratios ``FB / (F + B)``. With one stage and a full B this is
@@ -45,8 +48,9 @@ DEFAULT_RECOMPUTE_ACT = 0.1
 
 
 @dataclass(frozen=True)
-class CostModel:
-    """Per-chain-position costs; a table of length 1 applies to every position (cost strings).
+class StageCosts:
+    """What the simulator reads: per-chain-position costs; a table of length 1 applies to every position (cost
+    strings). Made for one schedule by :meth:`CostSpec.for_schedule` (or directly by :func:`parse_costs`).
 
     ``comm`` is a flat cross-rank delay used when there is no p2p model (``p2p_alpha is None``); with a p2p model a
     hand-off across the boundary after chain position ``i`` takes ``p2p_alpha + output_bytes[i] / p2p_beta``.
@@ -84,51 +88,15 @@ class CostModel:
     """``"early"``: a cross-rank hand-off leaves when its producer ends. ``"consumer"``: it leaves at the later of the
     producer's end and the end of the consumer rank's previous action (torch's lowering posts the receive just before
     the computation that needs it, and gloo/NCCL transfer only once both sides are posted)."""
-    # -- per-block profiles (version 2) -----------------------------------------------------------------------------
-    blocks: Profile | None = None
-    """A version-2 profile whose blocks the tables are composed from, per schedule (:func:`costs_for`)."""
-    split: SplitSpec = SplitSpec()
-    """How the chain is cut into stages when composing from ``blocks``."""
     split_counts: tuple[int, ...] | None = None
-    """Layers per stage of the composed tables; ``None`` until composed (or for version-1 / cost-string costs)."""
+    """Layers per stage of tables composed from a per-block profile; ``None`` for version-1 / cost-string costs."""
 
     # -- construction -------------------------------------------------------------------------------------------
 
     @classmethod
-    def from_profile(cls, profile: Profile | Mapping[str, Any], *, source: str = "profile",
-                     split: SplitSpec | None = None) -> CostModel:
-        """Costs from a parsed profile (:class:`ppsim.profile.Profile`, not validated again); a mapping in the
-        profile JSON schema is first read by :meth:`Profile.from_dict` (the one schema reader).
-
-        A version-1 profile gives fixed per-stage tables; a version-2 profile gives costs that :func:`costs_for`
-        composes for each schedule (``split`` says how, torchtitan's default spread when ``None``).
-        """
-        from ppsim.profile import Profile
-
-        if not isinstance(profile, Profile):
-            profile = Profile.from_dict(profile, source=source)
-        spec = split or SplitSpec()
-        if profile.blocks is not None:
-            if spec.split is not None:
-                check_split(spec.split, profile.num_layers)
-            notes = [] if profile.p2p is not None or _runtime_handoff(profile) is not None else [
-                "profile has no p2p measurement: cross-rank hand-offs cost 0"]
-            return cls(unit="s", source=source, blocks=profile, split=spec, notes=tuple(notes))
-        if not spec.is_default:
-            raise SplitError(
-                f"profile {source} is version 1 (measured for {profile.num_stages} fixed stages): "
-                f"{spec.describe()} needs a per-block profile; re-run `ppsim calibrate` with this ppsim"
-            )
+    def from_stage_table(cls, profile: Profile, *, source: str = "profile") -> StageCosts:
+        """Fixed per-stage tables of a version-1 profile (already validated by its reader)."""
         return _from_stage_table(cls, profile, source)
-
-    def with_split(self, split: SplitSpec) -> CostModel:
-        """These per-block costs cut into stages by ``split`` instead (a torchtitan job's own split, say); checked
-        as :meth:`from_profile` checks one. Costs that are not a per-block profile cannot be split again."""
-        if self.blocks is None or self.split_counts is not None:
-            raise SplitError(f"costs {self.source}: {split.describe()} needs a per-block profile; pass --profile")
-        if split.split is not None:
-            check_split(split.split, self.blocks.num_layers)
-        return replace(self, split=split)
 
     # -- lookups ------------------------------------------------------------------------------------------------
 
@@ -139,14 +107,11 @@ class CostModel:
 
     @property
     def has_memory(self) -> bool:
-        """Whether byte sizes are known: per-stage tables, or a per-block profile (composed per schedule)."""
-        return self.activation_bytes is not None or self.blocks is not None
+        """Whether byte sizes are known (tables from a profile)."""
+        return self.activation_bytes is not None
 
     def check(self, schedule: Schedule) -> None:
         """Raise :class:`CostError` unless the tables fit ``schedule``'s chains."""
-        if self.blocks is not None and self.split_counts is None:
-            raise CostError(f"costs from per-block profile {self.source} are not composed for {schedule.name}; "
-                            "pass them through ppsim.costs.costs_for(costs, schedule) first")
         n = self.num_positions
         if n is None:
             return
@@ -262,8 +227,6 @@ class CostModel:
         def table(values: tuple[float, ...]) -> float | list[float]:
             return values[0] if self.num_positions is None else list(values)
 
-        if self.blocks is not None and self.split_counts is None:
-            return _blocks_dict(self)
         out: dict[str, Any] = {"unit": self.unit, "source": self.source}
         if self.split_counts is not None:
             out["split"] = list(self.split_counts)
@@ -291,23 +254,116 @@ class CostModel:
 COST_SCOPES = ("stage", "rank")
 
 
-def costs_for(costs: CostModel, schedule: Schedule, *, scope: str = "stage") -> CostModel:
-    """The cost model to simulate ``schedule`` with, reading a cost string at ``scope``.
+@dataclass(frozen=True)
+class CostSpec:
+    """What the user gave: one of ``tables`` (uniform costs from a cost string, or a version-1 profile's fixed
+    per-stage tables) or ``profile`` (a version-2 per-block profile, cut into stages by ``split``).
 
-    ``"stage"`` (the default, as in the DualPipe figures): each op on one stage chunk costs the given time.
-    ``"rank"``: the times are one rank's share of one model copy (Megatron's "per full stage"), so a chunk of a
-    chain of ``S`` stages on ``R`` ranks costs ``R / S`` of them; schedules that cut the model into different
-    numbers of stages (1F1B vs Interleaved1F1B vs DualPipeV) then run the same model and compare fairly.
+    :meth:`for_schedule` is the one way to the simulator's :class:`StageCosts`.
     """
-    if scope not in COST_SCOPES:
-        raise CostError(f"--cost-scope {scope!r} is unknown; use one of {', '.join(COST_SCOPES)}")
-    if costs.blocks is not None:
+
+    tables: StageCosts | None = None
+    profile: Profile | None = None
+    split: SplitSpec = SplitSpec()
+    source: str = "default"
+    notes: tuple[str, ...] = ()
+    """Notes on a per-block profile, carried into every schedule's composed costs."""
+
+    def __post_init__(self) -> None:
+        assert (self.tables is None) != (self.profile is None), "give exactly one of tables and profile"
+
+    @classmethod
+    def uniform(cls, tables: StageCosts) -> CostSpec:
+        """Costs that are already the simulator's (a cost string, say): every schedule they fit reads them as is."""
+        return cls(tables=tables, source=tables.source)
+
+    @classmethod
+    def from_profile(cls, profile: Profile | Mapping[str, Any], *, source: str = "profile",
+                     split: SplitSpec | None = None) -> CostSpec:
+        """Costs from a parsed profile (:class:`ppsim.profile.Profile`, not validated again); a mapping in the
+        profile JSON schema is first read by :meth:`Profile.from_dict` (the one schema reader).
+
+        A version-1 profile gives fixed per-stage tables; a version-2 profile gives costs that :meth:`for_schedule`
+        composes for each schedule (``split`` says how, torchtitan's default spread when ``None``).
+        """
+        from ppsim.profile import Profile
+
+        if not isinstance(profile, Profile):
+            profile = Profile.from_dict(profile, source=source)
+        spec = split or SplitSpec()
+        if profile.blocks is not None:
+            if spec.split is not None:
+                check_split(spec.split, profile.num_layers)
+            notes = [] if profile.p2p is not None or _runtime_handoff(profile) is not None else [
+                "profile has no p2p measurement: cross-rank hand-offs cost 0"]
+            return cls(profile=profile, split=spec, source=source, notes=tuple(notes))
+        if not spec.is_default:
+            raise SplitError(
+                f"profile {source} is version 1 (measured for {profile.num_stages} fixed stages): "
+                f"{spec.describe()} needs a per-block profile; re-run `ppsim calibrate` with this ppsim"
+            )
+        return cls.uniform(StageCosts.from_stage_table(profile, source=source))
+
+    def with_split(self, split: SplitSpec) -> CostSpec:
+        """These per-block costs cut into stages by ``split`` instead (a torchtitan job's own split, say); checked
+        as :meth:`from_profile` checks one. Costs that are not a per-block profile cannot be split again."""
+        if self.profile is None:
+            raise SplitError(f"costs {self.source}: {split.describe()} needs a per-block profile; pass --profile")
+        if split.split is not None:
+            check_split(split.split, self.profile.num_layers)
+        return replace(self, split=split)
+
+    @property
+    def is_uniform(self) -> bool:
+        """Costs from a ``--costs`` string (the same for every stage), not a profile (per stage, or per block)."""
+        return self.tables is not None and self.tables.num_positions is None
+
+    @property
+    def has_memory(self) -> bool:
+        """Whether byte sizes are known: per-stage tables, or a per-block profile (composed per schedule)."""
+        return self.profile is not None or (self.tables is not None and self.tables.has_memory)
+
+    @property
+    def unit(self) -> str:
+        return "s" if self.tables is None else self.tables.unit
+
+    def for_schedule(self, schedule: Schedule, *, scope: str = "stage") -> StageCosts:
+        """The costs to simulate ``schedule`` with, reading a cost string at ``scope``; raises :class:`CostError`
+        (or :class:`SplitError`) when they cannot fit it.
+
+        ``"stage"`` (the default, as in the DualPipe figures): each op on one stage chunk costs the given time.
+        ``"rank"``: the times are one rank's share of one model copy (Megatron's "per full stage"), so a chunk of a
+        chain of ``S`` stages on ``R`` ranks costs ``R / S`` of them; schedules that cut the model into different
+        numbers of stages (1F1B vs Interleaved1F1B vs DualPipeV) then run the same model and compare fairly.
+        A per-block profile is composed for the schedule's chain length (:func:`_compose`).
+        """
+        if scope not in COST_SCOPES:
+            raise CostError(f"--cost-scope {scope!r} is unknown; use one of {', '.join(COST_SCOPES)}")
+        if self.tables is None:
+            if scope == "rank":
+                raise CostError("--cost-scope rank applies to --costs; a per-block profile composes each schedule's "
+                                "stages from the same model already, drop --cost-scope")
+            return _compose(self, schedule)
+        costs = self.tables
         if scope == "rank":
-            raise CostError("--cost-scope rank applies to --costs; a per-block profile composes each schedule's "
-                            "stages from the same model already, drop --cost-scope")
-        return compose(costs, schedule)
-    if scope == "stage":
+            costs = _rank_share(costs, schedule)
+        costs.check(schedule)
         return costs
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description: the tables' (:meth:`StageCosts.to_dict`), or a per-block profile's medians."""
+        return _blocks_dict(self) if self.tables is None else self.tables.to_dict()
+
+
+def as_spec(costs: CostSpec | StageCosts | None) -> CostSpec:
+    """What a public entry point was given, as a spec: ``None`` is the default costs, tables are used as they are."""
+    if costs is None:
+        return CostSpec.uniform(StageCosts())
+    return costs if isinstance(costs, CostSpec) else CostSpec.uniform(costs)
+
+
+def _rank_share(costs: StageCosts, schedule: Schedule) -> StageCosts:
+    """A cost string read as one rank's share of one model copy (``--cost-scope rank``)."""
     if costs.num_positions is not None:
         raise CostError("--cost-scope rank applies to --costs; a profile is measured per stage already, "
                         "drop --cost-scope or calibrate with the schedule's stage count")
@@ -319,7 +375,7 @@ def costs_for(costs: CostModel, schedule: Schedule, *, scope: str = "stage") -> 
     )
 
 
-def _op(costs: CostModel, kind: ActionType, pos: int) -> float:
+def _op(costs: StageCosts, kind: ActionType, pos: int) -> float:
     if kind is ActionType.F:
         return costs.F[pos]
     if kind is ActionType.B:
@@ -331,15 +387,16 @@ def _op(costs: CostModel, kind: ActionType, pos: int) -> float:
     return 0.0
 
 
-def _overlap_ratio(costs: CostModel, pos: int) -> float:
+def _overlap_ratio(costs: StageCosts, pos: int) -> float:
     total = costs.F[pos] + costs.B[pos]
     return costs.FB[pos] / total if total > 0 else 1.0
 
 
-def parse_costs(text: str | None) -> CostModel:
-    """Parse ``--costs "F=1,B=2,I=1,W=1,FB=2.5,comm=0.1"`` (any subset; see the contract for defaults)."""
+def parse_costs(text: str | None) -> StageCosts:
+    """Parse ``--costs "F=1,B=2,I=1,W=1,FB=2.5,comm=0.1"`` (any subset; see the contract for defaults): uniform costs,
+    the simulator's type already (they fit every chain)."""
     if text is None:
-        return CostModel(source="default")
+        return StageCosts(source="default")
     if not text.strip():  # an unset shell variable, most likely: say so rather than use the defaults silently
         raise CostError(f"--costs {text!r}: give KEY=VALUE pairs, e.g. \"F=1,B=2,comm=0.1\"; drop --costs for the "
                         "defaults (F=1, B=2, I=W=1)")
@@ -401,18 +458,19 @@ def parse_costs(text: str | None) -> CostModel:
     if max(f, b, i, w, fb) == 0:
         raise CostError(f"--costs {text.strip()[:60]!r}: every op takes 0, so the makespan and bubble would be "
                         "meaningless; give the ops positive times, e.g. F=1,B=2")
-    return CostModel(
+    return StageCosts(
         F=(f,), B=(b,), I=(i,), W=(w,), FB=(fb,), comm=given.get("comm", 0.0), unit="unit", source=text.strip(),
         recompute_act=given.get("recompute_act", DEFAULT_RECOMPUTE_ACT),
     )
 
 
 def load_costs(costs: str | None = None, profile: str | Path | None = None, *,
-               split: SplitSpec | Sequence[int] | str | None = None, layers_per_stage: int | None = None) -> CostModel:
+               split: SplitSpec | Sequence[int] | str | None = None, layers_per_stage: int | None = None) -> CostSpec:
     """The one entry every command uses: a cost string, or a profile file, or the defaults.
 
     ``split`` (counts per stage, ``"3,4,4,3"`` or a :class:`SplitSpec`) and ``layers_per_stage`` choose how a
-    per-block (version 2) profile is cut into stages; :func:`costs_for` then composes the tables per schedule.
+    per-block (version 2) profile is cut into stages; :meth:`CostSpec.for_schedule` then composes the tables per
+    schedule.
     """
     from ppsim.split import parse_split
 
@@ -430,36 +488,48 @@ def load_costs(costs: str | None = None, profile: str | Path | None = None, *,
             option = "--split" if spec.split is not None else "--layers-per-stage"
             raise SplitError(f"{option} needs a per-block profile (--profile FILE.json from `ppsim calibrate`); "
                              "--costs give every stage the same cost whatever its layers")
-        return parse_costs(costs)
+        return CostSpec.uniform(parse_costs(costs))
     from ppsim.profile import load_profile  # only profile users pay for the schema module
 
     path = Path(profile)
-    return CostModel.from_profile(load_profile(path), source=str(path), split=spec)
+    return CostSpec.from_profile(load_profile(path), source=str(path), split=spec)
 
 
-def compose(costs: CostModel, schedule: Schedule) -> CostModel:
+def _compose(spec: CostSpec, schedule: Schedule) -> StageCosts:
     """Tables for ``schedule`` from a per-block profile: split the chain, sum each stage's blocks, add the fixed
-    stage overhead, apply the runtime overheads. Costs that are not per-block come back unchanged."""
-    profile = costs.blocks
-    if profile is None:
-        return costs
+    stage overhead (:func:`_stage_tables`), apply the runtime overheads (:func:`_runtime_terms`)."""
+    profile = spec.profile
+    assert profile is not None
     num_stages = len(schedule.pipelines[0])
-    if costs.split_counts is not None and len(costs.split_counts) == num_stages:
-        return costs
-    counts = resolve_split(costs.split, profile.num_layers, num_stages,
+    counts = resolve_split(spec.split, profile.num_layers, num_stages,
                            schedule=f"{schedule.name} with {schedule.num_ranks} ranks")
+    tables, sizes = _stage_tables(profile, counts)
+    notes = list(spec.notes)
+    notes.append(f"{num_stages} stages composed from blocks: {spec.split.describe()} -> layers per stage "
+                 f"{format_split(counts)}")
+    check = _against_measured_stages(profile, counts, tables)
+    if check:
+        notes.append(check)
+    runtime = _runtime_terms(profile, schedule, notes)
+    return StageCosts(
+        **{key: tuple(tables[key]) for key in _OP_KEYS},
+        **{key: tuple(values) for key, values in sizes.items()},
+        **runtime,
+        unit="s", source=spec.source, split_counts=counts, notes=tuple(notes),
+    )
+
+
+def _stage_tables(profile: Profile, counts: tuple[int, ...]) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """Per stage of the split ``counts``: op times (blocks' medians plus the stage overhead) and byte sizes."""
     blocks = profile.blocks
     assert blocks is not None and profile.stage_overhead is not None
     overhead = {op: _median(getattr(profile.stage_overhead, op)) for op in _OP_KEYS}
     tables: dict[str, list[float]] = {op: [] for op in _OP_KEYS}
-    act: list[int] = []
-    freed: list[int] = []
-    static: list[int] = []
-    out: list[int] = []
+    sizes: dict[str, list[int]] = {key: [] for key in (
+        "output_bytes", "activation_bytes", "activation_bytes_freed_by_I", "static_bytes")}
     for s, names in enumerate(stage_blocks(profile.layout, counts)):
         members = [blocks[n] for n in names]
         op = {key: sum(_median(getattr(b, key)) for b in members) + overhead[key] for key in _OP_KEYS}
-        held = sum(b.activation_bytes or 0 for b in members)
         freed_by_i = sum(b.activation_bytes_freed_by_I or 0 for b in members)
         if s == 0:
             # torch's runtime: stage 0's input (token ids) needs no gradient, so I runs nothing there and W runs
@@ -469,16 +539,16 @@ def compose(costs: CostModel, schedule: Schedule) -> CostModel:
             freed_by_i = 0
         for key in _OP_KEYS:
             tables[key].append(op[key])
-        act.append(held)
-        freed.append(freed_by_i)
-        static.append(sum(b.param_bytes + b.grad_bytes + b.optimizer_bytes for b in members))
-        out.append(members[-1].output_bytes)
-    notes = list(costs.notes)
-    notes.append(f"{num_stages} stages composed from blocks: {costs.split.describe()} -> layers per stage "
-                 f"{format_split(counts)}")
-    check = _against_measured_stages(profile, counts, tables)
-    if check:
-        notes.append(check)
+        sizes["activation_bytes"].append(sum(b.activation_bytes or 0 for b in members))
+        sizes["activation_bytes_freed_by_I"].append(freed_by_i)
+        sizes["static_bytes"].append(sum(b.param_bytes + b.grad_bytes + b.optimizer_bytes for b in members))
+        sizes["output_bytes"].append(members[-1].output_bytes)
+    return tables, sizes
+
+
+def _runtime_terms(profile: Profile, schedule: Schedule, notes: list[str]) -> dict[str, Any]:
+    """The p2p model and the runtime overheads for ``schedule``'s rank count, as :class:`StageCosts` fields; what
+    was chosen and why is appended to ``notes``."""
     alpha = beta = None
     comm = 0.0
     if profile.p2p is not None:
@@ -501,15 +571,8 @@ def compose(costs: CostModel, schedule: Schedule) -> CostModel:
             else:
                 notes.append(f"hand-off latency {handoff:.3g} s from the probe run (no p2p fit: no size term)")
                 comm = handoff
-    return replace(
-        costs,
-        **{key: tuple(tables[key]) for key in _OP_KEYS},
-        comm=comm, p2p_alpha=alpha, p2p_beta=beta,
-        output_bytes=tuple(out), activation_bytes=tuple(act), activation_bytes_freed_by_I=tuple(freed),
-        static_bytes=tuple(static),
-        compute_scale=scale, dispatch_s=dispatch, recv_posting=posting,
-        split_counts=counts, notes=tuple(notes),
-    )
+    return {"comm": comm, "p2p_alpha": alpha, "p2p_beta": beta, "compute_scale": scale, "dispatch_s": dispatch,
+            "recv_posting": posting}
 
 
 def _against_measured_stages(profile: Profile, counts: tuple[int, ...], tables: Mapping[str, list[float]]) -> str:
@@ -556,7 +619,7 @@ def _median(stat: Any) -> float:
     return 0.0 if stat is None else float(stat.median)
 
 
-def _from_stage_table(cls: type[CostModel], profile: Profile, source: str) -> CostModel:
+def _from_stage_table(cls: type[StageCosts], profile: Profile, source: str) -> StageCosts:
     """Fixed per-stage tables of a version-1 profile (already validated by its reader)."""
     stages = profile.stages
     if not stages:
@@ -586,9 +649,9 @@ def _from_stage_table(cls: type[CostModel], profile: Profile, source: str) -> Co
     )
 
 
-def _blocks_dict(costs: CostModel) -> dict[str, Any]:
-    """What an uncomposed per-block cost model holds: per-block medians, the overhead and the split rule."""
-    profile = costs.blocks
+def _blocks_dict(costs: CostSpec) -> dict[str, Any]:
+    """What a per-block spec holds: per-block medians, the overhead and the split rule."""
+    profile = costs.profile
     assert profile is not None and profile.blocks is not None
     out: dict[str, Any] = {"unit": costs.unit, "source": costs.source, "split": costs.split.describe()}
     for key in _OP_KEYS:

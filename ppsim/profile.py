@@ -214,7 +214,7 @@ class RuntimeOverheads:
     ``compute_scale`` maps the number of ranks computing at once on one host to the factor every computation is
     slowed by (``{1: 1.0, 2: 1.6}``); ``dispatch_s`` is added per computation; ``handoff_s`` is the latency of one
     cross-rank hand-off (replaces the p2p fit's alpha when simulating); ``recv_posting`` is ``"early"`` or
-    ``"consumer"`` (see :class:`ppsim.costs.CostModel`). ``synthetic`` holds the same for synthetic sleeping stages.
+    ``"consumer"`` (see :class:`ppsim.costs.StageCosts`). ``synthetic`` holds the same for synthetic sleeping stages.
     ``samples`` keeps raw measurements by name (e.g. ``"dispatch_s"``, ``"compute_scale.2"``).
     """
 

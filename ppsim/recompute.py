@@ -2,7 +2,7 @@
 
 A recomputed (stage, microbatch) keeps only its boundary input after its F and runs its forward again just before
 its backward: the simulator adds F to that B (or I, or the backward half of an overlapped pair), and in the memory
-model the F holds only the boundary (``CostModel.recompute_kept``: the stage input's bytes with a profile,
+model the F holds only the boundary (``StageCosts.recompute_kept``: the stage input's bytes with a profile,
 ``recompute_act`` of one activation with a cost string); the recompute brings back the rest, and the backward
 releases as usual. docs/simulator.md states the memory model, docs/search.md how ``search --recompute auto`` chooses.
 

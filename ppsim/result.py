@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ppsim.costs import CostModel
+from ppsim.costs import StageCosts
 from ppsim.ir import Schedule
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class SimResult:
     """A simulated step. Times are in the cost unit (seconds for profile costs)."""
 
     schedule: Schedule
-    costs: CostModel
+    costs: StageCosts
     makespan: float
     bubble_ratio: float
     throughput: float

@@ -2,13 +2,13 @@
 
 Model: each rank runs its actions in order on one compute lane. An action starts when its rank is free and every
 input it needs (rules from :mod:`ppsim.deps`) has arrived; an input from another rank arrives
-``CostModel.comm_delay`` after it is posted, one from the same rank at once. A hand-off is posted when its producer
+``StageCosts.comm_delay`` after it is posted, one from the same rank at once. A hand-off is posted when its producer
 ends (``recv_posting="early"``) or, with ``recv_posting="consumer"``, at the later of that and the end of the
 consumer rank's previous action. Sends and receives never block compute. An overlapped pair waits for both halves'
 inputs, takes the pair's duration, and both halves end together.
 
 :func:`compile_schedule` turns the schedule into a :class:`Program`: flat arrays holding, per action, its duration
-(``CostModel.duration``) and at most two inputs (the action each waits for, and the delay), for single computations
+(``StageCosts.duration``) and at most two inputs (the action each waits for, and the delay), for single computations
 and overlapped pairs alike. :func:`run` is the engine: in-order list scheduling. ``start = max(rank free, inputs
 arrived)`` and ``end = start + duration`` define every time uniquely (ranks compete for nothing but their own lane),
 so any visiting order that respects the dependencies yields the same floats: the result is deterministic by
@@ -28,7 +28,7 @@ from itertools import chain
 import numpy as np
 
 from ppsim import deps
-from ppsim.costs import ACTIVATION_PARTS, CostModel, parse_costs
+from ppsim.costs import ACTIVATION_PARTS, CostSpec, StageCosts, parse_costs
 from ppsim.errors import CostError, DeadlockError, ScheduleFormatError
 from ppsim.io import MemoryCap
 from ppsim.ir import Action, ActionType, Schedule, make_action, overlap
@@ -50,7 +50,7 @@ _MAX_DEADLOCK_PARTS = 12  # ranks named in a deadlock message (err.blocked holds
 
 def simulate(
     schedule: Schedule,
-    costs: CostModel | None = None,
+    costs: StageCosts | CostSpec | None = None,
     *,
     memory_cap_bytes: int | None = None,
     memory_cap: MemoryCap | None = None,
@@ -58,6 +58,9 @@ def simulate(
     extra_s: Mapping[tuple[int, int], float] | None = None,
 ) -> SimResult:
     """Replay ``schedule`` under ``costs`` (default: ``parse_costs(None)``) and return the timed result.
+
+    ``costs``: the simulator's :class:`StageCosts`, or a :class:`CostSpec` (what the user gave), read for this
+    schedule once by :meth:`CostSpec.for_schedule`.
 
     ``recompute``: the (stage, microbatch) pairs whose activations are recomputed (:mod:`ppsim.recompute`): each
     keeps only its boundary input after its F, and its B/I runs the forward again first.
@@ -67,7 +70,10 @@ def simulate(
     assert memory_cap is None or memory_cap_bytes is None, "give the cap once"
     if memory_cap_bytes is not None:
         memory_cap = MemoryCap(memory_cap_bytes, "bytes")
-    costs = parse_costs(None) if costs is None else costs
+    if costs is None:
+        costs = parse_costs(None)
+    elif isinstance(costs, CostSpec):
+        costs = costs.for_schedule(schedule)
     was_enabled = gc.isenabled()
     gc.disable()  # the run creates no reference cycles; collections would only rescan large lists
     try:
@@ -92,7 +98,7 @@ class Program:
     """
 
     schedule: Schedule
-    costs: CostModel
+    costs: StageCosts
     offsets: np.ndarray  # (R+1,) first action of each rank
     # computations
     comp_owner: np.ndarray  # (C,) action index
@@ -155,12 +161,12 @@ class Program:
 
 
 def compile_schedule(
-    schedule: Schedule, costs: CostModel, *, recompute: Set[tuple[int, int]] | None = None
+    schedule: Schedule, costs: StageCosts, *, recompute: Set[tuple[int, int]] | None = None
 ) -> Program:
     """The schedule as flat arrays: computations, durations, and per action the (at most two) inputs to wait for.
 
-    Inputs come from :mod:`ppsim.deps` (tabulated per stage and kind), durations from ``CostModel.duration`` (once
-    per stage and kind, and once per distinct pair), delays from ``CostModel.comm_delay`` (once per stage, kind and
+    Inputs come from :mod:`ppsim.deps` (tabulated per stage and kind), durations from ``StageCosts.duration`` (once
+    per stage and kind, and once per distinct pair), delays from ``StageCosts.comm_delay`` (once per stage, kind and
     input). A same-rank input produced earlier in the order is dropped: the lane order already implies it.
     """
     costs.check(schedule)
@@ -317,11 +323,11 @@ def _microbatches(schedule: Schedule, offsets: np.ndarray, comps: list[Action], 
 
 
 def _durations(
-    schedule: Schedule, costs: CostModel, offsets: np.ndarray, comps: _Comps, recomputed: np.ndarray | None = None
+    schedule: Schedule, costs: StageCosts, offsets: np.ndarray, comps: _Comps, recomputed: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per action its duration (``CostModel.duration``, evaluated once per stage, kind and recompute flag and once
-    per distinct pair of stages), and per pair its forward half's share (``CostModel.pair_split``, or
-    ``CostModel.recompute_share`` when its backward half recomputes)."""
+    """Per action its duration (``StageCosts.duration``, evaluated once per stage, kind and recompute flag and once
+    per distinct pair of stages), and per pair its forward half's share (``StageCosts.pair_split``, or
+    ``StageCosts.recompute_share`` when its backward half recomputes)."""
     c_owner, c_stage, c_code, _, single_idx, single_comp, pair_idx, pair_first = comps
     width = max(schedule.num_stages, 1)
     n = int(offsets[-1])
@@ -370,13 +376,13 @@ def _durations(
 
 
 class _Rules:
-    """:mod:`ppsim.deps` and ``CostModel.comm_delay`` tabulated over ``cell = stage * 4 + kind``.
+    """:mod:`ppsim.deps` and ``StageCosts.comm_delay`` tabulated over ``cell = stage * 4 + kind``.
 
     Per input slot: the required stage (S for no input), phase and delay; per provided slot a table over kind of
     the provided phase (-1 for none). The simulator relies on two facts of the rules, checked here: an input has
     the consumer's microbatch, and at most one input of a computation comes from another stage."""
 
-    def __init__(self, schedule: Schedule, costs: CostModel) -> None:
+    def __init__(self, schedule: Schedule, costs: StageCosts) -> None:
         num_stages = schedule.num_stages
         requires, rank = deps.requires, schedule.stage_to_rank
         reqs = [requires(schedule, make_action(s, kind, 1)) for s in range(num_stages) for kind in _KINDS]
@@ -385,7 +391,7 @@ class _Rules:
         stages = [[num_stages] * cells for _ in range(width)]
         phases = [[0] * cells for _ in range(width)]
         delays = [[0.0] * cells for _ in range(width)]
-        delay_of: dict[tuple[int, int], float] = {}  # (producer stage, consumer stage) -> CostModel.comm_delay
+        delay_of: dict[tuple[int, int], float] = {}  # (producer stage, consumer stage) -> StageCosts.comm_delay
         for i, got in enumerate(reqs):
             consumer = i // 4
             assert len(got) < 2 or (len(got) == 2 and consumer in (got[0][0], got[1][0])), "one input from elsewhere"
@@ -889,7 +895,9 @@ _INT64_SAFE = 2**62
 """Byte totals are summed in int64 arrays; a schedule whose bytes could reach this is refused instead of wrapping."""
 
 
-def _refuse_int64_bytes(program: Program, costs: CostModel, held_of: list[tuple[int, int]], schedule: Schedule) -> None:
+def _refuse_int64_bytes(
+    program: Program, costs: StageCosts, held_of: list[tuple[int, int]], schedule: Schedule
+) -> None:
     """Refuse activation and static sizes whose sums (every forward's bytes, plus every stage's static bytes) could
     pass int64: the per-value checks of the profile reader do not bound the totals of a whole step."""
     forwards = np.bincount(program.comp_stage[program.comp_code == _CODE_OF[ActionType.F]],
@@ -909,7 +917,7 @@ def _within_limit(times: np.ndarray) -> np.ndarray:
     return np.isfinite(times) & (np.abs(times) <= MAX_COST)
 
 
-def _refuse_non_finite(costs: CostModel, what: str) -> None:
+def _refuse_non_finite(costs: StageCosts, what: str) -> None:
     raise CostError(
         f"costs {costs.source!r}: {what}, beyond the limit of {MAX_COST:g} per op; costs must keep the step finite, "
         "use smaller units (e.g. ms instead of s) or fix the profile"

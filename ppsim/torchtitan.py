@@ -732,12 +732,6 @@ def _override_name(token: str, fields: Mapping[str, Any], source: str) -> tuple[
     return name, annotation, False
 
 
-JOB_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
-"""``context_settings`` of the commands that take --torchtitan-config (simulate, plot, report, calibrate, run): the
-job config's overrides (``--parallelism.KEY VALUE``) arrive as extra arguments, as on torchtitan's own command
-line; :func:`extra_overrides` sorts them out."""
-
-
 def extra_overrides(args: Sequence[str], *, job_given: bool, option_names: Sequence[str],
                     command: str) -> list[str]:
     """The extra arguments of a command that takes --torchtitan-config (``args``; ``job_given``: whether it was

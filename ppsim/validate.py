@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ppsim.costs import CostModel
+from ppsim.costs import StageCosts
 from ppsim.errors import DeadlockError, PPSimError
 from ppsim.ir import ActionType, Schedule
 from ppsim.simulate import compile_schedule, read_computations, run
@@ -196,4 +196,4 @@ def check_progress(schedule: Schedule) -> None:
     run(compile_schedule(schedule, _UNTIMED))
 
 
-_UNTIMED = CostModel(F=(0.0,), B=(0.0,), I=(0.0,), W=(0.0,), FB=(0.0,), comm=0.0, source="untimed")
+_UNTIMED = StageCosts(F=(0.0,), B=(0.0,), I=(0.0,), W=(0.0,), FB=(0.0,), comm=0.0, source="untimed")

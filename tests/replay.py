@@ -1,14 +1,14 @@
 """The one reference replay of the test suite: a deliberately naive in-order execution.
 
-Written from the two sources of truth only (``ppsim.deps`` for inputs, ``CostModel.duration`` and
-``CostModel.comm_delay`` for times), independent of ``ppsim.simulate``: sweep the ranks, run each head action whose
+Written from the two sources of truth only (``ppsim.deps`` for inputs, ``StageCosts.duration`` and
+``StageCosts.comm_delay`` for times), independent of ``ppsim.simulate``: sweep the ranks, run each head action whose
 inputs are all done, until nothing moves. Ranks left with actions are stuck (a deadlock).
 
 A cross-rank hand-off is posted when its producer ends, or with ``recv_posting="consumer"`` at the later of that and
 the end of the consumer rank's previous action; it arrives ``comm_delay`` after being posted.
 
 Memory is replayed too, action by action from the rule in docs/simulator.md (with activation recomputation: a
-recomputed (stage, microbatch) holds ``CostModel.recompute_kept`` after its F; its B or I re-materialises the rest
+recomputed (stage, microbatch) holds ``StageCosts.recompute_kept`` after its F; its B or I re-materialises the rest
 before releasing), with exact integers: activation counts in ``ACTIVATION_PARTS`` of one activation, and bytes.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Set
 from dataclasses import dataclass, field
 
 from ppsim import deps
-from ppsim.costs import ACTIVATION_PARTS, CostModel
+from ppsim.costs import ACTIVATION_PARTS, StageCosts
 from ppsim.ir import ActionType, Schedule
 
 
@@ -48,7 +48,7 @@ class Replay:
         return tuple(row[-1] if row else 0.0 for row in self.ends)
 
 
-def replay(schedule: Schedule, costs: CostModel, recompute: Set[tuple[int, int]] = frozenset()) -> Replay:
+def replay(schedule: Schedule, costs: StageCosts, recompute: Set[tuple[int, int]] = frozenset()) -> Replay:
     """Run every rank's order front to back; an action starts when its rank is free and its inputs have arrived."""
     done: dict[deps.Key, tuple[float, int]] = {}  # key -> (end, rank)
     ptr = [0] * schedule.num_ranks
@@ -99,7 +99,7 @@ def replay(schedule: Schedule, costs: CostModel, recompute: Set[tuple[int, int]]
     return Replay(starts, ends, busy, stuck, [p[0] for p in peak], [p[1] for p in peak])
 
 
-def _memory(schedule: Schedule, costs: CostModel, action: object, recompute: Set[tuple[int, int]],
+def _memory(schedule: Schedule, costs: StageCosts, action: object, recompute: Set[tuple[int, int]],
             held: list[int], peak: list[int]) -> None:
     """One action's effect on its rank's memory: everything it adds (a pair's forward, a recomputed forward) is
     held before anything it releases."""
@@ -130,8 +130,8 @@ def _memory(schedule: Schedule, costs: CostModel, action: object, recompute: Set
         held[j] += adds[j] - frees[j]
 
 
-def unit_costs(table: dict[ActionType, float]) -> CostModel:
+def unit_costs(table: dict[ActionType, float]) -> StageCosts:
     """A cost model from per-kind times (no communication), for closed-form checks."""
     f, b = table.get(ActionType.F, 1.0), table.get(ActionType.B, 2.0)
     i, w = table.get(ActionType.I, b / 2), table.get(ActionType.W, b / 2)
-    return CostModel(F=(f,), B=(b,), I=(i,), W=(w,), FB=(f + b,), source="test")
+    return StageCosts(F=(f,), B=(b,), I=(i,), W=(w,), FB=(f + b,), source="test")

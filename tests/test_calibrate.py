@@ -141,10 +141,10 @@ def test_tiny_preset_calibrates_blocks_and_composes_stages(tiny_profile: Path) -
 
 
 def _composed(path: Path, schedule: str, ranks: int) -> object:
-    from ppsim.costs import costs_for, load_costs
+    from ppsim.costs import load_costs
     from ppsim.schedules import get_schedule
 
-    return costs_for(load_costs(profile=path), get_schedule(schedule, ranks, 2 * ranks))
+    return load_costs(profile=path).for_schedule(get_schedule(schedule, ranks, 2 * ranks))
 
 
 def test_composition_matches_directly_measured_stages(tiny_profile: Path) -> None:

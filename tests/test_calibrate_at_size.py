@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ppsim.calibrate.models import ModelOptions, parse_model_source
 from ppsim.cli import app
-from ppsim.costs import CostModel, costs_for
+from ppsim.costs import CostSpec
 from ppsim.errors import PPSimError
 from ppsim.profile import load_profile
 from ppsim.schedules import get_schedule
@@ -74,7 +74,7 @@ def test_each_kind_is_measured_alone_and_the_overhead_is_folded_into_the_blocks(
 def test_the_per_block_profile_composes_any_pp_degree(at_size_profile: Path, ranks: int) -> None:
     profile = load_profile(at_size_profile)
     schedule = get_schedule("1F1B", ranks, 2 * ranks)
-    costs = costs_for(CostModel.from_profile(profile), schedule)
+    costs = CostSpec.from_profile(profile).for_schedule(schedule)
     assert sum(costs.split_counts) == 6
     first = 0
     for s, n in enumerate(costs.split_counts):

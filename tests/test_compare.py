@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from ppsim.cli import app
 from ppsim.compare import CostScope, NothingToCompareError, build, compare, rank
-from ppsim.costs import costs_for, parse_costs
+from ppsim.costs import CostSpec, parse_costs
 from ppsim.errors import PPSimError
 from ppsim.formats import write_csv
 from ppsim.schedules import get_schedule
@@ -67,7 +67,7 @@ def test_different_stage_counts_compare_on_the_same_model_by_default() -> None:
     c = compare(README_REPORT, num_ranks=4, num_microbatches=16, costs=costs)
     assert c.scope is CostScope.rank and "different numbers of stages" in c.scope_text
     for r in c.results:
-        expected = simulate(r.schedule, costs_for(costs, r.schedule, scope="rank")).makespan
+        expected = simulate(r.schedule, CostSpec.uniform(costs).for_schedule(r.schedule, scope="rank")).makespan
         assert r.makespan == pytest.approx(expected)
     names = [r.schedule.name for r in c.results]
     assert names.index("DualPipeV") < names.index("1F1B")  # the README example: same model, DualPipeV wins

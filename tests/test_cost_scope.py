@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ppsim.cli import app
-from ppsim.costs import costs_for, parse_costs
+from ppsim.costs import CostSpec, parse_costs
 from ppsim.errors import CostError
 from ppsim.schedules import get_schedule
 from ppsim.simulate import simulate
@@ -34,12 +34,13 @@ def test_rank_scope_leaves_one_stage_per_rank_schedules_unchanged() -> None:
     base = parse_costs("F=1,B=2,FB=2.5")
     for name in ("1F1B", "ZBH1", "DualPipe"):
         sched = get_schedule(name, 4, 16)
-        assert simulate(sched, costs_for(base, sched, scope="rank")).makespan == simulate(sched, base).makespan
+        per_rank = CostSpec.uniform(base).for_schedule(sched, scope="rank")
+        assert simulate(sched, per_rank).makespan == simulate(sched, base).makespan
 
 
 def test_rank_scope_halves_each_chunk_of_a_v_schedule() -> None:
     sched = get_schedule("DualPipeV", 4, 10)
-    per_rank = simulate(sched, costs_for(parse_costs("F=2,B=4,FB=6"), sched, scope="rank"))
+    per_rank = simulate(sched, CostSpec.uniform(parse_costs("F=2,B=4,FB=6")).for_schedule(sched, scope="rank"))
     assert per_rank.makespan == pytest.approx(66.0)  # the worked case, per chunk F=1, B=2, FB=3
 
 
@@ -61,11 +62,11 @@ def test_rank_scope_with_a_profile_is_refused(tmp_path: Path) -> None:
     from test_costs import make_profile
 
     sched = get_schedule("1F1B", 4, 8)
-    from ppsim.costs import CostModel
+    from ppsim.costs import CostSpec
 
-    costs = CostModel.from_profile(make_profile(4))
+    costs = CostSpec.from_profile(make_profile(4))
     with pytest.raises(CostError, match="--cost-scope rank applies to --costs"):
-        costs_for(costs, sched, scope="rank")
+        costs.for_schedule(sched, scope="rank")
     path = tmp_path / "p.json"
     path.write_text(json.dumps(make_profile(4)))
     result = runner.invoke(app, ["simulate", "-s", "1F1B", "-r", "4", "-m", "8", "--profile", str(path),

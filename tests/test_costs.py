@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ppsim import get_schedule
-from ppsim.costs import CostModel, load_costs, parse_costs
+from ppsim.costs import CostSpec, StageCosts, load_costs, parse_costs
 from ppsim.errors import CostError
 from ppsim.ir import Action, ActionType, overlap, parse_action
 
@@ -131,7 +131,7 @@ def test_comm_delay_is_zero_on_the_same_rank_and_comm_across() -> None:
 
 
 def test_profile_costs_are_per_chain_position() -> None:
-    c = CostModel.from_profile(make_profile(4))
+    c = CostSpec.from_profile(make_profile(4)).tables
     s = get_schedule("1F1B", 4, 4)
     assert c.unit == "s"
     assert c.op_cost(s, 0, ActionType.F) == 1.5  # embedding stage
@@ -142,24 +142,24 @@ def test_profile_costs_are_per_chain_position() -> None:
 
 
 def test_profile_stage_of_the_second_dualpipe_copy_uses_its_chain_position() -> None:
-    c = CostModel.from_profile(make_profile(4))
+    c = CostSpec.from_profile(make_profile(4)).tables
     s = get_schedule("DualPipe", 4, 8)  # stage 4 + j is position j of chain 1
     for j in range(4):
         assert c.op_cost(s, 4 + j, ActionType.F) == c.op_cost(s, j, ActionType.F)
 
 
 def test_profile_p2p_time_is_alpha_plus_bytes_over_beta_and_zero_on_the_same_rank() -> None:
-    c = CostModel.from_profile(make_profile(4))
+    c = CostSpec.from_profile(make_profile(4)).tables
     s = get_schedule("1F1B", 4, 4)
     assert c.comm_delay(s, 1, 2) == pytest.approx(0.25 + 4096 / 4096)
     assert c.comm_delay(s, 2, 1) == pytest.approx(0.25 + 4096 / 4096)  # gradient: same boundary tensor size
     v = get_schedule("DualPipeV", 2, 4)
-    cv = CostModel.from_profile(make_profile(4))
+    cv = CostSpec.from_profile(make_profile(4)).tables
     assert cv.comm_delay(v, 1, 2) == 0.0
 
 
 def test_profile_without_p2p_has_zero_comm_and_says_so() -> None:
-    c = CostModel.from_profile(make_profile(4, p2p=False))
+    c = CostSpec.from_profile(make_profile(4, p2p=False)).tables
     s = get_schedule("1F1B", 4, 4)
     assert c.comm_delay(s, 0, 1) == 0.0
     assert any("p2p" in note for note in c.notes)
@@ -167,7 +167,7 @@ def test_profile_without_p2p_has_zero_comm_and_says_so() -> None:
 
 
 def test_profile_with_wrong_stage_count_names_the_fix() -> None:
-    c = CostModel.from_profile(make_profile(4))
+    c = CostSpec.from_profile(make_profile(4)).tables
     with pytest.raises(CostError, match=r"profile has 4 stages but DualPipeV with 4 ranks has 8.*--stages 8"):
         c.check(get_schedule("DualPipeV", 4, 8))
 
@@ -175,7 +175,7 @@ def test_profile_with_wrong_stage_count_names_the_fix() -> None:
 def test_load_costs_reads_a_profile_file(tmp_path: Path) -> None:
     path = tmp_path / "p.json"
     path.write_text(json.dumps(make_profile(2)))
-    c = load_costs(None, path)
+    c = load_costs(None, path).tables
     assert c.source == str(path)
     assert c.static_bytes == (40_000, 40_001)
     assert c.activation_bytes == (1000, 2000)
@@ -190,7 +190,7 @@ def test_profile_freeing_more_at_i_than_held_is_refused() -> None:
     bad = make_profile(2)
     bad["stages"][1]["activation_bytes_freed_by_I"] = 10**9
     with pytest.raises(CostError, match="freed_by_I"):
-        CostModel.from_profile(bad)
+        CostSpec.from_profile(bad).tables
 
 
 def test_non_compute_actions_take_no_time() -> None:
@@ -201,22 +201,21 @@ def test_non_compute_actions_take_no_time() -> None:
 # -- per-block profiles (version 2): stages composed per schedule ---------------------------------------------------
 
 
-def _v2_costs(**kw: Any) -> CostModel:
+def _v2_costs(**kw: Any) -> CostSpec:
     from profile_v2 import make_v2_profile
 
-    return CostModel.from_profile(make_v2_profile(**{k: v for k, v in kw.items() if k != "split"}), source="v2.json",
+    return CostSpec.from_profile(make_v2_profile(**{k: v for k, v in kw.items() if k != "split"}), source="v2.json",
                                   split=kw.get("split"))
 
 
 def test_one_v2_profile_drives_2_4_and_8_stage_schedules() -> None:
-    from ppsim.costs import costs_for
     from ppsim.simulate import simulate
 
     base = _v2_costs()
     seen = {}
     for name, ranks in (("1F1B", 2), ("Interleaved1F1B", 2), ("ZBVZeroBubble", 2), ("DualPipeV", 4), ("1F1B", 8)):
         sched = get_schedule(name, ranks, 8)
-        costs = costs_for(base, sched)
+        costs = base.for_schedule(sched)
         result = simulate(sched, costs)
         stages = len(sched.pipelines[0])
         assert costs.num_positions == stages and sum(costs.split_counts or ()) == 8
@@ -228,9 +227,8 @@ def test_one_v2_profile_drives_2_4_and_8_stage_schedules() -> None:
 def test_composed_stage_is_the_sum_of_its_blocks_plus_the_stage_overhead() -> None:
     from profile_v2 import EMBED, HEAD, LAYER, OVERHEAD
 
-    from ppsim.costs import costs_for
 
-    costs = costs_for(_v2_costs(), get_schedule("1F1B", 2, 4))
+    costs = _v2_costs().for_schedule(get_schedule("1F1B", 2, 4))
     assert costs.split_counts == (4, 4)
     approx = pytest.approx
     assert costs.F[0] == approx(EMBED["F"] + 4 * LAYER["F"] + OVERHEAD["F"])
@@ -247,13 +245,12 @@ def test_composed_stage_is_the_sum_of_its_blocks_plus_the_stage_overhead() -> No
 
 
 def test_runtime_overheads_reach_the_cost_model() -> None:
-    from ppsim.costs import costs_for
 
-    two = costs_for(_v2_costs(), get_schedule("1F1B", 2, 4))
+    two = _v2_costs().for_schedule(get_schedule("1F1B", 2, 4))
     assert (two.compute_scale, two.dispatch_s, two.recv_posting) == (1.5, 1e-3, "consumer")
     assert two.p2p_alpha == 4e-3 and two.p2p_beta == 1e9  # hand-off latency replaces alpha, bandwidth kept
     assert any("compute_scale 1.5 for 2 ranks" in n and "measured" in n for n in two.notes)
-    four = costs_for(_v2_costs(), get_schedule("1F1B", 4, 4))
+    four = _v2_costs().for_schedule(get_schedule("1F1B", 4, 4))
     assert four.compute_scale == 1.5 and any("largest measured count (2 ranks)" in n for n in four.notes)
     assert two.to_dict()["runtime"] == {"compute_scale": 1.5, "dispatch_s": 1e-3, "recv_posting": "consumer"}
 
@@ -268,23 +265,23 @@ def test_compute_scale_between_measured_counts_is_interpolated() -> None:
 
 
 def test_v2_profile_without_runtime_says_no_overheads_apply() -> None:
-    from ppsim.costs import costs_for
 
-    costs = costs_for(_v2_costs(runtime=False), get_schedule("1F1B", 2, 4))
+    costs = _v2_costs(runtime=False).for_schedule(get_schedule("1F1B", 2, 4))
     assert (costs.compute_scale, costs.dispatch_s, costs.recv_posting, costs.p2p_alpha) == (1.0, 0.0, "early", 1e-4)
     assert any("no runtime overheads" in n for n in costs.notes)
 
 
 def test_v2_handoff_without_p2p_becomes_the_flat_comm() -> None:
-    from ppsim.costs import costs_for
 
-    costs = costs_for(_v2_costs(p2p=False), get_schedule("1F1B", 2, 4))
+    costs = _v2_costs(p2p=False).for_schedule(get_schedule("1F1B", 2, 4))
     assert costs.p2p_alpha is None and costs.comm == 4e-3
 
 
-def test_uncomposed_v2_costs_are_refused_by_check_with_the_fix() -> None:
-    with pytest.raises(CostError, match="costs_for"):
-        _v2_costs().check(get_schedule("1F1B", 2, 4))
+def test_a_per_block_spec_is_read_for_the_schedule_it_is_simulated_with() -> None:
+    from ppsim.simulate import simulate
+
+    sched = get_schedule("1F1B", 2, 4)
+    assert simulate(sched, _v2_costs()).costs == _v2_costs().for_schedule(sched)
 
 
 def test_v2_costs_to_dict_lists_blocks_and_the_split_rule() -> None:
@@ -296,19 +293,18 @@ def test_v2_costs_to_dict_lists_blocks_and_the_split_rule() -> None:
 def test_explicit_split_and_layers_per_stage_reach_the_composition(tmp_path: Path) -> None:
     from profile_v2 import make_v2_profile
 
-    from ppsim.costs import costs_for
     from ppsim.profile import save_profile
 
     path = save_profile(make_v2_profile(), tmp_path / "v2.json")
     sched = get_schedule("Interleaved1F1B", 2, 4)
-    assert costs_for(load_costs(profile=path, split="1,3,3,1"), sched).split_counts == (1, 3, 3, 1)
-    assert costs_for(load_costs(profile=path, layers_per_stage=3), sched).split_counts == (2, 3, 2, 1)
+    assert load_costs(profile=path, split="1,3,3,1").for_schedule(sched).split_counts == (1, 3, 3, 1)
+    assert load_costs(profile=path, layers_per_stage=3).for_schedule(sched).split_counts == (2, 3, 2, 1)
     with pytest.raises(CostError, match="covers 7 layers but the model has 8"):
         load_costs(profile=path, split="1,3,3")
     with pytest.raises(CostError, match="--layers-per-stage 3"):
-        costs_for(load_costs(profile=path, layers_per_stage=4), sched)
+        load_costs(profile=path, layers_per_stage=4).for_schedule(sched)
     with pytest.raises(CostError, match="--cost-scope rank"):
-        costs_for(load_costs(profile=path), sched, scope="rank")
+        load_costs(profile=path).for_schedule(sched, scope="rank")
 
 
 def test_split_with_a_version_1_profile_or_a_cost_string_is_refused(tmp_path: Path) -> None:
@@ -324,16 +320,15 @@ def test_version_1_profile_object_and_dict_give_the_same_tables() -> None:
     from ppsim.profile import Profile
 
     data = make_profile(4)
-    assert CostModel.from_profile(Profile.from_dict(data)) == CostModel.from_profile(data)
+    assert CostSpec.from_profile(Profile.from_dict(data)).tables == CostSpec.from_profile(data).tables
 
 
 def test_composition_is_compared_with_stages_measured_whole() -> None:
     from profile_v2 import make_v2_profile, stat
 
-    from ppsim.costs import costs_for
     from ppsim.profile import StageProfile
 
-    base = costs_for(_v2_costs(), get_schedule("1F1B", 2, 4))
+    base = _v2_costs().for_schedule(get_schedule("1F1B", 2, 4))
     ops = ("F", "B", "I", "W", "FB")
     stages = tuple(
         StageProfile(stage=s, layers=(4 * s, 4 * s + 4), has_embedding=s == 0, has_head=s == 1, param_bytes=0,
@@ -342,7 +337,7 @@ def test_composition_is_compared_with_stages_measured_whole() -> None:
                      activation_bytes=0, activation_bytes_freed_by_I=0)
         for s in range(2)
     )
-    costs = costs_for(CostModel.from_profile(make_v2_profile(stages=stages)), get_schedule("1F1B", 2, 4))
+    costs = CostSpec.from_profile(make_v2_profile(stages=stages)).for_schedule(get_schedule("1F1B", 2, 4))
     assert any("within 9.1% of the stages measured whole" in n for n in costs.notes)
 
 
@@ -351,8 +346,8 @@ def test_per_block_costs_take_another_split_through_one_checked_method() -> None
 
     base = _v2_costs()
     chosen = base.with_split(SplitSpec(layers_per_stage=2))
-    assert chosen.split == SplitSpec(layers_per_stage=2) and chosen.blocks is base.blocks
+    assert chosen.split == SplitSpec(layers_per_stage=2) and chosen.profile is base.profile
     with pytest.raises(SplitError, match="needs a per-block profile"):
-        parse_costs("F=1,B=2").with_split(SplitSpec(layers_per_stage=2))
+        load_costs("F=1,B=2").with_split(SplitSpec(layers_per_stage=2))
     with pytest.raises(SplitError):
         base.with_split(SplitSpec(split=(1,)))  # one stage cannot hold a split of another model's layer count

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ppsim import get_schedule, parse_costs, simulate
-from ppsim.costs import CostModel
+from ppsim.costs import CostSpec, StageCosts
 from ppsim.export import chrome_trace, write_chrome_trace, write_json_timeline
 from test_costs import make_profile
 from test_simulate_properties import library_schedules, pair_schedules, uniform_costs
@@ -73,7 +73,7 @@ def test_chrome_trace_parses_and_no_two_events_overlap_on_a_lane(
 
 
 def test_chrome_trace_uses_real_durations_in_microseconds() -> None:
-    costs = CostModel.from_profile(make_profile(2))
+    costs = CostSpec.from_profile(make_profile(2)).tables
     r = simulate(get_schedule("1F1B", 2, 2), costs)
     trace = chrome_trace(r)
     first = next(e for e in trace["traceEvents"] if e["ph"] == "X" and e["name"] == "0F0")

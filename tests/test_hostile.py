@@ -201,10 +201,10 @@ def test_simulate_json_is_strict_json_for_extreme_but_allowed_costs(files: Path)
 
 
 def test_simulator_refuses_non_finite_results() -> None:
-    from ppsim.costs import CostModel
+    from ppsim.costs import StageCosts
     from ppsim.simulate import simulate
 
-    costs = CostModel(F=(1e308,), B=(1e308,), I=(5e307,), W=(5e307,), FB=(1e308,))
+    costs = StageCosts(F=(1e308,), B=(1e308,), I=(5e307,), W=(5e307,), FB=(1e308,))
     with pytest.raises(PPSimError):
         simulate(get_schedule("1F1B", 4, 8), costs)
 

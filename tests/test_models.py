@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ppsim.calibrate.models import SDPA_ON_CPU, ModelOptions, kinds_of, parse_model_source
 from ppsim.cli import app
-from ppsim.costs import CostModel, costs_for
+from ppsim.costs import CostSpec
 from ppsim.errors import PPSimError
 from ppsim.profile import load_profile
 from ppsim.schedules import get_schedule
@@ -256,7 +256,7 @@ def test_a_stage_costs_the_layers_it_holds(deepseek_profile: Path) -> None:
     blocks, over = profile.blocks, profile.stage_overhead
     for ranks in (2, 4, 8):
         schedule = get_schedule("1F1B", ranks, 2 * ranks)
-        costs = costs_for(CostModel.from_profile(profile), schedule)
+        costs = CostSpec.from_profile(profile).for_schedule(schedule)
         first = 0
         for s, n in enumerate(costs.split_counts):
             names = list(profile.layout[1 + first:1 + first + n])

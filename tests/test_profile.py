@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from profile_v2 import make_v2_profile, make_v3_profile
 
-from ppsim.costs import CostModel, load_costs
+from ppsim.costs import CostSpec, StageCosts, load_costs
 from ppsim.errors import CostError
 from ppsim.profile import (
     VERSION, Method, ModelInfo, P2PPair, P2PProfile, P2PSample, Profile, StageProfile, Stat, load_profile,
@@ -103,10 +103,10 @@ def test_stat_percentiles_match_numpy() -> None:
 def test_profile_drives_the_cost_model(tmp_path: Path) -> None:
     profile = make_profile()
     path = save_profile(profile, tmp_path / "p.json")
-    costs = load_costs(None, path)
+    costs = load_costs(None, path).tables
     assert costs.F == tuple(st.F.median for st in profile.stages)
     assert costs.W == tuple(st.W.median for st in profile.stages)
-    assert CostModel.from_profile(profile).B == costs.B
+    assert CostSpec.from_profile(profile).tables.B == costs.B
 
 
 def test_incomplete_profile_is_refused_unless_asked_for(tmp_path: Path) -> None:
@@ -242,18 +242,17 @@ def test_v3_profile_saves_and_loads_back_equal(tmp_path: Path) -> None:
 def test_v3_stages_add_up_the_layers_they_hold(tmp_path: Path) -> None:
     """Stage 0 holds the embedding and the dense layer, stage 1 three MoE layers and the head: each stage costs
     its own blocks (MoE layers cost twice a dense one here)."""
-    from ppsim.costs import costs_for
     from ppsim.schedules import get_schedule
 
     profile = make_v3_profile()
     schedule = get_schedule("1F1B", 2, 4)
-    costs = costs_for(load_costs(profile=save_profile(profile, tmp_path / "p3.json"), split="1,3"), schedule)
+    costs = load_costs(profile=save_profile(profile, tmp_path / "p3.json"), split="1,3").for_schedule(schedule)
     b, over = profile.blocks, profile.stage_overhead
     assert costs.F[0] == pytest.approx(b["embed"].F.median + b["layer.dense"].F.median + over.F.median)
     assert costs.F[1] == pytest.approx(3 * b["layer.moe"].F.median + b["head"].F.median + over.F.median)
     assert costs.activation_bytes == (b["embed"].activation_bytes + b["layer.dense"].activation_bytes,
                                       3 * b["layer.moe"].activation_bytes + b["head"].activation_bytes)
-    swapped = costs_for(load_costs(profile=tmp_path / "p3.json", split="3,1"), schedule)
+    swapped = load_costs(profile=tmp_path / "p3.json", split="3,1").for_schedule(schedule)
     assert swapped.F[0] == pytest.approx(b["embed"].F.median + b["layer.dense"].F.median
                                          + 2 * b["layer.moe"].F.median + over.F.median)
 

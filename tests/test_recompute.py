@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ppsim import get_schedule, simulate
-from ppsim.costs import ACTIVATION_PARTS, CostModel, parse_costs
+from ppsim.costs import CostSpec, ACTIVATION_PARTS, StageCosts, parse_costs
 from ppsim.errors import CostError
 from ppsim.ir import Schedule
 from ppsim.recompute import (
@@ -32,7 +32,7 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 
 
 @st.composite
-def recompute_cases(draw: Any) -> tuple[Schedule, CostModel, RecomputeSet]:
+def recompute_cases(draw: Any) -> tuple[Schedule, StageCosts, RecomputeSet]:
     schedule = draw(st.one_of(library_schedules(), pair_schedules(), random_orders()))
     costs = draw(runtime_costs(len(schedule.pipelines[0])))
     if costs.activation_bytes is None:
@@ -50,7 +50,9 @@ def recompute_cases(draw: Any) -> tuple[Schedule, CostModel, RecomputeSet]:
 
 @SETTINGS
 @given(recompute_cases())
-def test_recompute_times_and_memory_equal_the_independent_replay(case: tuple[Schedule, CostModel, RecomputeSet]) -> None:
+def test_recompute_times_and_memory_equal_the_independent_replay(
+    case: tuple[Schedule, StageCosts, RecomputeSet]
+) -> None:
     schedule, costs, chosen = case
     result = simulate(schedule, costs, recompute=chosen)
     ref = replay(schedule, costs, chosen)
@@ -82,7 +84,7 @@ def test_an_empty_set_changes_nothing_float_for_float() -> None:
 @SETTINGS
 @given(recompute_cases(), st.data())
 def test_recomputing_more_never_raises_memory_nor_lowers_the_makespan(
-    case: tuple[Schedule, CostModel, RecomputeSet], data: st.DataObject
+    case: tuple[Schedule, StageCosts, RecomputeSet], data: st.DataObject
 ) -> None:
     schedule, costs, chosen = case
     full = sorted(RecomputeSet.full(schedule))
@@ -112,7 +114,7 @@ def test_full_recompute_with_nothing_kept_holds_only_the_activation_being_recomp
 
 def test_full_recompute_with_a_profile_keeps_the_boundaries_and_one_activation() -> None:
     s = get_schedule("1F1B", 4, 8)
-    c = dataclasses.replace(CostModel.from_profile(make_profile(4)), output_bytes=(300, 300, 300, 0))
+    c = dataclasses.replace(CostSpec.from_profile(make_profile(4)).tables, output_bytes=(300, 300, 300, 0))
     result = simulate(s, c, recompute=RecomputeSet.full(s))
     plain = simulate(s, c)
     for p, q in zip(result.per_rank, plain.per_rank):

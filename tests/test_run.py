@@ -407,11 +407,10 @@ def test_the_prediction_uses_nothing_measured_in_the_run(tmp_path: Path, factor:
     from ppsim.costs import load_costs
     from ppsim.simulate import simulate
 
-    from ppsim.costs import costs_for
 
     profile = write_block_profile(tmp_path / "p.json")
     schedule = get_schedule("1F1B", 2, 4)
-    costs = costs_for(load_costs(profile=profile), schedule)
+    costs = load_costs(profile=profile).for_schedule(schedule)
     expected = simulate(schedule, costs)
     report = run.build_report(schedule, _fake_measurement(schedule, expected, factor), costs, expected,
                               time_scale=1.0, source=str(profile))

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ppsim import get_schedule, parse_costs, simulate
-from ppsim.costs import costs_for
 from ppsim.cli import app
+from ppsim.costs import CostSpec
 from ppsim.errors import PPSimError
 from ppsim.formats import read_csv
 from ppsim.search import MemoryCap, MemoryCapError, lower_bound, parse_memory_cap, search
@@ -166,10 +166,10 @@ def test_the_first_progress_report_comes_before_any_work() -> None:
 
 
 def test_profile_costs_and_byte_cap(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from ppsim.costs import CostModel
+    from ppsim.costs import StageCosts
 
     R = 4
-    costs = CostModel(
+    costs = StageCosts(
         F=(1.0, 1.2, 1.1, 1.5), B=(2.0, 2.4, 2.2, 3.0), I=(1.0, 1.2, 1.1, 1.6), W=(1.0, 1.2, 1.1, 1.4),
         FB=(3.0, 3.6, 3.3, 4.5), comm=0.0, p2p_alpha=0.01, p2p_beta=1e9, output_bytes=(10**6,) * R,
         activation_bytes=(100,) * R, activation_bytes_freed_by_I=(40,) * R, static_bytes=(1000,) * R, unit="s",
@@ -318,7 +318,7 @@ def test_lower_bound_never_exceeds_any_named_schedule_that_fits(placement: str, 
         for cap_count in range(2, 4 * ranks + 1, 3):
             cap = MemoryCap(cap_count, "act")
             lb = lower_bound(_problem(templates[0], costs, cap))
-            for named, _, _ in _named(templates, ranks, mb, costs, "stage", cap):
+            for named, _, _ in _named(templates, ranks, mb, CostSpec.uniform(costs), "stage", cap):
                 if named.fits:
                     assert lb <= named.makespan + 1e-9, (named.name, ranks, mb, cap_count)
 
@@ -396,7 +396,7 @@ def test_searched_is_never_slower_than_a_named_schedule_or_a_v_building_block_th
     scope = result.cost_scope
     for offsets in building_blocks(ranks):
         block = block_schedule(ranks, mb, offsets)
-        sim = simulate(block, costs_for(costs, block, scope=scope))
+        sim = simulate(block, CostSpec.uniform(costs).for_schedule(block, scope=scope))
         if max(p.peak_activations for p in sim.per_rank) <= cap:
             assert result.makespan <= sim.makespan + 1e-9, offsets
 
@@ -462,7 +462,7 @@ def test_the_proven_bound_is_never_above_a_feasible_order(
     problem = problem_for(tpl, costs, MemoryCap(cap, "act"))
     saving = max(pair_saving(problem, tpl.stages_of(r)) for r in range(ranks))
     assert cpsat.provable(problem, pair_saving=saving)
-    feasible = [sim.makespan for named, _, sim in _named([tpl], ranks, mb, costs, "stage", MemoryCap(cap, "act"))
+    feasible = [sim.makespan for named, _, sim in _named([tpl], ranks, mb, CostSpec.uniform(costs), "stage", MemoryCap(cap, "act"))
                 if named.fits]
     if placement == "v":
         for offsets in building_blocks(ranks):
@@ -471,7 +471,7 @@ def test_the_proven_bound_is_never_above_a_feasible_order(
                 feasible.append(sim.makespan)
     if not feasible:
         return
-    incumbent = min((named for named in _named([tpl], ranks, mb, costs, "stage", MemoryCap(cap, "act"))
+    incumbent = min((named for named in _named([tpl], ranks, mb, CostSpec.uniform(costs), "stage", MemoryCap(cap, "act"))
                      if named[0].fits), key=lambda x: x[0].makespan, default=None)
     if incumbent is None:
         return
@@ -543,7 +543,7 @@ def test_critical_chain_moves_are_actions_their_rank_mate_delayed_on_the_chain_t
 
     sched = get_schedule("V-Half", 4, 8, 2)
     costs = parse_costs("F=1,I=1.5,W=0.5,comm=0.1")
-    sim = simulate(sched, costs_for(costs, sched, scope="stage"))
+    sim = simulate(sched, CostSpec.uniform(costs).for_schedule(sched, scope="stage"))
     chain = critical_chain(sched, sim)
     assert chain
     for r, k in chain:  # each started the moment the previous action of its rank ended

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from ppsim import get_schedule, simulate
 from ppsim.cli import app
-from ppsim.costs import parse_costs
+from ppsim.costs import CostSpec, parse_costs
 from ppsim.formats import read_csv
 from ppsim.recompute import RecomputeSet, read_sidecar, sidecar_path
 from ppsim.search import MemoryCap
@@ -152,10 +152,10 @@ def test_cli_report_names_and_hatches_the_recomputed_schedules(tmp_path: Path) -
 def test_choose_recompute_meets_a_byte_cap_with_a_profile() -> None:
     import dataclasses
 
-    from ppsim.costs import CostModel
+    from ppsim.costs import StageCosts
     from test_costs import make_profile
 
-    costs = dataclasses.replace(CostModel.from_profile(make_profile(4)), output_bytes=(300, 300, 300, 0))
+    costs = dataclasses.replace(CostSpec.from_profile(make_profile(4)).tables, output_bytes=(300, 300, 300, 0))
     s = get_schedule("1F1B", 4, 8)
     plain = simulate(s, costs)
     worst = max(p.peak_memory_bytes for p in plain.per_rank)  # type: ignore[type-var]

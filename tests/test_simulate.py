@@ -10,7 +10,7 @@ import pytest
 
 import ppsim
 from ppsim import DeadlockError, get_schedule, parse_costs, simulate
-from ppsim.costs import CostModel
+from ppsim.costs import CostSpec, StageCosts
 from ppsim.errors import CostError, ScheduleFormatError
 from ppsim.formats import read_csv
 from ppsim.ir import Schedule, parse_action
@@ -83,7 +83,7 @@ def test_dualpipe_bubble_and_activations_match_the_table(num_ranks: int, extra: 
 
 
 def test_dualpipe_holds_two_model_copies_so_static_bytes_double() -> None:
-    costs = CostModel.from_profile(make_profile(4))
+    costs = CostSpec.from_profile(make_profile(4)).tables
     one = simulate(get_schedule("1F1B", 4, 8), costs)
     two = simulate(get_schedule("DualPipe", 4, 8), costs)
     assert two.trace.static_bytes[0] == one.trace.static_bytes[0] + one.trace.static_bytes[3]
@@ -254,7 +254,7 @@ def test_without_a_profile_peak_bytes_are_none_and_no_rank_is_flagged() -> None:
 
 
 def test_profile_peak_bytes_are_static_plus_held_activations_and_the_cap_flags_ranks() -> None:
-    costs = CostModel.from_profile(make_profile(4))
+    costs = CostSpec.from_profile(make_profile(4)).tables
     s = get_schedule("1F1B", 4, 8)
     r = simulate(s, costs)
     for st in r.per_rank:
@@ -271,7 +271,7 @@ def test_profile_peak_bytes_are_static_plus_held_activations_and_the_cap_flags_r
 
 
 def test_split_backward_frees_the_input_part_at_i_and_the_rest_at_w() -> None:
-    costs = CostModel.from_profile(make_profile(2))
+    costs = CostSpec.from_profile(make_profile(2)).tables
     s = schedule_of([["0F0", "0I0", "0W0"], ["1F0", "1I0", "1W0"]], (0, 1), 1)
     mem = simulate(s, costs).memory()
     rank1 = mem[mem["rank"] == 1]["bytes"].tolist()
@@ -280,7 +280,7 @@ def test_split_backward_frees_the_input_part_at_i_and_the_rest_at_w() -> None:
 
 
 def test_memory_over_time_starts_and_ends_at_the_static_level() -> None:
-    costs = CostModel.from_profile(make_profile(4))
+    costs = CostSpec.from_profile(make_profile(4)).tables
     r = simulate(get_schedule("DualPipe", 4, 8), costs)
     mem = r.memory()
     for rank, g in mem.groupby("rank"):
@@ -342,12 +342,12 @@ def test_throughput_is_microbatches_per_unit_time() -> None:
 
 def test_a_profile_that_does_not_fit_the_schedule_is_refused() -> None:
     with pytest.raises(CostError, match="--stages 8"):
-        simulate(get_schedule("DualPipeV", 4, 8), CostModel.from_profile(make_profile(4)))
+        simulate(get_schedule("DualPipeV", 4, 8), CostSpec.from_profile(make_profile(4)).tables)
 
 
 def test_library_api_exports_simulate_and_cost_parsers() -> None:
     assert ppsim.simulate is simulate
-    for name in ("simulate", "parse_costs", "load_costs", "SimResult", "CostModel"):
+    for name in ("simulate", "parse_costs", "load_costs", "SimResult", "StageCosts"):
         assert name in ppsim.__all__
     assert callable(ppsim.load_costs)
 

@@ -1,7 +1,7 @@
 """Properties of the simulator on random schedules and costs (hypothesis).
 
 The fast engine is checked against the test suite's one naive reference replay (:mod:`replay`, written from the
-same two sources of truth: ``ppsim.deps`` for inputs, ``CostModel`` for durations and delays), including the
+same two sources of truth: ``ppsim.deps`` for inputs, ``StageCosts`` for durations and delays), including the
 runtime-overhead fields (``compute_scale``, ``dispatch_s``, ``recv_posting``).
 """
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ppsim import DeadlockError, get_schedule, simulate
 from ppsim import deps
-from ppsim.costs import CostModel
+from ppsim.costs import CostSpec, StageCosts
 from ppsim.errors import ScheduleConfigError
 from ppsim.ir import Action, ActionType, Schedule
 from replay import replay
@@ -28,7 +28,7 @@ NAMES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble
          "ZBH1", "ZBH2", "DualPipe"]
 
 
-def critical_path(schedule: Schedule, costs: CostModel) -> float:
+def critical_path(schedule: Schedule, costs: StageCosts) -> float:
     """Longest chain of durations and delays through the data dependencies alone (no rank order)."""
     producer: dict[deps.Key, Action] = {}
     for row in schedule.actions:
@@ -58,20 +58,20 @@ cost_value = st.one_of(st.integers(0, 24).map(lambda x: x / 8), st.floats(0.01, 
 
 
 @st.composite
-def uniform_costs(draw: Any) -> CostModel:
+def uniform_costs(draw: Any) -> StageCosts:
     f, i, w = draw(cost_value), draw(cost_value), draw(cost_value)
     b = i + w if draw(st.booleans()) else draw(cost_value)
     fb = draw(st.floats(0.5, 1.0)) * (f + b)
-    return CostModel(F=(f,), B=(b,), I=(i,), W=(w,), FB=(fb,), comm=draw(cost_value), source="random")
+    return StageCosts(F=(f,), B=(b,), I=(i,), W=(w,), FB=(fb,), comm=draw(cost_value), source="random")
 
 
 @st.composite
-def runtime_costs(draw: Any, chain_len: int) -> CostModel:
+def runtime_costs(draw: Any, chain_len: int) -> StageCosts:
     """Uniform or profile costs with runtime overheads: scaled computations, a dispatch gap, either posting."""
     if draw(st.booleans()):
         base = draw(uniform_costs())
     else:
-        base = CostModel.from_profile(make_profile(chain_len, scale=draw(st.floats(0.1, 10.0))))
+        base = CostSpec.from_profile(make_profile(chain_len, scale=draw(st.floats(0.1, 10.0)))).tables
     return dataclasses.replace(
         base,
         compute_scale=draw(st.one_of(st.just(1.0), st.floats(0.25, 4.0))),
@@ -146,7 +146,7 @@ def times(result: Any) -> tuple[list[list[float]], list[list[float]]]:
 
 @SETTINGS
 @given(schedule=st.one_of(library_schedules(), pair_schedules(), random_orders()), costs=uniform_costs())
-def test_engine_matches_the_naive_reference_exactly(schedule: Schedule, costs: CostModel) -> None:
+def test_engine_matches_the_naive_reference_exactly(schedule: Schedule, costs: StageCosts) -> None:
     result = simulate(schedule, costs)
     ref = replay(schedule, costs)
     assert not ref.stuck
@@ -175,7 +175,7 @@ def test_engine_matches_the_reference_with_runtime_overheads(schedule: Schedule,
 
 @SETTINGS
 @given(schedule=random_orders(valid=False), costs=uniform_costs())
-def test_engine_deadlocks_exactly_when_the_reference_gets_stuck(schedule: Schedule, costs: CostModel) -> None:
+def test_engine_deadlocks_exactly_when_the_reference_gets_stuck(schedule: Schedule, costs: StageCosts) -> None:
     ref = replay(schedule, costs)
     if ref.stuck:
         with pytest.raises(DeadlockError) as info:
@@ -188,7 +188,7 @@ def test_engine_deadlocks_exactly_when_the_reference_gets_stuck(schedule: Schedu
 
 @SETTINGS
 @given(schedule=st.one_of(library_schedules(), pair_schedules(), random_orders()), costs=uniform_costs())
-def test_makespan_bounds_busy_and_critical_path_and_ranks_never_overlap(schedule: Schedule, costs: CostModel) -> None:
+def test_makespan_bounds_busy_and_critical_path_and_ranks_never_overlap(schedule: Schedule, costs: StageCosts) -> None:
     r = simulate(schedule, costs)
     eps = 1e-9 * max(1.0, r.makespan)
     for s in r.per_rank:
@@ -207,7 +207,7 @@ def test_makespan_bounds_busy_and_critical_path_and_ranks_never_overlap(schedule
 @SETTINGS
 @given(schedule=st.one_of(library_schedules(), pair_schedules(), random_orders()), costs=uniform_costs(),
        k=st.sampled_from([0.5, 2.0, 4.0]))
-def test_scaling_every_cost_by_k_scales_every_time_by_k(schedule: Schedule, costs: CostModel, k: float) -> None:
+def test_scaling_every_cost_by_k_scales_every_time_by_k(schedule: Schedule, costs: StageCosts, k: float) -> None:
     scaled = dataclasses.replace(
         costs, F=(costs.F[0] * k,), B=(costs.B[0] * k,), I=(costs.I[0] * k,), W=(costs.W[0] * k,),
         FB=(costs.FB[0] * k,), comm=costs.comm * k,
@@ -224,7 +224,7 @@ def test_memory_returns_to_the_static_level_and_peaks_match_the_memory_frame(
     schedule: Schedule, scale: float
 ) -> None:
     chain_len = len(schedule.pipelines[0])
-    costs = CostModel.from_profile(make_profile(chain_len, scale=scale))
+    costs = CostSpec.from_profile(make_profile(chain_len, scale=scale)).tables
     r = simulate(schedule, costs)
     mem = r.memory()
     for rank, g in mem.groupby("rank"):

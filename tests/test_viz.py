@@ -12,7 +12,7 @@ import pytest
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 
-from ppsim.costs import CostModel, parse_costs
+from ppsim.costs import StageCosts, parse_costs
 from ppsim.formats import read_csv
 from ppsim.ir import ActionType
 from ppsim.schedules import get_schedule
@@ -260,7 +260,7 @@ def test_time_axis_in_cost_units_or_scaled_seconds(dualpipev):
     ax = fig.axes[0]
     assert ax.get_xlim() == pytest.approx((0, 66))
     assert any(t.get_text() == "cost units" for t in ax.texts)
-    secs = CostModel(F=(0.001,), B=(0.002,), I=(0.001,), W=(0.001,), FB=(0.003,), unit="s", source="test")
+    secs = StageCosts(F=(0.001,), B=(0.002,), I=(0.001,), W=(0.001,), FB=(0.003,), unit="s", source="test")
     result = simulate(dualpipev.schedule, secs)
     ax = gantt.plot_gantt(result).axes[0]
     assert any(t.get_text() == "ms" for t in ax.texts)

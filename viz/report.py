@@ -20,7 +20,7 @@ from ppsim.viz import _data
 
 if TYPE_CHECKING:
     from ppsim.compare import Comparison
-    from ppsim.costs import CostModel
+    from ppsim.costs import CostSpec, StageCosts
     from ppsim.result import SimResult
 
 Entry = tuple[str, "SimResult | str"]
@@ -127,7 +127,7 @@ def _table(rows: list[dict[str, str]]) -> str:
     return f'<table id="summary"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
-def _costs_table(costs: CostModel) -> str:
+def _costs_table(costs: CostSpec | StageCosts) -> str:
     rows = []
     for key, value in costs.to_dict().items():
         if isinstance(value, list):
@@ -201,7 +201,8 @@ def _div(fig: Any, div_id: str) -> str:
 
 
 def render_report(
-    entries: Sequence[Entry], *, costs: CostModel, memory_cap_bytes: int | None = None, scope: str | None = None
+    entries: Sequence[Entry], *, costs: CostSpec | StageCosts, memory_cap_bytes: int | None = None,
+    scope: str | None = None,
 ) -> str:
     """The report page as one HTML string; ``scope`` is the line saying how the costs were read."""
     from plotly.offline import get_plotlyjs
@@ -260,7 +261,7 @@ def write_report(
     entries: Comparison | Sequence[Entry],
     path: str | os.PathLike[str],
     *,
-    costs: CostModel | None = None,
+    costs: CostSpec | StageCosts | None = None,
     memory_cap_bytes: int | None = None,
 ) -> Path:
     """Write the report page for a :class:`ppsim.compare.Comparison` (its costs and scope are stated on the page),

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ppsim.calibrate.execute.steps import ExecSpec, Measurement
     from ppsim.calibrate.models import ModelSource
     from ppsim.calibrate.measure.runtime_model import RuntimeModel
-    from ppsim.costs import CostModel
+    from ppsim.costs import StageCosts
     from ppsim.memory import JobShapes
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
@@ -123,7 +123,7 @@ class RunReport:
     memory: tuple[RankMemoryReport, ...]
     step_index: int
     """The timed step with the median step time (per-action comparison and figure)."""
-    costs: CostModel
+    costs: StageCosts
     costs_source: str
     time_scale: float
 
@@ -261,7 +261,7 @@ def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSour
         return None
 
 
-def fsdp_collectives(schedule: Schedule, costs: CostModel, shapes: tuple[JobShapes, list[list[str]]] | None,
+def fsdp_collectives(schedule: Schedule, costs: StageCosts, shapes: tuple[JobShapes, list[list[str]]] | None,
                      spec: ExecSpec) -> tuple[dict[tuple[int, int], float], tuple[str, ...]]:
     """FSDP's exposed all-gathers and reduce-scatters (:mod:`ppsim.fsdp`) for ``--dp-shard`` above 1, costed from
     the profile's point-to-point α/β (the profile has no collective α/β yet: said in the notes)."""
@@ -428,10 +428,10 @@ def _gib(n: float) -> str:
 
 def costs_and_model(
     options: RunOptions, schedule: Schedule, device: str
-) -> tuple[CostModel, float, ModelSource, str]:
+) -> tuple[StageCosts, float, ModelSource, str]:
     """Costs for the prediction (and for synthetic sleeps), composed for ``schedule``; seconds per cost unit; the
     executed model; where the costs came from. A profile is read exactly as ``simulate --profile`` reads it
-    (``load_costs`` with the same split options, then ``costs_for``)."""
+    (``load_costs`` with the same split options, then ``for_schedule``)."""
     from ppsim.costs import parse_costs
 
     if options.costs is not None and not options.synthetic:
@@ -455,16 +455,15 @@ def costs_and_model(
 
 
 def profile_costs(options: RunOptions, path: Path, schedule: Schedule, device: str, *,
-                  model: ModelSource | None = None) -> tuple[CostModel, float, ModelSource, str]:
+                  model: ModelSource | None = None) -> tuple[StageCosts, float, ModelSource, str]:
     """Costs from the profile at ``path``; ``model``: the model it was just calibrated on (``None``: the profile's
     own, checked against the request's)."""
-    from ppsim.costs import costs_for, load_costs
+    from ppsim.costs import load_costs
     from ppsim.profile import load_profile
 
-    costs = costs_for(load_costs(costs=options.costs, profile=path, split=options.split,
-                                 layers_per_stage=options.layers_per_stage), schedule)  # refuses both given
+    costs = load_costs(costs=options.costs, profile=path, split=options.split,
+                       layers_per_stage=options.layers_per_stage).for_schedule(schedule)  # refuses both given
     prof = load_profile(path)
-    costs.check(schedule)
     if model is None:
         model = profile_source(options, prof, path, device)
     if options.synthetic:
@@ -502,7 +501,7 @@ def _shape(source: ModelSource) -> str:
     return f"{c.layers} layers, microbatch {c.mb_size}x{c.seq_len}, {c.dtype}"
 
 
-def synthetic_runtime(costs: CostModel, profile: Any) -> CostModel:
+def synthetic_runtime(costs: StageCosts, profile: Any) -> StageCosts:
     """Composed profile costs for a synthetic run: the op costs are slept exactly (no compute scale) and the runtime
     overheads are the profile's synthetic probe's (``runtime.synthetic``), when it has one."""
     syn = None if profile.runtime is None else profile.runtime.synthetic
@@ -561,7 +560,7 @@ def profile_taken(path: Path) -> str:
             f"a file; pass --profile {path} to use it, or --profile-out NEW.json to keep the new one elsewhere")
 
 
-def prediction_costs(costs: CostModel, time_scale: float) -> CostModel:
+def prediction_costs(costs: StageCosts, time_scale: float) -> StageCosts:
     """The costs the prediction simulates, in seconds (a cost string's units times ``time_scale``)."""
     if time_scale == 1.0:
         return costs
@@ -570,7 +569,7 @@ def prediction_costs(costs: CostModel, time_scale: float) -> CostModel:
 
 
 def exec_spec(
-    options: RunOptions, schedule: Schedule, costs: CostModel, time_scale: float, source: ModelSource, device: str
+    options: RunOptions, schedule: Schedule, costs: StageCosts, time_scale: float, source: ModelSource, device: str
 ) -> ExecSpec:
     from ppsim.calibrate.execute import steps, synthetic
 
@@ -590,7 +589,7 @@ def exec_spec(
 
 
 # --- comparison -------------------------------------------------------------------------------------------------
-def build_report(schedule: Schedule, measurement: Measurement, costs: CostModel, predicted: SimResult, *,
+def build_report(schedule: Schedule, measurement: Measurement, costs: StageCosts, predicted: SimResult, *,
                  time_scale: float, source: str, memory_predicted: list[Any] | None = None) -> RunReport:
     """Compare the measurement with the before-run prediction; fit the post-hoc model on the probe steps."""
     from ppsim.calibrate.measure.runtime_model import fit_runtime_model, with_runtime

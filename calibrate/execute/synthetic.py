@@ -18,7 +18,7 @@ from ppsim.limits import MAX_SLEEP_S
 
 if TYPE_CHECKING:
     from ppsim.calibrate.models.transformer import ModelConfig
-    from ppsim.costs import CostModel
+    from ppsim.costs import StageCosts
     from ppsim.ir import Schedule
 
 SYNTHETIC_VOCAB = 32
@@ -81,7 +81,7 @@ def sleep_plan(schedule: Schedule, durations: Callable[[Any], tuple[float, ...]]
     return tuple(plan)
 
 
-def cost_plan(schedule: Schedule, costs: CostModel, time_scale: float) -> tuple[tuple[float, ...], ...]:
+def cost_plan(schedule: Schedule, costs: StageCosts, time_scale: float) -> tuple[tuple[float, ...], ...]:
     """Per rank, the op cost in seconds of each computation in execution order (a pair's halves split in the cost
     model's forward share). Runtime overheads are not in it: a synthetic stage sleeps the op cost only."""
 

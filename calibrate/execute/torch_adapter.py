@@ -114,7 +114,7 @@ def keeps_forward_outputs(runtime: Any = None) -> bool:
     ``WAIT_SEND_F``), but its lowering (``_add_wait_send``) places that wait right after the same microbatch's
     backward unless the schedule is built with ``max_outstanding_sends`` (a send budget that waits earlier); without
     one (ppsim's runtime, torchtitan 0.3.0's builder) the outputs live to the backward as before. The memory model
-    follows it (``CostModel.outputs_held_to_backward``)."""
+    follows it (``StageCosts.outputs_held_to_backward``)."""
     from torch.distributed.pipelining import PipelineStage
 
     if not hasattr(PipelineStage, "release_fwd_send_outputs"):

@@ -823,7 +823,7 @@ def probe(opts: CalibrationOptions, doc: dict[str, Any], *,
     from ppsim.calibrate.execute import steps, synthetic as syn
     from ppsim.calibrate.measure import runtime_model as rm
     from ppsim.calibrate.torchtitan import runner as titan_run
-    from ppsim.costs import CostModel, costs_for
+    from ppsim.costs import CostSpec
     from ppsim.errors import PPSimError
     from ppsim.profile import Profile
     from ppsim.schedules import get_schedule
@@ -833,8 +833,7 @@ def probe(opts: CalibrationOptions, doc: dict[str, Any], *,
     for ranks, microbatches in shapes:
         schedule = get_schedule(rm.PROBE_SCHEDULE, ranks, microbatches)
         try:
-            costs = costs_for(CostModel.from_profile(profile, source="probe"), schedule)
-            costs.check(schedule)
+            costs = CostSpec.from_profile(profile, source="probe").for_schedule(schedule)
             break
         except PPSimError:
             if (ranks, microbatches) == shapes[-1]:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ppsim.calibrate.execute.steps import Measurement
-    from ppsim.costs import CostModel
+    from ppsim.costs import StageCosts
     from ppsim.ir import Schedule
 
 from ppsim.calibrate.execute.synthetic import cost_plan
@@ -94,7 +94,7 @@ class RuntimeModel:
 
 
 def fit_runtime_model(
-    measurement: Measurement, schedule: Schedule, costs: CostModel, *, time_scale: float = 1.0,
+    measurement: Measurement, schedule: Schedule, costs: StageCosts, *, time_scale: float = 1.0,
     per_stage: bool = True,
 ) -> RuntimeModel | None:
     """Fit :class:`RuntimeModel` on the probe steps, or without probes on the warm-up steps (the first skipped
@@ -130,7 +130,7 @@ def fit_runtime_model(
 
 
 def _fit_step(
-    step: tuple[Any, ...], schedule: Schedule, costs: CostModel, plan: tuple[tuple[float, ...], ...],
+    step: tuple[Any, ...], schedule: Schedule, costs: StageCosts, plan: tuple[tuple[float, ...], ...],
     num_positions: int, per_stage: bool, synthetic: bool,
 ) -> tuple[tuple[float, ...], float, float]:
     """One step's (compute scale per chain position, mean dispatch gap, mean sleep overrun)."""
@@ -197,7 +197,7 @@ def _cross_rank_handoffs(schedule: Schedule, step: tuple[Any, ...]) -> list[tupl
     return pairs
 
 
-def with_runtime(costs: CostModel, runtime: RuntimeModel | None, time_scale: float) -> CostModel:
+def with_runtime(costs: StageCosts, runtime: RuntimeModel | None, time_scale: float) -> StageCosts:
     """``costs`` in seconds; with a runtime model, every computation scaled by ``compute_scale`` plus ``dispatch_s``
     (a pair holds two computations) and the fitted hand-off latency as the flat comm (when the fitted steps had
     hand-offs to fit it on)."""
@@ -213,7 +213,7 @@ def with_runtime(costs: CostModel, runtime: RuntimeModel | None, time_scale: flo
     return dataclasses.replace(costs, F=f, B=b, I=i, W=w, FB=fb, comm=costs.comm * time_scale, unit="s")
 
 
-def fit_probe(measurement: Measurement, schedule: Schedule, costs: CostModel) -> dict[str, Any]:
+def fit_probe(measurement: Measurement, schedule: Schedule, costs: StageCosts) -> dict[str, Any]:
     """Fit the profile's ``runtime`` quantities on a probe run's timed steps (the calibration's own run of the
     reference schedule, never a schedule being predicted).
 

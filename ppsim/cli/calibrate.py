@@ -16,6 +16,7 @@ import typer
 from ppsim.cli._app import app
 from ppsim.cli.common import job_overrides, user_errors, warn
 from ppsim.cli.options import (
+    JOB_CONTEXT,
     DType,
     DTypeOpt,
     FfnOpt,
@@ -32,7 +33,6 @@ from ppsim.cli.options import (
 from ppsim.errors import PPSimError
 from ppsim.io import check_distinct, output_file, progress_path
 from ppsim.limits import check_timeout
-from ppsim.torchtitan import JOB_CONTEXT
 
 if TYPE_CHECKING:
     from ppsim.calibrate.models import ModelOptions, ModelSource

@@ -18,7 +18,7 @@ from ppsim.errors import PPSimError
 
 if TYPE_CHECKING:
     from ppsim.compare import Comparison
-    from ppsim.costs import CostModel
+    from ppsim.costs import CostSpec
     from ppsim.io import MemoryCap
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
@@ -154,12 +154,12 @@ def check_figure(sched: Schedule, *, allow_large: bool = False) -> None:
 
 def build_costs(
     costs: str | None, profile: Path | None, split: str | None = None, layers_per_stage: int | None = None
-) -> CostModel:
+) -> CostSpec:
     from ppsim.costs import load_costs
 
-    model = load_costs(costs, profile, split=split, layers_per_stage=layers_per_stage)
-    warn_host(getattr(model, "blocks", None), profile)
-    return model
+    spec = load_costs(costs, profile, split=split, layers_per_stage=layers_per_stage)
+    warn_host(spec.profile, profile)
+    return spec
 
 
 def warn_host(loaded: Any, path: Path | None) -> None:
@@ -179,7 +179,7 @@ class Inputs:
     ranks: int | None
     mb: int | None
     stages_per_rank: int | None
-    cost_model: CostModel
+    cost_model: CostSpec
     job: TorchtitanJob | None = None
     """The torchtitan job config these came from (its keys, not -r/-m, are named when a schedule is refused)."""
 
@@ -225,7 +225,7 @@ def build_inputs(
                          "schedule; drop -s or give that one")
     from ppsim.calibrate.torchtitan.config import load_job
 
-    blocks = cost_model.blocks
+    blocks = cost_model.profile
     job = load_job(
         str(torchtitan_config), overrides,
         num_layers=None if blocks is None else blocks.num_layers,
@@ -254,14 +254,13 @@ def job_overrides(ctx: typer.Context, torchtitan_config: object) -> list[str]:
 
 
 def run_simulation(
-    sched: Schedule, cost_model: CostModel, scope: CostScope | None, cap: MemoryCap | None = None,
+    sched: Schedule, cost_model: CostSpec, scope: CostScope | None, cap: MemoryCap | None = None,
     recompute: AbstractSet[tuple[int, int]] = frozenset(),
 ) -> SimResult:
-    from ppsim.costs import costs_for
     from ppsim.simulate import simulate
 
     chosen = CostScope.stage if scope is None else scope
-    return simulate(sched, costs_for(cost_model, sched, scope=chosen.value), memory_cap=cap,
+    return simulate(sched, cost_model.for_schedule(sched, scope=chosen.value), memory_cap=cap,
                     recompute=recompute)
 
 
@@ -289,7 +288,7 @@ def warn_comparison(comparison: Comparison, *, several: bool) -> None:
         typer.echo(comparison.scope_text, err=True)
 
 
-def warn_cap_without_bytes(cap: MemoryCap | None, cost_model: CostModel) -> None:
+def warn_cap_without_bytes(cap: MemoryCap | None, cost_model: CostSpec) -> None:
     if cap is not None and cap.bytes is not None and not cost_model.has_memory:
         typer.echo("warning: --memory-cap needs byte sizes from --profile; without one no rank can be flagged",
                    err=True)

@@ -65,7 +65,7 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
         if value > 1:
             typer.echo(f"memory: parallelism.{key} = {value} is not counted: ppsim holds the rank's activations and "
                        "experts whole (an upper bound)", err=True)
-    if not result.costs.has_memory and inputs.cost_model.blocks is None:
+    if not result.costs.has_memory and inputs.cost_model.profile is None:
         typer.echo("memory: no --profile, so the step time above uses unit costs (F=1, B=2): memory needs only "
                    "the shapes, the step time needs `ppsim calibrate`'s profile", err=True)
     return job_memory(shapes, degrees=degrees, schedule=result.schedule, stage_modules=job.stage_modules,

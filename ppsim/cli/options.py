@@ -14,6 +14,12 @@ import typer
 from ppsim.compare import CostScope
 from ppsim.io import output_file
 
+JOB_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+"""``context_settings`` of the commands that take --torchtitan-config (simulate, plot, report, calibrate, run): the
+job config's overrides (``--parallelism.KEY VALUE``) arrive as extra arguments, as on torchtitan's own command
+line; :func:`ppsim.torchtitan.extra_overrides` sorts them out."""
+
+
 __all__ = ["output_file"]  # the parser of every output-file option (-o, --plot, --profile-out)
 
 

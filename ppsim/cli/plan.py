@@ -14,9 +14,8 @@ import typer
 
 from ppsim.cli._app import app
 from ppsim.cli.common import console, echo_json, user_errors
-from ppsim.cli.options import JsonOpt, output_file
+from ppsim.cli.options import JOB_CONTEXT, JsonOpt, output_file
 from ppsim.errors import PPSimError
-from ppsim.torchtitan import JOB_CONTEXT
 
 if TYPE_CHECKING:
     from ppsim.memory import JobShapes

@@ -20,6 +20,7 @@ from ppsim.cli._app import app
 from ppsim.cli.calibrate import check_output, fmt_bytes, model_options, resolve_model
 from ppsim.cli.common import job_overrides, user_errors, warn
 from ppsim.cli.options import (
+    JOB_CONTEXT,
     DTypeOpt,
     LayersOpt,
     MbOpt,
@@ -32,7 +33,6 @@ from ppsim.cli.options import (
 from ppsim.errors import PPSimError
 from ppsim.io import output_file
 from ppsim.limits import check_timeout
-from ppsim.torchtitan import JOB_CONTEXT
 
 if TYPE_CHECKING:
     from ppsim.calibrate.execute.run import RunOptions, RunReport

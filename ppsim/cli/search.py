@@ -16,7 +16,7 @@ from ppsim.io import MemoryCap, check_writable, fmt_bytes
 from ppsim.search.choices import SEARCH_NAME, Placement, Solver
 
 if TYPE_CHECKING:
-    from ppsim.costs import CostModel
+    from ppsim.costs import CostSpec
     from ppsim.ir import Schedule
     from ppsim.search import Progress, SearchResult
     from ppsim.search.recompute import RecomputeResult
@@ -121,7 +121,7 @@ def _recompute_mode(option: str | None) -> bool:
                          "--memory-cap); to time a fixed set, pass it to `ppsim simulate --recompute`")
 
 
-def _search_recompute(ranks: int, mb: int, cost_model: CostModel, memory_cap: str, *, output: Path | None,
+def _search_recompute(ranks: int, mb: int, cost_model: CostSpec, memory_cap: str, *, output: Path | None,
                       json_out: bool, stages_per_rank: int | None, cost_scope: object, **kwargs: object) -> None:
     """`search --recompute auto`: the order (torch's compute-only CSV) and the set beside it (<stem>.recompute.json)."""
     from ppsim.recompute import sidecar_path, write_sidecar
@@ -180,7 +180,7 @@ def print_search_recompute(result: RecomputeResult) -> None:
 
 
 def searched_for_report(
-    ranks: int | None, mb: int | None, cost_model: CostModel, memory_cap: str | None, cost_scope: object,
+    ranks: int | None, mb: int | None, cost_model: CostSpec, memory_cap: str | None, cost_scope: object,
     time_limit: float, *, allow_large: bool = False,
 ) -> tuple[Schedule, MemoryCap]:
     """`ppsim report --search`: the searched order (placement any) and the cap to flag ranks with."""

@@ -24,6 +24,7 @@ from ppsim.cli.common import (
     warn_comparison,
 )
 from ppsim.cli.options import (
+    JOB_CONTEXT,
     AllowLargeOpt,
     output_file,
     CostScopeOpt,
@@ -44,7 +45,6 @@ from ppsim.cli.options import (
 )
 from ppsim.errors import PPSimError
 from ppsim.io import check_writable, fmt_bytes, parse_memory_cap, release_unused, reserve_new
-from ppsim.torchtitan import JOB_CONTEXT
 
 if TYPE_CHECKING:
     from ppsim.ir import Schedule

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppsim.costs import CostModel
+from ppsim.costs import StageCosts
 from ppsim.errors import PPSimError
 from ppsim.io import MemoryCap
 from ppsim.io import parse_memory_cap as parse
@@ -140,7 +140,7 @@ def fits(sim: SimResult, cap: MemoryCap) -> bool:
     return peak_of(sim, cap.unit) <= cap.amount + 1e-9
 
 
-def problem_for(template: Schedule, costs: CostModel, cap: MemoryCap) -> Problem:
+def problem_for(template: Schedule, costs: StageCosts, cap: MemoryCap) -> Problem:
     return make_problem(template, costs, cap.amount, unit=cap.unit)
 
 

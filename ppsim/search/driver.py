@@ -23,7 +23,7 @@ from itertools import chain
 from typing import Callable
 
 from ppsim.compare import resolve_scope
-from ppsim.costs import CostModel, costs_for, parse_costs
+from ppsim.costs import CostSpec, StageCosts, as_spec
 from ppsim.errors import PPSimError
 from ppsim.ir import Action, Schedule
 from ppsim.result import SimResult
@@ -49,13 +49,14 @@ from ppsim.search.common import (
 from ppsim.search.local import local_search
 from ppsim.search.rules import fixed_rules, mutate, pairs_help, random_rule
 from ppsim.search.seeds import v_block_seeds, v_greedy_seeds
+from ppsim.split import SplitError
 
 SETUP_GRACE_S = 1.0
 """The named schedules are timed even past the time limit by up to this much (fixed start-up costs), so that a
 short limit still compares against them; a set-up estimated longer than the limit is refused before it starts."""
 
 Named = tuple[NamedResult, Schedule, SimResult]
-Case = tuple[Schedule, CostModel, Problem]
+Case = tuple[Schedule, StageCosts, Problem]
 """One placement's template, its costs and its list-scheduling problem."""
 
 
@@ -99,7 +100,7 @@ class _Run:
             self.last_report = now
             self.progress(Progress(now - self.t0, self.evaluations, self.best.makespan, self.lower_bound, phase))
 
-    def costs_of(self, schedule: Schedule) -> CostModel:
+    def costs_of(self, schedule: Schedule) -> StageCosts:
         return next(tcosts for tpl, tcosts, _ in self.cases if tpl.stage_to_rank == schedule.stage_to_rank)
 
     def take(self, schedule: Schedule, makespan: float, source: str) -> bool:
@@ -126,7 +127,7 @@ class _Run:
 def search(
     num_ranks: int,
     num_microbatches: int,
-    costs: CostModel | None = None,
+    costs: CostSpec | StageCosts | None = None,
     memory_cap: MemoryCap | str | float | None = None,
     *,
     placement: Placement | str = Placement.loop,
@@ -158,7 +159,7 @@ def search(
     """
     t0 = time.perf_counter()
     # Phase 0: set-up
-    costs = parse_costs(None) if costs is None else costs
+    costs = as_spec(costs)
     cap = _check_inputs(num_ranks, num_microbatches, costs, memory_cap, time_limit, solver)
     templates = _templates(num_ranks, num_microbatches, Placement(placement), num_stages_per_rank)
     _check_work(templates, num_ranks, num_microbatches, time_limit, allow_large)
@@ -201,7 +202,7 @@ def search(
 
 # --- Phase 0: set-up -------------------------------------------------------------------------------------------------
 def _check_inputs(
-    num_ranks: int, num_microbatches: int, costs: CostModel, memory_cap: MemoryCap | str | float | None,
+    num_ranks: int, num_microbatches: int, costs: CostSpec, memory_cap: MemoryCap | str | float | None,
     time_limit: float, solver: Solver | str,
 ) -> MemoryCap:
     """Sizes, time limit, solver and cap checked before any work; returns the cap."""
@@ -259,16 +260,17 @@ def _templates(num_ranks: int, num_microbatches: int, placement: Placement, v: i
 
 
 def _cases(
-    templates: list[Schedule], costs: CostModel, cap: MemoryCap, cost_scope: str | None
+    templates: list[Schedule], costs: CostSpec, cap: MemoryCap, cost_scope: str | None
 ) -> tuple[list[Case], str]:
     """One case per placement the costs can describe (a profile fixes the stage count), and the cost scope."""
     scope = resolve_scope(templates, costs, cost_scope)[0].value  # the comparability rule of ppsim.compare
     cases: list[Case] = []
     errors: list[PPSimError] = []
     for tpl in templates:
-        tcosts = costs_for(costs, tpl, scope=scope)
         try:
-            tcosts.check(tpl)
+            tcosts = costs.for_schedule(tpl, scope=scope)
+        except SplitError:  # a split that cannot cut this chain is the user's to fix, not a placement to skip
+            raise
         except PPSimError as exc:  # a profile fixes the stage count: keep the placements it describes
             errors.append(exc)
             continue
@@ -279,7 +281,7 @@ def _cases(
 
 
 def _named(
-    templates: list[Schedule], num_ranks: int, num_microbatches: int, costs: CostModel, scope: str, cap: MemoryCap,
+    templates: list[Schedule], num_ranks: int, num_microbatches: int, costs: CostSpec, scope: str, cap: MemoryCap,
     *, run: _Run | None = None,
 ) -> list[Named]:
     """Every named schedule of the templates' placements, simulated under the same costs, with its peak (with a
@@ -300,7 +302,7 @@ def _named(
                 sched = get_schedule(spec.name, num_ranks, num_microbatches, v)
                 if sched.stage_to_rank not in placements or len(sched.pipelines) != 1:
                     continue
-                sim = simulate(sched, costs_for(costs, sched, scope=scope))
+                sim = simulate(sched, costs.for_schedule(sched, scope=scope))
             except PPSimError:
                 continue
             peak = peak_of(sim, cap.unit)
@@ -393,14 +395,14 @@ def _try_rule(run: _Run, elites: list[list[Elite]], k: int, rule: Rule) -> bool:
 
 
 def _local_starts(
-    run: _Run, elites: list[list[Elite]], best_named: Named | None, costs: CostModel, scope: str
-) -> list[tuple[Schedule, CostModel]]:
+    run: _Run, elites: list[list[Elite]], best_named: Named | None, costs: CostSpec, scope: str
+) -> list[tuple[Schedule, StageCosts]]:
     """The orders local search starts from: each case's best three, the best two seeds and the best named one,
     fastest first (their makespans are known: nothing is simulated again)."""
     timed = [(e[0], e[3], run.cases[k][1]) for k, elite in enumerate(elites) for e in elite[:3]]
     timed += [(makespan, schedule, run.costs_of(schedule)) for makespan, schedule in run.seeds]
     if best_named is not None:
-        timed.append((best_named[0].makespan, best_named[1], costs_for(costs, best_named[1], scope=scope)))
+        timed.append((best_named[0].makespan, best_named[1], costs.for_schedule(best_named[1], scope=scope)))
     timed.sort(key=lambda x: x[0])
     return [(schedule, tcosts) for _, schedule, tcosts in timed]
 
@@ -412,7 +414,7 @@ minute (R=32, M=128, V: 24,576 computations, 26 s for no gain) and the time goes
 ``--solver cpsat`` still runs it."""
 
 
-def _cpsat_polish(run: _Run, starts: list[tuple[Schedule, CostModel]], *, seed: int, max_orders: int | None) -> None:
+def _cpsat_polish(run: _Run, starts: list[tuple[Schedule, StageCosts]], *, seed: int, max_orders: int | None) -> None:
     """CP-SAT from the best start: its answer, re-simulated with the exact costs, becomes the first start; where its
     model covers every order (:func:`ppsim.search.cpsat.provable`) its bound tightens the case's lower bound."""
     from ppsim.simulate import simulate
@@ -448,7 +450,7 @@ def _cpsat_polish(run: _Run, starts: list[tuple[Schedule, CostModel]], *, seed: 
 
 
 # --- Phase 3: local search -------------------------------------------------------------------------------------------
-def _local_phase(run: _Run, starts: list[tuple[Schedule, CostModel]], max_orders: int | None, *, big: bool) -> None:
+def _local_phase(run: _Run, starts: list[tuple[Schedule, StageCosts]], max_orders: int | None, *, big: bool) -> None:
     """Local search from each start in turn; the time (and orders) left are shared among the starts left (on a
     ``big`` order the best start gets half, and nine moves in ten are on the critical chain)."""
     from ppsim.simulate import simulate
@@ -482,7 +484,7 @@ def _no_order_message(cap: MemoryCap, named: list[Named]) -> str:
 
 
 def _result(
-    run: _Run, fitting: list[Named], named: list[Named], costs: CostModel, scope: str, *, stopped: str, seed: int
+    run: _Run, fitting: list[Named], named: list[Named], costs: CostSpec, scope: str, *, stopped: str, seed: int
 ) -> SearchResult:
     """The best order, re-simulated; never worse than the best named schedule that fits."""
     from ppsim.simulate import simulate
@@ -495,7 +497,7 @@ def _result(
     result_sched, source = best.schedule, best.source
     if source in ("list scheduling", "local search", "CP-SAT", SEED_SOURCE):
         result_sched = replace(result_sched, name=SEARCH_NAME)
-    sim = simulate(result_sched, costs_for(costs, result_sched, scope=scope))
+    sim = simulate(result_sched, costs.for_schedule(result_sched, scope=scope))
     if fitting and (sim.makespan > fitting[0][0].makespan + 1e-9 or not fits(sim, run.cap)):
         result_sched, sim, source = fitting[0][1], fitting[0][2], fitting[0][0].name
     return SearchResult(

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ppsim.costs import CostModel
+from ppsim.costs import StageCosts
 from ppsim.ir import Action, ActionType, Schedule, overlap
 
 _F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
@@ -47,7 +47,7 @@ class Problem:
     freed_by_i: tuple[float, ...]
     cap: tuple[float, ...]
     """Per rank: the most activation memory (in ``act``'s unit) it may hold at once."""
-    costs: CostModel
+    costs: StageCosts
 
     @property
     def num_ranks(self) -> int:
@@ -62,7 +62,7 @@ class Problem:
         return sum(self.act[s] for s in self.template.stages_of(rank))
 
 
-def make_problem(template: Schedule, costs: CostModel, cap: float | None, *, unit: str = "act") -> Problem:
+def make_problem(template: Schedule, costs: StageCosts, cap: float | None, *, unit: str = "act") -> Problem:
     """A :class:`Problem` for ``template``'s placement. ``unit`` is ``"act"`` (counts) or ``"bytes"``."""
     S = template.num_stages
     chain = template.pipelines[0]
@@ -133,186 +133,238 @@ def list_schedule(
 ) -> tuple[tuple[tuple[Action, ...], ...], float, tuple[float, ...]] | None:
     """Per-rank orders, their makespan and per-rank peak memory; ``None`` when the rule's limits stall the ranks,
     or when the clock (``time.perf_counter()``) passes ``deadline`` first."""
-    tpl = problem.template
-    R, M = tpl.num_ranks, tpl.num_microbatches
-    S = tpl.num_stages
-    chain = tpl.pipelines[0]
-    pos = {s: k for k, s in enumerate(chain)}
-    prev = {chain[k + 1]: chain[k] for k in range(len(chain) - 1)}
-    nxt = {chain[k]: chain[k + 1] for k in range(len(chain) - 1)}
-    rank_stages = [sorted(tpl.stages_of(r), key=lambda s: pos[s]) for r in range(R)]
-    entry = [st[0] for st in rank_stages]  # a microbatch enters a rank at its earliest chain stage there
-    f, i_cost, w, b = problem.f, problem.i, problem.w, problem.b
-    act, freed = problem.act, problem.freed_by_i
-    need = [problem.need(r) for r in range(R)]
-    cap = problem.cap
-    inflight = rule.inflight
-    rng = random.Random(rule.jitter) if rule.jitter is not None else None
-    fwd_delay, bwd_delay = problem.fwd_delay, problem.bwd_delay
-    if any(need[r] > cap[r] + 1e-9 for r in range(R)):
+    lister = _Lister(problem, rule)
+    if any(lister.need[r] > lister.cap[r] + 1e-9 for r in range(lister.num_ranks)):
         return None
-    reserve_all = rule.reserve == "all"
-    spare = [max((act[s] for s in rank_stages[r][1:]), default=0.0) for r in range(R)]
+    if not lister.run(deadline):
+        return None
+    ranks = lister.ranks
+    makespan = max((st.free for st in ranks), default=0.0)
+    return tuple(tuple(st.order) for st in ranks), makespan, tuple(st.peak for st in ranks)
 
-    use_b = [
-        rule.backward == "fused" or (rule.backward == "auto" and b[s] < i_cost[s] + w[s] - 1e-12) for s in range(S)
-    ]
-    end_f = [[_INF] * M for _ in range(S)]
-    end_b = [[_INF] * M for _ in range(S)]
-    next_f = [0] * S
-    next_b = [0] * S
-    released = [0] * S  # microbatches whose activation of stage s is fully freed (B, or W)
-    ranks = [_Rank() for _ in range(R)]
-    left = 2 * S * M  # forwards and backwards still to place (W are added as their I is placed)
-    heap = [(0.0, r, r) for r in range(R)]
-    counter = R
-    pair_cost: dict[tuple[int, int, bool], float] = {}
 
-    def f_ready(s: int, mb: int) -> float:
-        p = prev.get(s)
+class _Lister:
+    """One list-scheduling run: the placement's tables, the ranks' state, and per decision its three phases
+    (the candidates, :meth:`_choose`, then :meth:`_place` or :meth:`_next_time`)."""
+
+    __slots__ = ("problem", "rule", "tpl", "num_ranks", "num_microbatches", "pos", "prev", "nxt", "rank_stages",
+                 "entry", "f", "i_cost", "w", "b", "act", "freed", "need", "cap", "rng", "fwd_delay", "bwd_delay",
+                 "reserve_all", "spare", "use_b", "end_f", "end_b", "next_f", "next_b", "released", "ranks", "left",
+                 "heap", "pair_cost")
+
+    def __init__(self, problem: Problem, rule: Rule) -> None:
+        tpl = problem.template
+        R, M, S = tpl.num_ranks, tpl.num_microbatches, tpl.num_stages
+        chain = tpl.pipelines[0]
+        self.problem, self.rule, self.tpl = problem, rule, tpl
+        self.num_ranks, self.num_microbatches = R, M
+        self.pos = {s: k for k, s in enumerate(chain)}
+        self.prev = {chain[k + 1]: chain[k] for k in range(len(chain) - 1)}
+        self.nxt = {chain[k]: chain[k + 1] for k in range(len(chain) - 1)}
+        self.rank_stages = [sorted(tpl.stages_of(r), key=lambda s: self.pos[s]) for r in range(R)]
+        self.entry = [st[0] for st in self.rank_stages]  # a microbatch enters a rank at its earliest chain stage
+        self.f, self.i_cost, self.w, self.b = problem.f, problem.i, problem.w, problem.b
+        self.act, self.freed = problem.act, problem.freed_by_i
+        self.need = [problem.need(r) for r in range(R)]
+        self.cap = problem.cap
+        self.rng = random.Random(rule.jitter) if rule.jitter is not None else None
+        self.fwd_delay, self.bwd_delay = problem.fwd_delay, problem.bwd_delay
+        self.reserve_all = rule.reserve == "all"
+        self.spare = [max((self.act[s] for s in self.rank_stages[r][1:]), default=0.0) for r in range(R)]
+        b, i_cost, w = self.b, self.i_cost, self.w
+        self.use_b = [
+            rule.backward == "fused" or (rule.backward == "auto" and b[s] < i_cost[s] + w[s] - 1e-12)
+            for s in range(S)
+        ]
+        self.end_f = [[_INF] * M for _ in range(S)]
+        self.end_b = [[_INF] * M for _ in range(S)]
+        self.next_f = [0] * S
+        self.next_b = [0] * S
+        self.released = [0] * S  # microbatches whose activation of stage s is fully freed (B, or W)
+        self.ranks = [_Rank() for _ in range(R)]
+        self.left = 2 * S * M  # forwards and backwards still to place (W are added as their I is placed)
+        self.heap = [(0.0, r, r) for r in range(R)]
+        self.pair_cost: dict[tuple[int, int, bool], float] = {}
+
+    def run(self, deadline: float | None) -> bool:
+        """Place every computation; ``False`` when the ranks stall or the clock passes ``deadline``. Each decision:
+        the rank's candidates (inline, the hot part), """
+        heap, ranks, rule = self.heap, self.ranks, self.rule
+        act, cap, pos, need, spare, entry = self.act, self.cap, self.pos, self.need, self.spare, self.entry
+        next_f, next_b, released, rank_stages = self.next_f, self.next_b, self.released, self.rank_stages
+        f_ready, b_ready, choose, place = self.f_ready, self.b_ready, self._choose, self._place
+        M, reserve_all, inflight, deep_first = self.num_microbatches, self.reserve_all, rule.inflight, rule.deep_first
+        steps = stalls = 0
+        counter = self.num_ranks
+        while self.left:
+            steps += 1
+            if deadline is not None and steps % 1024 == 0 and time.perf_counter() >= deadline:
+                return False
+            t, _, r = heapq.heappop(heap)
+            st = ranks[r]
+            t = max(t, st.free)
+            # candidates: the next forward (where memory allows) and the next backward of each of its stages
+            fwd: list[tuple[float, int, int]] = []
+            bwd: list[tuple[float, int, int]] = []
+            for s in rank_stages[r]:
+                mb = next_f[s]
+                if mb < M:
+                    if s == entry[r]:
+                        room = need[r] if reserve_all else act[s] + spare[r]
+                        ok = st.held + st.reserved + room <= cap[r] + 1e-9 and (
+                            inflight is None or next_f[s] - released[s] < inflight[r]
+                        )
+                    else:
+                        ok = reserve_all or st.held + act[s] <= cap[r] + 1e-9
+                    if ok:
+                        fwd.append((f_ready(s, mb), -pos[s] if deep_first else pos[s], s))
+                mb = next_b[s]
+                if mb < next_f[s]:
+                    bwd.append((b_ready(s, mb), -pos[s], s))
+            ready_f = [c for c in fwd if c[0] <= t]
+            ready_b = [c for c in bwd if c[0] <= t]
+            choice = choose(st, t, fwd, bwd, ready_f, ready_b)
+            if choice is None:  # wait: decide again at the next time anything changes
+                later, stuck = self._next_time(t, fwd, bwd)
+                if later is None:
+                    return False
+                stalls = stalls + 1 if stuck else 0
+                if stalls > 4 * self.num_ranks + 8:
+                    return False
+                counter += 1
+                heapq.heappush(heap, (later, counter, r))
+                continue
+            stalls = 0
+            end = place(r, st, choice, ready_b)
+            st.free = end
+            counter += 1
+            heapq.heappush(heap, (end, counter, r))
+        return True
+
+    def f_ready(self, s: int, mb: int) -> float:
+        p = self.prev.get(s)
         if p is None:
             return 0.0
-        e = end_f[p][mb]
-        return e + fwd_delay[p] if e < _INF else _INF
+        e = self.end_f[p][mb]
+        return e + self.fwd_delay[p] if e < _INF else _INF
 
-    def b_ready(s: int, mb: int) -> float:
-        own = end_f[s][mb]
+    def b_ready(self, s: int, mb: int) -> float:
+        own = self.end_f[s][mb]
         if own == _INF:
             return _INF
-        n = nxt.get(s)
+        n = self.nxt.get(s)
         if n is None:
             return own
-        e = end_b[n][mb]
-        return max(own, e + bwd_delay[s]) if e < _INF else _INF
+        e = self.end_b[n][mb]
+        return max(own, e + self.bwd_delay[s]) if e < _INF else _INF
 
-    def backward(st: _Rank, s: int, mb: int) -> Action:
-        next_b[s] += 1
-        if use_b[s]:
-            st.held -= act[s]
-            released[s] += 1
+    def _choose(
+        self, st: _Rank, t: float, fwd: list[tuple[float, int, int]], bwd: list[tuple[float, int, int]],
+        ready_f: list[tuple[float, int, int]], ready_b: list[tuple[float, int, int]],
+    ) -> tuple[str, int] | None:
+        """What the rule runs now (``("f" | "b", stage)`` or ``("w", -1)``), or ``None`` to wait."""
+        rule = self.rule
+        soon = min((c[0] for c in bwd if t < c[0] < _INF), default=_INF)
+        if not ready_b and soon - t <= rule.wait_b + 1e-12:
+            return None  # wait for the backward
+        if ready_b and (rule.backward_first or not ready_f):
+            return ("b", _pick(ready_b, self.rng))
+        if ready_f:
+            if st.pending_w and len(st.pending_w) > rule.w_keep:
+                return ("w", -1)
+            return ("f", _pick(ready_f, self.rng))
+        if st.pending_w:
+            known = [c[0] for c in fwd + bwd if c[0] < _INF]
+            s0 = st.pending_w[0][0]
+            if rule.w_fill == "eager" or not known or t + self.w[s0] <= min(known) + 1e-9:
+                return ("w", -1)
+            if not fwd and all(c[0] == _INF for c in bwd):
+                return ("w", -1)  # memory blocks every forward and no backward is known: W is the only progress
+        return None
+
+    def _next_time(
+        self, t: float, fwd: list[tuple[float, int, int]], bwd: list[tuple[float, int, int]]
+    ) -> tuple[float | None, bool]:
+        """When a waiting rank decides again, and whether nothing it knows of changes before then (a stall);
+        ``None`` when no rank has anything left to decide."""
+        heap = self.heap
+        known = [c[0] for c in fwd + bwd if t < c[0] < _INF]
+        # the next time another rank decides: the heap's top when it is later than t, else a scan
+        other = heap[0][0] if heap and heap[0][0] > t else min((e[0] for e in heap if e[0] > t), default=_INF)
+        later = min(known + [other], default=_INF)
+        if later < _INF:
+            return later, False
+        if not heap:
+            return None, True
+        return max(t, min(e[0] for e in heap)), True
+
+    def _backward(self, st: _Rank, s: int, mb: int) -> Action:
+        self.next_b[s] += 1
+        if self.use_b[s]:
+            st.held -= self.act[s]
+            self.released[s] += 1
             return Action(s, _B, mb)
-        st.held -= freed[s]
+        st.held -= self.freed[s]
         st.pending_w.append((s, mb))
         return Action(s, _I, mb)
 
-    stalls = 0
-    steps = 0
-    while left:
-        steps += 1
-        if deadline is not None and steps % 1024 == 0 and time.perf_counter() >= deadline:
-            return None
-        t, _, r = heapq.heappop(heap)
-        st = ranks[r]
-        t = max(t, st.free)
-        fwd: list[tuple[float, int, int]] = []
-        bwd: list[tuple[float, int, int]] = []
-        for s in rank_stages[r]:
-            mb = next_f[s]
-            if mb < M:
-                if s == entry[r]:
-                    room = need[r] if reserve_all else act[s] + spare[r]
-                    ok = st.held + st.reserved + room <= cap[r] + 1e-9 and (
-                        inflight is None or next_f[s] - released[s] < inflight[r]
-                    )
-                else:
-                    ok = reserve_all or st.held + act[s] <= cap[r] + 1e-9
-                if ok:
-                    fwd.append((f_ready(s, mb), -pos[s] if rule.deep_first else pos[s], s))
-            mb = next_b[s]
-            if mb < next_f[s]:
-                bwd.append((b_ready(s, mb), -pos[s], s))
-        ready_f = [c for c in fwd if c[0] <= t]
-        ready_b = [c for c in bwd if c[0] <= t]
-        choice: tuple[str, int] | None = None
-        soon = min((c[0] for c in bwd if t < c[0] < _INF), default=_INF)
-        if not ready_b and soon - t <= rule.wait_b + 1e-12:
-            pass  # wait for the backward
-        elif ready_b and (rule.backward_first or not ready_f):
-            choice = ("b", _pick(ready_b, rng))
-        elif ready_f:
-            if st.pending_w and len(st.pending_w) > rule.w_keep:
-                choice = ("w", -1)
-            else:
-                choice = ("f", _pick(ready_f, rng))
-        elif st.pending_w:
-            known = [c[0] for c in fwd + bwd if c[0] < _INF]
-            s0 = st.pending_w[0][0]
-            if rule.w_fill == "eager" or not known or t + w[s0] <= min(known) + 1e-9:
-                choice = ("w", -1)
-            elif not fwd and all(c[0] == _INF for c in bwd):
-                choice = ("w", -1)  # memory blocks every forward and no backward is known: W is the only progress
-        if choice is None:
-            known = [c[0] for c in fwd + bwd if t < c[0] < _INF]
-            # the next time another rank decides: the heap's top when it is later than t, else a scan
-            other = heap[0][0] if heap and heap[0][0] > t else min((e[0] for e in heap if e[0] > t), default=_INF)
-            later = min(known + [other], default=_INF)
-            if later == _INF:
-                if not heap:
-                    return None
-                later = max(t, min(e[0] for e in heap))
-                stalls += 1
-                if stalls > 4 * R + 8:
-                    return None
-            else:
-                stalls = 0
-            counter += 1
-            heapq.heappush(heap, (later, counter, r))
-            continue
-        stalls = 0
+    def _place(self, r: int, st: _Rank, choice: tuple[str, int], ready_b: list[tuple[float, int, int]]) -> float:
+        """Run ``choice`` on rank ``r`` (its state ``st``); returns its end."""
         kind, s = choice
         if kind == "f":
-            mb = next_f[s]
-            start = max(st.free, f_ready(s, mb))
-            pair_b = None
-            if rule.pairs and ready_b:
-                bs = _pick(ready_b, rng)
-                key = (s, bs, use_b[bs])
-                if key not in pair_cost:
-                    pair_cost[key] = problem.costs.pair_duration(tpl, s, bs, _B if use_b[bs] else _I)
-                if pair_cost[key] < f[s] + (b[bs] if use_b[bs] else i_cost[bs]) - 1e-12:
-                    pair_b = bs
-            if reserve_all:
-                if s == entry[r]:
-                    st.reserved += need[r]
-                st.reserved -= act[s]
-            st.peak = max(st.peak, st.held + act[s])
-            st.held += act[s]
-            next_f[s] += 1
-            left -= 1
-            if pair_b is not None:
-                bm = next_b[pair_b]
-                start = max(start, b_ready(pair_b, bm))
-                end = start + pair_cost[(s, pair_b, use_b[pair_b])]
-                st.order.append(overlap(Action(s, _F, mb), backward(st, pair_b, bm)))
-                left -= 1
-                end_b[pair_b][bm] = end
-            else:
-                end = start + f[s]
-                st.order.append(Action(s, _F, mb))
-            end_f[s][mb] = end
+            end = self._place_forward(r, st, s, ready_b)
         elif kind == "b":
-            mb = next_b[s]
-            start = max(st.free, b_ready(s, mb))
-            end = start + (b[s] if use_b[s] else i_cost[s])
-            st.order.append(backward(st, s, mb))
-            end_b[s][mb] = end
-            left -= 1
+            mb = self.next_b[s]
+            start = max(st.free, self.b_ready(s, mb))
+            end = start + (self.b[s] if self.use_b[s] else self.i_cost[s])
+            st.order.append(self._backward(st, s, mb))
+            self.end_b[s][mb] = end
+            self.left -= 1
         else:
             s, mb = st.pending_w.popleft()
-            start = st.free
-            end = start + w[s]
-            st.held -= act[s] - freed[s]
-            released[s] += 1
+            end = st.free + self.w[s]
+            st.held -= self.act[s] - self.freed[s]
+            self.released[s] += 1
             st.order.append(Action(s, _W, mb))
         if kind != "w" and st.order[-1].computations[-1].type is _I:
-            left += 1
+            self.left += 1
         elif kind == "w":
-            left -= 1
-        st.free = end
-        counter += 1
-        heapq.heappush(heap, (end, counter, r))
-    makespan = max((st.free for st in ranks), default=0.0)
-    return tuple(tuple(st.order) for st in ranks), makespan, tuple(st.peak for st in ranks)
+            self.left -= 1
+        return end
+
+    def _place_forward(self, r: int, st: _Rank, s: int, ready_b: list[tuple[float, int, int]]) -> float:
+        """A forward of stage ``s``, overlapped with a ready backward when the rule pairs and the pair is cheaper."""
+        rule, act, use_b, pair_cost = self.rule, self.act, self.use_b, self.pair_cost
+        mb = self.next_f[s]
+        start = max(st.free, self.f_ready(s, mb))
+        pair_b = None
+        if rule.pairs and ready_b:
+            bs = _pick(ready_b, self.rng)
+            key = (s, bs, use_b[bs])
+            if key not in pair_cost:
+                pair_cost[key] = self.problem.costs.pair_duration(self.tpl, s, bs, _B if use_b[bs] else _I)
+            if pair_cost[key] < self.f[s] + (self.b[bs] if use_b[bs] else self.i_cost[bs]) - 1e-12:
+                pair_b = bs
+        if self.reserve_all:
+            if s == self.entry[r]:
+                st.reserved += self.need[r]
+            st.reserved -= act[s]
+        st.peak = max(st.peak, st.held + act[s])
+        st.held += act[s]
+        self.next_f[s] += 1
+        self.left -= 1
+        if pair_b is not None:
+            bm = self.next_b[pair_b]
+            start = max(start, self.b_ready(pair_b, bm))
+            end = start + pair_cost[(s, pair_b, use_b[pair_b])]
+            st.order.append(overlap(Action(s, _F, mb), self._backward(st, pair_b, bm)))
+            self.left -= 1
+            self.end_b[pair_b][bm] = end
+        else:
+            end = start + self.f[s]
+            st.order.append(Action(s, _F, mb))
+        self.end_f[s][mb] = end
+        return end
 
 
 def _pick(cands: list[tuple[float, int, int]], rng: random.Random | None) -> int:

@@ -13,7 +13,7 @@ import random
 import time
 from typing import Callable
 
-from ppsim.costs import CostModel
+from ppsim.costs import StageCosts
 from ppsim.errors import PPSimError
 from ppsim import deps
 from ppsim.ir import Schedule
@@ -56,7 +56,7 @@ def critical_chain(schedule: Schedule, sim: SimResult) -> list[tuple[int, int]]:
 
 def local_search(
     schedule: Schedule,
-    costs: CostModel,
+    costs: StageCosts,
     cap: MemoryCap,
     rng: random.Random,
     deadline: float,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ppsim.costs import CostModel, costs_for, parse_costs
+from ppsim.costs import CostSpec, StageCosts, as_spec
 from ppsim.errors import PPSimError
 from ppsim.ir import Action, ActionType, Schedule
 from ppsim.recompute import RecomputeSet
@@ -64,11 +64,11 @@ class Choice:
 
 
 def choose_recompute(
-    schedule: Schedule, costs: CostModel, cap: MemoryCap | str, *, deadline: float | None = None,
+    schedule: Schedule, costs: StageCosts, cap: MemoryCap | str, *, deadline: float | None = None,
     start: RecomputeSet | None = None,
 ) -> Choice | None:
     """The cheapest set of (stage, microbatch) recomputations found that makes ``schedule`` fit ``cap`` on every
-    rank (``costs`` already for this schedule, e.g. from :func:`ppsim.costs.costs_for`), or ``None`` when even
+    rank (``costs`` already for this schedule, from :meth:`ppsim.costs.CostSpec.for_schedule`), or ``None`` when even
     recomputing every activation held at a peak does not. Past ``deadline`` candidates are no longer simulated
     one by one: the one held longest is taken."""
     from ppsim.simulate import simulate
@@ -185,7 +185,7 @@ def fuse(schedule: Schedule, pair: tuple[int, int]) -> Schedule:
     return schedule.with_actions(rows)
 
 
-def polish(choice: Choice, costs: CostModel, cap: MemoryCap, rng: random.Random, *, deadline: float,
+def polish(choice: Choice, costs: StageCosts, cap: MemoryCap, rng: random.Random, *, deadline: float,
            max_tries: int | None = None) -> Choice:
     """First-improvement local search with recomputation as a move (module docstring); the result fits ``cap``."""
     from ppsim.simulate import simulate
@@ -277,7 +277,7 @@ class RecomputeResult:
 def search_recompute(
     num_ranks: int,
     num_microbatches: int,
-    costs: CostModel | None = None,
+    costs: CostSpec | StageCosts | None = None,
     memory_cap: MemoryCap | str | float = "1act",
     *,
     placement: Placement | str = Placement.loop,
@@ -296,7 +296,7 @@ def search_recompute(
     from ppsim.schedules import get_schedule
 
     t0 = time.perf_counter()
-    costs = parse_costs(None) if costs is None else costs
+    costs = as_spec(costs)
     cap = parse_memory_cap(memory_cap)
     if cap.unit == "bytes" and not costs.has_memory:
         raise MemoryCapError(f"--memory-cap {memory_cap}: a cap in bytes needs activation sizes; pass --profile "
@@ -344,7 +344,7 @@ def search_recompute(
         fitted.append((capped.makespan, source, Choice(capped.schedule, RecomputeSet(), capped.sim)))
         tried.append((source, capped.makespan, 0))
     for source, sched in candidates:
-        tcosts = costs_for(costs, sched, scope=scope)
+        tcosts = costs.for_schedule(sched, scope=scope)
         choice = choose_recompute(sched, tcosts, cap, deadline=deadline)
         if choice is None:
             tried.append((source, math.inf, 0))
@@ -362,7 +362,7 @@ def search_recompute(
     top_two = [f for k, f in enumerate(fitted) if k == 0 or f[0] > fitted[0][0] + 1e-9][:2]
     for k, (_, source, choice) in enumerate(top_two):  # the time left, shared
         end = time.perf_counter() + (polish_end - time.perf_counter()) / (len(top_two) - k)
-        tcosts = costs_for(costs, choice.schedule, scope=scope)
+        tcosts = costs.for_schedule(choice.schedule, scope=scope)
         polished = polish(choice, tcosts, cap, rng, deadline=end,
                           max_tries=None if max_orders is None else max(1, max_orders // 20))
         if polished.sim.makespan < choice.sim.makespan - 1e-9:
@@ -374,7 +374,7 @@ def search_recompute(
         sched = replace(sched, name=SEARCH_NAME)
     from ppsim.simulate import simulate
 
-    final = simulate(sched, costs_for(costs, sched, scope=scope), recompute=choice.recompute)  # the judge, once more
+    final = simulate(sched, costs.for_schedule(sched, scope=scope), recompute=choice.recompute)  # the judge, once more
     assert peak_of(final, cap.unit) <= cap.amount + 1e-9, "a chosen order must fit"
     return RecomputeResult(sched, choice.recompute, final, cap, uncapped, source, tuple(tried), uncapped.named,
                            time.perf_counter() - t0)

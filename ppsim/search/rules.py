@@ -10,7 +10,7 @@ import math
 import random
 from dataclasses import replace
 
-from ppsim.costs import CostModel
+from ppsim.costs import StageCosts
 from ppsim.ir import ActionType, Schedule
 from ppsim.search.listsched import Problem, Rule
 
@@ -71,7 +71,7 @@ def fixed_rules(problem: Problem, *, allow_pairs: bool) -> list[Rule]:
     return rules
 
 
-def pairs_help(costs: CostModel, tpl: Schedule) -> bool:
+def pairs_help(costs: StageCosts, tpl: Schedule) -> bool:
     return any(
         costs.pair_duration(tpl, s, tpl.num_stages - 1 - s, ActionType.B)
         < costs.op_cost(tpl, s, ActionType.F) + costs.op_cost(tpl, tpl.num_stages - 1 - s, ActionType.B) - 1e-12

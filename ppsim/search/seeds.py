@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from ppsim.costs import CostModel
+from ppsim.costs import StageCosts
 from ppsim.ir import Schedule
 from ppsim.result import SimResult
 from ppsim.search.listsched import Problem
@@ -27,7 +27,7 @@ MAX_SEED_RANKS = 32
 
 
 def v_block_seeds(
-    template: Schedule, costs: CostModel, problem: Problem, cap: MemoryCap, *, deadline: float,
+    template: Schedule, costs: StageCosts, problem: Problem, cap: MemoryCap, *, deadline: float,
     max_count: int | None = None,
 ) -> Iterator[tuple[Schedule, SimResult]]:
     """Each building-block schedule that fits ``cap``, most memory first, until ``deadline`` or ``max_count``
@@ -61,7 +61,7 @@ def v_block_seeds(
 
 
 def v_greedy_seeds(
-    template: Schedule, costs: CostModel, problem: Problem, cap: MemoryCap, *, deadline: float
+    template: Schedule, costs: StageCosts, problem: Problem, cap: MemoryCap, *, deadline: float
 ) -> Iterator[tuple[Schedule, SimResult]]:
     """The greedy V orders (mean per-chunk F, I, W and hand-off delay of ``problem``) at each memory level from the
     cap's (at most ZBV's 2R) down, while ``deadline`` allows; those that fit. In practice the construction
