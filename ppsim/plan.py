@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ppsim.errors import PPSimError
+from ppsim.io import fmt_bytes
+from ppsim import memory
 from ppsim.memory import GIB, Degrees, JobMemoryError, JobShapes, RankMemory, check_degrees, job_memory
 from ppsim.torchtitan import JobSettings, batch_shape, job_from_settings
 
@@ -37,9 +39,8 @@ MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 V_SHAPE = ("ZBVZeroBubble", "DualPipeV")
 SCHEDULES = SINGLE_STAGE + MULTI_STAGE + V_SHAPE
 """torch's schedules torchtitan launches by name (``pipeline_parallel_schedule``)."""
-DEGREE_KEYS = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree",
-               "dp_shard": "data_parallel_shard_degree", "dp_replicate": "data_parallel_replicate_degree",
-               "cp": "context_parallel_degree"}
+DEGREE_KEYS = {k: v for k, v in memory.DEGREE_KEYS.items() if k != "ep"}
+"""The degrees whose product is the GPU count (expert parallelism reuses the data-parallel ranks)."""
 MAX_STAGES_PER_RANK = 4
 
 
@@ -177,8 +178,10 @@ class Plan:
 
 
 # --- the space -------------------------------------------------------------------------------------------------
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _divisors(n: int, *, at_most: int) -> list[int]:
+    """The divisors of ``n`` up to ``at_most`` (a degree is bounded by the layers or heads, so a billion GPUs
+    enumerates a few dozen degrees, not a billion)."""
+    return [d for d in range(1, min(n, at_most) + 1) if n % d == 0]
 
 
 def global_batch(settings: JobSettings, num_gpus: int) -> int:
@@ -205,8 +208,8 @@ def degree_layouts(request: PlanRequest, batch: int) -> list[Degrees]:
     _check_pins(request)
     cp, rep = pins.get("cp", 1), pins.get("dp_replicate", 1)
     out: list[Degrees] = []
-    for pp in ([pins["pp"]] if "pp" in pins else _divisors(n)):
-        for tp in ([pins["tp"]] if "tp" in pins else _divisors(request.gpus_per_node)):
+    for pp in ([pins["pp"]] if "pp" in pins else _divisors(n, at_most=model.num_layers)):
+        for tp in ([pins["tp"]] if "tp" in pins else _divisors(request.gpus_per_node, at_most=model.num_heads)):
             rest, rem = divmod(n, pp * tp * cp * rep)
             if rem or rest < 1 or pp < 2 or pp > model.num_layers:
                 continue
@@ -231,6 +234,13 @@ def _pins_text(pins: Mapping[str, int]) -> str:
 def _check_pins(request: PlanRequest) -> None:
     """Pinned degrees must multiply into the GPU count and keep TP within a node and dividing the heads."""
     pins, n = request.pinned, request.num_gpus
+    try:  # first: a degree below 1 must not reach the divisions below
+        check_degrees(Degrees(pp=pins.get("pp", 2), tp=pins.get("tp", 1), dp_shard=pins.get("dp_shard", 1),
+                              dp_replicate=pins.get("dp_replicate", 1), cp=pins.get("cp", 1)),
+                      num_heads=request.model.num_heads, num_kv_heads=request.model.num_kv_heads,
+                      num_layers=request.model.num_layers)
+    except JobMemoryError as exc:
+        raise PlanError(f"pinned degrees {_pins_text(pins)}: {exc}") from None
     product = math.prod(pins.values()) if pins else 1
     fix = "drop one of the --parallelism.*_degree overrides or change --gpus"
     if n % product or (set(pins) >= {"pp", "tp", "dp_shard", "dp_replicate", "cp"} and product != n):
@@ -239,11 +249,6 @@ def _check_pins(request: PlanRequest) -> None:
     if "tp" in pins and pins["tp"] > request.gpus_per_node:
         raise PlanError(f"pinned tensor_parallel_degree {pins['tp']} is more than --gpus-per-node "
                         f"{request.gpus_per_node}: TP stays within a node; {fix}")
-    try:
-        check_degrees(Degrees(pp=pins.get("pp", 2), tp=pins.get("tp", 1)), num_heads=request.model.num_heads,
-                      num_kv_heads=request.model.num_kv_heads, num_layers=request.model.num_layers)
-    except JobMemoryError as exc:
-        raise PlanError(f"pinned degrees {_pins_text(pins)}: {exc}") from None
 
 
 def _stage_options(name: str, pp: int, num_layers: int) -> list[tuple[int | None, int]]:
@@ -470,7 +475,7 @@ def _nothing_fits(result: Plan) -> str:
         return (f"--gpus {result.request.num_gpus}: none of the {len(result.judged)} candidates can run "
                 f"({'; '.join(sorted(reasons))[:300]}); change the job's batch or the GPU count")
     smallest = min(with_memory, key=lambda j: j.peak_bytes)
-    return (f"--memory-cap {cap / GIB:.2f} GiB: no candidate fits; the smallest peak is "
+    return (f"--memory-cap {fmt_bytes(cap)}: no candidate fits; the smallest peak is "
             f"{smallest.peak_bytes / GIB:.2f} GiB ({describe(smallest.candidate)}); raise the cap to at least that "
             "or use more GPUs")
 
