@@ -197,3 +197,58 @@ def test_an_older_torch_is_refused_even_with_the_override(monkeypatch: pytest.Mo
     monkeypatch.setattr(torch_adapter, "_checked", False)
     with pytest.raises(PPSimError, match="torch 2.12.0"):
         torch_adapter.check()
+
+
+# --- a rank killed mid-step ------------------------------------------------------------------------------------
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_rank_killed_mid_step_ends_every_process_leaves_no_file_and_is_named(tmp_path: Path) -> None:
+    """The cheapest multi-process run (synthetic, 3 ranks) goes through the same launcher as PP x FSDP: one rank is
+    SIGKILLed mid-step; the run ends with one line naming that rank, no process and no temporary file behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_run import _alive, _default_signals, _descendants
+
+    work = tmp_path / "tmp"
+    work.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ppsim.cli", "run", "-s", "GPipe", "-r", "3", "-m", "2", "--synthetic", "--costs",
+         "F=1,B=1", "--time-unit", "1", "--steps", "5", "--timeout", "300"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "TMPDIR": str(work)},
+        preexec_fn=_default_signals, cwd=tmp_path,
+    )
+    seen: set[int] = set()
+    ranks: list[int] = []
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            seen |= _descendants(proc.pid)
+            children = _descendants(proc.pid)
+            # the ranks are the fork server's children: grandchildren of the run
+            ranks = sorted(p for p in _alive(children) if any(p in _descendants(c) for c in children))
+            if len(ranks) >= 3:
+                time.sleep(2.0)  # mid-step: every step takes seconds
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None and len(ranks) >= 3, "the run ended before a rank could be killed"
+        victim = ranks[1]
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, lines
+    assert "rank" in lines[0] and "SIGKILL" in lines[0] and "Traceback" not in lines[0], lines
+    wait_until = time.monotonic() + 15
+    while _alive(seen) and time.monotonic() < wait_until:
+        time.sleep(0.2)
+    assert not _alive(seen), f"left behind: {_alive(seen)} of {seen}"
+    # torch's own compile cache (torchinductor_USER) is made by importing torch, killed or not: not a leftover
+    assert [p.name for p in work.iterdir() if not p.name.startswith("torchinductor_")] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"]
