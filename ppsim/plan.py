@@ -234,13 +234,10 @@ def _pins_text(pins: Mapping[str, int]) -> str:
 def _check_pins(request: PlanRequest) -> None:
     """Pinned degrees must multiply into the GPU count and keep TP within a node and dividing the heads."""
     pins, n = request.pinned, request.num_gpus
-    try:  # first: a degree below 1 must not reach the divisions below
-        check_degrees(Degrees(pp=pins.get("pp", 2), tp=pins.get("tp", 1), dp_shard=pins.get("dp_shard", 1),
-                              dp_replicate=pins.get("dp_replicate", 1), cp=pins.get("cp", 1)),
-                      num_heads=request.model.num_heads, num_kv_heads=request.model.num_kv_heads,
-                      num_layers=request.model.num_layers)
-    except JobMemoryError as exc:
-        raise PlanError(f"pinned degrees {_pins_text(pins)}: {exc}") from None
+    below_one = {k: v for k, v in pins.items() if v < 1}  # before any division by them
+    if below_one:
+        raise PlanError(f"pinned degrees {_pins_text(below_one)}: a degree must be at least 1; pass "
+                        f"--parallelism.{DEGREE_KEYS[next(iter(below_one))]} 1 or more")
     product = math.prod(pins.values()) if pins else 1
     fix = "drop one of the --parallelism.*_degree overrides or change --gpus"
     if n % product or (set(pins) >= {"pp", "tp", "dp_shard", "dp_replicate", "cp"} and product != n):
@@ -249,6 +246,11 @@ def _check_pins(request: PlanRequest) -> None:
     if "tp" in pins and pins["tp"] > request.gpus_per_node:
         raise PlanError(f"pinned tensor_parallel_degree {pins['tp']} is more than --gpus-per-node "
                         f"{request.gpus_per_node}: TP stays within a node; {fix}")
+    try:
+        check_degrees(Degrees(pp=pins.get("pp", 2), tp=pins.get("tp", 1)), num_heads=request.model.num_heads,
+                      num_kv_heads=request.model.num_kv_heads, num_layers=request.model.num_layers)
+    except JobMemoryError as exc:
+        raise PlanError(f"pinned degrees {_pins_text(pins)}: {exc}") from None
 
 
 def _stage_options(name: str, pp: int, num_layers: int) -> list[tuple[int | None, int]]:
