@@ -41,3 +41,8 @@ class OutputPathError(PPSimError):
 
 class SizeError(PPSimError):
     """A size such as ``--memory-cap`` is malformed, not positive, or beyond what can be represented."""
+
+
+class RankLostError(RuntimeError):
+    """A worker rank died without reporting (killed, out of memory, crashed in native code): not the user's
+    mistake, so not a :class:`PPSimError`, but one line naming the rank (exit 1), not a traceback."""

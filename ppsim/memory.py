@@ -147,11 +147,20 @@ class RankMemory:
 
 
 # --- checks ----------------------------------------------------------------------------------------------------
+DEGREE_KEYS = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree",
+               "dp_shard": "data_parallel_shard_degree", "dp_replicate": "data_parallel_replicate_degree",
+               "cp": "context_parallel_degree", "ep": "expert_parallel_degree"}
+"""torchtitan's ``parallelism`` key for each :class:`Degrees` field."""
+
+
 def check_degrees(degrees: Degrees, *, num_heads: int, num_kv_heads: int, num_layers: int,
                   num_experts: int | None = None, world_size: int | None = None, fix: str = "") -> None:
     """Refuse (one line) degrees torchtitan could not run: a product that is not the world size, a TP degree that
     does not divide the heads, an EP degree that does not divide the experts, more PP ranks than layers."""
     tail = f"; {fix}" if fix else ""
+    for field, key in DEGREE_KEYS.items():
+        if getattr(degrees, field) < 1:  # before any division by it
+            raise JobMemoryError(f"{key} {getattr(degrees, field)}: must be at least 1 (1 for none){tail}")
     if world_size is not None and degrees.world_size != world_size:
         raise JobMemoryError(f"degrees pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x "
                            f"dp_replicate {degrees.dp_replicate} x cp {degrees.cp} = {degrees.world_size}, not the "

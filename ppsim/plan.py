@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ppsim.errors import PPSimError
+from ppsim.io import fmt_bytes
+from ppsim import memory
 from ppsim.memory import GIB, Degrees, JobMemoryError, JobShapes, RankMemory, check_degrees, job_memory
 from ppsim.torchtitan import JobSettings, batch_shape, job_from_settings
 
@@ -37,9 +39,8 @@ MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 V_SHAPE = ("ZBVZeroBubble", "DualPipeV")
 SCHEDULES = SINGLE_STAGE + MULTI_STAGE + V_SHAPE
 """torch's schedules torchtitan launches by name (``pipeline_parallel_schedule``)."""
-DEGREE_KEYS = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree",
-               "dp_shard": "data_parallel_shard_degree", "dp_replicate": "data_parallel_replicate_degree",
-               "cp": "context_parallel_degree"}
+DEGREE_KEYS = {k: v for k, v in memory.DEGREE_KEYS.items() if k != "ep"}
+"""The degrees whose product is the GPU count (expert parallelism reuses the data-parallel ranks)."""
 MAX_STAGES_PER_RANK = 4
 
 
@@ -177,8 +178,10 @@ class Plan:
 
 
 # --- the space -------------------------------------------------------------------------------------------------
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _divisors(n: int, *, at_most: int) -> list[int]:
+    """The divisors of ``n`` up to ``at_most`` (a degree is bounded by the layers or heads, so a billion GPUs
+    enumerates a few dozen degrees, not a billion)."""
+    return [d for d in range(1, min(n, at_most) + 1) if n % d == 0]
 
 
 def global_batch(settings: JobSettings, num_gpus: int) -> int:
@@ -205,8 +208,8 @@ def degree_layouts(request: PlanRequest, batch: int) -> list[Degrees]:
     _check_pins(request)
     cp, rep = pins.get("cp", 1), pins.get("dp_replicate", 1)
     out: list[Degrees] = []
-    for pp in ([pins["pp"]] if "pp" in pins else _divisors(n)):
-        for tp in ([pins["tp"]] if "tp" in pins else _divisors(request.gpus_per_node)):
+    for pp in ([pins["pp"]] if "pp" in pins else _divisors(n, at_most=model.num_layers)):
+        for tp in ([pins["tp"]] if "tp" in pins else _divisors(request.gpus_per_node, at_most=model.num_heads)):
             rest, rem = divmod(n, pp * tp * cp * rep)
             if rem or rest < 1 or pp < 2 or pp > model.num_layers:
                 continue
@@ -231,6 +234,10 @@ def _pins_text(pins: Mapping[str, int]) -> str:
 def _check_pins(request: PlanRequest) -> None:
     """Pinned degrees must multiply into the GPU count and keep TP within a node and dividing the heads."""
     pins, n = request.pinned, request.num_gpus
+    below_one = {k: v for k, v in pins.items() if v < 1}  # before any division by them
+    if below_one:
+        raise PlanError(f"pinned degrees {_pins_text(below_one)}: a degree must be at least 1; pass "
+                        f"--parallelism.{DEGREE_KEYS[next(iter(below_one))]} 1 or more")
     product = math.prod(pins.values()) if pins else 1
     fix = "drop one of the --parallelism.*_degree overrides or change --gpus"
     if n % product or (set(pins) >= {"pp", "tp", "dp_shard", "dp_replicate", "cp"} and product != n):
@@ -470,7 +477,7 @@ def _nothing_fits(result: Plan) -> str:
         return (f"--gpus {result.request.num_gpus}: none of the {len(result.judged)} candidates can run "
                 f"({'; '.join(sorted(reasons))[:300]}); change the job's batch or the GPU count")
     smallest = min(with_memory, key=lambda j: j.peak_bytes)
-    return (f"--memory-cap {cap / GIB:.2f} GiB: no candidate fits; the smallest peak is "
+    return (f"--memory-cap {fmt_bytes(cap)}: no candidate fits; the smallest peak is "
             f"{smallest.peak_bytes / GIB:.2f} GiB ({describe(smallest.candidate)}); raise the cap to at least that "
             "or use more GPUs")
 

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ppsim.errors import PPSimError
+from ppsim.errors import PPSimError, RankLostError
 
 #: Modules the fork server imports once, so every worker starts with them loaded.
 PRELOAD = ("torch", "torch.distributed", "ppsim.calibrate.models.transformer", "ppsim.calibrate.execute.executor", "ppsim.calibrate.measure.comm")
@@ -248,6 +248,16 @@ def cancel_exit_if_stuck() -> None:
     faulthandler.cancel_dump_traceback_later()
 
 
+def _exit_text(code: int) -> str:
+    """``-9`` -> ``was killed by SIGKILL``; ``3`` -> ``exited with code 3``."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
 def _await(procs: list[Any], queue: Any, timeout_s: float, what: str,
            on_message: Callable[[int, Any], None] | None) -> Any:
     deadline = time.monotonic() + timeout_s
@@ -269,7 +279,8 @@ def _await(procs: list[Any], queue: Any, timeout_s: float, what: str,
             time.sleep(0.2)  # a failing rank reports before it exits; give the report a moment to arrive
             if queue.empty():
                 rank, code = dead[0]
-                raise RuntimeError(f"{what}: rank {rank} exited with code {code} before reporting (killed or crashed)")
+                raise RankLostError(f"{what}: rank {rank} {_exit_text(code)} before reporting (killed or crashed); "
+                                    "the other ranks were stopped")
             continue
         if all(p.exitcode == 0 for p in procs) and queue.empty():
             raise RuntimeError(f"{what}: every rank exited but rank 0 reported no result")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 import typer
 
 from ppsim.compare import CostScope
-from ppsim.errors import PPSimError
+from ppsim.errors import PPSimError, RankLostError
 
 if TYPE_CHECKING:
     from ppsim.compare import Comparison
@@ -65,6 +65,9 @@ def user_errors(func: F) -> F:
             raise typer.Exit(code=130) from None
         except PPSimError as exc:
             raise fail(str(exc)) from None
+        except RankLostError as exc:  # not a user mistake: exit 1, still one line
+            typer.echo(f"Error: {exc}", err=True)
+            raise typer.Exit(code=1) from None
         except MemoryError:  # --allow-large lifts the estimates, not the duty to fail in one line
             raise fail("out of memory: the sizes asked for need more memory than this machine has; lower them "
                        "(layers, ranks, microbatches, sequence length) or use a machine with more memory") from None

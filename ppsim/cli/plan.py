@@ -115,8 +115,13 @@ def _pins(pairs: dict[str, str]) -> dict[str, int]:
             value = int(text)
         except ValueError:
             raise PPSimError(f"--parallelism.{key} {text!r}: not an integer; e.g. --parallelism.{key} 2") from None
-        if value >= 1 and not (short == "dp_shard" and value == -1):
-            pins[short] = value
+        if short == "dp_shard" and value == -1:
+            continue  # fill the GPUs the other degrees leave: the plan's own choice
+        if value < 1:
+            raise PPSimError(f"--parallelism.{key} {value}: must be at least 1"
+                             + (" (or -1 to fill the GPUs)" if short == "dp_shard" else "")
+                             + f"; e.g. --parallelism.{key} 1")
+        pins[short] = value
     return pins
 
 
