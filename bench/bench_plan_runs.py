@@ -1,0 +1,138 @@
+"""Check `ppsim plan` against real runs (issue 24, "Checked against real runs").
+
+Plans the llama3 debug job on N CPU ranks with a profile and a memory cap, then runs the plan's top candidates and a
+few others that fit with `ppsim run` (the candidate's own overrides), and prints, per candidate: the predicted step,
+the measured step (median of the timed steps, with their min-max spread), the plan's peak memory per rank against
+the measured allocator peak, and the cap. Verdict: every pair of candidates whose measured medians differ by more
+than both runs' spreads (the intervals do not overlap) must be ordered as the plan orders them; no candidate the plan
+says fits may measure above the cap.
+
+    python bench/bench_plan_runs.py --gpus 2 --memory-cap 64MiB --out /tmp/plan_runs
+
+The plan is made first, from the profile alone; no run feeds it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+PROFILE = "tests/data/llama3_debugmodel_s32_mem.profile.json"
+JOB = ["--torchtitan-config", "llama3:llama3_debugmodel", "--training.seq_len", "32"]
+MIB = 2 ** 20
+
+
+def _sh(argv: list[str], *, stdout: Path | None = None) -> None:
+    print("$", shlex.join(argv) + (f" > {stdout}" if stdout else ""), flush=True)
+    with open(stdout, "w") if stdout else open(os.devnull, "w") as out:
+        subprocess.run(argv, check=True, stdout=out)
+
+
+def make_plan(*, gpus: int, cap: str, profile: str, out: Path, time_limit: float) -> dict:
+    path = out / f"plan_g{gpus}.json"
+    _sh(["ppsim", "plan", *JOB, "--gpus", str(gpus), "--memory-cap", cap, "--profile", profile,
+         "--time-limit", str(time_limit), "--top", "10", "--json", "-o", str(out / f"plan_g{gpus}.html")],
+        stdout=path)
+    return json.loads(path.read_text())
+
+
+def pick(plan: dict, *, num_top: int, num_others: int) -> list[tuple[int, dict]]:
+    """The top candidates and the next ones that fit and are timed (the plan's order, fastest first)."""
+    timed = [(i, c) for i, c in enumerate(plan["candidates"]) if c["fits"] and c["step_s"] is not None]
+    return timed[:num_top + num_others]
+
+
+def run_argv(cand: dict, *, profile: str, out: Path, steps: int, warmup: int) -> list[str]:
+    overrides = [t for o in cand["overrides"] for t in o.split(" ", 1)]   # "key value" pairs
+    # FSDP and TP degrees run as --dp-shard / --tp processes per pipeline rank (docs/run.md)
+    extra: list[str] = []
+    for key, flag in (("--parallelism.data_parallel_shard_degree", "--dp-shard"),
+                      ("--parallelism.tensor_parallel_degree", "--tp")):
+        if key in overrides:
+            k = overrides.index(key)
+            extra += [flag, overrides[k + 1]]
+            del overrides[k:k + 2]
+    if cand["schedule"] == "DualPipeV":
+        extra += ["--executor", "ppsim"]       # two pipelines: ppsim's executor (docs/run.md)
+    return ["ppsim", "run", *JOB[:2], *overrides, "--training.disable_cuda_graphs", *extra, "--profile", profile,
+            "--steps", str(steps), "--warmup", str(warmup), "--json", "-o", str(out)]
+
+
+def label(cand: dict) -> str:
+    v = cand.get("stages_per_rank")
+    return (f"pp{cand['pp']} tp{cand['tp']} dp{cand['dp_shard']} {cand['schedule']} m{cand['microbatches']}"
+            f" v{v} {cand['recompute']}")
+
+
+def row(rank: int, cand: dict, run: dict, cap: int) -> dict:
+    lo, hi = run["measured_step_spread_s"]
+    meas = [m["peak_allocated_bytes_measured"] for m in run["memory"]]
+    return {"plan_rank": rank + 1, "label": label(cand), "pred_s": cand["step_s"], "meas_s": run["measured_step_s"],
+            "lo": lo, "hi": hi, "plan_peak": cand["peak_memory_bytes"],
+            "run_pred_peak": [m["peak_allocated_bytes_predicted"] for m in run["memory"]], "meas_peak": meas,
+            "optimizer": [p.get("optimizer", 0) for p in cand.get("memory_parts") or []],
+            "fits": cand["fits"], "over_cap": any(b > cap for b in meas)}
+
+
+def verdict(rows: list[dict]) -> list[str]:
+    lines = []
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            if a["hi"] < b["lo"] or b["hi"] < a["lo"]:          # measured apart beyond both spreads
+                agree = (a["pred_s"] < b["pred_s"]) == (a["meas_s"] < b["meas_s"])
+                lines.append(f"#{a['plan_rank']} vs #{b['plan_rank']}: measured {a['meas_s']:.3f} vs "
+                             f"{b['meas_s']:.3f} s, predicted {a['pred_s']:.3f} vs {b['pred_s']:.3f} s: "
+                             + ("agrees" if agree else "DISAGREES"))
+    return lines
+
+
+def table(rows: list[dict], cap: int) -> str:
+    mib = lambda xs: "/".join(f"{x / MIB:.1f}" for x in xs)  # noqa: E731
+    out = ["| plan # | candidate | predicted step s | measured step s (median, min-max) | plan peak MiB per rank "
+           "| run-predicted MiB | measured MiB | fits / cap |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        fit = ("fits" if r["fits"] else "over") + (", measured OVER cap" if r["over_cap"] else ", measured under")
+        out.append(f"| {r['plan_rank']} | {r['label']} | {r['pred_s']:.3f} | {r['meas_s']:.3f} ({r['lo']:.3f}-"
+                   f"{r['hi']:.3f}) | {mib(r['plan_peak'])} | {mib(r['run_pred_peak'])} | {mib(r['meas_peak'])} "
+                   f"| {fit} {cap / MIB:.0f} |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--memory-cap", default="64MiB")
+    ap.add_argument("--profile", default=PROFILE)
+    ap.add_argument("--top", type=int, default=3)
+    ap.add_argument("--others", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--time-limit", type=float, default=30)
+    ap.add_argument("--out", type=Path, default=Path("/tmp/plan_runs"))
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (before)", flush=True)
+    plan = make_plan(gpus=a.gpus, cap=a.memory_cap, profile=a.profile, out=a.out, time_limit=a.time_limit)
+    cap = plan["memory_cap_bytes"]
+    rows = []
+    for rank, cand in pick(plan, num_top=a.top, num_others=a.others):
+        path = a.out / f"run_g{a.gpus}_{rank + 1}.json"
+        if not path.exists():
+            _sh(run_argv(cand, profile=a.profile, out=path, steps=a.steps, warmup=a.warmup))
+        rows.append(row(rank, cand, json.loads(path.read_text()), cap))
+    print(f"machine: load average {os.getloadavg()[0]:.1f} (after); each run's spread is its timed steps' min-max")
+    print(table(rows, cap))
+    checks = verdict(rows)
+    print("\n".join(checks) or "no pair measured apart beyond the runs' spreads")
+    bad = [c for c in checks if "DISAGREES" in c] + [r["label"] for r in rows if r["fits"] and r["over_cap"]]
+    print(f"verdict: {len(checks) - sum('DISAGREES' in c for c in checks)}/{len(checks)} separable pairs agree; "
+          f"{sum(r['over_cap'] for r in rows)} of {len(rows)} fitting candidates measured over the cap")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
