@@ -195,16 +195,28 @@ def _start_forkserver_deaf_to_ctrl_c() -> None:
     """Start the fork server with SIGINT ignored, which it keeps across its exec: a terminal's Ctrl-C goes to the
     whole foreground process group, and the server, still importing its preload, would die of it with a traceback.
     This process alone handles Ctrl-C and stops the workers (they inherit the server's SIG_IGN)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if threading.current_thread() is threading.main_thread() \
+        else None
+    try:
+        _ensure_forkserver()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _ensure_forkserver() -> None:
+    """The fork server, whose socket lives in the temporary folder: a folder whose path is too long for a socket
+    (AF_UNIX allows about 108 bytes) is one line naming it."""
+    import tempfile
     from multiprocessing import forkserver
 
-    if threading.current_thread() is not threading.main_thread():
-        forkserver.ensure_running()
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    except OSError as exc:
+        if "AF_UNIX path too long" not in str(exc):
+            raise
+        raise PPSimError(f"TMPDIR {tempfile.gettempdir()}: too long a path for the local ranks' socket (AF_UNIX "
+                         "allows about 108 bytes); set TMPDIR to a shorter folder, e.g. TMPDIR=/tmp") from None
 
 
 @contextmanager
