@@ -9,11 +9,13 @@ import sys
 import pytest
 
 HEAVY = ("numpy", "pandas", "rich.table", "ppsim.result", "ppsim.simulate", "ppsim.search.common",
-         "ppsim.search.driver", "ppsim.search.cpsat", "ortools", "torch", "matplotlib", "pydantic", "ppsim.torchtitan")
+         "ppsim.search.driver", "ppsim.search.cpsat", "ortools", "torch", "matplotlib", "pydantic", "ppsim.torchtitan",
+         "typer")
 
 
-def _loaded_after(argv: list[str]) -> list[str]:
-    """The heavy modules loaded by importing ppsim.cli and running ``ppsim ARGV`` (in a fresh interpreter)."""
+def _loaded_after(argv: list[str], *, run: str = "main()") -> list[str]:
+    """The heavy modules loaded by importing ppsim.cli and running ``ppsim ARGV`` (in a fresh interpreter) with
+    ``ppsim.cli.RUN``: ``main()``, or ``_run_app(sys.argv)`` for the typer path the short commands skip."""
     code = (
         "import io, sys, contextlib\n"
         f"sys.argv = ['ppsim', *{argv!r}]\n"
@@ -21,7 +23,7 @@ def _loaded_after(argv: list[str]) -> list[str]:
         "if len(sys.argv) > 1:\n"
         "    with contextlib.redirect_stdout(io.StringIO()):\n"
         "        try:\n"
-        "            ppsim.cli.main()\n"
+        f"            ppsim.cli.{run}\n"
         "        except SystemExit:\n"
         "            pass\n"
         f"print(__import__('json').dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
@@ -36,7 +38,7 @@ def test_importing_the_cli_loads_nothing_heavy() -> None:
 
 @pytest.mark.parametrize("argv, expected", [
     (["--version"], []),
-    (["show", "-s", "1F1B", "-r", "2", "-m", "2"], ["pydantic"]),  # typer converts the values given with pydantic
+    (["show", "-s", "1F1B", "-r", "2", "-m", "2"], ["pydantic", "typer"]),  # typer converts values with pydantic
 ])
 def test_version_and_show_load_nothing_heavy(argv: list[str], expected: list[str]) -> None:
     assert _loaded_after(argv) == expected
@@ -48,7 +50,30 @@ def test_list_loads_only_the_table_it_prints() -> None:
 
 def test_an_unset_help_option_is_not_converted_by_pydantic() -> None:
     # typer converts every option's value, --help's unset one too, through a pydantic adapter (pydantic: ~60 ms)
+    assert _loaded_after(["list", "--json"], run="_run_app(sys.argv)") == ["typer"]
+
+
+def test_list_json_loads_nothing_heavy() -> None:
     assert _loaded_after(["list", "--json"]) == []
+
+
+def _ppsim(code: str, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    import os
+
+    return subprocess.run([sys.executable, "-c", f"import sys; sys.argv = ['ppsim', *{argv!r}]; {code}"],
+                          capture_output=True, env={**os.environ, **env})
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["list"], ["list", "--json"]])
+@pytest.mark.parametrize("env", [{}, {"COLUMNS": "57"}, {"PYTHONIOENCODING": "ascii"}, {"FORCE_COLOR": "1"}],
+                         ids=["plain", "narrow", "ascii", "color"])
+def test_a_short_command_prints_what_its_typer_command_prints(argv: list[str], env: dict[str, str]) -> None:
+    """`main()` runs ``--version`` and ``list`` without typer; the bytes, the stderr and the exit code are typer's."""
+    fast = _ppsim("from ppsim.cli import main; main()", argv, env)
+    typer_path = _ppsim("from ppsim.cli import _run_app; sys.exit(_run_app(sys.argv) or 0)", argv, env)
+    assert fast.returncode == typer_path.returncode == 0
+    assert fast.stdout == typer_path.stdout and fast.stderr == typer_path.stderr
+    assert fast.stdout.strip()
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["list", "--help"], ["show", "--help"]])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import functools
 import gc
-import json
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import typer
 
+from ppsim.cli.output import console, echo_json  # noqa: F401  (the commands import them from here)
 from ppsim.compare import CostScope
 from ppsim.errors import PPSimError, RankLostError
 
@@ -297,11 +297,3 @@ def warn_cap_without_bytes(cap: MemoryCap | None, cost_model: CostSpec) -> None:
                    err=True)
 
 
-def echo_json(obj: Any) -> None:
-    typer.echo(json.dumps(obj, indent=2))
-
-
-def console() -> Any:
-    from rich.console import Console
-
-    return Console()
