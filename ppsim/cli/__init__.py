@@ -131,6 +131,8 @@ _WANTED = {"int_parsing": "not a whole number; give an integer such as 3",
 def bad_value_line(exc: BaseException, argv: list[str]) -> str | None:
     """One line naming the option, the value given and the rule for a value typer could not convert (``--seed
     1.5``), instead of typer's generic "Input should be a valid integer"; None for any other error."""
+    from ppsim.errors import PPSimError
+
     param = getattr(exc, "param", None)
     cause = exc.__cause__
     errors = getattr(cause, "errors", None)
