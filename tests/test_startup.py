@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 HEAVY = ("numpy", "pandas", "rich.table", "ppsim.result", "ppsim.simulate", "ppsim.search.common",
          "ppsim.search.driver", "ppsim.search.cpsat", "ortools", "torch", "matplotlib", "pydantic", "ppsim.torchtitan",
@@ -38,10 +41,15 @@ def test_importing_the_cli_loads_nothing_heavy() -> None:
 
 @pytest.mark.parametrize("argv, expected", [
     (["--version"], []),
-    (["show", "-s", "1F1B", "-r", "2", "-m", "2"], ["pydantic", "typer"]),  # typer converts values with pydantic
+    (["show", "-s", "1F1B", "-r", "2", "-m", "2"], ["typer"]),  # its plain values are converted without pydantic
 ])
-def test_version_and_show_load_nothing_heavy(argv: list[str], expected: list[str]) -> None:
+def test_short_commands_load_only_what_they_use(argv: list[str], expected: list[str]) -> None:
     assert _loaded_after(argv) == expected
+
+
+def test_simulate_converts_its_values_without_pydantic() -> None:
+    loaded = _loaded_after(["simulate", "-s", "Interleaved1F1B", "-r", "4", "-m", "8", "-v", "2", "--json"])
+    assert "pydantic" not in loaded and "numpy" in loaded
 
 
 def test_list_loads_only_the_table_it_prints() -> None:
@@ -106,3 +114,52 @@ def test_a_command_run_alone_behaves_as_in_the_whole_app() -> None:
     assert alone.exit_code == whole.exit_code == 0 and alone.output == whole.output
     assert _app_for(["ppsim", "--help"]) is app and _app_for(["ppsim", "lis"]) is app
     assert [c.name for c in _app_for(["ppsim", "--version"]).registered_commands] == []
+
+
+def _options() -> list[tuple[Any, Any]]:
+    """(context, option) for every option of every command."""
+    import typer
+
+    from ppsim.cli import app
+    from typer.core import _click
+
+    group = typer.main.get_command(app)
+    pairs = []
+    for command in group.commands.values():
+        ctx = _click.Context(command)
+        pairs += [(ctx, p) for p in command.params if getattr(p, "type_descriptor", None) is not None]
+    return pairs
+
+
+SAMPLES = ["0", "7", "0064", "20", "19", "1200", "1201", "123456789012345678", "1234567890123456789", "-3", "1.5",
+           " 5", "5 ", "x", "", "٣", "²", "1F1B", ("1F1B", "GPipe"), ["a"], 3, 0, True, 2.5]
+
+
+def test_a_plain_value_is_what_typer_makes_of_it() -> None:
+    """Values converted without pydantic (``plain_value``) equal typer's pydantic conversion, type included."""
+    from ppsim.cli._app import _PYDANTIC, plain_value
+
+    converted = 0
+    for ctx, option in _options():
+        for value in [*SAMPLES, option.default]:
+            plain = plain_value(option, value)
+            if plain is _PYDANTIC:
+                continue
+            converted += 1
+            typer_made = option.get_runtime_param().coerce(value, param=option, ctx=ctx)
+            assert (plain, type(plain)) == (typer_made, type(typer_made)), (option.name, value)
+    assert converted > 50
+
+
+@given(st.text(alphabet="0123456789", min_size=1, max_size=20))
+@settings(max_examples=60, deadline=None)
+def test_digits_convert_as_typer_converts_them(digits: str) -> None:
+    from ppsim.cli._app import _PYDANTIC, plain_value
+
+    for ctx, option in _INT_OPTIONS:
+        plain = plain_value(option, digits)
+        if plain is not _PYDANTIC:
+            assert plain == option.get_runtime_param().coerce(digits, param=option, ctx=ctx)
+
+
+_INT_OPTIONS = [(c, o) for c, o in _options() if o.type_descriptor.annotation is int]
