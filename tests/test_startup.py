@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -163,3 +164,19 @@ def test_digits_convert_as_typer_converts_them(digits: str) -> None:
 
 
 _INT_OPTIONS = [(c, o) for c, o in _options() if o.type_descriptor.annotation is int]
+
+
+def test_commands_without_linear_algebra_start_one_blas_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppsim.cli import _one_blas_thread
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    restore = _one_blas_thread(["ppsim", "simulate", "-s", "1F1B"])
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    restore()
+    assert "OPENBLAS_NUM_THREADS" not in os.environ  # the command's end puts the environment back
+    for argv in (["ppsim", "run", "-s", "1F1B"], ["ppsim", "calibrate"], ["ppsim"]):  # workers inherit it: untouched
+        _one_blas_thread(argv)()
+        assert "OPENBLAS_NUM_THREADS" not in os.environ
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")  # the user's choice wins
+    _one_blas_thread(["ppsim", "simulate"])()
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "4"

@@ -79,6 +79,7 @@ def _run_app(argv: list[str]) -> Any:
     """Run the typer app on ``argv`` (its own errors become one line); what the command returned."""
     import typer
 
+    restore = _one_blas_thread(argv)
     try:
         return _app_for(argv)(standalone_mode=False)
     except typer.TyperException as exc:  # bad option values, unknown commands
@@ -91,6 +92,23 @@ def _run_app(argv: list[str]) -> Any:
         sys.exit(getattr(exc, "exit_code", 2))
     except typer.Abort:
         _interrupted()
+    finally:
+        restore()
+
+
+_NO_LINEAR_ALGEBRA = frozenset({"simulate", "show", "validate", "export", "plot", "report", "search", "plan"})
+"""Commands whose numpy work is element-wise and that start no worker processes (``run`` and ``calibrate`` do)."""
+
+
+def _one_blas_thread(argv: list[str]) -> Callable[[], None]:
+    """For a command in :data:`_NO_LINEAR_ALGEBRA`, numpy's OpenBLAS starts one thread instead of one per core
+    (unless ``OPENBLAS_NUM_THREADS`` is set): starting the pool costs about 40 ms of CPU per command on two cores,
+    more on big hosts, and these commands never multiply matrices. Returns what puts the environment back."""
+    key = "OPENBLAS_NUM_THREADS"
+    if len(argv) < 2 or argv[1] not in _NO_LINEAR_ALGEBRA or key in os.environ:
+        return lambda: None
+    os.environ[key] = "1"
+    return lambda: os.environ.pop(key, None)  # type: ignore[return-value]
 
 
 def _interrupted() -> None:

@@ -167,6 +167,8 @@ def build_costs(
 
 def warn_host(loaded: Any, path: Path | None) -> None:
     """Repeat, on stderr, the calibration's warning when the profile was measured on a busy host."""
+    if path is None:  # no profile given: nothing to repeat (and the schema module stays unloaded)
+        return
     from ppsim.profile import Profile
 
     line = loaded.host_warning(str(path)) if isinstance(loaded, Profile) and path is not None else None
@@ -249,6 +251,8 @@ def build_inputs(
 
 def job_overrides(ctx: typer.Context, torchtitan_config: object) -> list[str]:
     """The extra arguments of a command that takes --torchtitan-config (:func:`ppsim.torchtitan.extra_overrides`)."""
+    if not ctx.args:  # none given: nothing to check (and the torchtitan module stays unloaded)
+        return []
     from ppsim.torchtitan import extra_overrides
 
     names = [opt for p in ctx.command.params for opt in (*p.opts, *p.secondary_opts)]
