@@ -5,6 +5,10 @@ validate, export), ``simulation`` (simulate, plot, report), ``search`` (search),
 (torch imported inside them). Options used by several
 commands are declared once in ``options.py``. The CLI is the only layer that may import every other one.
 
+Start-up: importing this package loads nothing else; ``app`` (and with it typer and every command module) loads on
+first use. ``ppsim --version`` and ``ppsim list [--json]`` never load it (:data:`_SHORT`: the same bytes as their
+typer commands, in a third of the time).
+
 User mistakes (:class:`ppsim.errors.PPSimError`, missing or unwritable files) print one line on stderr and exit 2;
 anything else is a bug and keeps its traceback.
 """
