@@ -14,19 +14,22 @@ also run as ``CMD ARGS`` (another checkout's ppsim), the two in turn, and the ra
 With PYTHONDONTWRITEBYTECODE set, nothing caches the compiled modules and every run compiles the edited ones again:
 run ``python -m compileall -q ppsim`` in each checkout first, or the comparison measures the compiler.
 
-Measured on the shared 2-core machine (Intel Xeon, loaded by other work: wall times vary up to 2x; CPU steadier), the
-same venv and Python for both, main at 1a3924e against this branch, 10 whole-process runs each in turn (A B A B),
-median [min-max] CPU seconds; ratio branch/main median of the pairs:
+Measured on the shared 2-core machine (Intel Xeon; 2 cores shared with other work, load average 12-13 during the
+runs, so wall times are inflated and CPU = user + sys is the steadier figure), one venv and Python for both sides:
+"main" is 1a3924e, "branch" this change, each run as ``env PYTHONPATH=CHECKOUT python ENTRY ARGS`` with compiled
+modules, the two in turn; median [min-max] seconds, ratio branch / main of the medians:
 
-| command | main | branch | ratio |
-|---|---|---|---|
-| `ppsim --version` | 0.097 [0.092-0.101] | 0.029 [0.028-0.031] | 0.30 |
-| `ppsim list` | 0.125 [0.122-0.130] | 0.083 [0.081-0.085] | 0.66 |
-| `ppsim simulate` 65,536 actions | 0.369 [0.355-0.387] | 0.201 [0.195-0.210] | 0.60 |
-| `ppsim simulate` 1,048,576 actions | 1.104 [1.083-1.219] | 0.964 [0.951-0.994] | 0.88 |
+| command | runs | main CPU | branch CPU | ratio | main wall | branch wall |
+|---|---|---|---|---|---|---|
+| `ppsim --version` | 20 | 0.081 [0.075-0.088] | 0.027 [0.024-0.030] | 0.33 | 0.166 | 0.056 |
+| `ppsim list` | 20 | 0.123 [0.118-0.129] | 0.081 [0.077-0.088] | 0.66 | 0.306 | 0.203 |
+| `ppsim simulate` 65,536 actions | 10 | 0.346 [0.332-0.388] | 0.219 [0.208-0.241] | 0.63 | 1.165 | 0.651 |
+| `ppsim simulate` 1,048,576 actions | 10 | 1.117 [1.068-1.209] | 0.983 [0.949-1.110] | 0.88 | 2.794 | 2.583 |
 
-torch's in-process build of the 65,536-action order took 2.4-2.7 s CPU in the same session (about 12x the
-branch's 0.201 s; main's 0.369 s: 6.7x). See docs/architecture.md (start-up) for what each saving is.
+On the same machine idle (load 0.5), `ppsim list` took 0.085 s wall [0.083-0.091] against main's 0.128 s (before
+the collector pause, which saves about 5 ms more). torch's in-process build of the 65,536-action order took 2.49 s
+CPU [2.29-2.67] (7.2 s wall) in the same run as the table's 65,536 row: 11.4x the branch's CPU (11.1x wall; main:
+7.2x). See docs/architecture.md (start-up) for what each saving is.
 """
 
 from __future__ import annotations
