@@ -32,7 +32,7 @@ from ppsim.calibrate.models import ModelSource
 from ppsim.calibrate.models.transformer import DTYPES, ModelConfig, loss_fn, split_layers
 from ppsim.calibrate.models.builtin import source_for
 from ppsim.errors import PPSimError
-from ppsim.profile import Block, Stat
+from ppsim.profile import MEASURED, Block, Stat
 
 Tick = Callable[[], None]
 
@@ -93,10 +93,16 @@ class _Forward:
 
 @dataclass(frozen=True)
 class MemoryResult:
+    """A unit's measured memory: the profile's activation fields (:data:`ppsim.profile.MEASURED`), in its order."""
+
     activation_bytes: int
     activation_bytes_freed_by_I: int
     activation_bytes_allocator: int | None
     peak_bytes_allocator: int | None
+
+
+assert tuple(f.name for f in dataclasses.fields(MemoryResult)) == MEASURED.unmeasured_ints + MEASURED.optional_ints, \
+    "MemoryResult holds the profile's activation fields (ppsim.profile.Block)"
 
 
 @dataclass(frozen=True)
