@@ -1,5 +1,6 @@
-"""Seeds for V placement: the controllable-memory building-block family at every memory level up to the cap, and
-the greedy V construction (:mod:`ppsim.search.vgreedy`) at the highest level the cap allows.
+"""Seeds: for V placement the controllable-memory building-block family at every memory level up to the cap, and
+the greedy V construction (:mod:`ppsim.search.vgreedy`) at the highest level the cap allows; for one stage per rank
+the zero-bubble authors' greedy auto-scheduler (:mod:`ppsim.search.zbgreedy`) at the cap.
 
 The paper's family (:func:`ppsim.schedules._vshape.building_blocks`: V-Min, V-Half and the blocks between and above
 them, up to ZBV's memory) is built by the same repeat-squeeze-reorder as the named V-Min and V-Half. A block whose
@@ -84,6 +85,27 @@ def v_greedy_seeds(
             sim = simulate(schedule, costs)
             if fits(sim, cap):
                 yield schedule, sim
+
+
+def loop_greedy_seeds(
+    template: Schedule, costs: StageCosts, problem: Problem, cap: MemoryCap, *, deadline: float
+) -> Iterator[tuple[Schedule, SimResult]]:
+    """The zero-bubble authors' greedy auto-scheduler (:mod:`ppsim.search.zbgreedy`, 8 variants) at the cap, for
+    one stage per rank; the orders that the simulator runs within the cap, until ``deadline``."""
+    from ppsim.errors import PPSimError
+    from ppsim.search.zbgreedy import zb_greedy_orders
+    from ppsim.simulate import simulate
+
+    for orders in zb_greedy_orders(problem):
+        if time.perf_counter() >= deadline:
+            return
+        schedule = template.with_actions(orders)
+        try:
+            sim = simulate(schedule, costs)
+        except PPSimError:  # an order that deadlocks (the greedy's own timing is not the judge)
+            continue
+        if fits(sim, cap):
+            yield schedule, sim
 
 
 def _count_limit(problem: Problem, cap: MemoryCap) -> float:
