@@ -67,3 +67,106 @@ def test_search_seeded_with_the_zb_greedy_is_no_slower_than_the_authors_on_pl01(
                     solver="none")
     assert result.makespan <= case["peer_makespan"] + 1e-9
     assert result.peak <= case["cap_act"]
+
+
+# --- the authors' automatic V schedule (a seed family) ---------------------------------------------------------------
+def _v_auto_best(ranks: int, mb: int, costs, cap: int, *, uniform_only: bool = False):  # type: ignore[no-untyped-def]
+    from ppsim.search.vauto import block_orders, family
+
+    (tpl,) = _templates(ranks, mb, Placement.v, None)
+    best = None
+    for _, d0, d1, blocks in family(ranks):
+        if uniform_only and d0 != d1:
+            continue
+        for block in blocks:
+            orders, peak = block_orders(block, mb, cap)
+            if peak > cap:
+                break
+            if orders is None:
+                continue
+            schedule = tpl.with_actions(orders)
+            assert validate(schedule) == []
+            sim = simulate(schedule, costs)
+            assert max(p.peak_activations for p in sim.per_rank) <= cap
+            best = sim.makespan if best is None else min(best, sim.makespan)
+    return best
+
+
+def test_v_auto_matches_the_authors_published_v_auto_schedule_on_4_ranks() -> None:
+    # their v_auto_schedule on 4 ranks x 8, F=I=W=1, comm 0.1, at V-Half's 6 chunk activations: 54.8
+    assert _v_auto_best(4, 8, parse_costs("F=1,I=1,W=1,comm=0.1"), 6) == pytest.approx(54.8)
+
+
+def test_v_auto_uniform_blocks_reach_the_authors_order_at_32_ranks_and_v_half_memory() -> None:
+    # PV06 of the reference grid: 32 ranks x 64, F=I=W=1, comm 0.05, 34act; their v_auto_schedule: 483.3
+    case = _case("PV06")
+    best = _v_auto_best(case["R"], case["M"], _costs(case), 34, uniform_only=True)
+    assert best == pytest.approx(case["peer_makespan"])
+
+
+@settings(max_examples=15, deadline=None)
+@given(ranks=st.integers(2, 5), extra=st.integers(0, 6), cap=st.integers(4, 10), comm=st.sampled_from([0, 0.1]))
+def test_v_auto_orders_are_valid_and_fit_the_cap(ranks: int, extra: int, cap: int, comm: float) -> None:
+    _v_auto_best(ranks, 2 * ranks + extra, parse_costs(f"F=1,I=1.5,W=0.5,comm={comm}"), min(cap, 2 * ranks))
+
+
+# --- the lower bound -------------------------------------------------------------------------------------------------
+def test_the_bound_is_below_every_order_of_the_authors_on_the_reference_grid() -> None:
+    from ppsim.search.bounds import lower_bound
+
+    for case in REFERENCE:
+        (tpl,) = _templates(case["R"], case["M"], Placement(case["placement"]), None)
+        for cand in case["candidates"]:
+            if "makespan" not in cand:
+                continue
+            cap = MemoryCap(cand["peak_act"], "act")
+            assert lower_bound(problem_for(tpl, _costs(case), cap)) <= cand["makespan"] + 1e-9, (case["id"], cand)
+
+
+def test_the_last_forward_term_raises_the_bound_at_v_half_memory_to_within_a_percent_of_the_authors() -> None:
+    from ppsim.search.bounds import lower_bound
+
+    case = _case("PV06")  # the other terms gave 449.65 (7.5 % below the authors' 483.3)
+    (tpl,) = _templates(case["R"], case["M"], Placement.v, None)
+    bound = lower_bound(problem_for(tpl, _costs(case), MemoryCap(34, "act")))
+    assert 0.99 * case["peer_makespan"] <= bound <= case["peer_makespan"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(ranks=st.integers(1, 5), mb=st.integers(1, 12), cap=st.integers(1, 12), i_cost=st.sampled_from([0.5, 1, 1.5, 2]),
+       w_cost=st.sampled_from([0.3, 1]), comm=st.sampled_from([0, 0.05, 0.5]), v=st.booleans())
+def test_the_bound_never_exceeds_a_feasible_makespan(
+    ranks: int, mb: int, cap: int, i_cost: float, w_cost: float, comm: float, v: bool
+) -> None:
+    """Every order that fits the cap (named schedules, the seed families, a search's answer) takes at least the
+    bound."""
+    import time
+
+    from ppsim.errors import PPSimError
+    from ppsim.schedules import all_specs, get_schedule
+    from ppsim.search.bounds import lower_bound
+    from ppsim.search.seeds import loop_greedy_seeds, v_auto_seeds, v_block_seeds
+
+    costs = parse_costs(f"F=1,I={i_cost},W={w_cost},comm={comm}")
+    placement = Placement.v if v else Placement.loop
+    (tpl,) = _templates(ranks, mb, placement, None)
+    mcap = MemoryCap(cap, "act")
+    prob = problem_for(tpl, costs, mcap)
+    bound = lower_bound(prob)
+    makespans = []
+    for spec in all_specs():
+        try:
+            sched = get_schedule(spec.name, ranks, mb, tpl.num_stages_per_rank)
+        except PPSimError:
+            continue
+        if sched.stage_to_rank != tpl.stage_to_rank or len(sched.pipelines) != 1:  # as the search's named ones
+            continue
+        sim = simulate(sched, costs)
+        if max(p.peak_activations for p in sim.per_rank) <= cap:
+            makespans.append(sim.makespan)
+    deadline = time.perf_counter() + 30
+    for family in (loop_greedy_seeds, v_auto_seeds):
+        makespans += [sim.makespan for _, sim in family(tpl, costs, prob, mcap, deadline=deadline)]
+    makespans += [sim.makespan for _, sim in v_block_seeds(tpl, costs, prob, mcap, deadline=deadline, max_count=5)]
+    for makespan in makespans:
+        assert bound <= makespan + 1e-9

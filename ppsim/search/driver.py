@@ -49,7 +49,7 @@ from ppsim.search.common import (
 )
 from ppsim.search.local import local_search
 from ppsim.search.rules import fixed_rules, mutate, pairs_help, random_rule
-from ppsim.search.seeds import loop_greedy_seeds, v_block_seeds, v_greedy_seeds
+from ppsim.search.seeds import loop_greedy_seeds, v_auto_seeds, v_block_seeds, v_greedy_seeds
 from ppsim.split import SplitError
 
 SETUP_GRACE_S = 1.0
@@ -328,21 +328,28 @@ def _check_some_order_fits(cap: MemoryCap, cases: list[Case]) -> None:
 # --- Phase 1: seeds and list scheduling -----------------------------------------------------------------------------
 SEED_SOURCE = "V building block"
 LOOP_SEED_SOURCE = "zero-bubble greedy"
-"""Where a seed order came from (``SearchResult.source``): V seeds, or the authors' greedy for one stage per rank."""
+V_AUTO_SOURCE = "zero-bubble V auto"
+"""Where a seed order came from (``SearchResult.source``): ppsim's V seeds, the authors' greedy for one stage per
+rank, or the authors' automatic V schedule."""
 
 
 def _seeds(run: _Run, phase_end: float, max_count: int | None) -> None:
     """The seed orders that fit the cap; the best two become local-search starts. One stage per rank: the
-    zero-bubble authors' greedy auto-scheduler (a few milliseconds per variant). V placement: the greedy V orders
-    and the V building blocks; the greedy goes first where the cap allows ZBV's 2R (where it completes), else the
-    blocks (below 2R the greedy rarely completes, and a big order's blocks take the whole phase)."""
+    zero-bubble authors' greedy auto-scheduler (a few milliseconds per variant). V placement: the authors'
+    automatic V schedule (up to half the phase), the greedy V orders and ppsim's V building blocks; at ZBV's 2R
+    (where the greedy V completes, and beats the authors' blocks) the greedy goes first, else the authors' blocks,
+    then ppsim's (below 2R the greedy rarely completes, and a big order's blocks take the whole phase)."""
+    now = time.perf_counter()
     for tpl, tcosts, prob in run.cases:
         loop = ((LOOP_SEED_SOURCE, s) for s in loop_greedy_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end))
+        auto = ((V_AUTO_SOURCE, s) for s in v_auto_seeds(tpl, tcosts, prob, run.cap,
+                                                          deadline=now + 0.5 * (phase_end - now)))
         blocks = ((SEED_SOURCE, s) for s in v_block_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end,
                                                            max_count=max_count))
         greedy = ((SEED_SOURCE, s) for s in v_greedy_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end))
-        greedy_first = run.cap.unit != "act" or run.cap.amount >= 2 * tpl.num_ranks
-        for source, (schedule, sim) in chain(loop, greedy, blocks) if greedy_first else chain(loop, blocks, greedy):
+        at_2r = run.cap.unit != "act" or run.cap.amount >= 2 * tpl.num_ranks
+        for source, (schedule, sim) in chain(loop, greedy, auto, blocks) if at_2r else chain(loop, auto, blocks,
+                                                                                             greedy):
             if run.optimal():
                 return
             run.evaluations += 1
@@ -501,7 +508,7 @@ def _result(
     if best.schedule is None:
         raise MemoryCapError(_no_order_message(run.cap, named))
     result_sched, source = best.schedule, best.source
-    if source in ("list scheduling", "local search", "CP-SAT", SEED_SOURCE, LOOP_SEED_SOURCE):
+    if source in ("list scheduling", "local search", "CP-SAT", SEED_SOURCE, LOOP_SEED_SOURCE, V_AUTO_SOURCE):
         result_sched = replace(result_sched, name=SEARCH_NAME)
     sim = simulate(result_sched, costs.for_schedule(result_sched, scope=scope))
     if fitting and (sim.makespan > fitting[0][0].makespan + 1e-9 or not fits(sim, run.cap)):

@@ -1,5 +1,6 @@
 """Seeds: for V placement the controllable-memory building-block family at every memory level up to the cap, and
-the greedy V construction (:mod:`ppsim.search.vgreedy`) at the highest level the cap allows; for one stage per rank
+the greedy V construction (:mod:`ppsim.search.vgreedy`) at the highest level the cap allows, and the zero-bubble
+authors' automatic V schedule (:mod:`ppsim.search.vauto`, their repeat-squeeze-reorder); for one stage per rank
 the zero-bubble authors' greedy auto-scheduler (:mod:`ppsim.search.zbgreedy`) at the cap.
 
 The paper's family (:func:`ppsim.schedules._vshape.building_blocks`: V-Min, V-Half and the blocks between and above
@@ -83,6 +84,51 @@ def v_greedy_seeds(
         for schedule in greedy_v(R, M, mean, comm, level, deadline=deadline):
             schedule = template.with_actions(schedule.actions)
             sim = simulate(schedule, costs)
+            if fits(sim, cap):
+                yield schedule, sim
+
+
+def v_auto_seeds(
+    template: Schedule, costs: StageCosts, problem: Problem, cap: MemoryCap, *, deadline: float
+) -> Iterator[tuple[Schedule, SimResult]]:
+    """The zero-bubble authors' automatic V schedule (:mod:`ppsim.search.vauto`): its orders, block by block, that
+    fit ``cap``, until ``deadline``. The uniform blocks (``d0 = d1``) come first, most memory first (at R = 32,
+    M = 64 and 128 at V-Half's level their best order is one of the first two); then the others in the authors'
+    order. V placement with ``M >= 2R`` only, up to :data:`MAX_SEED_RANKS` ranks."""
+    from ppsim.errors import PPSimError
+    from ppsim.search.vauto import block_orders, family, first_peak
+    from ppsim.simulate import simulate
+
+    R, M = template.num_ranks, template.num_microbatches
+    if not is_v(template) or R > MAX_SEED_RANKS or M < 2 * R:
+        return
+    limit = min(_count_limit(problem, cap), 2 * R)
+    uniform, others = [], []
+    for k, (_, d0, d1, blocks) in enumerate(family(R)):
+        (uniform if d0 == d1 else others).append((k, blocks))
+    ranked = []
+    for k, blocks in uniform:
+        if time.perf_counter() >= deadline:
+            return
+        peak = first_peak(blocks[0], M) if blocks else limit + 1
+        if peak <= limit:
+            ranked.append((-peak, k, blocks[0]))
+    ranked.sort(key=lambda x: x[:2])
+    runs = [[block] for _, _, block in ranked] + [blocks for _, blocks in others]
+    for blocks in runs:
+        for block in blocks:  # more memory as n0 grows: stop at the first block above the cap
+            if time.perf_counter() >= deadline:
+                return
+            orders, peak = block_orders(block, M, limit)
+            if peak > limit:
+                break
+            if orders is None:
+                continue
+            schedule = template.with_actions(orders)
+            try:
+                sim = simulate(schedule, costs)
+            except PPSimError:
+                continue
             if fits(sim, cap):
                 yield schedule, sim
 
