@@ -71,14 +71,14 @@ def test_search_seeded_with_the_zb_greedy_is_no_slower_than_the_authors_on_pl01(
 
 # --- the authors' automatic V schedule (a seed family) ---------------------------------------------------------------
 def _v_auto_best(ranks: int, mb: int, costs, cap: int, *, uniform_only: bool = False):  # type: ignore[no-untyped-def]
-    from ppsim.search.vauto import block_orders, family
+    from ppsim.search.vauto import block_orders, blocks, family
 
     (tpl,) = _templates(ranks, mb, Placement.v, None)
     best = None
-    for _, d0, d1, blocks in family(ranks):
-        if uniform_only and d0 != d1:
+    for fam in family(ranks):
+        if uniform_only and fam[3] != fam[4]:
             continue
-        for block in blocks:
+        for block in blocks(ranks, *fam):
             orders, peak = block_orders(block, mb, cap)
             if peak > cap:
                 break
@@ -170,3 +170,18 @@ def test_the_bound_never_exceeds_a_feasible_makespan(
     makespans += [sim.makespan for _, sim in v_block_seeds(tpl, costs, prob, mcap, deadline=deadline, max_count=5)]
     for makespan in makespans:
         assert bound <= makespan + 1e-9
+
+
+@pytest.mark.parametrize(
+    "ranks, mb, cap, optimum",
+    [(3, 4, 4, 30.2),  # proven optimal by CP-SAT (tests/test_search.py): the analytic bound was below it
+     (4, 8, 6, 54.8)],  # the authors' v_auto_schedule (V-Half's memory), now proven optimal
+)
+def test_the_last_forward_term_meets_known_optima_at_v_placement(ranks: int, mb: int, cap: int, optimum: float) -> None:
+    from ppsim.search.bounds import lower_bound
+
+    (tpl,) = _templates(ranks, mb, Placement.v, None)
+    costs = parse_costs("F=1,B=2,I=1,W=1,comm=0.1")
+    assert lower_bound(problem_for(tpl, costs, MemoryCap(cap, "act"))) == pytest.approx(optimum)
+    result = search(ranks, mb, costs, f"{cap}act", placement="v", time_limit=600.0, max_orders=500, solver="none")
+    assert result.optimal and result.makespan == pytest.approx(optimum)

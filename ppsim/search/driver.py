@@ -342,7 +342,7 @@ def _seeds(run: _Run, phase_end: float, max_count: int | None) -> None:
     now = time.perf_counter()
     for tpl, tcosts, prob in run.cases:
         loop = ((LOOP_SEED_SOURCE, s) for s in loop_greedy_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end))
-        auto = ((V_AUTO_SOURCE, s) for s in v_auto_seeds(tpl, tcosts, prob, run.cap,
+        auto = ((V_AUTO_SOURCE, s) for s in v_auto_seeds(tpl, tcosts, prob, run.cap, max_count=max_count,
                                                           deadline=now + 0.5 * (phase_end - now)))
         blocks = ((SEED_SOURCE, s) for s in v_block_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end,
                                                            max_count=max_count))

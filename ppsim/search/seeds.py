@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from itertools import chain
 
 from ppsim.costs import StageCosts
 from ppsim.ir import Schedule
@@ -89,36 +90,40 @@ def v_greedy_seeds(
 
 
 def v_auto_seeds(
-    template: Schedule, costs: StageCosts, problem: Problem, cap: MemoryCap, *, deadline: float
+    template: Schedule, costs: StageCosts, problem: Problem, cap: MemoryCap, *, deadline: float,
+    max_count: int | None = None,
 ) -> Iterator[tuple[Schedule, SimResult]]:
     """The zero-bubble authors' automatic V schedule (:mod:`ppsim.search.vauto`): its orders, block by block, that
     fit ``cap``, until ``deadline``. The uniform blocks (``d0 = d1``) come first, most memory first (at R = 32,
     M = 64 and 128 at V-Half's level their best order is one of the first two); then the others in the authors'
-    order. V placement with ``M >= 2R`` only, up to :data:`MAX_SEED_RANKS` ranks."""
+    order; at most ``max_count`` blocks. V placement with ``M >= 2R`` only, up to :data:`MAX_SEED_RANKS` ranks."""
     from ppsim.errors import PPSimError
-    from ppsim.search.vauto import block_orders, family, first_peak
+    from ppsim.search.vauto import block_orders, blocks, family, first_peak
     from ppsim.simulate import simulate
 
     R, M = template.num_ranks, template.num_microbatches
     if not is_v(template) or R > MAX_SEED_RANKS or M < 2 * R:
         return
     limit = min(_count_limit(problem, cap), 2 * R)
-    uniform, others = [], []
-    for k, (_, d0, d1, blocks) in enumerate(family(R)):
-        (uniform if d0 == d1 else others).append((k, blocks))
     ranked = []
-    for k, blocks in uniform:
+    for k, (f1, b1, b0, d0, d1) in enumerate(family(R)):
+        if d0 != d1:
+            continue
         if time.perf_counter() >= deadline:
             return
-        peak = first_peak(blocks[0], M) if blocks else limit + 1
+        block = next(blocks(R, f1, b1, b0, d0, d1), None)
+        peak = first_peak(block, M) if block is not None else limit + 1
         if peak <= limit:
-            ranked.append((-peak, k, blocks[0]))
+            ranked.append((-peak, k, block))
     ranked.sort(key=lambda x: x[:2])
-    runs = [[block] for _, _, block in ranked] + [blocks for _, blocks in others]
-    for blocks in runs:
-        for block in blocks:  # more memory as n0 grows: stop at the first block above the cap
-            if time.perf_counter() >= deadline:
+    runs = chain(([block] for _, _, block in ranked),
+                 (blocks(R, *fam) for fam in family(R) if fam[3] != fam[4]))
+    count = 0
+    for group in runs:
+        for block in group:  # more memory as n0 grows: stop at the first block above the cap
+            if time.perf_counter() >= deadline or (max_count is not None and count >= max_count):
                 return
+            count += 1
             orders, peak = block_orders(block, M, limit)
             if peak > limit:
                 break

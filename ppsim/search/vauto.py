@@ -74,19 +74,25 @@ def _block(start: list[int], d0: int, d1: int, n0: int, num_ranks: int) -> Block
     return rows
 
 
-def family(num_ranks: int) -> Iterator[tuple[tuple[int, int, int], int, int, list[Block]]]:
-    """The blocks in the authors' order: per rank-0 pattern (second-chunk F, second-chunk I, first-chunk I slots)
-    and ``d0 >= d1``, the blocks for ``n0 = 1 .. R-1`` (more memory as ``n0`` grows; one block when ``d0 = d1``)."""
+def family(num_ranks: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """The block families in the authors' order: rank 0's second-chunk F, second-chunk I and first-chunk I slots,
+    and ``d0 >= d1`` (:func:`blocks` gives each family's blocks)."""
     for f1 in range(1, PERIOD):
         for b1 in range(1, PERIOD):
             for b0 in range(1, PERIOD):
-                if len({f1, b1, b0}) < 3:
-                    continue
-                for d0 in range(1, PERIOD):
-                    for d1 in range(1, d0 + 1):
-                        blocks = [_block(_with_w([0, f1, b1, b0, -1, -1]), d0, d1, n0, num_ranks)
-                                  for n0 in range(1, num_ranks if d1 < d0 else min(num_ranks, 2))]
-                        yield (f1, b1, b0), d0, d1, [b for b in blocks if b is not None]
+                if len({f1, b1, b0}) == 3:
+                    for d0 in range(1, PERIOD):
+                        for d1 in range(1, d0 + 1):
+                            yield f1, b1, b0, d0, d1
+
+
+def blocks(num_ranks: int, f1: int, b1: int, b0: int, d0: int, d1: int) -> Iterator[Block]:
+    """One family's blocks for ``n0 = 1 .. R-1`` (more memory as ``n0`` grows; one block when ``d0 = d1``),
+    built as they are asked for."""
+    for n0 in range(1, num_ranks if d1 < d0 else min(num_ranks, 2)):
+        block = _block(_with_w([0, f1, b1, b0, -1, -1]), d0, d1, n0, num_ranks)
+        if block is not None:
+            yield block
 
 
 # --- 2. repeat -----------------------------------------------------------------------------------------------------
