@@ -260,7 +260,8 @@ def production_grid(time_limit: float, quick: bool, only: set[str] | None = None
                      seed=0)
         theirs = authors_best(case, cap)
         named = res.best_named.makespan if res.best_named else float("nan")
-        versus = "" if theirs is None else f"{(res.makespan - theirs[0]) / theirs[0]:+.2%}"
+        rel = None if theirs is None else (res.makespan - theirs[0]) / theirs[0]
+        versus = "" if rel is None else "0" if abs(rel) < 5e-5 else f"{rel:+.2%}"
         if theirs is not None and res.makespan > theirs[0] + 1e-6:
             worse += 1
         print(f"{case['id']:<5} {case['placement']:<4} {R:>2} {M:>3} {text:<22} {cap:>4g} | {res.makespan:>9.2f} "
