@@ -182,29 +182,30 @@ def _warm_up(grid: Grid, m: int) -> Grid:
                 n[c] += 1
             row[j] = " "
         used = dict.fromkeys("FfBW", 0)
-
-        def put(j: int, c: str, limit: int) -> None:
-            if used[c] < limit:
-                row[j] = c
-                used[c] += 1
-
         j = i
         for _ in range(2 * (p - 1 - i)):
-            put(j, "F", min(want_f0, n["F"]))
+            _put(row, used, j, "F", min(want_f0, n["F"]))
             j += 1
         for _ in range(i + 1):
-            put(j, "F", min(want_f0, n["F"]))
-            put(j + 1, "f", min(want_f1, n["f"]))
+            _put(row, used, j, "F", min(want_f0, n["F"]))
+            _put(row, used, j + 1, "f", min(want_f1, n["f"]))
             j += 2
         while any(used[c] < n[c] for c in n):
-            put(j, "B", n["B"])
-            put(j + 1, "W", n["W"])
+            _put(row, used, j, "B", n["B"])
+            _put(row, used, j + 1, "W", n["W"])
             if used["f"] < n["f"]:
-                put(j + 2, "f", n["f"])
+                _put(row, used, j + 2, "f", n["f"])
             else:
-                put(j + 2, "F", n["F"])
+                _put(row, used, j + 2, "F", n["F"])
             j += 3
     return grid
+
+
+def _put(row: list[str], used: dict[str, int], j: int, c: str, limit: int) -> None:
+    """Lay ``c`` at slot ``j`` if fewer than ``limit`` are laid."""
+    if used[c] < limit:
+        row[j] = c
+        used[c] += 1
 
 
 # --- 5. cool-down --------------------------------------------------------------------------------------------------
