@@ -185,3 +185,44 @@ def test_the_last_forward_term_meets_known_optima_at_v_placement(ranks: int, mb:
     assert lower_bound(problem_for(tpl, costs, MemoryCap(cap, "act"))) == pytest.approx(optimum)
     result = search(ranks, mb, costs, f"{cap}act", placement="v", time_limit=600.0, max_orders=500, solver="none")
     assert result.optimal and result.makespan == pytest.approx(optimum)
+
+
+@settings(max_examples=25, deadline=None)
+@given(ranks=st.integers(2, 4), mb=st.integers(2, 8), held=st.integers(1, 8), freed=st.sampled_from([0.0, 0.25, 0.6]),
+       v=st.booleans())
+def test_with_a_byte_cap_and_i_freeing_bytes_the_bound_never_exceeds_a_feasible_makespan(
+    ranks: int, mb: int, held: int, freed: float, v: bool
+) -> None:
+    import time
+
+    from ppsim.costs import StageCosts
+    from ppsim.errors import PPSimError
+    from ppsim.schedules import all_specs, get_schedule
+    from ppsim.search.bounds import lower_bound
+    from ppsim.search.common import fits
+    from ppsim.search.seeds import loop_greedy_seeds, v_auto_seeds
+
+    (tpl,) = _templates(ranks, mb, Placement.v if v else Placement.loop, None)
+    S, act, static = tpl.num_stages, 100 * 2**20, 2**30
+    costs = StageCosts(
+        F=(1.0,) * S, B=(2.0,) * S, I=(1.5,) * S, W=(0.5,) * S, FB=(3.0,) * S, comm=0.1,
+        activation_bytes=(act,) * S, activation_bytes_freed_by_I=(int(freed * act),) * S,
+        static_bytes=(static,) * S, unit="s", source="test",
+    )
+    cap = MemoryCap(float(tpl.num_stages_per_rank * static + held * act), "bytes")
+    bound = lower_bound(problem_for(tpl, costs, cap))
+    makespans = []
+    for spec in all_specs():
+        try:
+            sched = get_schedule(spec.name, ranks, mb, tpl.num_stages_per_rank)
+        except PPSimError:
+            continue
+        if sched.stage_to_rank == tpl.stage_to_rank and len(sched.pipelines) == 1:
+            sim = simulate(sched, costs)
+            if fits(sim, cap):
+                makespans.append(sim.makespan)
+    prob = problem_for(tpl, costs, cap)
+    for family in (loop_greedy_seeds, v_auto_seeds):
+        makespans += [sim.makespan for _, sim in family(tpl, costs, prob, cap, deadline=time.perf_counter() + 30)]
+    for makespan in makespans:
+        assert bound <= makespan + 1e-9

@@ -73,9 +73,12 @@ def lower_bound(problem: Problem) -> float:
             best = max(best, min(ef[s] for s in stages) + _occupancy(problem, stages, ef, eb, bi, bw) / cap)
             if M * len(stages) > n_f:
                 # Last forward: the rank's work after its last forward is at most the backwards of the activations
-                # it then holds (n_f at most, each a B or an I + W), and that forward's microbatch must still go
-                # down the rest of the chain and back to the first stage.
+                # it then holds (n_f at most, each a B or an I + W; where an I frees bytes, more may be held after
+                # their I, each owing only its W), and that forward's microbatch must still go down the rest of the
+                # chain and back to the first stage.
                 after = n_f * max(bw[s] for s in stages)
+                if any(problem.freed_by_i[s] > 0 for s in stages) and held_w > 0:
+                    after = max(cap / min_act * max(bw[s] for s in stages), cap / held_w * max(w[s] for s in stages))
                 trip = min(best_one - ef[s] - f[s] for s in stages)
                 best = max(best, head + work - after + trip)
     return best
