@@ -1,7 +1,8 @@
 """Benchmark of `ppsim search` against the named schedules and the lower bound (issue 11's targets).
 
     python bench/bench_search.py [--time-limit S] [--quick] [--recompute-frontier]
-    python bench/bench_search.py --production [--time-limit S] [--quick]   # R 16/32 against the zero-bubble authors
+    python bench/bench_search.py --production [--time-limit S] [--quick] [--cases PV07@34] [--v-auto-scan]
+                                                            # R 16/32 against the zero-bubble authors
 
 Grid: R in {4, 8}, M in {8, 16, 24}, I in {1, 2} with F = W = 1 (B = I + W), comm in {0, 0.1}, cap R and 2R
 activations (one microbatch's activations of one stage, one stage per rank): 48 cases. Per case it prints the
@@ -233,7 +234,29 @@ def authors_best(case: dict, cap: float) -> tuple[float, str] | None:
     return best["makespan"], best["method"]
 
 
-def production_grid(time_limit: float, quick: bool, only: set[str] | None = None) -> bool:
+def v_auto_scan(R: int, M: int, text: str, cap: float) -> str:
+    """Every block of the authors' automatic V schedule (rebuilt, ppsim/search/vauto.py), as their code tries them:
+    the best order's makespan by ppsim simulate, the blocks built and the time (the search tries the most promising
+    few within its seed phase)."""
+    from ppsim.search.driver import _templates
+    from ppsim.search.vauto import block_orders, blocks, family
+
+    (tpl,) = _templates(R, M, "v", None)
+    costs = parse_costs(text)
+    t = time.perf_counter()
+    best, built = float("inf"), 0
+    for fam in family(R):
+        for block in blocks(R, *fam):
+            orders, peak = block_orders(block, M, cap)
+            if peak > min(cap, 2 * R):
+                break
+            if orders is not None:
+                built += 1
+                best = min(best, simulate(tpl.with_actions(orders), costs).makespan)
+    return f"all v_auto blocks: best {best:.2f} over {built} blocks in {time.perf_counter() - t:.1f} s"
+
+
+def production_grid(time_limit: float, quick: bool, only: set[str] | None = None, scan: bool = False) -> bool:
     """Issue 24 part 4: R 16/32, M 32-256, both placements, the reference caps (loop 1.5R / 2R, V at V-Half's level
     or 2R) and, for V, V-Min's level; beside the authors' schedulers at the same cap (tests/data/zb_peer_r16_r32.json,
     made by their code at commit 39f2c186 and timed by ppsim simulate on their orders)."""
@@ -260,12 +283,15 @@ def production_grid(time_limit: float, quick: bool, only: set[str] | None = None
                      seed=0)
         theirs = authors_best(case, cap)
         named = res.best_named.makespan if res.best_named else float("nan")
-        versus = "" if theirs is None else f"{(res.makespan - theirs[0]) / theirs[0]:+.2%}"
+        rel = None if theirs is None else (res.makespan - theirs[0]) / theirs[0]
+        versus = "" if rel is None else "0" if abs(rel) < 5e-5 else f"{rel:+.2%}"
         if theirs is not None and res.makespan > theirs[0] + 1e-6:
             worse += 1
         print(f"{case['id']:<5} {case['placement']:<4} {R:>2} {M:>3} {text:<22} {cap:>4g} | {res.makespan:>9.2f} "
               f"{named:>9.2f} {theirs[0] if theirs else float('nan'):>9.2f} {theirs[1] if theirs else '-':<16} "
               f"{versus:>8} {res.lower_bound:>8.2f} {res.gap:>6.1%} {res.elapsed_s:>5.1f}s  {res.source}")
+        if scan and case["placement"] == "v":
+            print(f"      {v_auto_scan(R, M, text, cap)}", flush=True)
     print(f"target: never worse than the authors at the same cap: {len(runs) - worse}/{len(runs)} "
           f"{'PASS' if worse == 0 else 'FAIL'}")
     return worse == 0
@@ -281,13 +307,16 @@ def main() -> int:
                         help="only the production-size grid (R 16/32, M 32-256) against the zero-bubble authors")
     parser.add_argument("--cases", default="",
                         help="with --production: only these cases, e.g. PL01,PV07@34 (id, or id@cap)")
+    parser.add_argument("--v-auto-scan", action="store_true",
+                        help="with --production: also build every block of the authors' automatic V schedule "
+                             "(rebuilt) per V case, as their code does, and print the best")
     args = parser.parse_args()
     if args.production:
         print("command: python " + " ".join(sys.argv))
         print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
               f"python {platform.python_version()}; {machine_noise()}")
         only = {c.strip() for c in args.cases.split(",") if c.strip()} or None
-        return 0 if production_grid(args.time_limit, args.quick, only) else 1
+        return 0 if production_grid(args.time_limit, args.quick, only, args.v_auto_scan) else 1
     if args.recompute_frontier:
         recompute_frontier(args.time_limit)
         return 0

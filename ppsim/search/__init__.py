@@ -4,7 +4,8 @@ Method (see docs/search.md):
 
 1. Every named schedule whose placement matches is simulated; those that fit the cap are the baseline, and the best
    of them is a starting point.
-2. For V placement, the controllable-memory building blocks that fit the cap (:mod:`ppsim.search.seeds`), then
+2. Seeds (:mod:`ppsim.search.seeds`): for one stage per rank the zero-bubble authors' greedy auto-scheduler, for V
+   placement their automatic V schedule and the controllable-memory building blocks that fit the cap; then
    memory-aware list scheduling (:mod:`ppsim.search.listsched`) with a handful of fixed priority rules, then with
    random rules (admission limits per rank, when deferred W run, B or I+W, overlapped pairs) until the time limit
    (:mod:`ppsim.search.rules`).
@@ -24,8 +25,10 @@ Deterministic for a seed; honours a time limit; Ctrl-C returns the best so far.
 | ``common`` | the value types (:class:`MemoryCap`, :class:`SearchResult`, ...) and the helpers every phase shares |
 | ``driver`` | :func:`search`, split by phase |
 | ``bounds`` | :func:`lower_bound`, :func:`smallest_cap` |
-| ``seeds`` | V placement: the controllable-memory building blocks and the greedy V orders that fit the cap |
+| ``seeds`` | the seed orders that fit the cap: the families below and the controllable-memory building blocks |
 | ``vgreedy`` | the greedy V construction (the zero-bubble authors' ZB-V greedy, rebuilt) at a memory level |
+| ``zbgreedy`` | the zero-bubble authors' greedy auto-scheduler (one stage per rank), rebuilt |
+| ``vauto`` | the zero-bubble authors' automatic V schedule (``v_auto_schedule``), rebuilt |
 | ``rules`` | the list-scheduling rules: fixed, random, mutated |
 | ``local`` | local search on one order |
 | ``cpsat`` | the optional CP-SAT model |

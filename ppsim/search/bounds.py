@@ -3,8 +3,9 @@
 The lower bound (:func:`lower_bound`) is, for each rank, its busy time plus the idle time it cannot avoid at the
 start (no backward can reach it before the first microbatch has gone down the chain and back, and until then it can
 only run as many forwards as its memory holds) and at the end (after its last backward, only deferred W can run
-while the last gradient travels to the first stage), a memory-bound admission term, and the memory occupancy
-(Little's law: the activations' least lifetimes over the cap; see docs/search.md).
+while the last gradient travels to the first stage), a memory-bound admission term, the memory occupancy
+(Little's law: the activations' least lifetimes over the cap) and the last forward (after it, the rank can only
+work on the activations it holds while that microbatch goes down the chain and back; see docs/search.md).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def lower_bound(problem: Problem) -> float:
         s = chain[k]
         down[s] = acc
         acc += bi[s] + problem.bwd_delay[s]
-    best = eb[chain[0]] + bw[chain[0]]
+    best_one = best = eb[chain[0]] + bw[chain[0]]  # one microbatch alone
     for r in range(tpl.num_ranks):
         stages = tpl.stages_of(r)
         # an overlapped pair (a forward with another stage's backward) may take less than its halves apart
@@ -70,6 +71,16 @@ def lower_bound(problem: Problem) -> float:
             best = max(best, last_in + eb[chain[0]] + bw[chain[0]] - ef[entry])
         if cap < math.inf and cap > 0 and save <= 0:
             best = max(best, min(ef[s] for s in stages) + _occupancy(problem, stages, ef, eb, bi, bw) / cap)
+            if M * len(stages) > n_f:
+                # Last forward: the rank's work after its last forward is at most the backwards of the activations
+                # it then holds (n_f at most, each a B or an I + W; where an I frees bytes, more may be held after
+                # their I, each owing only its W), and that forward's microbatch must still go down the rest of the
+                # chain and back to the first stage.
+                after = n_f * max(bw[s] for s in stages)
+                if any(problem.freed_by_i[s] > 0 for s in stages) and held_w > 0:
+                    after = max(cap / min_act * max(bw[s] for s in stages), cap / held_w * max(w[s] for s in stages))
+                trip = min(best_one - ef[s] - f[s] for s in stages)
+                best = max(best, head + work - after + trip)
     return best
 
 

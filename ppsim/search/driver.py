@@ -1,7 +1,8 @@
 """The search driver: :func:`search` as a chain of named phases, each a short function.
 
 Phase 0  set-up: check the inputs, build one problem per placement, time every named schedule, the lower bound.
-Phase 1  seeds and list scheduling: for V placement the controllable-memory building blocks that fit (up to 25 %
+Phase 1  seeds and list scheduling: for one stage per rank the zero-bubble authors' greedy; for V placement the
+         controllable-memory building blocks that fit (up to 25 %
          of the budget, 15 % when CP-SAT follows), then the fixed rules, then random rules and mutations of the best
          ones (up to 60 % of the budget in all, 30 % when CP-SAT follows).
 Phase 2  CP-SAT (with OR-Tools): polish the best order so far (60 % of the time left); where its model covers
@@ -48,7 +49,7 @@ from ppsim.search.common import (
 )
 from ppsim.search.local import local_search
 from ppsim.search.rules import fixed_rules, mutate, pairs_help, random_rule
-from ppsim.search.seeds import v_block_seeds, v_greedy_seeds
+from ppsim.search.seeds import loop_greedy_seeds, v_auto_seeds, v_block_seeds, v_greedy_seeds
 from ppsim.split import SplitError
 
 SETUP_GRACE_S = 1.0
@@ -182,7 +183,7 @@ def search(
         # a big order: one list-scheduling pass takes seconds and random rules rarely win there; the seeds and the
         # critical-chain local search get the time instead
         seeds_share, phase1_share = (0.3, 0.4) if big else (0.15, 0.3) if use_cpsat else (0.25, 0.6)
-        _v_seeds(run, now + seeds_share * left, max_orders)
+        _seeds(run, now + seeds_share * left, max_orders)
         phase1_end = now + phase1_share * left
         elites = _list_scheduling(run, phase1_end, None if max_orders is None else max(1, int(0.6 * max_orders)))
         starts = _local_starts(run, elites, fitting[0] if fitting else None, costs, cost_scope)
@@ -326,25 +327,37 @@ def _check_some_order_fits(cap: MemoryCap, cases: list[Case]) -> None:
 
 # --- Phase 1: seeds and list scheduling -----------------------------------------------------------------------------
 SEED_SOURCE = "V building block"
+LOOP_SEED_SOURCE = "zero-bubble greedy"
+V_AUTO_SOURCE = "zero-bubble V auto"
+"""Where a seed order came from (``SearchResult.source``): ppsim's V seeds, the authors' greedy for one stage per
+rank, or the authors' automatic V schedule."""
 
 
-def _v_seeds(run: _Run, phase_end: float, max_count: int | None) -> None:
-    """The greedy V orders and the V building blocks that fit the cap (V placement only); the best two become
-    local-search starts. The greedy goes first where the cap allows ZBV's 2R (where it completes), else the
-    blocks (below 2R the greedy rarely completes, and a big order's blocks take the whole phase)."""
+def _seeds(run: _Run, phase_end: float, max_count: int | None) -> None:
+    """The seed orders that fit the cap; the best two become local-search starts. One stage per rank: the
+    zero-bubble authors' greedy auto-scheduler (a few milliseconds per variant). V placement: the authors'
+    automatic V schedule (up to half the phase), the greedy V orders and ppsim's V building blocks; at ZBV's 2R
+    (where the greedy V completes, and beats the authors' blocks) the greedy goes first, else the authors' blocks,
+    then ppsim's (below 2R the greedy rarely completes, and a big order's blocks take the whole phase)."""
+    now = time.perf_counter()
     for tpl, tcosts, prob in run.cases:
-        blocks = v_block_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end, max_count=max_count)
-        greedy = v_greedy_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end)
-        greedy_first = run.cap.unit != "act" or run.cap.amount >= 2 * tpl.num_ranks
-        for schedule, sim in chain(greedy, blocks) if greedy_first else chain(blocks, greedy):
+        loop = ((LOOP_SEED_SOURCE, s) for s in loop_greedy_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end))
+        auto = ((V_AUTO_SOURCE, s) for s in v_auto_seeds(tpl, tcosts, prob, run.cap, max_count=max_count,
+                                                          deadline=now + 0.5 * (phase_end - now)))
+        blocks = ((SEED_SOURCE, s) for s in v_block_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end,
+                                                           max_count=max_count))
+        greedy = ((SEED_SOURCE, s) for s in v_greedy_seeds(tpl, tcosts, prob, run.cap, deadline=phase_end))
+        at_2r = run.cap.unit != "act" or run.cap.amount >= 2 * tpl.num_ranks
+        for source, (schedule, sim) in chain(loop, greedy, auto, blocks) if at_2r else chain(loop, auto, blocks,
+                                                                                             greedy):
             if run.optimal():
                 return
             run.evaluations += 1
-            run.take(schedule, sim.makespan, SEED_SOURCE)
+            run.take(schedule, sim.makespan, source)
             run.seeds.append((sim.makespan, schedule))
             run.seeds.sort(key=lambda x: x[0])
             del run.seeds[2:]
-            run.report(SEED_SOURCE)
+            run.report(source)
 
 
 Elite = tuple[float, int, Rule, Schedule]
@@ -495,7 +508,7 @@ def _result(
     if best.schedule is None:
         raise MemoryCapError(_no_order_message(run.cap, named))
     result_sched, source = best.schedule, best.source
-    if source in ("list scheduling", "local search", "CP-SAT", SEED_SOURCE):
+    if source in ("list scheduling", "local search", "CP-SAT", SEED_SOURCE, LOOP_SEED_SOURCE, V_AUTO_SOURCE):
         result_sched = replace(result_sched, name=SEARCH_NAME)
     sim = simulate(result_sched, costs.for_schedule(result_sched, scope=scope))
     if fitting and (sim.makespan > fitting[0][0].makespan + 1e-9 or not fits(sim, run.cap)):

@@ -1,5 +1,7 @@
-"""Seeds for V placement: the controllable-memory building-block family at every memory level up to the cap, and
-the greedy V construction (:mod:`ppsim.search.vgreedy`) at the highest level the cap allows.
+"""Seeds: for V placement the controllable-memory building-block family at every memory level up to the cap, and
+the greedy V construction (:mod:`ppsim.search.vgreedy`) at the highest level the cap allows, and the zero-bubble
+authors' automatic V schedule (:mod:`ppsim.search.vauto`, their repeat-squeeze-reorder); for one stage per rank
+the zero-bubble authors' greedy auto-scheduler (:mod:`ppsim.search.zbgreedy`) at the cap.
 
 The paper's family (:func:`ppsim.schedules._vshape.building_blocks`: V-Min, V-Half and the blocks between and above
 them, up to ZBV's memory) is built by the same repeat-squeeze-reorder as the named V-Min and V-Half. A block whose
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from itertools import chain
 
 from ppsim.costs import StageCosts
 from ppsim.ir import Schedule
@@ -84,6 +87,76 @@ def v_greedy_seeds(
             sim = simulate(schedule, costs)
             if fits(sim, cap):
                 yield schedule, sim
+
+
+def v_auto_seeds(
+    template: Schedule, costs: StageCosts, problem: Problem, cap: MemoryCap, *, deadline: float,
+    max_count: int | None = None,
+) -> Iterator[tuple[Schedule, SimResult]]:
+    """The zero-bubble authors' automatic V schedule (:mod:`ppsim.search.vauto`): its orders, block by block, that
+    fit ``cap``, until ``deadline``. The uniform blocks (``d0 = d1``) come first, most memory first (at R = 32,
+    M = 64 and 128 at V-Half's level their best order is one of the first two); then the others in the authors'
+    order; at most ``max_count`` blocks. V placement with ``M >= 2R`` only, up to :data:`MAX_SEED_RANKS` ranks."""
+    from ppsim.errors import PPSimError
+    from ppsim.search.vauto import block_orders, blocks, family, first_peak
+    from ppsim.simulate import simulate
+
+    R, M = template.num_ranks, template.num_microbatches
+    if not is_v(template) or R > MAX_SEED_RANKS or M < 2 * R:
+        return
+    limit = min(_count_limit(problem, cap), 2 * R)
+    ranked = []
+    for k, (f1, b1, b0, d0, d1) in enumerate(family(R)):
+        if d0 != d1:
+            continue
+        if time.perf_counter() >= deadline:
+            return
+        block = next(blocks(R, f1, b1, b0, d0, d1), None)
+        peak = first_peak(block, M) if block is not None else limit + 1
+        if peak <= limit:
+            ranked.append((-peak, k, block))
+    ranked.sort(key=lambda x: x[:2])
+    runs = chain(([block] for _, _, block in ranked),
+                 (blocks(R, *fam) for fam in family(R) if fam[3] != fam[4]))
+    count = 0
+    for group in runs:
+        for block in group:  # more memory as n0 grows: stop at the first block above the cap
+            if time.perf_counter() >= deadline or (max_count is not None and count >= max_count):
+                return
+            count += 1
+            orders, peak = block_orders(block, M, limit)
+            if peak > limit:
+                break
+            if orders is None:
+                continue
+            schedule = template.with_actions(orders)
+            try:
+                sim = simulate(schedule, costs)
+            except PPSimError:
+                continue
+            if fits(sim, cap):
+                yield schedule, sim
+
+
+def loop_greedy_seeds(
+    template: Schedule, costs: StageCosts, problem: Problem, cap: MemoryCap, *, deadline: float
+) -> Iterator[tuple[Schedule, SimResult]]:
+    """The zero-bubble authors' greedy auto-scheduler (:mod:`ppsim.search.zbgreedy`, 8 variants) at the cap, for
+    one stage per rank; the orders that the simulator runs within the cap, until ``deadline``."""
+    from ppsim.errors import PPSimError
+    from ppsim.search.zbgreedy import zb_greedy_orders
+    from ppsim.simulate import simulate
+
+    for orders in zb_greedy_orders(problem):
+        if time.perf_counter() >= deadline:
+            return
+        schedule = template.with_actions(orders)
+        try:
+            sim = simulate(schedule, costs)
+        except PPSimError:  # an order that deadlocks (the greedy's own timing is not the judge)
+            continue
+        if fits(sim, cap):
+            yield schedule, sim
 
 
 def _count_limit(problem: Problem, cap: MemoryCap) -> float:
