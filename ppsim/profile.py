@@ -18,9 +18,9 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ppsim.errors import CostError, PPSimError
 from ppsim.io import write_atomic
@@ -42,6 +42,51 @@ MAX_INT = 2**63 - 1
 """Largest byte count or count accepted (int64, what torch reports)."""
 OPS = ("F", "B", "I", "W", "FB")
 ABSENT_IN_OLD = {"absent_in_old": True}
+OMIT_IF_NONE = {"omit_if_none": True}
+"""Field metadata: the key is left out of the file when the value is ``None`` (older profiles lack it)."""
+
+
+def at_least(minimum: int) -> dict[str, Any]:
+    """Field metadata: an ``int`` read from a profile must be at least ``minimum`` (otherwise 0)."""
+    return {"minimum": minimum}
+
+
+POSITIVE = {"positive": True}
+"""Field metadata: a ``float`` read from a profile must be > 0 (otherwise >= 0)."""
+
+
+def one_of(choices: tuple[str, ...]) -> dict[str, Any]:
+    """Field metadata: a ``str`` read from a profile must be one of ``choices``."""
+    return {"choices": choices}
+
+
+class Record:
+    """A record stored in a profile as a JSON object of its fields, in order (see :func:`_as_json`); :class:`_Reader`
+    reads it back from the same fields, their types and metadata, so a new field is one line."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return _as_json(self)
+
+
+def _as_json(record: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if value is None and f.metadata.get("omit_if_none"):
+            continue
+        out[f.name] = _json_value(value)
+    return out
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_dict()
+    if isinstance(value, (tuple, list)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, Mapping):  # JSON keys are strings; rank counts are written in order
+        items = sorted(value.items()) if all(isinstance(k, int) for k in value) else value.items()
+        return {str(k): _json_value(v) for k, v in items}
+    return value
 """Field metadata: a key that profiles written before it existed lack (read as ``None``)."""
 """Timed operations per stage: forward, full backward, backward-for-input, backward-for-weights, one F&B pair."""
 
@@ -194,21 +239,17 @@ class SourceInfo:
 
 
 @dataclass(frozen=True)
-class Probe:
+class Probe(Record):
     """The fixed reference run the runtime overheads were measured on."""
 
     schedule: str
-    ranks: int
-    microbatches: int
-    steps: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schedule": self.schedule, "ranks": self.ranks, "microbatches": self.microbatches,
-                "steps": self.steps}
+    ranks: int = field(metadata=at_least(1))
+    microbatches: int = field(metadata=at_least(1))
+    steps: int = field(metadata=at_least(1))
 
 
 @dataclass(frozen=True)
-class RuntimeOverheads:
+class RuntimeOverheads(Record):
     """What executing under torch's pipeline runtime adds to the op costs, measured by a probe run.
 
     ``compute_scale`` maps the number of ranks computing at once on one host to the factor every computation is
@@ -221,19 +262,11 @@ class RuntimeOverheads:
     compute_scale: Mapping[int, float]
     dispatch_s: float
     handoff_s: float | None = None
-    recv_posting: str = "early"
+    recv_posting: str = field(default="early", metadata=one_of(RECV_POSTINGS))
     synthetic: RuntimeOverheads | None = None
+    """Only one level deep: a profile's ``runtime.synthetic.synthetic`` must be null."""
     probe: Probe | None = None
     samples: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "compute_scale": {str(k): v for k, v in sorted(self.compute_scale.items())},
-            "dispatch_s": self.dispatch_s, "handoff_s": self.handoff_s, "recv_posting": self.recv_posting,
-            "synthetic": None if self.synthetic is None else self.synthetic.to_dict(),
-            "probe": None if self.probe is None else self.probe.to_dict(),
-            "samples": {k: list(v) for k, v in self.samples.items()},
-        }
 
 
 @dataclass(frozen=True)
@@ -280,41 +313,32 @@ assert MeasuredFields.of(StageProfile).stats == MEASURED.stats and {
 
 
 @dataclass(frozen=True)
-class P2PSample:
+class P2PSample(Record):
     bytes: int
     median_s: float
     p10_s: float
     p90_s: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"bytes": self.bytes, "median_s": self.median_s, "p10_s": self.p10_s, "p90_s": self.p90_s}
-
 
 @dataclass(frozen=True)
-class P2PPair:
+class P2PPair(Record):
     """The fit for one pair of neighbouring ranks (``src`` -> ``dst``)."""
 
     src: int
     dst: int
     alpha_s: float
-    beta_bytes_per_s: float
+    beta_bytes_per_s: float = field(metadata=POSITIVE)
     fit_rel_error: float
     samples: tuple[P2PSample, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "src": self.src, "dst": self.dst, "alpha_s": self.alpha_s, "beta_bytes_per_s": self.beta_bytes_per_s,
-            "fit_rel_error": self.fit_rel_error, "samples": [s.to_dict() for s in self.samples],
-        }
-
 
 @dataclass(frozen=True)
-class P2PProfile:
+class P2PProfile(Record):
     """Point-to-point cost ``alpha_s + bytes / beta_bytes_per_s`` (cross-rank only); with several rank pairs, the
     slowest pair's fit (a pipeline waits on its slowest link) and every pair in ``pairs``."""
 
     alpha_s: float
-    beta_bytes_per_s: float
+    beta_bytes_per_s: float = field(metadata=POSITIVE)
     fit_rel_error: float
     measured: bool
     samples: tuple[P2PSample, ...]
@@ -323,22 +347,15 @@ class P2PProfile:
     def time(self, num_bytes: int) -> float:
         return self.alpha_s + num_bytes / self.beta_bytes_per_s
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "alpha_s": self.alpha_s, "beta_bytes_per_s": self.beta_bytes_per_s, "fit_rel_error": self.fit_rel_error,
-            "measured": self.measured, "samples": [s.to_dict() for s in self.samples],
-            "pairs": [p.to_dict() for p in self.pairs],
-        }
-
 
 @dataclass(frozen=True)
-class HostLoad:
+class HostLoad(Record):
     """How steady the host was while it was calibrated: a busy host inflates every time it measures, and every later
     prediction with them (optional: profiles before it lack it)."""
 
     load_avg: float
     """The largest 1-minute load average seen (start, end), the calibration's own process included."""
-    num_cpus: int
+    num_cpus: int = field(metadata=at_least(1))
     spread: float
     """The median over the measured block ops of (p90 - p10) / median of their repetitions."""
 
@@ -363,53 +380,36 @@ class HostLoad:
         return (f"warning: {source} was calibrated on a busy host ({seen}): its times, and every prediction made "
                 "with them, may be inflated; calibrate again on a quiet host")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"load_avg": self.load_avg, "num_cpus": self.num_cpus, "spread": self.spread}
+
+COLLECTIVE_OPS = ("all_gather", "reduce_scatter")
 
 
 @dataclass(frozen=True)
-class CollectiveFit:
+class CollectiveFit(Record):
     """One collective FSDP issues, ``op`` (``all_gather`` / ``reduce_scatter``), on a group of ``group_size`` ranks:
     ``alpha_s + bytes / beta_bytes_per_s``, ``bytes`` the full (unsharded) tensor gathered or reduce-scattered."""
 
-    op: str
-    group_size: int
+    op: str = field(metadata=one_of(COLLECTIVE_OPS))
+    group_size: int = field(metadata=at_least(2))
     alpha_s: float
-    beta_bytes_per_s: float
+    beta_bytes_per_s: float = field(metadata=POSITIVE)
     fit_rel_error: float
     samples: tuple[P2PSample, ...] = ()
 
     def time(self, num_bytes: int) -> float:
         return self.alpha_s + num_bytes / self.beta_bytes_per_s
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "group_size": self.group_size, "alpha_s": self.alpha_s,
-                "beta_bytes_per_s": self.beta_bytes_per_s, "fit_rel_error": self.fit_rel_error,
-                "samples": [s.to_dict() for s in self.samples]}
-
-
-COLLECTIVE_OPS = ("all_gather", "reduce_scatter")
-
 
 @dataclass(frozen=True)
-class Method:
+class Method(Record):
     """How the numbers were taken."""
 
     warmup: int
-    reps: int
+    reps: int = field(metadata=at_least(1))
     timer: str  # "perf_counter" (CPU) or "cuda_events"
-    threads_per_rank: int | None
+    threads_per_rank: int | None = field(metadata=at_least(1))
     wall_s: float | None = None
-    host: HostLoad | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {
-            "warmup": self.warmup, "reps": self.reps, "timer": self.timer,
-            "threads_per_rank": self.threads_per_rank, "wall_s": self.wall_s,
-        }
-        if self.host is not None:
-            out["host"] = self.host.to_dict()
-        return out
+    host: HostLoad | None = field(default=None, metadata=OMIT_IF_NONE)
 
 
 @dataclass(frozen=True)
@@ -561,6 +561,7 @@ def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
 # --- validation -------------------------------------------------------------------------------------------------
 _MODEL_KEYS = MODEL_KEYS
 _MISSING = object()
+_R = TypeVar("_R")
 
 
 class _Reader:
@@ -709,49 +710,61 @@ class _Reader:
             out[op] = None if raw is None else self.stat(raw, f"{pre}{op}")
         return out
 
-    def runtime(self, value: Any, where: str = "runtime", *, nested: bool = False) -> RuntimeOverheads | None:
-        if value is None:
-            return None
+    def record(self, cls: type[_R], value: Any, where: str, *, nested: bool = False) -> _R:
+        """A :class:`Record` read field by field, each as its type and metadata say (:meth:`field_value`)."""
         d = self.obj(value, where)
-        pre = f"{where}."
-        raw_scale = self.obj(self.get(d, "compute_scale", pre), f"{pre}compute_scale")
+        return cls(**{f.name: self.field_value(f, d, where, cls=cls, nested=nested) for f in fields(cls)})
+
+    def field_value(self, f: Any, d: Mapping[str, Any], where: str, *, cls: type, nested: bool) -> Any:
+        """One field of a record: ``int``, ``float``, ``str``, ``bool`` (with the metadata's bounds and choices), a
+        record, a tuple of records or a table; ``X | None``, tuples and tables with a default may be left out."""
+        kind, nullable = _field_kind(f)
+        pre, at = f"{where}.", f"{where}.{f.name}"
+        if kind.startswith("tuple["):
+            return self.records(_RECORDS[kind[6:-6]], self.get(d, f.name, pre, optional=True), at)
+        optional = nullable or f.default_factory is not MISSING
+        raw = self.get(d, f.name, pre, optional=optional)
+        if raw is None and nullable:
+            return None
+        if kind == "int":
+            return self.int_(raw, at, minimum=f.metadata.get("minimum", 0))
+        if kind == "float":
+            return self.num(raw, at, positive=f.metadata.get("positive", False))
+        if kind == "str":
+            return self.str_(raw, at, f.metadata.get("choices"))
+        if kind == "bool":
+            return self.bool_(raw, at)
+        if kind in _TABLES:
+            return getattr(self, _TABLES[kind])(raw, at)
+        if _RECORDS[kind] is cls and nested:
+            raise self.fail(at, f"must be null inside {where}")
+        return self.record(_RECORDS[kind], raw, at, nested=_RECORDS[kind] is cls)
+
+    def optional(self, cls: type[_R], value: Any, where: str) -> _R | None:
+        return None if value is None else self.record(cls, value, where)
+
+    def records(self, cls: type[_R], value: Any, where: str) -> tuple[_R, ...]:
+        """A list of records (left out or null: none)."""
+        return tuple(self.record(cls, x, f"{where}[{i}]") for i, x in enumerate(self.list_(value or [], where)))
+
+    def scale_table(self, value: Any, where: str) -> dict[int, float]:
+        """``{"1": 1.0, "2": 1.6}``: rank counts to factors > 0 (:attr:`RuntimeOverheads.compute_scale`)."""
         scale: dict[int, float] = {}
-        for key, factor in raw_scale.items():
+        for key, factor in self.obj(value, where).items():
             if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 6 and int(key) >= 1):
-                raise self.fail(f"{pre}compute_scale", f"key {_shown(key)} must be a rank count >= 1 such as \"2\"")
-            scale[int(key)] = self.num(factor, f"{pre}compute_scale.{key}", positive=True)
+                raise self.fail(where, f"key {_shown(key)} must be a rank count >= 1 such as \"2\"")
+            scale[int(key)] = self.num(factor, f"{where}.{key}", positive=True)
         if not scale:
-            raise self.fail(f"{pre}compute_scale", "is empty; give at least {\"1\": 1.0}")
-        handoff = self.get(d, "handoff_s", pre, optional=True)
-        synthetic = self.get(d, "synthetic", pre, optional=True)
-        if nested and synthetic is not None:
-            raise self.fail(f"{pre}synthetic", "must be null inside runtime.synthetic")
-        probe_raw = self.get(d, "probe", pre, optional=True)
-        probe = None
-        if probe_raw is not None:
-            pd = self.obj(probe_raw, f"{pre}probe")
-            probe = Probe(
-                schedule=self.str_(self.get(pd, "schedule", f"{pre}probe."), f"{pre}probe.schedule"),
-                ranks=self.int_(self.get(pd, "ranks", f"{pre}probe."), f"{pre}probe.ranks", minimum=1),
-                microbatches=self.int_(self.get(pd, "microbatches", f"{pre}probe."), f"{pre}probe.microbatches",
-                                       minimum=1),
-                steps=self.int_(self.get(pd, "steps", f"{pre}probe."), f"{pre}probe.steps", minimum=1),
-            )
-        samples_raw = self.obj(self.get(d, "samples", pre, optional=True) or {}, f"{pre}samples")
-        samples = {
-            self.str_(k, f"{pre}samples"): tuple(
-                self.num(x, f"{pre}samples.{k}[{i}]") for i, x in enumerate(self.list_(v, f"{pre}samples.{k}")))
-            for k, v in samples_raw.items()
+            raise self.fail(where, "is empty; give at least {\"1\": 1.0}")
+        return scale
+
+    def samples_table(self, value: Any, where: str) -> dict[str, tuple[float, ...]]:
+        """``{"name": [seconds, ...]}`` (left out or null: empty)."""
+        return {
+            self.str_(k, where): tuple(
+                self.num(x, f"{where}.{k}[{i}]") for i, x in enumerate(self.list_(v, f"{where}.{k}")))
+            for k, v in self.obj(value or {}, where).items()
         }
-        return RuntimeOverheads(
-            compute_scale=scale,
-            dispatch_s=self.num(self.get(d, "dispatch_s", pre), f"{pre}dispatch_s"),
-            handoff_s=None if handoff is None else self.num(handoff, f"{pre}handoff_s"),
-            recv_posting=self.str_(self.get(d, "recv_posting", pre), f"{pre}recv_posting", RECV_POSTINGS),
-            synthetic=None if synthetic is None else self.runtime(synthetic, f"{pre}synthetic", nested=True),
-            probe=probe,
-            samples=samples,
-        )
 
     def layout(self, value: Any, blocks: Mapping[str, Block], model: ModelConfig) -> tuple[str, ...]:
         names = tuple(self.str_(x, f"layout[{i}]") for i, x in enumerate(self.list_(value, "layout")))
@@ -808,85 +821,6 @@ class _Reader:
             out[name] = self.block(raw, name, allow_incomplete=allow_incomplete)
         return out
 
-    def sample(self, value: Any, where: str) -> P2PSample:
-        d = self.obj(value, where)
-        pre = f"{where}."
-        return P2PSample(
-            bytes=self.int_(self.get(d, "bytes", pre), f"{pre}bytes"),
-            median_s=self.num(self.get(d, "median_s", pre), f"{pre}median_s"),
-            p10_s=self.num(self.get(d, "p10_s", pre), f"{pre}p10_s"),
-            p90_s=self.num(self.get(d, "p90_s", pre), f"{pre}p90_s"),
-        )
-
-    def samples(self, d: Mapping[str, Any], where: str) -> tuple[P2PSample, ...]:
-        raw = self.get(d, "samples", f"{where}.", optional=True) or []
-        return tuple(self.sample(s, f"{where}.samples[{i}]") for i, s in enumerate(self.list_(raw, f"{where}.samples")))
-
-    def fit(self, d: Mapping[str, Any], where: str) -> tuple[float, float, float]:
-        pre = f"{where}."
-        return (
-            self.num(self.get(d, "alpha_s", pre), f"{pre}alpha_s"),
-            self.num(self.get(d, "beta_bytes_per_s", pre), f"{pre}beta_bytes_per_s", positive=True),
-            self.num(self.get(d, "fit_rel_error", pre), f"{pre}fit_rel_error"),
-        )
-
-    def p2p(self, value: Any) -> P2PProfile | None:
-        if value is None:
-            return None
-        d = self.obj(value, "p2p")
-        alpha, beta, err = self.fit(d, "p2p")
-        pairs = []
-        for i, raw in enumerate(self.list_(self.get(d, "pairs", "p2p.", optional=True) or [], "p2p.pairs")):
-            where = f"p2p.pairs[{i}]"
-            pd = self.obj(raw, where)
-            a, b, e = self.fit(pd, where)
-            pairs.append(P2PPair(
-                src=self.int_(self.get(pd, "src", f"{where}."), f"{where}.src"),
-                dst=self.int_(self.get(pd, "dst", f"{where}."), f"{where}.dst"),
-                alpha_s=a, beta_bytes_per_s=b, fit_rel_error=e, samples=self.samples(pd, where),
-            ))
-        return P2PProfile(
-            alpha_s=alpha, beta_bytes_per_s=beta, fit_rel_error=err,
-            measured=self.bool_(self.get(d, "measured", "p2p."), "p2p.measured"),
-            samples=self.samples(d, "p2p"), pairs=tuple(pairs),
-        )
-
-    def collectives(self, value: Any) -> tuple[CollectiveFit, ...]:
-        out = []
-        for i, raw in enumerate(self.list_(value or [], "collectives")):
-            where = f"collectives[{i}]"
-            d = self.obj(raw, where)
-            alpha, beta, err = self.fit(d, where)
-            out.append(CollectiveFit(
-                op=self.str_(self.get(d, "op", f"{where}."), f"{where}.op", COLLECTIVE_OPS),
-                group_size=self.int_(self.get(d, "group_size", f"{where}."), f"{where}.group_size", minimum=2),
-                alpha_s=alpha, beta_bytes_per_s=beta, fit_rel_error=err, samples=self.samples(d, where),
-            ))
-        return tuple(out)
-
-    def method(self, value: Any) -> Method | None:
-        if value is None:
-            return None
-        d = self.obj(value, "method")
-        threads = self.get(d, "threads_per_rank", "method.", optional=True)
-        wall = self.get(d, "wall_s", "method.", optional=True)
-        host = self.get(d, "host", "method.", optional=True)
-        return Method(
-            warmup=self.int_(self.get(d, "warmup", "method."), "method.warmup"),
-            reps=self.int_(self.get(d, "reps", "method."), "method.reps", minimum=1),
-            timer=self.str_(self.get(d, "timer", "method."), "method.timer"),
-            threads_per_rank=None if threads is None else self.int_(threads, "method.threads_per_rank", minimum=1),
-            wall_s=None if wall is None else self.num(wall, "method.wall_s"),
-            host=None if host is None else self.host_load(host),
-        )
-
-    def host_load(self, value: Any) -> HostLoad:
-        d = self.obj(value, "method.host")
-        pre = "method.host."
-        return HostLoad(load_avg=self.num(self.get(d, "load_avg", pre), f"{pre}load_avg"),
-                        num_cpus=self.int_(self.get(d, "num_cpus", pre), f"{pre}num_cpus", minimum=1),
-                        spread=self.num(self.get(d, "spread", pre), f"{pre}spread"))
-
     def profile(self, data: Any, *, allow_incomplete: bool) -> Profile:
         d = self.obj(data, "")
         schema = d.get("schema", _MISSING)
@@ -924,7 +858,7 @@ class _Reader:
                 "blocks": blocks,
                 "layout": self.layout(self.get(d, "layout", ""), blocks, model),
                 "stage_overhead": self.stage_overhead(self.get(d, "stage_overhead", ""), allow_incomplete=partial_ok),
-                "runtime": self.runtime(self.get(d, "runtime", "")),
+                "runtime": self.optional(RuntimeOverheads, self.get(d, "runtime", ""), "runtime"),
             }
             if version == 3:
                 extra["source"] = self.source_info(self.get(d, "source", ""), extra["layout"], model)
@@ -956,15 +890,36 @@ class _Reader:
             model=model,
             num_stages=num_stages,
             stages=parsed,
-            p2p=self.p2p(self.get(d, "p2p", "")),
+            p2p=self.optional(P2PProfile, self.get(d, "p2p", ""), "p2p"),
             complete=complete,
             done=done,
-            method=self.method(d.get("method")),
+            method=self.optional(Method, d.get("method"), "method"),
             notes=tuple(self.str_(n, f"notes[{i}]") for i, n in enumerate(self.list_(d.get("notes") or [], "notes"))),
             tensor_parallel_degree=self.int_(d.get("tensor_parallel_degree", 1), "tensor_parallel_degree", minimum=1),
-            collectives=self.collectives(d.get("collectives")),
+            collectives=self.records(CollectiveFit, d.get("collectives"), "collectives"),
             **extra,
         )
+
+
+_RECORDS: dict[str, type] = {cls.__name__: cls for cls in Record.__subclasses__()}
+"""The records a field may hold, by the name its type annotation gives."""
+_TABLES = {"Mapping[int, float]": "scale_table", "Mapping[str, tuple[float, ...]]": "samples_table"}
+"""The tables a field may hold, by type annotation: the :class:`_Reader` method that reads each."""
+
+
+def _field_kind(f: Any) -> tuple[str, bool]:
+    """A field's type annotation (a string: this module postpones them) without ``| None``, and whether it had it."""
+    kind = f.type.removesuffix(" | None")
+    return kind, kind != f.type
+
+
+def _readable(kind: str) -> bool:
+    return kind in ("int", "float", "str", "bool", *_TABLES, *_RECORDS) or (
+        kind.startswith("tuple[") and kind.endswith(", ...]") and kind[6:-6] in _RECORDS)
+
+
+assert all(_readable(_field_kind(f)[0]) for cls in _RECORDS.values() for f in fields(cls)), \
+    "a record field of a new type needs its reader (_Reader.field_value, _TABLES)"
 
 
 def _all_zero(parts: list[Any]) -> bool:

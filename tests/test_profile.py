@@ -350,3 +350,116 @@ def test_measured_fields_are_read_from_the_block_dataclass() -> None:
     assert {f.name for f in fields(Block)} <= {f.name for f in fields(StageProfile)}
     assert MEASURED.unmeasured_ints == ("activation_bytes", "activation_bytes_freed_by_I")
     assert list(Block(1, 2, 3, 4).to_dict()) == [*MEASURED.stats, *MEASURED.ints, *MEASURED.optional_ints]
+
+
+def _every_record_profile() -> Profile:
+    """A version-3 profile holding every :class:`ppsim.profile.Record`: runtime (synthetic, probe, samples), p2p
+    with pairs and samples, collectives, and a method with its host load."""
+    import dataclasses
+
+    from ppsim.profile import CollectiveFit, HostLoad
+
+    base = make_v3_profile()
+    sample = P2PSample(bytes=8, median_s=2e-5, p10_s=1e-5, p90_s=3e-5)
+    pair = P2PPair(src=0, dst=1, alpha_s=1e-5, beta_bytes_per_s=2e9, fit_rel_error=0.1, samples=(sample,))
+    return dataclasses.replace(
+        base,
+        p2p=P2PProfile(alpha_s=1e-4, beta_bytes_per_s=1e9, fit_rel_error=0.05, measured=True, samples=(sample,),
+                       pairs=(pair,)),
+        collectives=(CollectiveFit(op="all_gather", group_size=2, alpha_s=1e-5, beta_bytes_per_s=1e9,
+                                   fit_rel_error=0.1, samples=(sample,)),),
+        method=Method(warmup=1, reps=5, timer="perf_counter", threads_per_rank=1, wall_s=1.0,
+                      host=HostLoad(load_avg=1.2, num_cpus=4, spread=0.1)),
+    )
+
+
+WHERE = {"RuntimeOverheads": "runtime", "Probe": "runtime.probe", "P2PProfile": "p2p", "P2PPair": "p2p.pairs[0]",
+         "P2PSample": "p2p.samples[0]", "CollectiveFit": "collectives[0]", "Method": "method",
+         "HostLoad": "method.host"}
+
+
+def _at(data: dict[str, Any], where: str) -> dict[str, Any]:
+    node: Any = data
+    for part in where.replace("[", ".[").split("."):
+        node = node[int(part[1:-1])] if part.startswith("[") else node[part]
+    return node
+
+
+def test_records_are_written_field_by_field_and_read_back_equal(tmp_path: Path) -> None:
+    profile = _every_record_profile()
+    data = profile.to_dict()
+    assert data["runtime"] == {
+        "compute_scale": {"1": 1.0, "2": 1.5}, "dispatch_s": 1e-3, "handoff_s": 4e-3, "recv_posting": "consumer",
+        "synthetic": {"compute_scale": {"1": 1.0}, "dispatch_s": 5e-4, "handoff_s": 1e-3, "recv_posting": "consumer",
+                      "synthetic": None, "probe": None, "samples": {}},
+        "probe": {"schedule": "1F1B", "ranks": 2, "microbatches": 4, "steps": 5},
+        "samples": {"dispatch_s": [0.9e-3, 1e-3, 1.1e-3], "compute_scale.2": [1.4, 1.5, 1.6]}}
+    assert list(data["p2p"]) == ["alpha_s", "beta_bytes_per_s", "fit_rel_error", "measured", "samples", "pairs"]
+    assert data["method"]["host"] == {"load_avg": 1.2, "num_cpus": 4, "spread": 0.1}
+    assert "host" not in make_profile().to_dict()["method"]  # left out when None, as older profiles have it
+    assert load_profile(save_profile(profile, tmp_path / "p.json")) == profile
+
+
+def test_every_record_field_is_checked_as_its_type_says(tmp_path: Path) -> None:
+    """The readers are generated from the records' fields: each scalar field refuses a value of another type, in
+    one line naming its path."""
+    from dataclasses import fields
+
+    from ppsim.profile import _RECORDS
+
+    assert set(WHERE) == set(_RECORDS)
+    checked = 0
+    for name, cls in _RECORDS.items():
+        for f in fields(cls):
+            if f.type.removesuffix(" | None") not in ("int", "float", "str", "bool"):
+                continue
+            data = _every_record_profile().to_dict()
+            _at(data, WHERE[name])[f.name] = [1] if f.type == "str" else "seven"
+            assert f"{WHERE[name]}.{f.name} must be" in load_error(write_json(tmp_path, data)), (name, f.name)
+            checked += 1
+    assert checked >= 25
+
+
+@pytest.mark.parametrize(("where", "value", "needle"), [
+    ("runtime.probe", {"ranks": 0}, "runtime.probe.ranks must be an integer >= 1, got 0"),
+    ("collectives[0]", {"group_size": 1}, "collectives[0].group_size must be an integer >= 2, got 1"),
+    ("collectives[0]", {"op": "broadcast"}, "collectives[0].op must be one of all_gather, reduce_scatter"),
+    ("p2p.pairs[0]", {"beta_bytes_per_s": 0}, "p2p.pairs[0].beta_bytes_per_s must be a finite number > 0, got 0"),
+    ("runtime", {"recv_posting": "late"}, "runtime.recv_posting must be one of early, consumer, got 'late'"),
+    ("runtime.synthetic", {"synthetic": {}}, "runtime.synthetic.synthetic must be null inside runtime.synthetic"),
+    ("method", {"threads_per_rank": 0}, "method.threads_per_rank must be an integer >= 1, got 0"),
+    ("method.host", {"num_cpus": 0}, "method.host.num_cpus must be an integer >= 1, got 0"),
+    ("p2p.pairs[0]", {"samples": "x"}, "p2p.pairs[0].samples must be a list, got a string"),
+])
+def test_field_metadata_sets_the_rule(tmp_path: Path, where: str, value: dict[str, Any], needle: str) -> None:
+    data = _every_record_profile().to_dict()
+    _at(data, where).update(value)
+    assert needle in load_error(write_json(tmp_path, data))
+
+
+@pytest.mark.parametrize("where", ["runtime.probe", "method.host", "runtime.handoff_s", "method.wall_s",
+                                   "p2p.pairs", "p2p.samples", "runtime.samples", "collectives[0].samples"])
+def test_optional_record_fields_may_be_left_out(where: str) -> None:
+    data = _every_record_profile().to_dict()
+    parent, _, key = where.rpartition(".")
+    del _at(data, parent)[key]
+    Profile.from_dict(data, source="p.json")
+
+
+def test_a_new_record_field_is_one_line() -> None:
+    """A record declares its fields once: the writer and the reader (with the field's rule) follow them."""
+    from dataclasses import dataclass, field
+
+    from ppsim.profile import Record, _Reader, at_least, one_of
+
+    @dataclass(frozen=True)
+    class Extra(Record):
+        count: int = field(metadata=at_least(2))
+        rate: float | None = None
+        mode: str = field(default="a", metadata=one_of(("a", "b")))
+
+    extra = Extra(count=3, rate=0.5, mode="b")
+    assert extra.to_dict() == {"count": 3, "rate": 0.5, "mode": "b"}
+    assert _Reader("p.json").record(Extra, extra.to_dict(), "extra") == extra
+    with pytest.raises(CostError, match=r"extra\.count must be an integer >= 2, got 1"):
+        _Reader("p.json").record(Extra, {"count": 1, "mode": "a"}, "extra")

@@ -898,12 +898,12 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
     per_block.append(("head", units[-1]))
     blocks: dict[str, Any] = {}
     for name, unit in per_block:
-        blocks[name] = _unmeasured(unit_static(opts.config, unit, source))
+        blocks[name] = unit_static(opts.config, unit, source).to_dict()
     stages = []
     if opts.check_stages:
         for s, unit in enumerate(check_units(opts)):
             stages.append({"stage": s, "layers": list(unit.layers), "has_embedding": unit.has_embedding,
-                           "has_head": unit.has_head, **_unmeasured(unit_static(opts.config, unit, source))})
+                           "has_head": unit.has_head, **unit_static(opts.config, unit, source).to_dict()})
     return {
         "schema": "ppsim.profile",
         "version": 3,
@@ -931,13 +931,6 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
         "units": {},
         **({"tensor_parallel_degree": opts.tensor_parallel_degree} if opts.tensor_parallel_degree > 1 else {}),
     }
-
-
-def _unmeasured(st: Any) -> dict[str, Any]:
-    """A block's or stage's entry before it is measured: its sizes known without running, its timings ``None``."""
-    return {**{op: None for op in OPS}, "activation_bytes": None, "activation_bytes_freed_by_I": None,
-            "param_bytes": st.param_bytes, "grad_bytes": st.grad_bytes, "optimizer_bytes": st.optimizer_bytes,
-            "output_bytes": st.output_bytes, "activation_bytes_allocator": None, "peak_bytes_allocator": None}
 
 
 def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Callable[[str], None]) -> dict:

@@ -29,10 +29,10 @@ import torch
 
 from ppsim.calibrate.execute.torch_adapter import backward_functions
 from ppsim.calibrate.models import ModelSource
-from ppsim.calibrate.models.transformer import DTYPES, ModelConfig, build_stage, loss_fn, split_layers
+from ppsim.calibrate.models.transformer import DTYPES, ModelConfig, loss_fn, split_layers
 from ppsim.calibrate.models.builtin import source_for
 from ppsim.errors import PPSimError
-from ppsim.profile import Stat
+from ppsim.profile import MEASURED, Block, Stat
 
 Tick = Callable[[], None]
 
@@ -92,39 +92,17 @@ class _Forward:
 
 
 @dataclass(frozen=True)
-class StageStatic:
-    layers: tuple[int, int]
-    has_embedding: bool
-    has_head: bool
-    param_bytes: int
-    grad_bytes: int
-    optimizer_bytes: int
-    output_bytes: int
-
-
-@dataclass(frozen=True)
 class MemoryResult:
+    """A unit's measured memory: the profile's activation fields (:data:`ppsim.profile.MEASURED`), in its order."""
+
     activation_bytes: int
     activation_bytes_freed_by_I: int
     activation_bytes_allocator: int | None
     peak_bytes_allocator: int | None
 
 
-def stage_static(config: ModelConfig, num_stages: int, stage: int) -> StageStatic:
-    """Sizes known without running anything (built on the meta device: no memory, no time)."""
-    module = build_stage(config, num_stages, stage, device="meta")
-    param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
-    last = stage == num_stages - 1
-    return StageStatic(
-        layers=split_layers(config.layers, num_stages)[stage],
-        has_embedding=stage == 0,
-        has_head=last,
-        param_bytes=param_bytes,
-        grad_bytes=param_bytes,
-        # torch.optim.Adam keeps two state tensors (exp_avg, exp_avg_sq) shaped and typed like each parameter.
-        optimizer_bytes=2 * param_bytes,
-        output_bytes=0 if last else config.boundary_bytes,
-    )
+assert tuple(f.name for f in dataclasses.fields(MemoryResult)) == MEASURED.unmeasured_ints + MEASURED.optional_ints, \
+    "MemoryResult holds the profile's activation fields (ppsim.profile.Block)"
 
 
 @dataclass(frozen=True)
@@ -159,17 +137,16 @@ def stage_unit(config: ModelConfig, num_stages: int, stage: int) -> Unit:
     return Unit(f"stage{stage}", split_layers(config.layers, num_stages)[stage], stage == 0, stage == num_stages - 1)
 
 
-def unit_static(config: ModelConfig, unit: Unit, source: ModelSource | None = None) -> StageStatic:
-    """Sizes of ``unit`` known without running anything (built on the meta device)."""
+def unit_static(config: ModelConfig, unit: Unit, source: ModelSource | None = None) -> Block:
+    """``unit`` as the profile stores it before it is measured: its sizes, known without running anything (built on
+    the meta device); its timings and activations ``None``."""
     source = source or source_for(config)
     module = source.build_stage(unit.layer_ids, has_embedding=unit.has_embedding, has_head=unit.has_head,
                                 device="meta")
     param_bytes = sum(p.numel() * config.itemsize for p in module.parameters())
-    return StageStatic(
-        layers=unit.layers, has_embedding=unit.has_embedding, has_head=unit.has_head, param_bytes=param_bytes,
-        grad_bytes=param_bytes, optimizer_bytes=2 * param_bytes,
-        output_bytes=0 if unit.has_head else config.boundary_bytes,
-    )
+    # torch.optim.Adam keeps two state tensors (exp_avg, exp_avg_sq) shaped and typed like each parameter.
+    return Block(param_bytes=param_bytes, grad_bytes=param_bytes, optimizer_bytes=2 * param_bytes,
+                 output_bytes=0 if unit.has_head else config.boundary_bytes)
 
 
 class StageBench:

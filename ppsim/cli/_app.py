@@ -3,21 +3,53 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import Enum
 from typing import Annotated, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption, _click
 
 
+_PYDANTIC = object()
+"""What :func:`plain_value` returns for a value only typer's pydantic adapter can convert."""
+
+
+def plain_value(param: Any, value: Any) -> Any:
+    """``value`` converted as typer's pydantic adapter for ``param`` would, for the plain cases (a ``str``, a whole
+    number in digits, a list of ``str``, a default already of the option's type), or :data:`_PYDANTIC`: building
+    the adapter imports pydantic (about 60 ms), more than a short command takes."""
+    descriptor = getattr(param, "type_descriptor", None)
+    if descriptor is None or descriptor.parameter_info.parser is not None:
+        return _PYDANTIC
+    info, kind = descriptor.parameter_info, descriptor.annotation
+    if kind is str and isinstance(value, str):
+        return value
+    if kind == list[str] and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    if isinstance(kind, type) and issubclass(kind, Enum) and isinstance(value, kind):
+        return value
+    if kind is int and not info.clamp:
+        if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
+            value = int(value)
+        if type(value) is int and (info.min is None or value >= info.min) and (info.max is None or value <= info.max):
+            return value
+    return _PYDANTIC
+
+
 class _UnsetOption(TyperOption):
     """An option whose unset value (``None``) is not converted: typer would build a pydantic type adapter for each
     option of the command (and import pydantic, about 60 ms, even for ``--help``'s unset value) only to turn
-    ``None`` into ``None`` (or ``()`` for a multiple option). Given values are converted as typer does."""
+    ``None`` into ``None`` (or ``()`` for a multiple option). Plain given values are converted without pydantic
+    (:func:`plain_value`), the others as typer does."""
 
     def process_value(self, ctx: Any, value: Any) -> Any:
         if value is not None:
-            return super().process_value(ctx, value)
-        value = () if self.multiple or self.nargs == -1 else None
+            plain = plain_value(self, value)
+            if plain is _PYDANTIC:
+                return super().process_value(ctx, value)
+            value = plain
+        else:
+            value = () if self.multiple or self.nargs == -1 else None
         if self.required and self.value_is_missing(value):
             raise _click.exceptions.MissingParameter(ctx=ctx, param=self)
         return value if self.callback is None else self.callback(ctx, self, value)

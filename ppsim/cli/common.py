@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import functools
 import gc
-import json
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import typer
 
+from ppsim.cli.output import console, echo_json  # noqa: F401  (the commands import them from here)
 from ppsim.compare import CostScope
 from ppsim.errors import PPSimError, RankLostError
 
@@ -167,6 +167,8 @@ def build_costs(
 
 def warn_host(loaded: Any, path: Path | None) -> None:
     """Repeat, on stderr, the calibration's warning when the profile was measured on a busy host."""
+    if path is None:  # no profile given: nothing to repeat (and the schema module stays unloaded)
+        return
     from ppsim.profile import Profile
 
     line = loaded.host_warning(str(path)) if isinstance(loaded, Profile) and path is not None else None
@@ -249,6 +251,8 @@ def build_inputs(
 
 def job_overrides(ctx: typer.Context, torchtitan_config: object) -> list[str]:
     """The extra arguments of a command that takes --torchtitan-config (:func:`ppsim.torchtitan.extra_overrides`)."""
+    if not ctx.args:  # none given: nothing to check (and the torchtitan module stays unloaded)
+        return []
     from ppsim.torchtitan import extra_overrides
 
     names = [opt for p in ctx.command.params for opt in (*p.opts, *p.secondary_opts)]
@@ -297,11 +301,3 @@ def warn_cap_without_bytes(cap: MemoryCap | None, cost_model: CostSpec) -> None:
                    err=True)
 
 
-def echo_json(obj: Any) -> None:
-    typer.echo(json.dumps(obj, indent=2))
-
-
-def console() -> Any:
-    from rich.console import Console
-
-    return Console()

@@ -12,12 +12,11 @@ from ppsim.cli.common import (
     build_costs,
     build_schedule,
     check_outputs_apart,
-    console,
-    echo_json,
     one_schedule,
     run_simulation,
     user_errors,
 )
+from ppsim.cli.output import print_schedules
 from ppsim.cli.options import (
     AllowLargeOpt,
     output_file,
@@ -42,32 +41,7 @@ from ppsim.io import check_writable
 @user_errors
 def list_cmd(json_out: JsonOpt = False) -> None:
     """Every schedule with its stages per rank, constraints and a one-line description."""
-    from ppsim.schedules import all_specs
-
-    specs = all_specs()
-    rows = [
-        {
-            "name": s.name,
-            "aliases": list(s.aliases),
-            "stages_per_rank": s.stages_per_rank_text,
-            "constraints": s.constraints,
-            "description": s.description,
-            "torch": s.torch_name,
-        }
-        for s in specs
-    ]
-    if json_out:
-        echo_json(rows)
-        return
-    from rich.table import Table
-
-    table = Table(title="ppsim schedules")
-    for col in ("schedule", "stages/rank", "constraints", "description"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        name = r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else "")
-        table.add_row(name, r["stages_per_rank"], r["constraints"], r["description"])
-    console().print(table)
+    print_schedules(json_out=json_out)
 
 
 @app.command("show")

@@ -1,0 +1,49 @@
+"""Printing that imports nothing heavy (no typer, no numpy): JSON, the rich console and the schedule listing, so the
+short commands' fast path in :func:`ppsim.cli.main` can print exactly what their typer commands print."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def echo_json(obj: Any) -> None:
+    """``obj`` as indented JSON and a newline on stdout (the bytes ``typer.echo`` writes: the text is ASCII)."""
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+def print_schedules(*, json_out: bool) -> None:
+    """`ppsim list`: every schedule with its stages per rank, constraints and description, as a table or JSON."""
+    from ppsim.schedules import all_specs
+
+    rows = [
+        {
+            "name": s.name,
+            "aliases": list(s.aliases),
+            "stages_per_rank": s.stages_per_rank_text,
+            "constraints": s.constraints,
+            "description": s.description,
+            "torch": s.torch_name,
+        }
+        for s in all_specs()
+    ]
+    if json_out:
+        echo_json(rows)
+        return
+    from rich.table import Table
+
+    table = Table(title="ppsim schedules")
+    for col in ("schedule", "stages/rank", "constraints", "description"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        name = r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else "")
+        table.add_row(name, r["stages_per_rank"], r["constraints"], r["description"])
+    console().print(table)
