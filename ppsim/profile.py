@@ -410,6 +410,10 @@ class Method(Record):
     threads_per_rank: int | None = field(metadata=at_least(1))
     wall_s: float | None = None
     host: HostLoad | None = field(default=None, metadata=OMIT_IF_NONE)
+    workspace_bytes: int | None = field(default=None, metadata={**at_least(0), **OMIT_IF_NONE})
+    """What the device's libraries keep allocated through a training step beyond any tensor (cuBLAS's workspace per
+    thread that multiplies: the forward's and autograd's), measured by calibration on the device
+    (:mod:`ppsim.calibrate.measure.workspace`); ``None`` where nothing such is seen (CPU)."""
 
 
 @dataclass(frozen=True)

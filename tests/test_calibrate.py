@@ -343,6 +343,8 @@ def test_cuda_calibration_records_allocator_bytes(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     profile = load_profile(path)
     assert profile.device == "cuda" and profile.method is not None and profile.method.timer == "cuda_events"
+    # cuBLAS's workspaces (the forward's thread and autograd's) are measured for the memory prediction
+    assert profile.method.workspace_bytes is not None and profile.method.workspace_bytes > 0
     for st in profile.stages:
         assert st.F.median > 0 and st.activation_bytes_allocator is not None and st.peak_bytes_allocator > 0
 
@@ -409,3 +411,10 @@ def test_bad_options_are_refused_before_torch_is_imported(tmp_path: Path, argv: 
                          timeout=120)
     assert out.stdout.strip() == "exit 2 False", out.stdout + out.stderr
     assert out.stderr.startswith("Error: ") and out.stderr.count("\n") == 1
+
+
+def test_the_allocator_workspace_is_not_measured_on_cpu(tmp_path: Path) -> None:
+    """CPU has no caching allocator whose library workspaces a step would keep: the profile records none."""
+    from ppsim.calibrate.measure.workspace import allocator_workspace_bytes
+
+    assert allocator_workspace_bytes(torch.device("cpu"), torch.float32) is None

@@ -28,10 +28,16 @@ def simulate_json(*args: str) -> dict:
 def test_full_recompute_runs_with_checkpointing_and_matches_the_reference(tmp_path: Path, schedule: str) -> None:
     profile = write_profile(tmp_path / "p.json", 2)
     plain, rc = tmp_path / "plain.json", tmp_path / "rc.json"
+    printed = {}
     for out, mode in ((plain, "none"), (rc, "full")):
-        code, _, stderr = invoke("-s", schedule, "-r", "2", "-m", "4", "--profile", str(profile), "-o", str(out),
-                                 "--recompute", mode, *FAST)
+        code, printed[mode], stderr = invoke("-s", schedule, "-r", "2", "-m", "4", "--profile", str(profile), "-o",
+                                             str(out), "--recompute", mode, *FAST)
         assert code == 0, stderr
+    # the hooks do not see a recomputing backward's re-materialised activations: that row carries no error, and says so
+    from ppsim.cli.run import RECOMPUTED_ACTIVATIONS
+
+    assert RECOMPUTED_ACTIVATIONS[:40] in printed["full"] and "peak activations *" in printed["full"]
+    assert RECOMPUTED_ACTIVATIONS[:40] not in printed["none"]
     data, base = check_run_json(rc, schedule, 2, 4), check_run_json(plain, schedule, 2, 4)
     assert data["grad_max_abs_diff"] <= data["grad_tolerance"] and data["loss_match"]
     assert len(data["recompute"]) == 8 and "recompute" not in base

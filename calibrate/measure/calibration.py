@@ -591,6 +591,11 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
     if not writer:
         return None
     method = dict(rec.doc.get("method") or {})
+    from ppsim.calibrate.measure.workspace import allocator_workspace_bytes
+
+    workspace = allocator_workspace_bytes(device, getattr(torch, opts.config.dtype))
+    if workspace is not None:
+        method["workspace_bytes"] = workspace
     method["wall_s"] = prior_wall + time.perf_counter() - started
     method["host"] = host_load(rec.doc, load_at_start=load_at_start).to_dict()
     rec.doc["method"] = method
