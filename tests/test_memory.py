@@ -58,8 +58,9 @@ def test_first_rank_of_1f1b_holds_one_activation_per_rank_in_flight() -> None:
     ranks, mb = 4, 8
     mems = job_memory(_shapes(num_layers=8, saved=1000), degrees=Degrees(pp=ranks),
                       schedule=load_schedule("1F1B", ranks, mb), stage_modules=_modules(ranks, 2))
-    # rank 0 holds `ranks` microbatches' activations at its high point (2 layers + embedding each)
-    assert mems[0].parts["activations"] == ranks * (2 * 1000 + 8)
+    # rank 0 holds `ranks` microbatches' activations at its high point (2 layers + embedding each) and their outputs
+    # (torch's stage keeps each output to its backward: 16 bytes of boundary each)
+    assert mems[0].parts["activations"] == ranks * (2 * 1000 + 8 + 16)
 
 
 def test_recomputing_keeps_only_the_stage_input() -> None:

@@ -130,6 +130,7 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
                      "input only")
     shapes = JobShapes(
         source=value, blocks=blocks, tp=degrees.tp, boundary_bytes=tokens * dim * act_bytes,
+        logits_bytes=tokens * vocab_local * act_bytes,
         master_dtype=training.dtype, param_dtype=training.mixed_precision_param,
         reduce_dtype=training.mixed_precision_reduce, activation_checkpoint=ac,
         reshard_after_forward=parallelism.fsdp_reshard_after_forward == "always",
@@ -267,11 +268,10 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
                                            saved_bytes=tokens * 8 if measured is None else measured["tok_embeddings"])
     blocks["norm"] = BlockShapes("head", local.get("norm", ()),
                                  saved_bytes=0 if measured is not None else tokens * dim * act_bytes)
-    # the loss's and the log-softmax's logits-sized gradients, and the head weight's new gradient before it is
-    # added into the accumulated one
-    head_weight = math.prod(local["lm_head"][0][1]) * act_bytes
+    # the loss's and the log-softmax's logits-sized gradients (fp32); each weight's new gradient before it is added
+    # into the held one is ppsim.memory's
     blocks["lm_head"] = BlockShapes("head", local["lm_head"], saved_bytes=head_saved,
-                                    backward_transient_bytes=2 * tokens * vocab_local * 4 + head_weight,
+                                    backward_transient_bytes=2 * tokens * vocab_local * 4,
                                     weight_grad_stash_bytes=_output_grad_bytes(local["lm_head"], tokens, act_bytes))
     blocks["norm"] = dataclasses.replace(blocks["norm"], weight_grad_stash_bytes=_output_grad_bytes(
         local.get("norm", ()), tokens, act_bytes))
@@ -279,7 +279,7 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
         _output_grad_bytes(local["tok_embeddings"], tokens, act_bytes, embedding=True)))
     where = "the profile's measured activation bytes per block" if measured is not None else "the activation formula"
     return JobShapes(source=source.text, blocks=blocks, tp=tp, boundary_bytes=tokens * dim * act_bytes,
-                     master_dtype=cfg.dtype, param_dtype=cfg.dtype, reduce_dtype=cfg.dtype, fsdp=fsdp,
+                     logits_bytes=tokens * vocab_local * act_bytes, master_dtype=cfg.dtype, param_dtype=cfg.dtype, reduce_dtype=cfg.dtype, fsdp=fsdp,
                      optimizer_states=0, notes=(f"activations from {where}",))
 
 
