@@ -90,6 +90,9 @@ class JobShapes:
     fsdp: bool = True
     """``fully_shard`` applied (torchtitan applies it even at ``dp_shard`` 1): each stage's parameters are gathered
     into a second, unsharded copy while it computes. False: the module's own parameters are used (a plain PP run)."""
+    fsdp_only_sharded: bool = False
+    """``fully_shard`` applied only where ``dp_shard`` x ``tp`` > 1, as ``ppsim run`` applies it (torchtitan applies it
+    always)."""
     optimizer_states: int = 2
     """Optimizer states per sharded element (AdamW: 2; a run without an optimizer step: 0)."""
     logits_bytes: int = 0
@@ -268,14 +271,14 @@ def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
                            f"{schedule.num_stages}; the split must give each stage its modules")
     stages = [_stage_of(shapes, mods, degrees.dp_shard, first=schedule.prev_stage(s) is None,
                         last=schedule.next_stage(s) is None) for s, mods in enumerate(stage_modules)]
-    return [_rank_memory(shapes, schedule, stages, r, recompute, cap_bytes) for r in range(schedule.num_ranks)]
+    return [_rank_memory(shapes, schedule, stages, r, recompute, cap_bytes, degrees) for r in range(schedule.num_ranks)]
 
 
 def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], rank: int,
-                 recompute: AbstractSet[tuple[int, int]], cap_bytes: int | None) -> RankMemory:
+                 recompute: AbstractSet[tuple[int, int]], cap_bytes: int | None, degrees: Degrees) -> RankMemory:
     master, param, reduce = (DTYPE_BYTES[d] for d in (shapes.master_dtype, shapes.param_dtype, shapes.reduce_dtype))
-    if not shapes.fsdp:  # no gathered copy: the stored parameters are computed with
-        param = 0
+    if not shapes.fsdp or (shapes.fsdp_only_sharded and degrees.dp_shard * degrees.tp == 1):
+        param = 0  # no gathered copy: the stored parameters are computed with
     own = schedule.stages_of(rank)
     sharded = sum(stages[s].sharded for s in own)
     m = schedule.num_microbatches

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +16,7 @@ from ppsim.memory import PARTS, BlockShapes, Degrees, JobMemoryError, JobShapes,
 from ppsim.schedules import load_schedule
 
 runner = CliRunner()
+DATA = Path(__file__).parent / "data"
 
 
 def _shapes(*, num_layers: int, saved: int = 100, reshard: bool = False) -> JobShapes:
@@ -228,3 +230,36 @@ def test_the_step_ends_holding_only_sharded_state(name: str, v: int | None, resh
         held = job_memory(_shapes(num_layers=2 * schedule.num_stages), degrees=Degrees(pp=2), schedule=schedule,
                           stage_modules=mods)
         assert all(a.peak_memory_bytes <= b.peak_memory_bytes for a, b in zip(mems, held))
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_plan_and_simulate_with_a_profile_count_memory_as_run_predicts_it() -> None:
+    """With a profile, plan judges each rank as `ppsim run` would hold the job on the profile's device: the best
+    candidate's per-rank peak equals `simulate --torchtitan-config ... --profile`'s and run's before-run prediction
+    (run_shapes with the profile's measured activations, job_memory)."""
+    pytest.importorskip("torchtitan")
+    from ppsim.calibrate.models import source_from_profile
+    from ppsim.calibrate.torchtitan.runner import module_names_per_stage
+    from ppsim.calibrate.torchtitan.shapes import run_shapes
+    from ppsim.profile import load_profile
+
+    path = DATA / "llama3_debugmodel_s32_mem.profile.json"
+    plan = runner.invoke(app, ["plan", "--torchtitan-config", "llama3:llama3_debugmodel", "--training.seq_len", "32",
+                               "--gpus", "2", "--memory-cap", "64MiB", "--profile", str(path), "--time-limit", "5",
+                               "--json"])
+    assert plan.exit_code == 0, plan.output
+    data = json.loads(plan.stdout)
+    best = data["candidates"][data["best"]]
+    assert best["tp"] == 1 and best["dp_shard"] == 1 and best["recompute"] == "none"
+    sim = runner.invoke(app, ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel",
+                              *[tok for o in best["overrides"] for tok in o.split(" ", 1)], "--profile", str(path),
+                              "--memory-cap", "64MiB", "--json"])
+    assert sim.exit_code == 0, sim.output
+    assert [r["peak_memory_bytes"] for r in json.loads(sim.stdout)["per_rank"]] == best["peak_memory_bytes"]
+    prof = load_profile(path)
+    source = source_from_profile(json.loads(path.read_text()), device="cpu")
+    schedule = load_schedule(best["schedule"], best["pp"], best["microbatches"], best["stages_per_rank"])
+    run = job_memory(run_shapes(source, profile=prof), degrees=Degrees(pp=best["pp"]), schedule=schedule,
+                     stage_modules=module_names_per_stage(source, schedule.num_stages, None))
+    assert [m.peak_memory_bytes for m in run] == best["peak_memory_bytes"]
