@@ -90,6 +90,11 @@ class JobShapes:
     fsdp: bool = True
     """``fully_shard`` applied (torchtitan applies it even at ``dp_shard`` 1): each stage's parameters are gathered
     into a second, unsharded copy while it computes. False: the module's own parameters are used (a plain PP run)."""
+    all_sends_held: bool = False
+    """Every send is held to the step's end, as ppsim run's runtimes do (torch's ``_PipelineScheduleRuntime`` for
+    every schedule, ppsim's DualPipeV executor). False: as torchtitan picks torch's schedule class, held to the
+    step's end where a rank has several stages (``_PipelineScheduleRuntime`` waits for its sends only then), waited as
+    it goes with one stage per rank (``Schedule1F1B``, ``ScheduleGPipe``)."""
     fsdp_only_sharded: bool = False
     """``fully_shard`` applied only where ``dp_shard`` x ``tp`` > 1, as ``ppsim run`` applies it (torchtitan applies it
     always)."""
@@ -198,6 +203,10 @@ class _Stage:
     output: int
     """The stage's output per microbatch, which torch's stage keeps (``fwd_cache``) from the forward to the
     backward: the boundary hidden state, or the last stage's logits."""
+    sent_output: bool
+    """Its output goes to another rank by a send held to the step's end (it outlives the backward)."""
+    sent_grad: int
+    """Bytes of its input gradient sent to another rank by a send held to the step's end, per backward."""
     first: bool
     """No stage before it: its input needs no gradient, so torch's ``backward_one_chunk`` skips the split backward's
     I and its W runs the whole backward."""
@@ -231,7 +240,7 @@ def _backward_high(blocks: Sequence[BlockShapes], grads: Sequence[int],
 
 
 def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int, *, first: bool = False,
-              last: bool = False) -> _Stage:
+              last: bool = False, sent: tuple[bool, bool] = (False, False)) -> _Stage:
     missing = [m for m in modules if m not in shapes.blocks]
     if missing:
         raise JobMemoryError(f"stage modules {', '.join(missing[:3])} are not in {shapes.source}'s model; the job's "
@@ -247,6 +256,7 @@ def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int, *, first
         fwd_transient=max((b.forward_transient_bytes for b in blocks), default=0),
         buffers=sum(b.buffer_bytes for b in blocks), stash=sum(b.weight_grad_stash_bytes for b in blocks),
         output=shapes.logits_bytes if last and shapes.logits_bytes else shapes.boundary_bytes, first=first,
+        sent_output=sent[0], sent_grad=shapes.boundary_bytes if sent[1] else 0,
         backward_high=_backward_high(blocks, held, none), accumulating_high=_backward_high(blocks, none, new),
         input_high=max((sum(b.weight_grad_stash_bytes for b in blocks[j:]) + blocks[j].backward_transient_bytes
                         for j in range(len(blocks))), default=0),
@@ -270,8 +280,19 @@ def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
         raise JobMemoryError(f"the job splits the model into {len(stage_modules)} stages, the schedule has "
                            f"{schedule.num_stages}; the split must give each stage its modules")
     stages = [_stage_of(shapes, mods, degrees.dp_shard, first=schedule.prev_stage(s) is None,
-                        last=schedule.next_stage(s) is None) for s, mods in enumerate(stage_modules)]
+                        last=schedule.next_stage(s) is None, sent=_sends_held(shapes, schedule, s))
+              for s, mods in enumerate(stage_modules)]
     return [_rank_memory(shapes, schedule, stages, r, recompute, cap_bytes, degrees) for r in range(schedule.num_ranks)]
+
+
+def _sends_held(shapes: JobShapes, schedule: Schedule, stage: int) -> tuple[bool, bool]:
+    """Whether ``stage``'s output and its input gradient go to another rank by a send held to the step's end."""
+    if not (shapes.all_sends_held or schedule.num_stages > schedule.num_ranks):
+        return False, False
+    rank = schedule.stage_to_rank[stage]
+    nxt, prev = schedule.next_stage(stage), schedule.prev_stage(stage)
+    return (nxt is not None and schedule.stage_to_rank[nxt] != rank,
+            prev is not None and schedule.stage_to_rank[prev] != rank)
 
 
 def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], rank: int,
@@ -298,7 +319,8 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
         lasts[(c.stage, kind)] = i
         if c.type in backward:
             first_grads.setdefault(c.stage, i)
-    state = {"act": 0, "gathered": 0, "accum": 0, "grads": 0}
+    # ``sent``: the part of ``act`` held by sends, released when they are waited for at the step's end
+    state = {"act": 0, "gathered": 0, "accum": 0, "grads": 0, "sent": 0}
     best: tuple[int, dict[str, int], str] = (-1, {}, "")
 
     def consider(transient: int, extra_act: int, label: str, extra_grads: int = 0) -> None:
@@ -325,7 +347,8 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
                        label=label, first=i == first_grads.get(s), last=i == lasts[(s, ActionType.B)],
                        accumulating=i != first_grads.get(s, i))
     consider(0, 0, "the step's end")
-    end = (2 + shapes.optimizer_states) * sharded * master + buffers + state["gathered"] + state["accum"] + state["act"]
+    end = ((2 + shapes.optimizer_states) * sharded * master + buffers + state["gathered"] + state["accum"]
+           + state["act"] - state["sent"])
     static = {"parameters": sharded * master, "optimizer": shapes.optimizer_states * sharded * master, "gradients": sharded * master,
               "gathered_parameters": sum(stages[s].gathered for s in own) * param, "p2p_buffers": buffers - module_buffers,
               "module_buffers": module_buffers}
@@ -338,7 +361,9 @@ def _backward_step(shapes: JobShapes, st: _Stage, kind: ActionType, *, rc: bool,
                    accumulating: bool) -> None:
     """One B, I or W of stage ``st``: its high point (``consider``), then what it frees or keeps for W.
 
-    A full backward (B, or a first stage's W) holds the other microbatches' activations plus the stage's
+    A sent output or input gradient stays to the step's end where the runtime waits for its sends only then
+    (:func:`_sends_held`). A full backward (B, or a first stage's W) holds the other microbatches' activations plus the
+    stage's
     :attr:`_Stage.backward_high` (a recomputed pair first rebuilds all its saved tensors); an I frees nothing and adds
     what W needs (every weighted output's gradient, ``stash``; a recomputed pair's rebuilt activations); a W adds one
     weight's new gradient, then frees the saved tensors and the stash. ``dtypes``: the master, gathered and reduce
@@ -351,11 +376,13 @@ def _backward_step(shapes: JobShapes, st: _Stage, kind: ActionType, *, rc: bool,
     if kind is ActionType.B or (kind is ActionType.W and st.first):
         held, grads, transient = st.accumulating_high if accumulating else st.backward_high
         consider(transient, held - saved, label, grads)  # the first one's gradients counted as they come
-        state["act"] -= saved + st.output
+        state["act"] -= saved + (0 if st.sent_output else st.output) - st.sent_grad
+        state["sent"] += (st.output if st.sent_output else 0) + st.sent_grad
         state["accum"] += st.gathered * reduce if first else 0
     elif kind is ActionType.I:
         consider(st.input_high - st.stash + recomputed, st.stash, label)
-        state["act"] += st.stash + recomputed - st.output
+        state["act"] += st.stash + recomputed - (0 if st.sent_output else st.output) + st.sent_grad
+        state["sent"] += (st.output if st.sent_output else 0) + st.sent_grad
     else:  # W: autograd.grad makes a parameter group's gradients, then each is added into the held one
         state["accum"] += st.gathered * reduce if first else 0
         consider(st.weight_grad if accumulating else 0, 0, label)

@@ -263,3 +263,41 @@ def test_plan_and_simulate_with_a_profile_count_memory_as_run_predicts_it() -> N
     run = job_memory(run_shapes(source, profile=prof), degrees=Degrees(pp=best["pp"]), schedule=schedule,
                      stage_modules=module_names_per_stage(source, schedule.num_stages, None))
     assert [m.peak_memory_bytes for m in run] == best["peak_memory_bytes"]
+
+
+def _with(shapes: JobShapes, name: str, **changes: int) -> JobShapes:
+    import dataclasses
+
+    return dataclasses.replace(shapes, blocks={**shapes.blocks,
+                                               name: dataclasses.replace(shapes.blocks[name], **changes)})
+
+
+def test_a_first_stages_input_backward_holds_nothing_for_its_weight_backward(tmp_path: Path) -> None:
+    """torch skips a first stage's I (its input needs no gradient; W runs the whole backward), so what an I keeps for
+    W is not held on stage 0, while stage 1 holds it."""
+    csv = tmp_path / "order.csv"
+    csv.write_text("0F0,0F1,0I0,0W0,0F2,0I1,0W1,0F3,0I2,0W2,0I3,0W3\n"
+                   "1F0,1I0,1F1,1I1,1W0,1F2,1I2,1W1,1F3,1I3,1W2,1W3\n")
+    schedule = load_schedule(str(csv), 2, 4)
+    base = _shapes(num_layers=4, saved=1000)
+    plain = job_memory(base, degrees=Degrees(pp=2), schedule=schedule, stage_modules=_modules(2, 2))
+    stashed = job_memory(_with(_with(base, "layers.0", weight_grad_stash_bytes=10**6), "layers.2",
+                               weight_grad_stash_bytes=10**6), degrees=Degrees(pp=2), schedule=schedule,
+                         stage_modules=_modules(2, 2))
+    assert stashed[0].peak_memory_bytes == plain[0].peak_memory_bytes
+    assert stashed[1].peak_memory_bytes >= plain[1].peak_memory_bytes + 10**6
+
+
+def test_a_later_backward_makes_the_embeddings_new_gradient_after_freeing_the_microbatchs_activations() -> None:
+    """Once the stage holds gradients, each weight's new gradient is made, then added: the embedding's (the first
+    block, so the last to run backward) comes when the microbatch's layer activations are already freed."""
+    ranks, mb, saved, emb = 2, 4, 10**5, 10**6
+    shapes = _with(_shapes(num_layers=4, saved=saved), "tok_embeddings", tensors=(("weight", (emb, 1)),))
+    mems = job_memory(shapes, degrees=Degrees(pp=ranks), schedule=load_schedule("1F1B", ranks, mb),
+                      stage_modules=_modules(ranks, 2))
+    rank0 = mems[0]
+    assert rank0.during != "0B0"  # the first backward steals each new gradient as the .grad
+    held = rank0.static_bytes
+    assert rank0.parts["other"] - held["gathered_parameters"] - held["module_buffers"] - held["p2p_buffers"] == emb * 2
+    # one microbatch's layers freed: the other in-flight microbatch's 2 layers + both embeddings' ids + outputs held
+    assert rank0.parts["activations"] == 2 * saved + 2 * 8 + 2 * 16

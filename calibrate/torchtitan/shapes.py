@@ -318,7 +318,7 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
     where = ("the profile's measured activation bytes per block" if measured is not None else
              "the activation formula" + (" (the profile does not cover this shape)" if profile is not None else ""))
     return JobShapes(source=source.text, blocks=blocks, tp=tp, boundary_bytes=tokens * dim * act_bytes,
-                     logits_bytes=tokens * vocab_local * act_bytes, master_dtype=cfg.dtype, param_dtype=cfg.dtype, reduce_dtype=cfg.dtype, fsdp=fsdp,
+                     logits_bytes=tokens * vocab_local * act_bytes, all_sends_held=True, master_dtype=cfg.dtype, param_dtype=cfg.dtype, reduce_dtype=cfg.dtype, fsdp=fsdp,
                      optimizer_states=0, notes=(f"activations from {where}",))
 
 
