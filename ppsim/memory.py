@@ -17,7 +17,9 @@ What a rank holds, as torchtitan 0.3.0 trains under PP (``parallelize_llama`` / 
   action at the high point (a checkpointed layer's recomputed activations and the gradient workspace);
 - **activations**: saved per (stage, microbatch) from its F to its backward, per layer kind from the shapes under
   the job's activation-checkpoint mode (``none``: every saved tensor; ``full``: each layer's input only), or only
-  the stage's input for a (stage, microbatch) in ppsim's recompute set.
+  the stage's input for a (stage, microbatch) in ppsim's recompute set; each stage's output (torch's stage keeps it
+  to the backward), and what a send to another rank holds until the runtime waits for it. Inside a backward the
+  blocks run from the last, freeing their activations and making gradients as they go (:func:`_backward_step`).
 
 The activation counts are a formula over the layer's shapes (documented in ``docs/memory.md``), not a trace.
 """
@@ -362,9 +364,9 @@ def _backward_step(shapes: JobShapes, st: _Stage, kind: ActionType, *, rc: bool,
     """One B, I or W of stage ``st``: its high point (``consider``), then what it frees or keeps for W.
 
     A sent output or input gradient stays to the step's end where the runtime waits for its sends only then
-    (:func:`_sends_held`). A full backward (B, or a first stage's W) holds the other microbatches' activations plus the
-    stage's
-    :attr:`_Stage.backward_high` (a recomputed pair first rebuilds all its saved tensors); an I frees nothing and adds
+    (:func:`_sends_held`). A full backward (B, or a first stage's W) holds the other microbatches' activations plus
+    the stage's :attr:`_Stage.backward_high` (a recomputed pair first rebuilds all its saved tensors); an I frees
+    nothing and adds
     what W needs (every weighted output's gradient, ``stash``; a recomputed pair's rebuilt activations); a W adds one
     weight's new gradient, then frees the saved tensors and the stash. ``dtypes``: the master, gathered and reduce
     dtypes' bytes."""
