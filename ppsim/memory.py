@@ -93,10 +93,10 @@ class JobShapes:
     """``fully_shard`` applied (torchtitan applies it even at ``dp_shard`` 1): each stage's parameters are gathered
     into a second, unsharded copy while it computes. False: the module's own parameters are used (a plain PP run)."""
     all_sends_held: bool = False
-    """Every send is held to the step's end, as ppsim run's runtimes do (torch's ``_PipelineScheduleRuntime`` for
-    every schedule, ppsim's DualPipeV executor). False: as torchtitan picks torch's schedule class, held to the
-    step's end where a rank has several stages (``_PipelineScheduleRuntime`` waits for its sends only then), waited as
-    it goes with one stage per rank (``Schedule1F1B``, ``ScheduleGPipe``)."""
+    """Every send to another rank is held to the step's end, as ppsim run's runtimes do on CPU/gloo (torch's
+    ``_PipelineScheduleRuntime`` waits for its sends only then; ppsim's DualPipeV executor too): measured. False (the
+    training job without a profile): not counted; on NCCL whether the allocator frees a sent block when the send
+    completes or at its wait is not yet checked on a GPU."""
     fsdp_only_sharded: bool = False
     """``fully_shard`` applied only where ``dp_shard`` x ``tp`` > 1, as ``ppsim run`` applies it (torchtitan applies it
     always)."""
@@ -289,7 +289,7 @@ def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
 
 def _sends_held(shapes: JobShapes, schedule: Schedule, stage: int) -> tuple[bool, bool]:
     """Whether ``stage``'s output and its input gradient go to another rank by a send held to the step's end."""
-    if not (shapes.all_sends_held or schedule.num_stages > schedule.num_ranks):
+    if not shapes.all_sends_held:
         return False, False
     rank = schedule.stage_to_rank[stage]
     nxt, prev = schedule.next_stage(stage), schedule.prev_stage(stage)
