@@ -301,3 +301,17 @@ def test_a_later_backward_makes_the_embeddings_new_gradient_after_freeing_the_mi
     assert rank0.parts["other"] - held["gathered_parameters"] - held["module_buffers"] - held["p2p_buffers"] == emb * 2
     # one microbatch's layers freed: the other in-flight microbatch's 2 layers + both embeddings' ids + outputs held
     assert rank0.parts["activations"] == 2 * saved + 2 * 8 + 2 * 16
+
+
+def test_sends_the_runtime_waits_for_at_the_step_end_hold_their_tensors_until_then() -> None:
+    """ppsim run's runtimes wait for their sends only at the step's end: each output sent to the next rank outlives
+    its backward, and the step still ends holding only the sharded state."""
+    import dataclasses
+
+    shapes = _shapes(num_layers=4, saved=1000)
+    schedule = load_schedule("1F1B", 2, 4)
+    plain, held = (job_memory(s, degrees=Degrees(pp=2), schedule=schedule, stage_modules=_modules(2, 2))
+                   for s in (shapes, dataclasses.replace(shapes, all_sends_held=True)))
+    # rank 0 runs F0 F1 B0 F2 B1 F3 B2 B3: at B2 the outputs of microbatches 0 and 1 are still held by their sends
+    assert held[0].during == "0B2" and held[0].peak_memory_bytes == plain[0].peak_memory_bytes + 2 * 16
+    assert [m.end_bytes for m in held] == [m.end_bytes for m in plain]
