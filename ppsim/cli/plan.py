@@ -52,15 +52,15 @@ def plan_cmd(
 
     request = _request(torchtitan_config, list(ctx.args), gpus=gpus, gpus_per_node=gpus_per_node,
                        memory_cap=memory_cap, profiles=profile or [], time_limit=time_limit, top=top)
+    orders: dict[str, Any] = {}
+    result = plan(request, shapes_for=_shapes_cache(torchtitan_config, request), build=_build, timer=_time,
+                  progress=_progress_line(), searcher=_searcher(output, orders))
+    typer.echo("", err=True)
     typer.echo("memory: " + ("each candidate as `ppsim run` holds it on the profile's device (its dtype, no "
                              "optimizer state, fully_shard only where FSDP or TP shards), activations as the profile "
                              "measured them where it covers the microbatch, else the formula" if request.profiles
                              else "each candidate as torchtitan trains it (mixed precision, AdamW); activations from "
                              "the formula (no --profile)"), err=True)
-    orders: dict[str, Any] = {}
-    result = plan(request, shapes_for=_shapes_cache(torchtitan_config, request), build=_build, timer=_time,
-                  progress=_progress_line(), searcher=_searcher(output, orders))
-    typer.echo("", err=True)
     _write_orders(result, orders)
     if output is not None and result.best is not None:
         from ppsim.viz.plan_page import write_plan_page  # plotly only when asked
