@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +16,7 @@ from ppsim.memory import PARTS, BlockShapes, Degrees, JobMemoryError, JobShapes,
 from ppsim.schedules import load_schedule
 
 runner = CliRunner()
+DATA = Path(__file__).parent / "data"
 
 
 def _shapes(*, num_layers: int, saved: int = 100, reshard: bool = False) -> JobShapes:
@@ -58,8 +60,9 @@ def test_first_rank_of_1f1b_holds_one_activation_per_rank_in_flight() -> None:
     ranks, mb = 4, 8
     mems = job_memory(_shapes(num_layers=8, saved=1000), degrees=Degrees(pp=ranks),
                       schedule=load_schedule("1F1B", ranks, mb), stage_modules=_modules(ranks, 2))
-    # rank 0 holds `ranks` microbatches' activations at its high point (2 layers + embedding each)
-    assert mems[0].parts["activations"] == ranks * (2 * 1000 + 8)
+    # rank 0 holds `ranks` microbatches' activations at its high point (2 layers + embedding each) and their outputs
+    # (torch's stage keeps each output to its backward: 16 bytes of boundary each)
+    assert mems[0].parts["activations"] == ranks * (2 * 1000 + 8 + 16)
 
 
 def test_recomputing_keeps_only_the_stage_input() -> None:
@@ -227,3 +230,88 @@ def test_the_step_ends_holding_only_sharded_state(name: str, v: int | None, resh
         held = job_memory(_shapes(num_layers=2 * schedule.num_stages), degrees=Degrees(pp=2), schedule=schedule,
                           stage_modules=mods)
         assert all(a.peak_memory_bytes <= b.peak_memory_bytes for a, b in zip(mems, held))
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_plan_and_simulate_with_a_profile_count_memory_as_run_predicts_it() -> None:
+    """With a profile, plan judges each rank as `ppsim run` would hold the job on the profile's device: the best
+    candidate's per-rank peak equals `simulate --torchtitan-config ... --profile`'s and run's before-run prediction
+    (run_shapes with the profile's measured activations, job_memory)."""
+    pytest.importorskip("torchtitan")
+    from ppsim.calibrate.models import source_from_profile
+    from ppsim.calibrate.torchtitan.runner import module_names_per_stage
+    from ppsim.calibrate.torchtitan.shapes import run_shapes
+    from ppsim.profile import load_profile
+
+    path = DATA / "llama3_debugmodel_s32_mem.profile.json"
+    plan = runner.invoke(app, ["plan", "--torchtitan-config", "llama3:llama3_debugmodel", "--training.seq_len", "32",
+                               "--gpus", "2", "--memory-cap", "64MiB", "--profile", str(path), "--time-limit", "5",
+                               "--json"])
+    assert plan.exit_code == 0, plan.output
+    data = json.loads(plan.stdout)
+    best = data["candidates"][data["best"]]
+    assert best["tp"] == 1 and best["dp_shard"] == 1 and best["recompute"] == "none"
+    sim = runner.invoke(app, ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel",
+                              *[tok for o in best["overrides"] for tok in o.split(" ", 1)], "--profile", str(path),
+                              "--memory-cap", "64MiB", "--json"])
+    assert sim.exit_code == 0, sim.output
+    assert [r["peak_memory_bytes"] for r in json.loads(sim.stdout)["per_rank"]] == best["peak_memory_bytes"]
+    prof = load_profile(path)
+    source = source_from_profile(json.loads(path.read_text()), device="cpu")
+    schedule = load_schedule(best["schedule"], best["pp"], best["microbatches"], best["stages_per_rank"])
+    run = job_memory(run_shapes(source, profile=prof), degrees=Degrees(pp=best["pp"]), schedule=schedule,
+                     stage_modules=module_names_per_stage(source, schedule.num_stages, None))
+    assert [m.peak_memory_bytes for m in run] == best["peak_memory_bytes"]
+
+
+def _with(shapes: JobShapes, name: str, **changes: int) -> JobShapes:
+    import dataclasses
+
+    return dataclasses.replace(shapes, blocks={**shapes.blocks,
+                                               name: dataclasses.replace(shapes.blocks[name], **changes)})
+
+
+def test_a_first_stages_input_backward_holds_nothing_for_its_weight_backward(tmp_path: Path) -> None:
+    """torch skips a first stage's I (its input needs no gradient; W runs the whole backward), so what an I keeps for
+    W is not held on stage 0, while stage 1 holds it."""
+    csv = tmp_path / "order.csv"
+    csv.write_text("0F0,0F1,0I0,0W0,0F2,0I1,0W1,0F3,0I2,0W2,0I3,0W3\n"
+                   "1F0,1I0,1F1,1I1,1W0,1F2,1I2,1W1,1F3,1I3,1W2,1W3\n")
+    schedule = load_schedule(str(csv), 2, 4)
+    base = _shapes(num_layers=4, saved=1000)
+    plain = job_memory(base, degrees=Degrees(pp=2), schedule=schedule, stage_modules=_modules(2, 2))
+    stashed = job_memory(_with(_with(base, "layers.0", weight_grad_stash_bytes=10**6), "layers.2",
+                               weight_grad_stash_bytes=10**6), degrees=Degrees(pp=2), schedule=schedule,
+                         stage_modules=_modules(2, 2))
+    assert stashed[0].peak_memory_bytes == plain[0].peak_memory_bytes
+    assert stashed[1].peak_memory_bytes >= plain[1].peak_memory_bytes + 10**6
+
+
+def test_a_later_backward_makes_the_embeddings_new_gradient_after_freeing_the_microbatchs_activations() -> None:
+    """Once the stage holds gradients, each weight's new gradient is made, then added: the embedding's (the first
+    block, so the last to run backward) comes when the microbatch's layer activations are already freed."""
+    ranks, mb, saved, emb = 2, 4, 10**5, 10**6
+    shapes = _with(_shapes(num_layers=4, saved=saved), "tok_embeddings", tensors=(("weight", (emb, 1)),))
+    mems = job_memory(shapes, degrees=Degrees(pp=ranks), schedule=load_schedule("1F1B", ranks, mb),
+                      stage_modules=_modules(ranks, 2))
+    rank0 = mems[0]
+    assert rank0.during != "0B0"  # the first backward steals each new gradient as the .grad
+    held = rank0.static_bytes
+    assert rank0.parts["other"] - held["gathered_parameters"] - held["module_buffers"] - held["p2p_buffers"] == emb * 2
+    # one microbatch's layers freed: the other in-flight microbatch's 2 layers + both embeddings' ids + outputs held
+    assert rank0.parts["activations"] == 2 * saved + 2 * 8 + 2 * 16
+
+
+def test_sends_the_runtime_waits_for_at_the_step_end_hold_their_tensors_until_then() -> None:
+    """ppsim run's runtimes wait for their sends only at the step's end: each output sent to the next rank outlives
+    its backward, and the step still ends holding only the sharded state."""
+    import dataclasses
+
+    shapes = _shapes(num_layers=4, saved=1000)
+    schedule = load_schedule("1F1B", 2, 4)
+    plain, held = (job_memory(s, degrees=Degrees(pp=2), schedule=schedule, stage_modules=_modules(2, 2))
+                   for s in (shapes, dataclasses.replace(shapes, all_sends_held=True)))
+    # rank 0 runs F0 F1 B0 F2 B1 F3 B2 B3: at B2 the outputs of microbatches 0 and 1 are still held by their sends
+    assert held[0].during == "0B2" and held[0].peak_memory_bytes == plain[0].peak_memory_bytes + 2 * 16
+    assert [m.end_bytes for m in held] == [m.end_bytes for m in plain]

@@ -94,6 +94,8 @@ class RankMemoryReport:
     """:func:`ppsim.memory.job_memory`'s peak for this rank, made before the run."""
     predicted_parts: dict[str, int] | None = None
     predicted_during: str | None = None
+    measured_during: str | None = None
+    measured_by_action: tuple[tuple[str, int], ...] = ()
 
     @property
     def allocated_error_pct(self) -> float | None:
@@ -614,8 +616,8 @@ def build_report(schedule: Schedule, measurement: Measurement, costs: StageCosts
             rank=mem.rank, measured_peak_activation_bytes=mem.peak_activation_bytes,
             predicted_peak_activation_bytes=None if peak is None or static is None else peak - static,
             param_bytes=mem.param_bytes, grad_bytes=mem.grad_bytes, predicted_static_bytes=static,
-            measured_peak_allocated_bytes=mem.peak_allocated_bytes,
-            **_predicted_fields(memory_predicted, mem.rank),
+            measured_peak_allocated_bytes=mem.peak_allocated_bytes, measured_during=mem.peak_allocated_during,
+            measured_by_action=mem.allocated_by_action, **_predicted_fields(memory_predicted, mem.rank),
         ))
     return RunReport(
         schedule=schedule, measurement=measurement, predicted=predicted, measured_step_s=statistics.median(spans),
@@ -732,6 +734,8 @@ def _run_json(report: RunReport) -> dict[str, Any]:
                 "peak_allocated_error_pct": m.allocated_error_pct,
                 "memory_parts_predicted": m.predicted_parts,
                 "memory_during_predicted": m.predicted_during,
+                "memory_during_measured": m.measured_during,
+                "allocated_by_action_measured": [list(x) for x in m.measured_by_action],
             }
             for m in report.memory
         ],

@@ -106,6 +106,10 @@ class RankMemory:
     param_bytes: int
     grad_bytes: int
     peak_allocated_bytes: int | None = None
+    peak_allocated_during: str | None = None
+    """The action (or ``after X``: the gap after it) the allocator-level peak happened in."""
+    allocated_by_action: tuple[tuple[str, int], ...] = ()
+    """Each action's and gap's allocator-level high point, in the order the rank ran them (CPU count only)."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +259,8 @@ class Clock:
         self._index = 0
         self.memory: _PeakSaved | None = None
         """The step's memory count, while one is taken: told of the forward outputs the runtime keeps."""
+        self.live: Any = None
+        """The allocator-level count (:func:`live_bytes_mode`), while one is taken: told where each action begins."""
         if cuda:
             import torch
 
@@ -272,6 +278,8 @@ class Clock:
 
     def begin(self, name: str) -> None:
         self._name = name
+        if self.live is not None:
+            self.live.mark(name)
         self._begin_host = time.perf_counter()
         if self.cuda:
             ev = self._event()
@@ -298,6 +306,8 @@ class Clock:
             end = time.perf_counter()
         self.records.append((self._begin, end, self.pending_wait, self._name))
         self.pending_wait = 0.0
+        if self.live is not None:
+            self.live.mark(f"after {self._name}")
         self._index += 1
 
 
@@ -369,7 +379,8 @@ def live_bytes_mode() -> Any:
     It starts from the tensors alive when it is entered (found by the garbage collector: parameters, gradients,
     buffers, receive buffers, FSDP's shards) and adds each storage an operator returns while it runs, released when
     its last tensor dies (a finalizer on the storage). That is what the allocator holds for tensors; a kernel's own
-    scratch outside tensors is not seen. A DTensor counts its local tensor."""
+    scratch outside tensors is not seen. A DTensor counts its local tensor. :meth:`mark` opens a new span (an action,
+    or the gap after it); ``.spans`` then holds each span's name and high point, ``.during`` the span of ``.peak``."""
     import gc
     import warnings
 
@@ -383,6 +394,11 @@ def live_bytes_mode() -> Any:
             self.sizes: dict[int, int] = {}
             self.held = 0
             self.peak = 0
+            self.during = "the step's start"
+            self.spans: list[list[Any]] = [[self.during, 0]]
+
+        def mark(self, name: str) -> None:
+            self.spans.append([name, self.held])
 
         def track(self, tensor: Any) -> None:
             local = getattr(tensor, "_local_tensor", tensor)
@@ -397,7 +413,10 @@ def live_bytes_mode() -> Any:
                 return
             self.sizes[key] = size
             self.held += size
-            self.peak = max(self.peak, self.held)
+            span = self.spans[-1]
+            span[1] = max(span[1], self.held)
+            if self.held > self.peak:
+                self.peak, self.during = self.held, span[0]
             weakref.finalize(storage, self._release, key)
 
         def _release(self, key: int) -> None:
@@ -410,6 +429,7 @@ def live_bytes_mode() -> Any:
                 for obj in gc.get_objects():
                     if isinstance(obj, torch.Tensor):
                         self.track(obj)
+            self.spans[0][1] = self.peak
             return super().__enter__()
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -504,7 +524,7 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
             per_step.append(_host_times(clock.records, t0, base_event, _posted_times(clock.posted, names)))
             step_walls.append(t1 - t0)
         losses = []
-        peak_allocated = _allocator_peak_step(run, modules, device, cuda, args, kwargs, losses)
+        peak_allocated, during, spans = _allocator_peak_step(run, modules, device, cuda, args, kwargs, losses)
 
     grads = {run.grad_name(s, name): _full_grad(p.grad) for s, mod in run.parts.items()
              for name, p in mod.named_parameters() if p.grad is not None}
@@ -513,7 +533,7 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
         rank=pp_rank, peak_activation_bytes=saved.peak,
         param_bytes=sum(_local(p).numel() * p.element_size() for p in params),
         grad_bytes=sum(_local(p.grad).numel() * p.grad.element_size() for p in params if p.grad is not None),
-        peak_allocated_bytes=peak_allocated,
+        peak_allocated_bytes=peak_allocated, peak_allocated_during=during, allocated_by_action=spans,
     )
     loss = float(torch.stack([x.detach().float() for x in losses]).mean()) if run.has_last else None
     offset = _clock_offset(rank, world, device)
@@ -539,10 +559,12 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
 
 
 def _allocator_peak_step(run: RankRun, modules: Sequence[Any], device: Any, cuda: bool, args: tuple[Any, ...],
-                         kwargs: dict[str, Any], losses: list[Any]) -> int:
+                         kwargs: dict[str, Any], losses: list[Any]
+                         ) -> tuple[int, str | None, tuple[tuple[str, int], ...]]:
     """One more step, untimed, for the allocator-level peak: on CUDA ``max_memory_allocated`` (the model caches
     dropped first, so the process holds the job alone); on CPU every live tensor's bytes (:func:`live_bytes_mode`).
-    Its gradients and losses replace the last timed step's (same batch, same weights)."""
+    Its gradients and losses replace the last timed step's (same batch, same weights). Returns the peak, and on CPU
+    the action it happened in and each action's high point."""
     import gc
 
     import torch
@@ -561,11 +583,15 @@ def _allocator_peak_step(run: RankRun, modules: Sequence[Any], device: Any, cuda
         torch.cuda.reset_peak_memory_stats(device)
         run.runtime.step(*args, losses=losses, return_outputs=False, **kwargs)
         torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device))
+        return int(torch.cuda.max_memory_allocated(device)), None, ()
     mode = live_bytes_mode()
-    with mode:
-        run.runtime.step(*args, losses=losses, return_outputs=False, **kwargs)
-    return int(mode.peak)
+    run.clock.live = mode
+    try:
+        with mode:
+            run.runtime.step(*args, losses=losses, return_outputs=False, **kwargs)
+    finally:
+        run.clock.live = None
+    return int(mode.peak), mode.during, tuple((name, int(high)) for name, high in mode.spans)
 
 
 def _local(tensor: Any) -> Any:
@@ -673,15 +699,19 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
     from ppsim.calibrate.execute.numerics import check_against_reference
 
     schedule = spec.schedule
-    peaks: dict[int, int] = {}
+    worst: dict[int, RankMemory] = {}
     for g in gathered:  # each PP rank's worst device among its FSDP/TP replicas
         mem = g["memory"]
-        if mem.peak_allocated_bytes is not None:
-            peaks[mem.rank] = max(peaks.get(mem.rank, 0), mem.peak_allocated_bytes)
+        if mem.peak_allocated_bytes is not None and (
+                mem.rank not in worst or mem.peak_allocated_bytes > (worst[mem.rank].peak_allocated_bytes or 0)):
+            worst[mem.rank] = mem
     gathered = sorted((g for g in gathered if g["primary"]), key=lambda g: g["rank"])
     for g in gathered:
-        if g["rank"] in peaks:
-            g["memory"] = dataclasses.replace(g["memory"], peak_allocated_bytes=peaks[g["rank"]])
+        if g["rank"] in worst:
+            w = worst[g["rank"]]
+            g["memory"] = dataclasses.replace(g["memory"], peak_allocated_bytes=w.peak_allocated_bytes,
+                                              peak_allocated_during=w.peak_allocated_during,
+                                              allocated_by_action=w.allocated_by_action)
     steps: list[tuple[CompTiming, ...]] = []
     kinds = step_kinds(spec)
     for i in range(len(kinds)):

@@ -81,10 +81,12 @@ def degrees_of(parallelism: Any) -> Degrees:
 
 
 def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
-               activation_checkpoint: str | None = None) -> tuple[JobShapes, Degrees]:
+               activation_checkpoint: str | None = None, profile: Any = None) -> tuple[JobShapes, Degrees]:
     """The TP-local shapes of ``MODULE:CONFIG``'s model and the job's degrees, ``settings`` being its
     :class:`ppsim.torchtitan.JobSettings` (overrides applied); ``activation_checkpoint`` (``none``/``full``) counts
-    another checkpoint mode than the config's (``plan`` compares them)."""
+    another checkpoint mode than the config's (``plan`` compares them). With a ``profile``, the job as ``ppsim run``
+    executes it on the profile's device (:func:`profile_shapes`: its measured activations where it covers the job's
+    microbatch), else as torchtitan trains it (mixed precision, AdamW, the activation formula)."""
     import torch
 
     with converters_set_aside() as set_aside:
@@ -102,12 +104,17 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
     check_degrees(degrees, num_heads=attn.n_heads, num_kv_heads=getattr(attn, "n_kv_heads", None) or attn.n_heads,
                   num_layers=len(layers), num_experts=experts,
                   fix="pass --parallelism.KEY VALUE with a degree that divides it")
+    ac = activation_checkpoint or _ac_mode(config.activation_checkpoint)
+    if profile is not None:
+        shapes = profile_shapes(profile, tp=degrees.tp, seq_len=training.seq_len,
+                                mb_size=parallelism.pipeline_parallel_microbatch_size, activation_checkpoint=ac)
+        return dataclasses.replace(shapes, source=value, notes=(*notes, *dict.fromkeys(set_aside), *shapes.notes)), \
+            degrees
     model_cfg.update_from_config(config=config)
     buffers: dict[str, int] = {}
     local = _local_shapes(model_cfg, degrees.tp, buffers)
     kinds: dict[tuple[tuple[str, tuple[int, ...]], ...], int] = {}
     kind_of = [kinds.setdefault(local[f"layers.{i}"], len(kinds)) for i in range(len(layers))]
-    ac = activation_checkpoint or _ac_mode(config.activation_checkpoint)
     tokens = training.seq_len * parallelism.pipeline_parallel_microbatch_size
     sp = degrees.tp > 1 and parallelism.enable_sequence_parallel
     dim = model_cfg.dim
@@ -130,6 +137,7 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
                      "input only")
     shapes = JobShapes(
         source=value, blocks=blocks, tp=degrees.tp, boundary_bytes=tokens * dim * act_bytes,
+        logits_bytes=tokens * vocab_local * act_bytes,
         master_dtype=training.dtype, param_dtype=training.mixed_precision_param,
         reduce_dtype=training.mixed_precision_reduce, activation_checkpoint=ac,
         reshard_after_forward=parallelism.fsdp_reshard_after_forward == "always",
@@ -224,14 +232,45 @@ _CANONICAL = {"embedding": "tok_embeddings", "head": "lm_head", "output": "lm_he
 """ppsim's builtin and older torchtitan block names -> torchtitan 0.3.0's stage module names."""
 
 
-def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = None) -> JobShapes:
+def profile_shapes(profile: Any, *, tp: int, seq_len: int, mb_size: int, activation_checkpoint: str = "none"
+                   ) -> JobShapes:
+    """The job as ``ppsim run`` executes it on the device ``profile`` was measured on (what ``plan`` and ``simulate
+    --torchtitan-config --profile`` judge): the profile's model at ``seq_len`` x ``mb_size`` tokens per microbatch
+    and ``tp``, in the profile's dtype (no mixed precision, no optimizer state: a run takes no optimizer step),
+    ``fully_shard`` only where FSDP or TP shards (``JobShapes.fsdp_only_sharded``), and the saved activations the
+    profile measured per block where it covers the shape (same tokens per microbatch and TP, no activation
+    checkpointing; ``selective`` is counted as none, an upper bound), else the formula (said in the notes)."""
+    from ppsim.calibrate.models import ModelOptions, parse_model_source
+
+    activation_checkpoint = "none" if activation_checkpoint == "selective" else activation_checkpoint  # an upper bound
+    info = profile.source
+    if info is None:
+        raise JobMemoryError("the profile names no model source (a version-3 profile does); re-run `ppsim calibrate`"
+                             " to judge memory from it")
+    options = {k: v for k, v in dict(info.options).items() if k in ModelOptions.__dataclass_fields__}
+    options.update(seq_len=seq_len, mb_size=mb_size, dtype=profile.model.dtype)
+    source = parse_model_source(info.source, ModelOptions(**options), device=profile.device)
+    covers = (seq_len * mb_size == profile.model.seq_len * profile.model.mb_size
+              and tp == profile.tensor_parallel_degree and activation_checkpoint == "none")
+    shapes = run_shapes(source, tp=tp, fsdp=True, profile=profile if covers else None, ac=activation_checkpoint)
+    note = (f"counted as `ppsim run` holds the job on the profile's device ({profile.device}, {profile.model.dtype}, "
+            "no optimizer state, fully_shard only where FSDP or TP shards)")
+    if not covers:
+        note += (f"; activations from the formula: the profile measured {profile.model.seq_len * profile.model.mb_size}"
+                 f" tokens per microbatch at TP {profile.tensor_parallel_degree} without checkpointing, not "
+                 f"{seq_len * mb_size} at TP {tp} with activation_checkpoint {activation_checkpoint!r}")
+    return dataclasses.replace(shapes, fsdp_only_sharded=True, notes=(*shapes.notes, note))
+
+
+def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = None, ac: str = "none") -> JobShapes:
     """The shapes of what ``ppsim run`` executes (a :class:`~ppsim.calibrate.models.ModelSource` at its microbatch
     shape and dtype, no mixed precision, no optimizer step), for :func:`ppsim.memory.job_memory`.
 
     Parameters: the model built on the meta device (``tp`` > 1: torchtitan's parallelize on a fake process group,
     as :func:`job_shapes`). Saved activations per block: the profile's ``activation_bytes`` (what this device's
     kernels save, measured by ``ppsim calibrate`` before the run) when ``profile`` has blocks of this shape, else
-    the formula of :func:`_layer_block` (which counts what flash attention saves, not CPU math attention)."""
+    the formula of :func:`_layer_block` (which counts what flash attention saves, not CPU math attention), under
+    checkpoint mode ``ac`` (``none``/``full``)."""
     import torch
 
     cfg = source.config
@@ -252,7 +291,7 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
     layer_extra = max(3 * tokens * (cfg.ffn // tp), probs) * act_bytes
     blocks: dict[str, BlockShapes] = {}
     for i in range(source.num_layers):
-        block = _layer_block("layer", local[f"layers.{i}"], tokens=tokens, dim=dim, tp=tp, sp=tp > 1, ac="none",
+        block = _layer_block("layer", local[f"layers.{i}"], tokens=tokens, dim=dim, tp=tp, sp=tp > 1, ac=ac,
                              act_bytes=act_bytes)
         block = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0),
                                     backward_transient_bytes=block.backward_transient_bytes + layer_extra,
@@ -267,19 +306,19 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
                                            saved_bytes=tokens * 8 if measured is None else measured["tok_embeddings"])
     blocks["norm"] = BlockShapes("head", local.get("norm", ()),
                                  saved_bytes=0 if measured is not None else tokens * dim * act_bytes)
-    # the loss's and the log-softmax's logits-sized gradients, and the head weight's new gradient before it is
-    # added into the accumulated one
-    head_weight = math.prod(local["lm_head"][0][1]) * act_bytes
+    # the loss's and the log-softmax's logits-sized gradients (fp32); each weight's new gradient before it is added
+    # into the held one is ppsim.memory's
     blocks["lm_head"] = BlockShapes("head", local["lm_head"], saved_bytes=head_saved,
-                                    backward_transient_bytes=2 * tokens * vocab_local * 4 + head_weight,
+                                    backward_transient_bytes=2 * tokens * vocab_local * 4,
                                     weight_grad_stash_bytes=_output_grad_bytes(local["lm_head"], tokens, act_bytes))
     blocks["norm"] = dataclasses.replace(blocks["norm"], weight_grad_stash_bytes=_output_grad_bytes(
         local.get("norm", ()), tokens, act_bytes))
     blocks["tok_embeddings"] = dataclasses.replace(blocks["tok_embeddings"], weight_grad_stash_bytes=(
         _output_grad_bytes(local["tok_embeddings"], tokens, act_bytes, embedding=True)))
-    where = "the profile's measured activation bytes per block" if measured is not None else "the activation formula"
+    where = ("the profile's measured activation bytes per block" if measured is not None else
+             "the activation formula" + (" (the profile does not cover this shape)" if profile is not None else ""))
     return JobShapes(source=source.text, blocks=blocks, tp=tp, boundary_bytes=tokens * dim * act_bytes,
-                     master_dtype=cfg.dtype, param_dtype=cfg.dtype, reduce_dtype=cfg.dtype, fsdp=fsdp,
+                     logits_bytes=tokens * vocab_local * act_bytes, all_sends_held=True, master_dtype=cfg.dtype, param_dtype=cfg.dtype, reduce_dtype=cfg.dtype, fsdp=fsdp,
                      optimizer_states=0, notes=(f"activations from {where}",))
 
 

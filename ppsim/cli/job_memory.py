@@ -49,7 +49,7 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
     from ppsim.memory import job_memory
 
     try:
-        shapes, degrees = _shapes_of(str(torchtitan_config), overrides)
+        shapes, degrees = _shapes_of(str(torchtitan_config), overrides, profile=inputs.cost_model.profile)
     except JobMemoryError as exc:
         if cap is not None:  # a verdict was asked for: say why there is none
             raise
@@ -60,7 +60,8 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
     typer.echo(f"memory: counts pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x dp_replicate "
                f"{degrees.dp_replicate} ({degrees.world_size} devices; the step time is the pipeline's alone); "
                f"parameters {shapes.master_dtype}, gathered {shapes.param_dtype}, gradients reduced in "
-               f"{shapes.reduce_dtype}", err=True)
+               f"{shapes.reduce_dtype}" + ("" if inputs.cost_model.profile is not None else
+                                           "; activations from the formula (no --profile)"), err=True)
     for key, value in (("context_parallel_degree", degrees.cp), ("expert_parallel_degree", degrees.ep)):
         if value > 1:
             typer.echo(f"memory: parallelism.{key} = {value} is not counted: ppsim holds the rank's activations and "
@@ -72,14 +73,14 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
                       recompute=result.recompute, cap_bytes=cap)
 
 
-def _shapes_of(value: str, overrides: Sequence[str]) -> tuple[JobShapes, Degrees]:
+def _shapes_of(value: str, overrides: Sequence[str], *, profile: Any = None) -> tuple[JobShapes, Degrees]:
     from ppsim.calibrate.torchtitan.shapes import job_shapes
     from ppsim.calibrate.torchtitan.config import read_job_settings
 
     with _quiet_converters():
         settings = read_job_settings(value, overrides)
     try:
-        return job_shapes(value, settings)
+        return job_shapes(value, settings, profile=profile)
     except (PPSimError, KeyboardInterrupt):
         raise
     except Exception as exc:  # torchtitan's own refusal of this model or these degrees

@@ -56,6 +56,11 @@ def plan_cmd(
     result = plan(request, shapes_for=_shapes_cache(torchtitan_config, request), build=_build, timer=_time,
                   progress=_progress_line(), searcher=_searcher(output, orders))
     typer.echo("", err=True)
+    typer.echo("memory: " + ("each candidate as `ppsim run` holds it on the profile's device (its dtype, no "
+                             "optimizer state, fully_shard only where FSDP or TP shards), activations as the profile "
+                             "measured them where it covers the microbatch, else the formula" if request.profiles
+                             else "each candidate as torchtitan trains it (mixed precision, AdamW); activations from "
+                             "the formula (no --profile)"), err=True)
     _write_orders(result, orders)
     if output is not None and result.best is not None:
         from ppsim.viz.plan_page import write_plan_page  # plotly only when asked
@@ -209,10 +214,24 @@ def _shapes_cache(value: str, request: PlanRequest) -> Any:
                     "--parallelism.data_parallel_shard_degree", "1", f"--{keys.size}", str(size)]
             with job_config_context(value):
                 settings = read_job_settings(value, args)
-            cache[(tp, mb_size, ac)] = job_shapes(value, settings, activation_checkpoint=ac)[0]
+            cache[(tp, mb_size, ac)] = job_shapes(value, settings, activation_checkpoint=ac,
+                                                  profile=_memory_profile(request, tp, mb_size * seq))[0]
         return cache[(tp, mb_size, ac)]
 
     return shapes_for
+
+
+def _memory_profile(request: PlanRequest, tp: int, tokens: int) -> Any:
+    """The profile that judges memory (the job as `ppsim run` executes it on the profile's device): the one
+    measured at this TP degree and tokens per microbatch, else the first (its model, dtype and device; the formula's
+    activations); ``None`` without ``--profile`` (torchtitan's training job, the formula's activations)."""
+    from ppsim.profile import load_profile
+
+    if not request.profiles:
+        return None
+    cover = next((p for p in request.profiles if p.tp == tp and p.tokens_per_microbatch == tokens),
+                 request.profiles[0])
+    return load_profile(cover.path)
 
 
 def _build(name: str, ranks: int, mb: int, v: int) -> Any:
