@@ -105,6 +105,10 @@ class JobShapes:
     logits_bytes: int = 0
     """The last stage's output per microbatch (the logits), which torch's stage keeps from the forward to the
     backward like every stage's output (0: counted as ``boundary_bytes``)."""
+    workspace_bytes: int = 0
+    """What the device's libraries keep allocated through the step beyond any tensor (cuBLAS's workspace per thread
+    that multiplies), as calibration measured it on the device (``method.workspace_bytes``); 0 where none is seen or
+    no profile says (on CUDA torch's default is 32 MiB a thread on Hopper)."""
 
 
 @dataclass(frozen=True)
@@ -329,7 +333,7 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
         nonlocal best
         parts = {"parameters": sharded * master, "gradients": state["accum"] + state["grads"] + extra_grads,
                  "optimizer": shapes.optimizer_states * sharded * master, "activations": state["act"] + extra_act,
-                 "other": state["gathered"] + buffers + transient}
+                 "other": state["gathered"] + buffers + transient + shapes.workspace_bytes}
         total = sum(parts.values())
         if total > best[0]:
             best = (total, parts, label)

@@ -234,10 +234,11 @@ def test_the_step_ends_holding_only_sharded_state(name: str, v: int | None, resh
 
 @pytest.mark.torch
 @pytest.mark.slow
-def test_plan_and_simulate_with_a_profile_count_memory_as_run_predicts_it() -> None:
-    """With a profile, plan judges each rank as `ppsim run` would hold the job on the profile's device: the best
-    candidate's per-rank peak equals `simulate --torchtitan-config ... --profile`'s and run's before-run prediction
-    (run_shapes with the profile's measured activations, job_memory)."""
+def test_plan_with_a_profile_counts_the_training_job_and_with_memory_as_run_equals_runs_prediction() -> None:
+    """With a profile, plan and `simulate --torchtitan-config ... --profile` judge the training job (its dtypes and
+    AdamW) with the profile's measured activations, and agree per rank; `plan --memory-as-run` judges each rank as
+    `ppsim run` would hold it on the profile's device, equal to run's before-run prediction (run_shapes with the
+    profile's measured activations, job_memory)."""
     pytest.importorskip("torchtitan")
     from ppsim.calibrate.models import source_from_profile
     from ppsim.calibrate.torchtitan.runner import module_names_per_stage
@@ -245,24 +246,36 @@ def test_plan_and_simulate_with_a_profile_count_memory_as_run_predicts_it() -> N
     from ppsim.profile import load_profile
 
     path = DATA / "llama3_debugmodel_s32_mem.profile.json"
-    plan = runner.invoke(app, ["plan", "--torchtitan-config", "llama3:llama3_debugmodel", "--training.seq_len", "32",
-                               "--gpus", "2", "--memory-cap", "64MiB", "--profile", str(path), "--time-limit", "5",
-                               "--json"])
-    assert plan.exit_code == 0, plan.output
-    data = json.loads(plan.stdout)
+    job = ["plan", "--torchtitan-config", "llama3:llama3_debugmodel", "--training.seq_len", "32", "--gpus", "2",
+           "--profile", str(path), "--time-limit", "5", "--json"]
+    trained = runner.invoke(app, [*job, "--memory-cap", "1GiB"])
+    assert trained.exit_code == 0, trained.output
+    data = json.loads(trained.stdout)
     best = data["candidates"][data["best"]]
-    assert best["tp"] == 1 and best["dp_shard"] == 1 and best["recompute"] == "none"
+    assert all(parts["optimizer"] > 0 for parts in best["memory_parts"])  # AdamW's states: the training job
     sim = runner.invoke(app, ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel",
                               *[tok for o in best["overrides"] for tok in o.split(" ", 1)], "--profile", str(path),
-                              "--memory-cap", "64MiB", "--json"])
+                              "--memory-cap", "1GiB", "--json"])
     assert sim.exit_code == 0, sim.output
     assert [r["peak_memory_bytes"] for r in json.loads(sim.stdout)["per_rank"]] == best["peak_memory_bytes"]
+
+    as_run = runner.invoke(app, [*job, "--memory-cap", "64MiB", "--memory-as-run"])
+    assert as_run.exit_code == 0, as_run.output
+    data = json.loads(as_run.stdout)
+    best = data["candidates"][data["best"]]
+    assert best["tp"] == 1 and best["dp_shard"] == 1 and best["recompute"] == "none"
     prof = load_profile(path)
     source = source_from_profile(json.loads(path.read_text()), device="cpu")
     schedule = load_schedule(best["schedule"], best["pp"], best["microbatches"], best["stages_per_rank"])
     run = job_memory(run_shapes(source, profile=prof), degrees=Degrees(pp=best["pp"]), schedule=schedule,
                      stage_modules=module_names_per_stage(source, schedule.num_stages, None))
     assert [m.peak_memory_bytes for m in run] == best["peak_memory_bytes"]
+
+
+def test_memory_as_run_without_a_profile_is_one_line() -> None:
+    result = runner.invoke(app, ["plan", "--torchtitan-config", "llama3:llama3_debugmodel", "--gpus", "2",
+                                 "--memory-cap", "1GiB", "--memory-as-run"])
+    assert result.exit_code == 2 and "--memory-as-run: needs --profile" in result.output
 
 
 def _with(shapes: JobShapes, name: str, **changes: int) -> JobShapes:

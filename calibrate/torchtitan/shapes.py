@@ -81,11 +81,13 @@ def degrees_of(parallelism: Any) -> Degrees:
 
 
 def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
-               activation_checkpoint: str | None = None, profile: Any = None) -> tuple[JobShapes, Degrees]:
+               activation_checkpoint: str | None = None, profile: Any = None,
+               as_run: bool = False) -> tuple[JobShapes, Degrees]:
     """The TP-local shapes of ``MODULE:CONFIG``'s model and the job's degrees, ``settings`` being its
     :class:`ppsim.torchtitan.JobSettings` (overrides applied); ``activation_checkpoint`` (``none``/``full``) counts
-    another checkpoint mode than the config's (``plan`` compares them). With a ``profile``, the job as ``ppsim run``
-    executes it on the profile's device (:func:`profile_shapes`: its measured activations where it covers the job's
+    another checkpoint mode than the config's (``plan`` compares them). With a ``profile``, the training job with
+    the activations the profile measured (``as_run``: the job as ``ppsim run`` executes it on the profile's device,
+    to check a plan against runs) (:func:`profile_shapes`: its measured activations where it covers the job's
     microbatch), else as torchtitan trains it (mixed precision, AdamW, the activation formula)."""
     import torch
 
@@ -108,6 +110,8 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
     if profile is not None:
         shapes = profile_shapes(profile, tp=degrees.tp, seq_len=training.seq_len,
                                 mb_size=parallelism.pipeline_parallel_microbatch_size, activation_checkpoint=ac)
+        if not as_run:  # the training job: its dtypes, its optimizer, fully_shard as torchtitan applies it
+            shapes = _as_trained(shapes, training, parallelism, profile)
         return dataclasses.replace(shapes, source=value, notes=(*notes, *dict.fromkeys(set_aside), *shapes.notes)), \
             degrees
     model_cfg.update_from_config(config=config)
@@ -232,6 +236,24 @@ _CANONICAL = {"embedding": "tok_embeddings", "head": "lm_head", "output": "lm_he
 """ppsim's builtin and older torchtitan block names -> torchtitan 0.3.0's stage module names."""
 
 
+def _as_trained(shapes: JobShapes, training: Any, parallelism: Any, profile: Any) -> JobShapes:
+    """``profile_shapes``' count turned back into the training job's: torchtitan's master, gathered and reduce dtypes,
+    AdamW's two states, ``fully_shard`` on every stage, sends not held (as without a profile); the profile's measured
+    activations (and device workspace) stay, in the profile's dtype (said when it is not the job's)."""
+    notes = [n for n in shapes.notes if not n.startswith("counted as `ppsim run`")]
+    notes.append(f"counted as torchtitan trains the job ({training.dtype} parameters, AdamW, fully_shard on every "
+                 f"stage), with the activations measured on the profile's device ({profile.device})")
+    if profile.model.dtype != training.mixed_precision_param:
+        notes.append(f"the profile measured activations in {profile.model.dtype}; the job computes in "
+                     f"{training.mixed_precision_param}: counted as measured (calibrate with --dtype "
+                     f"{training.mixed_precision_param} to match)")
+    return dataclasses.replace(
+        shapes, master_dtype=training.dtype, param_dtype=training.mixed_precision_param,
+        reduce_dtype=training.mixed_precision_reduce, optimizer_states=2, fsdp=True, fsdp_only_sharded=False,
+        all_sends_held=False, reshard_after_forward=parallelism.fsdp_reshard_after_forward == "always",
+        notes=tuple(notes))
+
+
 def profile_shapes(profile: Any, *, tp: int, seq_len: int, mb_size: int, activation_checkpoint: str = "none"
                    ) -> JobShapes:
     """The job as ``ppsim run`` executes it on the device ``profile`` was measured on (what ``plan`` and ``simulate
@@ -317,9 +339,19 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
         _output_grad_bytes(local["tok_embeddings"], tokens, act_bytes, embedding=True)))
     where = ("the profile's measured activation bytes per block" if measured is not None else
              "the activation formula" + (" (the profile does not cover this shape)" if profile is not None else ""))
+    workspace = _workspace_bytes(profile)
+    notes = (f"activations from {where}",
+             *([f"device workspace {workspace / 2**20:.1f} MiB (cuBLAS, as calibrated)"] if workspace else []))
     return JobShapes(source=source.text, blocks=blocks, tp=tp, boundary_bytes=tokens * dim * act_bytes,
-                     logits_bytes=tokens * vocab_local * act_bytes, all_sends_held=True, master_dtype=cfg.dtype, param_dtype=cfg.dtype, reduce_dtype=cfg.dtype, fsdp=fsdp,
-                     optimizer_states=0, notes=(f"activations from {where}",))
+                     logits_bytes=tokens * vocab_local * act_bytes, all_sends_held=True, master_dtype=cfg.dtype,
+                     param_dtype=cfg.dtype, reduce_dtype=cfg.dtype, fsdp=fsdp, optimizer_states=0, notes=notes,
+                     workspace_bytes=workspace)
+
+
+def _workspace_bytes(profile: Any) -> int:
+    """The device libraries' workspace calibration measured (``method.workspace_bytes``; 0 without one)."""
+    method = None if profile is None else profile.method
+    return int(getattr(method, "workspace_bytes", None) or 0)
 
 
 def _output_grad_bytes(tensors: Sequence[tuple[str, tuple[int, ...]]], tokens: int, act_bytes: int, *,

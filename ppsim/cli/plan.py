@@ -45,6 +45,10 @@ def plan_cmd(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=output_file,
                                                    help="Write one offline HTML page.")] = None,
     json_out: JsonOpt = False,
+    memory_as_run: Annotated[bool, typer.Option(
+        "--memory-as-run", help="With --profile: judge memory as `ppsim run` executes each candidate on the "
+        "profile's device (its dtype, no optimizer step), to check the plan against runs; default: the training "
+        "job.")] = False,
 ) -> None:
     """The fastest configuration of a torchtitan job that fits each device's memory, with the overrides to launch
     it."""
@@ -53,14 +57,13 @@ def plan_cmd(
     request = _request(torchtitan_config, list(ctx.args), gpus=gpus, gpus_per_node=gpus_per_node,
                        memory_cap=memory_cap, profiles=profile or [], time_limit=time_limit, top=top)
     orders: dict[str, Any] = {}
-    result = plan(request, shapes_for=_shapes_cache(torchtitan_config, request), build=_build, timer=_time,
-                  progress=_progress_line(), searcher=_searcher(output, orders))
+    if memory_as_run and not request.profiles:
+        raise PPSimError("--memory-as-run: needs --profile (the device and dtype `ppsim run` would execute on); "
+                         "add --profile P.json, or drop --memory-as-run")
+    result = plan(request, shapes_for=_shapes_cache(torchtitan_config, request, as_run=memory_as_run),
+                  build=_build, timer=_time, progress=_progress_line(), searcher=_searcher(output, orders))
     typer.echo("", err=True)
-    typer.echo("memory: " + ("each candidate as `ppsim run` holds it on the profile's device (its dtype, no "
-                             "optimizer state, fully_shard only where FSDP or TP shards), activations as the profile "
-                             "measured them where it covers the microbatch, else the formula" if request.profiles
-                             else "each candidate as torchtitan trains it (mixed precision, AdamW); activations from "
-                             "the formula (no --profile)"), err=True)
+    typer.echo("memory: " + _memory_rule(bool(request.profiles), as_run=memory_as_run), err=True)
     _write_orders(result, orders)
     if output is not None and result.best is not None:
         from ppsim.viz.plan_page import write_plan_page  # plotly only when asked
@@ -197,7 +200,19 @@ def _cover(path: Path, facts: ModelFacts, value: str) -> ProfileCover:
 
 
 # --- the callbacks ---------------------------------------------------------------------------------------------
-def _shapes_cache(value: str, request: PlanRequest) -> Any:
+def _memory_rule(profiled: bool, *, as_run: bool) -> str:
+    """How the candidates' memory was counted (one stderr line after the plan)."""
+    if as_run:
+        return ("each candidate as `ppsim run` holds it on the profile's device (its dtype, no optimizer state, "
+                "fully_shard only where FSDP or TP shards), activations as the profile measured them where it covers "
+                "the microbatch, else the formula")
+    if profiled:
+        return ("each candidate as torchtitan trains it (mixed precision, AdamW), activations as the profile "
+                "measured them where it covers the microbatch, else the formula")
+    return "each candidate as torchtitan trains it (mixed precision, AdamW); activations from the formula (no --profile)"
+
+
+def _shapes_cache(value: str, request: PlanRequest, *, as_run: bool = False) -> Any:
     from ppsim.calibrate.torchtitan.config import read_job_settings
     from ppsim.calibrate.torchtitan.shapes import job_shapes
     from ppsim.cli.job_memory import job_config_context
@@ -215,14 +230,15 @@ def _shapes_cache(value: str, request: PlanRequest) -> Any:
             with job_config_context(value):
                 settings = read_job_settings(value, args)
             cache[(tp, mb_size, ac)] = job_shapes(value, settings, activation_checkpoint=ac,
-                                                  profile=_memory_profile(request, tp, mb_size * seq))[0]
+                                                  profile=_memory_profile(request, tp, mb_size * seq),
+                                                  as_run=as_run)[0]
         return cache[(tp, mb_size, ac)]
 
     return shapes_for
 
 
 def _memory_profile(request: PlanRequest, tp: int, tokens: int) -> Any:
-    """The profile that judges memory (the job as `ppsim run` executes it on the profile's device): the one
+    """The profile whose measured activations (and device) judge memory: the one
     measured at this TP degree and tokens per microbatch, else the first (its model, dtype and device; the formula's
     activations); ``None`` without ``--profile`` (torchtitan's training job, the formula's activations)."""
     from ppsim.profile import load_profile
