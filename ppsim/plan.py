@@ -389,11 +389,17 @@ def judge(c: Candidate, request: PlanRequest, *, shapes_for: ShapesFor, build: C
 Progress = Callable[[int, int, "Judged | None", float], None]
 
 
+#: seconds of the time limit kept for what follows the plan (the table, the HTML page, the orders' CSVs)
+OUTPUT_RESERVE_S = 3.0
+
+
 def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Callable[..., Any], timer: Timer,
-         progress: Progress | None = None, searcher: Searcher | None = None) -> Plan:
+         progress: Progress | None = None, searcher: Searcher | None = None, started: float | None = None) -> Plan:
     """Judge the candidates in order of their lower bound, within the time limit (the named orders, then
-    ``searcher``'s orders for the best few configurations); Ctrl-C keeps what was judged."""
-    start = time.monotonic()
+    ``searcher``'s orders for the best few configurations); Ctrl-C keeps what was judged. ``started``: the
+    ``time.monotonic()`` the command began (reading the job counts against the limit too; default: now); the
+    searched orders leave :data:`OUTPUT_RESERVE_S` of the limit for the output."""
+    start = time.monotonic() if started is None else started
     batch = global_batch(request.settings, request.num_gpus)
     space = sorted(candidates(request, batch), key=lambda c: lower_bound(c, request))
     judged: list[Judged] = []
@@ -417,7 +423,8 @@ def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Callable[..., An
                 progress(i + 1, len(space), min(timed, key=Judged.key, default=None), time.monotonic() - start)
         if searcher is not None and not stopped:
             for j in searched(timed, request, searcher=searcher, shapes_for=shapes_for, build=build, timer=timer,
-                              time_s=max(0.0, request.time_limit_s - (time.monotonic() - start))):
+                              time_s=max(0.0, request.time_limit_s - OUTPUT_RESERVE_S
+                                         - (time.monotonic() - start))):
                 judged.append(j)
                 if j.fits and (j.step_s is not None or j.relative_step is not None):
                     timed.append(j)

@@ -143,6 +143,14 @@ def test_the_time_limit_stops_the_plan_and_says_so() -> None:
     assert result.stopped.startswith("time limit") and len(result.judged) == 1
 
 
+def test_the_time_limit_counts_from_when_the_command_began() -> None:
+    """Reading the job counts against --time-limit: a plan begun a limit ago judges one candidate and stops."""
+    import time
+
+    result = _plan(_request(time_limit_s=30.0), started=time.monotonic() - 30.0)
+    assert result.stopped.startswith("time limit") and len(result.judged) == 1
+
+
 def test_lower_bound_pruning_never_drops_a_candidate_faster_than_the_kth() -> None:
     full = _plan(_request(top=10**6))
     pruned = _plan(_request(top=3))

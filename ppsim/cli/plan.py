@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -54,6 +55,7 @@ def plan_cmd(
     it."""
     from ppsim.plan import plan
 
+    started = time.monotonic()  # the time limit counts reading the job
     request = _request(torchtitan_config, list(ctx.args), gpus=gpus, gpus_per_node=gpus_per_node,
                        memory_cap=memory_cap, profiles=profile or [], time_limit=time_limit, top=top)
     orders: dict[str, Any] = {}
@@ -61,7 +63,8 @@ def plan_cmd(
         raise PPSimError("--memory-as-run: needs --profile (the device and dtype `ppsim run` would execute on); "
                          "add --profile P.json, or drop --memory-as-run")
     result = plan(request, shapes_for=_shapes_cache(torchtitan_config, request, as_run=memory_as_run),
-                  build=_build, timer=_time, progress=_progress_line(), searcher=_searcher(output, orders))
+                  build=_build, timer=_time, progress=_progress_line(), searcher=_searcher(output, orders),
+                  started=started)
     typer.echo("", err=True)
     typer.echo("memory: " + _memory_rule(bool(request.profiles), as_run=memory_as_run), err=True)
     _write_orders(result, orders)
