@@ -66,6 +66,8 @@ class ProfileCover:
     path: str
     tp: int
     tokens_per_microbatch: int
+    collectives: Any = None
+    """Its FSDP all-gather / reduce-scatter costs (:class:`ppsim.fsdp.CollectiveCosts`); ``None``: not costed."""
 
 
 @dataclass(frozen=True)
@@ -310,8 +312,9 @@ def lower_bound(c: Candidate, request: PlanRequest) -> float:
 
 # --- judging one candidate ------------------------------------------------------------------------------------
 ShapesFor = Callable[[int, int, str], JobShapes]
-Timer = Callable[[Any, Any, str | None, str], float]
-"""``timer(schedule, job, profile_path_or_None, unit_costs) -> makespan`` (seconds with a profile)."""
+Timer = Callable[..., float]
+"""``timer(schedule, job, profile_path_or_None, unit_costs, fsdp=None) -> makespan`` (seconds with a profile);
+``fsdp(schedule)`` puts FSDP's exposed collectives into the step (:func:`step_collectives`)."""
 
 
 def stage_modules(num_layers: int, counts: Sequence[int]) -> tuple[tuple[str, ...], ...]:
@@ -376,8 +379,10 @@ def judge(c: Candidate, request: PlanRequest, *, shapes_for: ShapesFor, build: C
         return dataclasses.replace(judged, reason="; ".join(m.verdict() for m in over[:2])
                                    + (f" (+{len(over) - 2} ranks)" if len(over) > 2 else ""))
     cover = covering_profile(c, request)
+    fsdp = step_collectives(c, shapes, stage_modules(request.model.num_layers, counts), cover)
     try:
-        makespan = timer(schedule, job, None if cover is None else cover.path, unit_costs(c.activation_checkpoint))
+        makespan = timer(schedule, job, None if cover is None else cover.path, unit_costs(c.activation_checkpoint),
+                         **({} if fsdp is None else {"fsdp": fsdp}))
     except PPSimError as exc:
         return dataclasses.replace(judged, reason=f"not timed: {exc}")
     if cover is not None:

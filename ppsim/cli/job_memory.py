@@ -4,6 +4,7 @@ against ``--memory-cap``. Needs no profile; the step time does."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
@@ -58,7 +59,7 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
     for note in shapes.notes:
         typer.echo(f"memory: {note}", err=True)
     typer.echo(f"memory: counts pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x dp_replicate "
-               f"{degrees.dp_replicate} ({degrees.world_size} devices; the step time is the pipeline's alone); "
+               f"{degrees.dp_replicate} ({degrees.world_size} devices; the step time is the pipeline's, with FSDP's exposed collectives where a profile times them); "
                f"parameters {shapes.master_dtype}, gathered {shapes.param_dtype}, gradients reduced in "
                f"{shapes.reduce_dtype}", err=True)
     for key, value in (("context_parallel_degree", degrees.cp), ("expert_parallel_degree", degrees.ep)):
@@ -73,6 +74,12 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
 
 
 def _shapes_of(value: str, overrides: Sequence[str]) -> tuple[JobShapes, Degrees]:
+    return _shapes_cached(value, tuple(overrides))
+
+
+@functools.lru_cache(maxsize=4)
+def _shapes_cached(value: str, overrides: tuple[str, ...]) -> tuple[JobShapes, Degrees]:
+    """The job's shapes, built once per command (the step's FSDP collectives and the memory both read them)."""
     from ppsim.calibrate.torchtitan.shapes import job_shapes
     from ppsim.calibrate.torchtitan.config import read_job_settings
 

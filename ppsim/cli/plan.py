@@ -188,7 +188,23 @@ def _cover(path: Path, facts: ModelFacts, value: str) -> ProfileCover:
                         f"calibrate with --model {facts.source}")
     options = prof.source.options if prof.source is not None else {}
     tp = int(options.get("tensor_parallel_degree", options.get("tp", 1)) or 1)
-    return ProfileCover(path=str(path), tp=tp, tokens_per_microbatch=prof.model.seq_len * prof.model.mb_size)
+    return ProfileCover(path=str(path), tp=tp, tokens_per_microbatch=prof.model.seq_len * prof.model.mb_size,
+                        collectives=_collective_costs(path, prof))
+
+
+def _collective_costs(path: Path, prof: Any) -> Any:
+    """The profile's FSDP collective costs, and on stderr where they come from (dp_shard > 1 candidates)."""
+    from ppsim.fsdp import CollectiveCosts
+
+    costs = CollectiveCosts.from_profile(prof)
+    if not costs.available:
+        typer.echo(f"plan: {path} measured no all-gather / reduce-scatter and has no p2p alpha/beta: dp_shard > 1 "
+                   "candidates are timed without FSDP's collectives", err=True)
+        return None
+    groups = sorted({m.group_size for m in costs.measured}) or [2]
+    typer.echo(f"plan: FSDP's collectives (dp_shard > 1) in the step from {path}: {costs.describe(groups[0])}",
+               err=True)
+    return costs
 
 
 # --- the callbacks ---------------------------------------------------------------------------------------------
@@ -233,15 +249,15 @@ def _costs(job: Any, profile: str | None, unit: str) -> Any:
     return _COSTS[key]
 
 
-def _simulated(schedule: Any, job: Any, profile: str | None, unit: str) -> Any:
+def _simulated(schedule: Any, job: Any, profile: str | None, unit: str, fsdp: Any = None) -> Any:
     from ppsim.compare import compare
 
     return compare([schedule.name], builder=lambda _: schedule, costs=_costs(job, profile, unit),
-                   scope=None if profile else "stage").best
+                   scope=None if profile else "stage", fsdp=fsdp).best
 
 
-def _time(schedule: Any, job: Any, profile: str | None, unit: str) -> float:
-    return float(_simulated(schedule, job, profile, unit).makespan)
+def _time(schedule: Any, job: Any, profile: str | None, unit: str, *, fsdp: Any = None) -> float:
+    return float(_simulated(schedule, job, profile, unit, fsdp).makespan)
 
 
 def _searcher(output: Path | None, orders: dict[str, Any]) -> Any:
