@@ -390,6 +390,19 @@ def judge(c: Candidate, request: PlanRequest, *, shapes_for: ShapesFor, build: C
     return dataclasses.replace(judged, relative_step=makespan * _chunk_work(c, request))
 
 
+def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence[str]],
+                     cover: ProfileCover | None) -> Callable[[Any], Any] | None:
+    """The candidate's step with FSDP's exposed all-gathers and reduce-scatters (:func:`ppsim.fsdp.fsdp_step`, the
+    step-time model ``run`` and ``simulate`` use), costed from the covering profile's measured collectives; ``None``
+    at dp_shard 1 or without a profile (unit costs have no seconds to cost them in)."""
+    if c.degrees.dp_shard <= 1 or cover is None or cover.collectives is None:
+        return None
+    from ppsim.fsdp import fsdp_step
+
+    return lambda schedule: fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=c.degrees.dp_shard,
+                                      costs=cover.collectives)
+
+
 # --- the plan --------------------------------------------------------------------------------------------------
 Progress = Callable[[int, int, "Judged | None", float], None]
 
