@@ -224,3 +224,17 @@ def test_simulate_of_a_config_job_at_dp_shard_2_holds_the_collectives(tmp_path: 
         spans[dp] = json.loads(result.stdout)["makespan"]
         assert ("FSDP (dp_shard 2)" in result.stderr) is (dp == 2)
     assert spans[2] > spans[1] + 0.01  # at least one exposed all-gather
+
+
+@pytest.mark.torch
+def test_local_fsdp_processes_beyond_the_cores_slow_the_predicted_computations() -> None:
+    pytest.importorskip("torch")
+    from ppsim.calibrate.execute.run import shared_cores
+
+    costs = parse_costs("F=1,B=2")
+    assert shared_cores(costs, pp=2, per_rank=2, cores=2).compute_scale == pytest.approx(2 * costs.compute_scale)
+    assert "4 local processes (2 PP ranks x 2) share 2 CPU cores" in shared_cores(costs, pp=2, per_rank=2,
+                                                                                   cores=2).notes[-1]
+    assert shared_cores(costs, pp=2, per_rank=1, cores=2) is costs  # one process per PP rank: the profile's scale
+    assert shared_cores(costs, pp=2, per_rank=2, cores=8) is costs  # enough cores
+    assert shared_cores(costs, pp=4, per_rank=2, cores=2).compute_scale == pytest.approx(2 * costs.compute_scale)

@@ -194,6 +194,8 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     from ppsim.simulate import simulate
 
     costs = dataclasses.replace(costs, outputs_held_to_backward=torch_adapter.keeps_forward_outputs())
+    if world is None and device == "cpu" and not options.synthetic:
+        costs = shared_cores(costs, pp=schedule.num_ranks, per_rank=options.dp_shard * options.tp)
     shapes = None if options.synthetic else run_memory_inputs(options, schedule, model, spec)
     fsdp = fsdp_collectives(schedule, options, shapes, spec)
     if fsdp.notes:
@@ -259,6 +261,21 @@ def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSour
     except (PPSimError, KeyError, IndexError) as exc:
         _stderr(f"note: no memory prediction for {source.text} ({type(exc).__name__}: {exc})")
         return None
+
+
+def shared_cores(costs: StageCosts, *, pp: int, per_rank: int, cores: int | None = None) -> StageCosts:
+    """The prediction of ``pp`` PP ranks of ``per_rank`` local CPU processes each (dp_shard x tp, one thread each).
+    The profile's ``compute_scale`` was measured with one process per PP rank; a PP rank's processes compute in
+    lockstep, so ``per_rank`` times as many compute at once, and once they outnumber the cores each gets
+    ``cores / processes`` of one: computations are ``max(1, pp * per_rank / cores) / max(1, pp / cores)`` times
+    slower (applied to every computation: an upper bound where a PP rank computes alone)."""
+    cores = cores or os.cpu_count() or 1
+    factor = max(1.0, pp * per_rank / cores) / max(1.0, pp / cores)
+    if per_rank <= 1 or factor == 1.0:
+        return costs
+    return dataclasses.replace(costs, compute_scale=costs.compute_scale * factor, notes=(
+        *costs.notes, f"{pp * per_rank} local processes ({pp} PP ranks x {per_rank}) share {cores} CPU cores: "
+        f"computations x{factor:.3g} beyond the profile's compute_scale (measured with one process per PP rank)"))
 
 
 def fsdp_collectives(schedule: Schedule, options: RunOptions, shapes: tuple[JobShapes, list[list[str]]] | None,
