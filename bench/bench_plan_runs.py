@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 PROFILE = "tests/data/llama3_debugmodel_s32_mem.profile.json"
-JOB = ["--torchtitan-config", "llama3:llama3_debugmodel", "--training.seq_len", "32"]
+JOB = ["--torchtitan-config", "llama3:llama3_debugmodel", "--training.seq_len", "32"]  # --seq-len changes the 32
 MIB = 2 ** 20
 
 
@@ -113,7 +113,10 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--time-limit", type=float, default=30)
     ap.add_argument("--out", type=Path, default=Path("/tmp/plan_runs"))
+    ap.add_argument("--seq-len", type=int, default=32,
+                    help="the job's training.seq_len (a profile covers its own seq_len x microbatch size)")
     a = ap.parse_args()
+    JOB[-1] = str(a.seq_len)
     a.out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (before)", flush=True)
     plan = make_plan(gpus=a.gpus, cap=a.memory_cap, profile=a.profile, out=a.out, time_limit=a.time_limit)

@@ -69,8 +69,22 @@ def run_one(name: str, schedule: str, dp: int, out: Path, *, steps: int, tag: st
         return None
     data = json.loads(target.read_text())
     data["load"] = (before, load1())
-    data["fsdp_notes"] = [n for n in data.get("notes", []) if "FSDP" in n]
+    data["fsdp_notes"] = [n for n in data["prediction_inputs"]["notes"] if n.startswith("FSDP (dp_shard")
+                          or "share" in n and "CPU cores" in n]
     return data
+
+
+def largest_gap(data: dict) -> tuple[float, str]:
+    """The longest time a rank spent between two of its actions not waiting for an input (FSDP's collectives and
+    the runtime's own work sit there), with the pair."""
+    best = (0.0, "")
+    for rank in sorted({a["rank"] for a in data["per_action"]}):
+        acts = sorted((a for a in data["per_action"] if a["rank"] == rank), key=lambda a: a["start_s"])
+        for a, b in zip(acts, acts[1:]):
+            gap = b["start_s"] - a["end_s"] - b["wait_s"]
+            if gap > best[0]:
+                best = (gap, f"r{rank} {a['action']}->{b['action']}")
+    return best
 
 
 def row(data: dict) -> dict:
@@ -78,7 +92,8 @@ def row(data: dict) -> dict:
     med = data["measured_step_s"]
     lo, hi = data["measured_step_spread_s"]
     return {"pred": pred, "med": med, "min": lo, "max": hi, "err_med": 100 * (pred - med) / med,
-            "err_min": 100 * (pred - lo) / lo, "spread": 100 * (hi - lo) / med, "load": data["load"]}
+            "err_min": 100 * (pred - lo) / lo, "spread": 100 * (hi - lo) / med, "load": data["load"],
+            "gap": largest_gap(data)}
 
 
 def main() -> None:
@@ -114,6 +129,9 @@ def main() -> None:
             line += (f"   | {t['pred']:.3f} {t['med']:.3f} {t['min']:.3f} | {r['pred'] - t['pred']:+.3f} / "
                      f"{r['med'] - t['med']:+.3f} / {r['min'] - t['min']:+.3f}")
         print(line)
+    print("\nlargest time between two actions of a rank not spent waiting for an input (dp 2 runs; the median step's):")
+    for i, name, schedule, r, _t, _n in results:
+        print(f"{i:2d} {name:12s} {schedule:18s} {1e3 * r['gap'][0]:7.1f} ms  {r['gap'][1]}")
     if results:
         rows = [r for _, _, _, r, _, _ in results]
         each_med = ", ".join(f"{r['err_med']:+.0f}%" for r in rows)
