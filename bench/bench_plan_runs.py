@@ -40,10 +40,12 @@ def make_plan(*, gpus: int, cap: str, profile: str, out: Path, time_limit: float
     return json.loads(path.read_text())
 
 
-def pick(plan: dict, *, num_top: int, num_others: int) -> list[tuple[int, dict]]:
-    """The top candidates and the next ones that fit and are timed (the plan's order, fastest first)."""
+def pick(plan: dict, *, num_top: int, num_others: int, also: tuple[int, ...] = ()) -> list[tuple[int, dict]]:
+    """The top candidates and the next ones that fit and are timed (the plan's order, fastest first), plus the plan
+    ranks in ``also`` (1-based: e.g. another degree layout further down)."""
     timed = [(i, c) for i, c in enumerate(plan["candidates"]) if c["fits"] and c["step_s"] is not None]
-    return timed[:num_top + num_others]
+    first = timed[:num_top + num_others]
+    return first + [t for t in timed if t[0] + 1 in also and t not in first]
 
 
 def run_argv(cand: dict, *, profile: str, out: Path, steps: int, warmup: int) -> list[str]:
@@ -113,6 +115,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--time-limit", type=float, default=30)
     ap.add_argument("--out", type=Path, default=Path("/tmp/plan_runs"))
+    ap.add_argument("--also", default="", help="more plan ranks to run, e.g. 9,12 (1-based)")
     ap.add_argument("--seq-len", type=int, default=32,
                     help="the job's training.seq_len (a profile covers its own seq_len x microbatch size)")
     a = ap.parse_args()
@@ -122,7 +125,8 @@ def main() -> int:
     plan = make_plan(gpus=a.gpus, cap=a.memory_cap, profile=a.profile, out=a.out, time_limit=a.time_limit)
     cap = plan["memory_cap_bytes"]
     rows = []
-    for rank, cand in pick(plan, num_top=a.top, num_others=a.others):
+    also = tuple(int(x) for x in a.also.split(",") if x)
+    for rank, cand in pick(plan, num_top=a.top, num_others=a.others, also=also):
         path = a.out / f"run_g{a.gpus}_{rank + 1}.json"
         if not path.exists():
             _sh(run_argv(cand, profile=a.profile, out=path, steps=a.steps, warmup=a.warmup))

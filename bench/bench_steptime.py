@@ -124,7 +124,8 @@ def main() -> None:
           f"{'err/min':>8s} {'spread':>7s}  load 1-min   | dp1: pred  med   min  | FSDP increment pred / med / min")
     for i, name, schedule, r, t, _ in results:
         line = (f"{i:2d} {name:12s} {schedule:18s} {r['pred']:7.3f} {r['med']:7.3f} {r['min']:7.3f} {r['max']:7.3f} "
-                f"{r['err_med']:+7.1f}% {r['err_min']:+7.1f}% {r['spread']:6.1f}%  {r['load'][0]:4.1f}-{r['load'][1]:4.1f}")
+                f"{r['err_med']:+7.1f}% {r['err_min']:+7.1f}% {r['spread']:6.1f}%  "
+                f"{r['load'][0]:4.1f}-{r['load'][1]:4.1f}")
         if t is not None:
             line += (f"   | {t['pred']:.3f} {t['med']:.3f} {t['min']:.3f} | {r['pred'] - t['pred']:+.3f} / "
                      f"{r['med'] - t['med']:+.3f} / {r['min'] - t['min']:+.3f}")

@@ -59,7 +59,8 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
     for note in shapes.notes:
         typer.echo(f"memory: {note}", err=True)
     typer.echo(f"memory: counts pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x dp_replicate "
-               f"{degrees.dp_replicate} ({degrees.world_size} devices; the step time is the pipeline's, with FSDP's exposed collectives where a profile times them); "
+               f"{degrees.dp_replicate} ({degrees.world_size} devices; the step time is the pipeline's, with FSDP's "
+               "exposed collectives where a profile times it); "
                f"parameters {shapes.master_dtype}, gathered {shapes.param_dtype}, gradients reduced in "
                f"{shapes.reduce_dtype}", err=True)
     for key, value in (("context_parallel_degree", degrees.cp), ("expert_parallel_degree", degrees.ep)):
