@@ -53,14 +53,16 @@ def plan_cmd(
     request = _request(torchtitan_config, list(ctx.args), gpus=gpus, gpus_per_node=gpus_per_node,
                        memory_cap=memory_cap, profiles=profile or [], time_limit=time_limit, top=top)
     orders: dict[str, Any] = {}
-    result = plan(request, shapes_for=_shapes_cache(torchtitan_config, request), build=_build, timer=_time,
+    shapes_for = _shapes_cache(torchtitan_config, request)
+    result = plan(request, shapes_for=shapes_for, build=_build, timer=_time,
                   progress=_progress_line(), searcher=_searcher(output, orders))
     typer.echo("", err=True)
     _write_orders(result, orders)
     if output is not None and result.best is not None:
         from ppsim.viz.plan_page import write_plan_page  # plotly only when asked
 
-        page = write_plan_page(result, output, best_result=_best_result(result), job=torchtitan_config)
+        page = write_plan_page(result, output, best_result=_best_result(result, shapes_for),
+                               job=torchtitan_config)
         typer.echo(f"wrote {page}", err=True)
     if json_out:
         from ppsim.plan import to_dict
@@ -316,11 +318,13 @@ def _progress_line() -> Any:
     return show
 
 
-def _best_result(result: Plan) -> Any:
-    """The best candidate's simulated timeline (for its Gantt chart), with the costs that ranked it."""
+def _best_result(result: Plan, shapes_for: Any) -> Any:
+    """The best candidate's simulated timeline (for its Gantt chart), with the costs and FSDP collectives that
+    ranked it."""
     from ppsim.compare import compare
     from ppsim.costs import load_costs
-    from ppsim.plan import covering_profile, job_of, unit_costs
+    from ppsim.plan import covering_profile, job_of, stage_modules, step_collectives, unit_costs
+    from ppsim.split import resolve_split
 
     best = result.best
     assert best is not None
@@ -330,8 +334,11 @@ def _best_result(result: Plan) -> Any:
     cover = covering_profile(c, request)
     costs = (load_costs(profile=cover.path, split=job.split) if cover is not None
              else load_costs(costs=unit_costs(c.activation_checkpoint)))
+    counts = resolve_split(job.split, request.model.num_layers, schedule.num_stages, schedule=c.schedule)
+    fsdp = step_collectives(c, shapes_for(c.degrees.tp, c.microbatch_size, c.activation_checkpoint),
+                            stage_modules(request.model.num_layers, counts), cover)
     return compare([schedule.name], builder=lambda _: schedule, costs=costs,
-                   scope=None if cover is not None else "stage").best
+                   scope=None if cover is not None else "stage", fsdp=fsdp).best
 
 
 # --- printing --------------------------------------------------------------------------------------------------

@@ -105,6 +105,7 @@ def simulate_cmd(
     if cap is not None and memory is None:
         typer.echo(f"memory cap: {cap.describe()}")
 
+
 def fsdp_of(inputs: Inputs, torchtitan_config: object, overrides: list[str]) -> Callable[[Schedule], FsdpStep] | None:
     """The step of a config function's job at dp_shard > 1 timed by a profile, with FSDP's exposed collectives in it
     (:func:`ppsim.fsdp.fsdp_step`, as ``run`` and ``plan`` time it); ``None`` otherwise."""
