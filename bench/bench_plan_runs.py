@@ -9,7 +9,8 @@ says fits may measure above the cap.
 
     python bench/bench_plan_runs.py --gpus 2 --memory-cap 64MiB --out /tmp/plan_runs
 
-The plan is made first, from the profile alone; no run feeds it.
+The plan is made first, from the profile alone; no run feeds it. It judges memory with `--memory-as-run` (each
+candidate as `ppsim run` holds it on the profile's device), the count a run's measured peak is compared with.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 
 PROFILE = "tests/data/llama3_debugmodel_s32_mem.profile.json"
-JOB = ["--torchtitan-config", "llama3:llama3_debugmodel", "--training.seq_len", "32"]
+JOB = ["--torchtitan-config", "llama3:llama3_debugmodel", "--training.seq_len", "32"]  # --seq-len changes the 32
 MIB = 2 ** 20
 
 
@@ -34,16 +35,18 @@ def _sh(argv: list[str], *, stdout: Path | None = None) -> None:
 
 def make_plan(*, gpus: int, cap: str, profile: str, out: Path, time_limit: float) -> dict:
     path = out / f"plan_g{gpus}.json"
-    _sh(["ppsim", "plan", *JOB, "--gpus", str(gpus), "--memory-cap", cap, "--profile", profile,
+    _sh(["ppsim", "plan", *JOB, "--gpus", str(gpus), "--memory-cap", cap, "--profile", profile, "--memory-as-run",
          "--time-limit", str(time_limit), "--top", "10", "--json", "-o", str(out / f"plan_g{gpus}.html")],
         stdout=path)
     return json.loads(path.read_text())
 
 
-def pick(plan: dict, *, num_top: int, num_others: int) -> list[tuple[int, dict]]:
-    """The top candidates and the next ones that fit and are timed (the plan's order, fastest first)."""
+def pick(plan: dict, *, num_top: int, num_others: int, also: tuple[int, ...] = ()) -> list[tuple[int, dict]]:
+    """The top candidates and the next ones that fit and are timed (the plan's order, fastest first), plus the plan
+    ranks in ``also`` (1-based: e.g. another degree layout further down)."""
     timed = [(i, c) for i, c in enumerate(plan["candidates"]) if c["fits"] and c["step_s"] is not None]
-    return timed[:num_top + num_others]
+    first = timed[:num_top + num_others]
+    return first + [t for t in timed if t[0] + 1 in also and t not in first]
 
 
 def run_argv(cand: dict, *, profile: str, out: Path, steps: int, warmup: int) -> list[str]:
@@ -113,13 +116,18 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--time-limit", type=float, default=30)
     ap.add_argument("--out", type=Path, default=Path("/tmp/plan_runs"))
+    ap.add_argument("--also", default="", help="more plan ranks to run, e.g. 9,12 (1-based)")
+    ap.add_argument("--seq-len", type=int, default=32,
+                    help="the job's training.seq_len (a profile covers its own seq_len x microbatch size)")
     a = ap.parse_args()
+    JOB[-1] = str(a.seq_len)
     a.out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (before)", flush=True)
     plan = make_plan(gpus=a.gpus, cap=a.memory_cap, profile=a.profile, out=a.out, time_limit=a.time_limit)
     cap = plan["memory_cap_bytes"]
     rows = []
-    for rank, cand in pick(plan, num_top=a.top, num_others=a.others):
+    also = tuple(int(x) for x in a.also.split(",") if x)
+    for rank, cand in pick(plan, num_top=a.top, num_others=a.others, also=also):
         path = a.out / f"run_g{a.gpus}_{rank + 1}.json"
         if not path.exists():
             _sh(run_argv(cand, profile=a.profile, out=path, steps=a.steps, warmup=a.warmup))

@@ -18,6 +18,7 @@ from ppsim.errors import CostError, PPSimError
 
 if TYPE_CHECKING:
     from ppsim.costs import CostSpec, StageCosts
+    from ppsim.fsdp import FsdpStep
     from ppsim.io import MemoryCap
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
@@ -159,6 +160,7 @@ def compare(
     figure: bool = False,
     allow_large: bool = False,
     recompute: Callable[[str, Schedule], Set[tuple[int, int]]] | None = None,
+    fsdp: Callable[[Schedule], FsdpStep] | None = None,
 ) -> Comparison:
     """Build each schedule in ``names``, skip those that cannot run or whose costs do not fit them (a ``--split`` of
     another chain length; reasons kept), simulate the rest, rank them.
@@ -170,7 +172,8 @@ def compare(
     A name given twice (any case) is compared once. The schedules together are bounded
     (:data:`~ppsim.limits.MAX_COMPARE_ACTIONS`; with ``figure``, the report's limits) unless ``allow_large``.
     ``recompute(name, schedule)`` gives each built schedule's recomputed (stage, microbatch) pairs
-    (:mod:`ppsim.recompute`); its errors are the schedule's, as for building.
+    (:mod:`ppsim.recompute`); its errors are the schedule's, as for building. ``fsdp(schedule)``: the schedule with
+    FSDP's exposed collectives in it (:func:`ppsim.fsdp.fsdp_step`), simulated in its place.
     """
     from ppsim import limits
     from ppsim.costs import as_spec
@@ -224,8 +227,12 @@ def compare(
     for schedule, rc in zip(built, recomputed):
         try:  # costs that do not fit this schedule (a --split of another length): skip it, keep the others
             costs = cost_model.for_schedule(schedule, scope=chosen.value)
-            results.append(simulate(schedule, costs, memory_cap_bytes=memory_cap_bytes, memory_cap=memory_cap,
-                                    recompute=rc))
+            step = None if fsdp is None else fsdp(schedule)
+            if step is not None:
+                notes.extend(n for n in step.notes if n not in notes)
+            results.append(simulate(schedule if step is None else step.schedule, costs,
+                                    memory_cap_bytes=memory_cap_bytes, memory_cap=memory_cap, recompute=rc,
+                                    extra_s=None if step is None else step.extra_s))
         except PPSimError as exc:
             if len(names) == 1:
                 raise

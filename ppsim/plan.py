@@ -66,6 +66,8 @@ class ProfileCover:
     path: str
     tp: int
     tokens_per_microbatch: int
+    collectives: Any = None
+    """Its FSDP all-gather / reduce-scatter costs (:class:`ppsim.fsdp.CollectiveCosts`); ``None``: not costed."""
 
 
 @dataclass(frozen=True)
@@ -310,8 +312,9 @@ def lower_bound(c: Candidate, request: PlanRequest) -> float:
 
 # --- judging one candidate ------------------------------------------------------------------------------------
 ShapesFor = Callable[[int, int, str], JobShapes]
-Timer = Callable[[Any, Any, str | None, str], float]
-"""``timer(schedule, job, profile_path_or_None, unit_costs) -> makespan`` (seconds with a profile)."""
+Timer = Callable[..., float]
+"""``timer(schedule, job, profile_path_or_None, unit_costs, fsdp=None) -> makespan`` (seconds with a profile);
+``fsdp(schedule)`` puts FSDP's exposed collectives into the step (:func:`step_collectives`)."""
 
 
 def stage_modules(num_layers: int, counts: Sequence[int]) -> tuple[tuple[str, ...], ...]:
@@ -376,13 +379,28 @@ def judge(c: Candidate, request: PlanRequest, *, shapes_for: ShapesFor, build: C
         return dataclasses.replace(judged, reason="; ".join(m.verdict() for m in over[:2])
                                    + (f" (+{len(over) - 2} ranks)" if len(over) > 2 else ""))
     cover = covering_profile(c, request)
+    fsdp = step_collectives(c, shapes, stage_modules(request.model.num_layers, counts), cover)
     try:
-        makespan = timer(schedule, job, None if cover is None else cover.path, unit_costs(c.activation_checkpoint))
+        makespan = timer(schedule, job, None if cover is None else cover.path, unit_costs(c.activation_checkpoint),
+                         **({} if fsdp is None else {"fsdp": fsdp}))
     except PPSimError as exc:
         return dataclasses.replace(judged, reason=f"not timed: {exc}")
     if cover is not None:
         return dataclasses.replace(judged, step_s=makespan)
     return dataclasses.replace(judged, relative_step=makespan * _chunk_work(c, request))
+
+
+def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence[str]],
+                     cover: ProfileCover | None) -> Callable[[Any], Any] | None:
+    """The candidate's step with FSDP's exposed all-gathers and reduce-scatters (:func:`ppsim.fsdp.fsdp_step`, the
+    step-time model ``run`` and ``simulate`` use), costed from the covering profile's measured collectives; ``None``
+    at dp_shard 1 or without a profile (unit costs have no seconds to cost them in)."""
+    if c.degrees.dp_shard <= 1 or cover is None or cover.collectives is None:
+        return None
+    from ppsim.fsdp import fsdp_step
+
+    return lambda schedule: fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=c.degrees.dp_shard,
+                                      costs=cover.collectives)
 
 
 # --- the plan --------------------------------------------------------------------------------------------------

@@ -470,6 +470,10 @@ def _warn_unused(settings: JobSettings, warnings: list[str]) -> None:
             continue
         if not settings.in_file and key not in _HARMLESS_PARALLELISM and not key.startswith("pipeline_"):
             continue  # a config function holds every field of ParallelismConfig: name the dimensions ppsim knows
+        if key == "data_parallel_shard_degree" and not settings.in_file:
+            warnings.append(f"parallelism.{key} = {_shown(value)}: the step holds FSDP's exposed all-gathers and "
+                            "reduce-scatters when a --profile times it; the data-parallel ranks are not simulated")
+            continue
         warnings.append(f"parallelism.{key} = {_shown(value)} is not honoured: ppsim simulates the pipeline "
                         "dimension only")
 

@@ -15,7 +15,6 @@ pytest.importorskip("torchtitan.distributed.pipeline_parallel", reason="needs th
 from typer.testing import CliRunner  # noqa: E402
 
 from ppsim.cli import app  # noqa: E402
-from ppsim.schedules import get_schedule  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -43,23 +42,6 @@ def test_fsdp_degree_with_a_builtin_model_is_refused_in_one_line() -> None:
     result = invoke("-s", "1F1B", "-r", "2", "-m", "2", "--model", "builtin:tiny", "--dp-shard", "2", *FAST)
     assert result.exit_code == 2
     assert "torchtitan model" in result.stderr and "Traceback" not in result.stderr
-
-
-def test_fsdp_collectives_sit_on_each_stages_first_forward_and_last_backward() -> None:
-    from ppsim.fsdp import exposed_collectives, ring_seconds
-
-    sched = get_schedule("1F1B", 2, 4)
-    extra = exposed_collectives(sched, gather_bytes=[400, 800], reduce_bytes=[400, 800], dp=2, alpha_s=1.0,
-                                bytes_per_s=100.0)
-    first_f = {r: next(p for p, a in enumerate(row) if a.type.value == "F") for r, row in enumerate(sched.actions)}
-    last_b = {r: max(p for p, a in enumerate(row) if a.type.value == "B") for r, row in enumerate(sched.actions)}
-    for rank, stage in ((0, 0), (1, 1)):
-        one = ring_seconds((400, 800)[stage], dp=2, alpha_s=1.0, bytes_per_s=100.0)
-        assert extra[(rank, first_f[rank])] == pytest.approx(one)
-        assert extra[(rank, last_b[rank])] == pytest.approx(one)
-    assert len(extra) == 4
-    assert exposed_collectives(sched, gather_bytes=[1, 1], reduce_bytes=[1, 1], dp=1, alpha_s=1.0,
-                               bytes_per_s=1.0) == {}
 
 
 @pytest.mark.slow

@@ -196,12 +196,14 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     from ppsim.simulate import simulate
 
     costs = dataclasses.replace(costs, outputs_held_to_backward=torch_adapter.keeps_forward_outputs())
+    if world is None and device == "cpu" and not options.synthetic:
+        costs = shared_cores(costs, pp=schedule.num_ranks, per_rank=options.dp_shard * options.tp)
     shapes = None if options.synthetic else run_memory_inputs(options, schedule, model, spec)
-    extra, notes = fsdp_collectives(schedule, costs, shapes, spec)
-    if notes:
-        costs = dataclasses.replace(costs, notes=(*costs.notes, *notes))
-    # before anything runs: the step and each rank's memory
-    predicted = simulate(schedule, prediction_costs(costs, time_scale), recompute=chosen, extra_s=extra)
+    fsdp = fsdp_collectives(schedule, options, shapes, spec)
+    if fsdp.notes:
+        costs = dataclasses.replace(costs, notes=(*costs.notes, *fsdp.notes))
+    # before anything runs: the step (FSDP's collectives in it) and each rank's memory
+    predicted = simulate(fsdp.schedule, prediction_costs(costs, time_scale), recompute=chosen, extra_s=fsdp.extra_s)
     memory = None if shapes is None else job_memory(shapes[0], degrees=Degrees(
         pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard), schedule=schedule, stage_modules=shapes[1],
         recompute=spec.recompute)
@@ -263,25 +265,35 @@ def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSour
         return None
 
 
-def fsdp_collectives(schedule: Schedule, costs: StageCosts, shapes: tuple[JobShapes, list[list[str]]] | None,
-                     spec: ExecSpec) -> tuple[dict[tuple[int, int], float], tuple[str, ...]]:
-    """FSDP's exposed all-gathers and reduce-scatters (:mod:`ppsim.fsdp`) for ``--dp-shard`` above 1, costed from
-    the profile's point-to-point α/β (the profile has no collective α/β yet: said in the notes)."""
-    from ppsim.fsdp import exposed_collectives
-    from ppsim.memory import DTYPE_BYTES, stage_numels
+def shared_cores(costs: StageCosts, *, pp: int, per_rank: int, cores: int | None = None) -> StageCosts:
+    """The prediction of ``pp`` PP ranks of ``per_rank`` local CPU processes each (dp_shard x tp, one thread each).
+    The profile's ``compute_scale`` was measured with one process per PP rank; a PP rank's processes compute in
+    lockstep, so ``per_rank`` times as many compute at once, and once they outnumber the cores each gets
+    ``cores / processes`` of one: computations are ``max(1, pp * per_rank / cores) / max(1, pp / cores)`` times
+    slower (applied to every computation: an upper bound where a PP rank computes alone)."""
+    cores = cores or os.cpu_count() or 1
+    factor = max(1.0, pp * per_rank / cores) / max(1.0, pp / cores)
+    if per_rank <= 1 or factor == 1.0:
+        return costs
+    return dataclasses.replace(costs, compute_scale=costs.compute_scale * factor, notes=(
+        *costs.notes, f"{pp * per_rank} local processes ({pp} PP ranks x {per_rank}) share {cores} CPU cores: "
+        f"computations x{factor:.3g} beyond the profile's compute_scale (measured with one process per PP rank)"))
+
+
+def fsdp_collectives(schedule: Schedule, options: RunOptions, shapes: tuple[JobShapes, list[list[str]]] | None,
+                     spec: ExecSpec) -> Any:
+    """The step with FSDP's exposed all-gathers and reduce-scatters for ``--dp-shard`` above 1
+    (:func:`ppsim.fsdp.fsdp_step`), costed from the profile's measured collectives (else its p2p alpha/beta)."""
+    from ppsim.fsdp import CollectiveCosts, FsdpStep, fsdp_step
 
     if spec.dp_shard <= 1 or shapes is None:
-        return {}, ()
-    if costs.p2p_alpha is None or costs.p2p_beta is None:
-        return {}, ("FSDP collectives not in the step: the profile has no p2p alpha/beta to cost them",)
-    job, names = shapes
-    numels = stage_numels(job, names)
-    extra = exposed_collectives(schedule, gather_bytes=[n * DTYPE_BYTES[job.param_dtype] for n in numels],
-                                reduce_bytes=[n * DTYPE_BYTES[job.reduce_dtype] for n in numels], dp=spec.dp_shard,
-                                alpha_s=costs.p2p_alpha, bytes_per_s=costs.p2p_beta)
-    return extra, (f"FSDP all-gather before each stage's first F and reduce-scatter after its last backward "
-                   f"(dp_shard {spec.dp_shard}), costed as rings from the profile's p2p alpha/beta (fallback: no "
-                   "measured collective alpha/beta)",)
+        return FsdpStep(schedule=schedule, extra_s={})
+    costs = None
+    if options.profile is not None:
+        from ppsim.profile import load_profile
+
+        costs = CollectiveCosts.from_profile(load_profile(options.profile))
+    return fsdp_step(schedule, shapes=shapes[0], stage_modules=shapes[1], dp_shard=spec.dp_shard, costs=costs)
 
 
 def _recompute_set(options: RunOptions, schedule: Schedule) -> frozenset[tuple[int, int]]:
@@ -761,6 +773,9 @@ def _per_action(schedule: Schedule, step: tuple[Any, ...], predicted: SimResult)
     halves: dict[tuple[int, int], list[Any]] = {}
     for c in step:
         halves.setdefault((c.rank, c.position), []).append(c)
+    from ppsim.fsdp import original_positions
+
+    at = original_positions(predicted.schedule, schedule)  # FSDP's collectives are actions of the prediction's own
     out: list[dict[str, Any]] = []
     for rank, row in enumerate(schedule.actions):
         for pos, action in enumerate(row):
@@ -771,8 +786,8 @@ def _per_action(schedule: Schedule, step: tuple[Any, ...], predicted: SimResult)
                 "action": str(action),
                 "start_s": comps[0].start,
                 "end_s": comps[-1].end,
-                "predicted_start_s": predicted.starts[rank][pos],
-                "predicted_end_s": predicted.ends[rank][pos],
+                "predicted_start_s": predicted.starts[rank][at[rank][pos]],
+                "predicted_end_s": predicted.ends[rank][at[rank][pos]],
                 "wait_s": comps[0].wait + (comps[1].wait if len(comps) > 1 else 0.0),
             }
             if len(comps) > 1:

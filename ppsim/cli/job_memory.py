@@ -58,7 +58,8 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
     for note in shapes.notes:
         typer.echo(f"memory: {note}", err=True)
     typer.echo(f"memory: counts pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x dp_replicate "
-               f"{degrees.dp_replicate} ({degrees.world_size} devices; the step time is the pipeline's alone); "
+               f"{degrees.dp_replicate} ({degrees.world_size} devices; the step time is the pipeline's, with FSDP's "
+               "exposed collectives where a profile times it); "
                f"parameters {shapes.master_dtype}, gathered {shapes.param_dtype}, gradients reduced in "
                f"{shapes.reduce_dtype}" + ("" if inputs.cost_model.profile is not None else
                                            "; activations from the formula (no --profile)"), err=True)
@@ -73,7 +74,19 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
                       recompute=result.recompute, cap_bytes=cap)
 
 
+_SHAPES: dict[tuple[str, tuple[str, ...], int], tuple[JobShapes, Degrees]] = {}
+
+
 def _shapes_of(value: str, overrides: Sequence[str], *, profile: Any = None) -> tuple[JobShapes, Degrees]:
+    """The job's shapes, built once per command (the step's FSDP collectives and the memory both read them)."""
+    key = (value, tuple(overrides), id(profile))
+    if key not in _SHAPES:
+        _SHAPES.clear()  # one job per command: keep only the latest
+        _SHAPES[key] = _build_shapes(value, tuple(overrides), profile=profile)
+    return _SHAPES[key]
+
+
+def _build_shapes(value: str, overrides: tuple[str, ...], *, profile: Any) -> tuple[JobShapes, Degrees]:
     from ppsim.calibrate.torchtitan.shapes import job_shapes
     from ppsim.calibrate.torchtitan.config import read_job_settings
 

@@ -62,16 +62,17 @@ def plan_cmd(
     if memory_as_run and not request.profiles:
         raise PPSimError("--memory-as-run: needs --profile (the device and dtype `ppsim run` would execute on); "
                          "add --profile P.json, or drop --memory-as-run")
-    result = plan(request, shapes_for=_shapes_cache(torchtitan_config, request, as_run=memory_as_run),
-                  build=_build, timer=_time, progress=_progress_line(), searcher=_searcher(output, orders),
-                  started=started)
+    shapes_for = _shapes_cache(torchtitan_config, request, as_run=memory_as_run)
+    result = plan(request, shapes_for=shapes_for, build=_build, timer=_time, progress=_progress_line(),
+                  searcher=_searcher(output, orders), started=started)
     typer.echo("", err=True)
     typer.echo("memory: " + _memory_rule(bool(request.profiles), as_run=memory_as_run), err=True)
     _write_orders(result, orders)
     if output is not None and result.best is not None:
         from ppsim.viz.plan_page import write_plan_page  # plotly only when asked
 
-        page = write_plan_page(result, output, best_result=_best_result(result), job=torchtitan_config)
+        page = write_plan_page(result, output, best_result=_best_result(result, shapes_for),
+                               job=torchtitan_config)
         typer.echo(f"wrote {page}", err=True)
     if json_out:
         from ppsim.plan import to_dict
@@ -199,7 +200,23 @@ def _cover(path: Path, facts: ModelFacts, value: str) -> ProfileCover:
                         f"calibrate with --model {facts.source}")
     options = prof.source.options if prof.source is not None else {}
     tp = int(options.get("tensor_parallel_degree", options.get("tp", 1)) or 1)
-    return ProfileCover(path=str(path), tp=tp, tokens_per_microbatch=prof.model.seq_len * prof.model.mb_size)
+    return ProfileCover(path=str(path), tp=tp, tokens_per_microbatch=prof.model.seq_len * prof.model.mb_size,
+                        collectives=_collective_costs(path, prof))
+
+
+def _collective_costs(path: Path, prof: Any) -> Any:
+    """The profile's FSDP collective costs, and on stderr where they come from (dp_shard > 1 candidates)."""
+    from ppsim.fsdp import CollectiveCosts
+
+    costs = CollectiveCosts.from_profile(prof)
+    if not costs.available:
+        typer.echo(f"plan: {path} measured no all-gather / reduce-scatter and has no p2p alpha/beta: dp_shard > 1 "
+                   "candidates are timed without FSDP's collectives", err=True)
+        return None
+    groups = sorted({m.group_size for m in costs.measured}) or [2]
+    typer.echo(f"plan: FSDP's collectives (dp_shard > 1) in the step from {path}: {costs.describe(groups[0])}",
+               err=True)
+    return costs
 
 
 # --- the callbacks ---------------------------------------------------------------------------------------------
@@ -271,15 +288,15 @@ def _costs(job: Any, profile: str | None, unit: str) -> Any:
     return _COSTS[key]
 
 
-def _simulated(schedule: Any, job: Any, profile: str | None, unit: str) -> Any:
+def _simulated(schedule: Any, job: Any, profile: str | None, unit: str, fsdp: Any = None) -> Any:
     from ppsim.compare import compare
 
     return compare([schedule.name], builder=lambda _: schedule, costs=_costs(job, profile, unit),
-                   scope=None if profile else "stage").best
+                   scope=None if profile else "stage", fsdp=fsdp).best
 
 
-def _time(schedule: Any, job: Any, profile: str | None, unit: str) -> float:
-    return float(_simulated(schedule, job, profile, unit).makespan)
+def _time(schedule: Any, job: Any, profile: str | None, unit: str, *, fsdp: Any = None) -> float:
+    return float(_simulated(schedule, job, profile, unit, fsdp).makespan)
 
 
 def _searcher(output: Path | None, orders: dict[str, Any]) -> Any:
@@ -338,11 +355,13 @@ def _progress_line() -> Any:
     return show
 
 
-def _best_result(result: Plan) -> Any:
-    """The best candidate's simulated timeline (for its Gantt chart), with the costs that ranked it."""
+def _best_result(result: Plan, shapes_for: Any) -> Any:
+    """The best candidate's simulated timeline (for its Gantt chart), with the costs and FSDP collectives that
+    ranked it."""
     from ppsim.compare import compare
     from ppsim.costs import load_costs
-    from ppsim.plan import covering_profile, job_of, unit_costs
+    from ppsim.plan import covering_profile, job_of, stage_modules, step_collectives, unit_costs
+    from ppsim.split import resolve_split
 
     best = result.best
     assert best is not None
@@ -352,8 +371,11 @@ def _best_result(result: Plan) -> Any:
     cover = covering_profile(c, request)
     costs = (load_costs(profile=cover.path, split=job.split) if cover is not None
              else load_costs(costs=unit_costs(c.activation_checkpoint)))
+    counts = resolve_split(job.split, request.model.num_layers, schedule.num_stages, schedule=c.schedule)
+    fsdp = step_collectives(c, shapes_for(c.degrees.tp, c.microbatch_size, c.activation_checkpoint),
+                            stage_modules(request.model.num_layers, counts), cover)
     return compare([schedule.name], builder=lambda _: schedule, costs=costs,
-                   scope=None if cover is not None else "stage").best
+                   scope=None if cover is not None else "stage", fsdp=fsdp).best
 
 
 # --- printing --------------------------------------------------------------------------------------------------

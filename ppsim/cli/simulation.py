@@ -47,6 +47,10 @@ from ppsim.errors import PPSimError
 from ppsim.io import check_writable, fmt_bytes, parse_memory_cap, release_unused, reserve_new
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ppsim.cli.common import Inputs
+    from ppsim.fsdp import FsdpStep
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
 
@@ -83,10 +87,11 @@ def simulate_cmd(
     cap = parse_memory_cap(memory_cap)
     if inputs.job is None or inputs.job.stage_modules is None:  # a job's memory comes from its shapes
         warn_cap_without_bytes(cap, cost_model)
+    fsdp = fsdp_of(inputs, torchtitan_config, job_overrides(ctx, torchtitan_config))
     comparison = compare(
         names, builder=lambda name: inputs.schedule(name, directions, allow_large=allow_large),
         costs=cost_model, scope=cost_scope, memory_cap=cap, allow_large=allow_large,
-        recompute=recompute_for(recompute),
+        recompute=recompute_for(recompute), fsdp=fsdp,
     )
     warn_comparison(comparison, several=len(names) > 1)
     results = list(comparison.results)
@@ -99,6 +104,31 @@ def simulate_cmd(
     print_memory(memory, memory_cap, None if cap is None else cap.bytes)
     if cap is not None and memory is None:
         typer.echo(f"memory cap: {cap.describe()}")
+
+
+def fsdp_of(inputs: Inputs, torchtitan_config: object, overrides: list[str]) -> Callable[[Schedule], FsdpStep] | None:
+    """The step of a config function's job at dp_shard > 1 timed by a profile, with FSDP's exposed collectives in it
+    (:func:`ppsim.fsdp.fsdp_step`, as ``run`` and ``plan`` time it); ``None`` otherwise."""
+    from ppsim.cli.job_memory import _shapes_of
+    from ppsim.memory import JobMemoryError
+    from ppsim.torchtitan import is_registry_name
+
+    job, prof = inputs.job, inputs.cost_model.profile
+    if job is None or job.stage_modules is None or prof is None or not is_registry_name(str(torchtitan_config)):
+        return None
+    try:
+        shapes, degrees = _shapes_of(str(torchtitan_config), overrides, profile=prof)
+    except JobMemoryError:
+        return None  # the memory table says why
+    if degrees.dp_shard <= 1:
+        return None
+    from ppsim.fsdp import CollectiveCosts, fsdp_step
+
+    costs = CollectiveCosts.from_profile(prof)
+    modules = job.stage_modules
+    return lambda schedule: fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=degrees.dp_shard,
+                                      costs=costs)
+
 
 def print_results(results: list[SimResult]) -> None:
     from rich.table import Table
