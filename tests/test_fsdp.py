@@ -226,15 +226,43 @@ def test_simulate_of_a_config_job_at_dp_shard_2_holds_the_collectives(tmp_path: 
     assert spans[2] > spans[1] + 0.01  # at least one exposed all-gather
 
 
-@pytest.mark.torch
-def test_local_fsdp_processes_beyond_the_cores_slow_the_predicted_computations() -> None:
-    pytest.importorskip("torch")
-    from ppsim.calibrate.execute.run import shared_cores
+def _shared(name: str, ranks: int, mb: int, *, per_rank: int, cores: int) -> tuple[float, float]:
+    from ppsim.sharing import shared_cores_step
 
+    schedule = get_schedule(name, ranks, mb)
     costs = parse_costs("F=1,B=2")
-    assert shared_cores(costs, pp=2, per_rank=2, cores=2).compute_scale == pytest.approx(2 * costs.compute_scale)
-    assert "4 local processes (2 PP ranks x 2) share 2 CPU cores" in shared_cores(costs, pp=2, per_rank=2,
-                                                                                   cores=2).notes[-1]
-    assert shared_cores(costs, pp=2, per_rank=1, cores=2) is costs  # one process per PP rank: the profile's scale
-    assert shared_cores(costs, pp=2, per_rank=2, cores=8) is costs  # enough cores
-    assert shared_cores(costs, pp=4, per_rank=2, cores=2).compute_scale == pytest.approx(2 * costs.compute_scale)
+    alone = simulate(schedule, costs).makespan
+    shared, _ = shared_cores_step(schedule, lambda extra: simulate(schedule, costs, extra_s=extra),
+                                  per_rank=per_rank, cores=cores)
+    return alone, shared.makespan
+
+
+def test_local_processes_beyond_the_cores_stretch_computations_by_how_many_compute_beside_them() -> None:
+    """Processor sharing over the simulated step: no stretch with enough cores or when nothing overlaps (one
+    microbatch: the ranks take turns), at most ``pp x per_rank / cores`` when all compute at once, and a pipeline
+    whose ranks overlap more is stretched more (1F1B's steady state against GPipe's fill and drain)."""
+    assert _shared("1F1B", 2, 8, per_rank=2, cores=8) == pytest.approx((_shared("1F1B", 2, 8, per_rank=1,
+                                                                                   cores=8)[0],) * 2)
+    alone, shared = _shared("GPipe", 2, 1, per_rank=2, cores=2)
+    assert shared == pytest.approx(alone)  # one microbatch: one PP rank's 2 processes at a time
+    for name in ("GPipe", "1F1B"):
+        alone, shared = _shared(name, 2, 8, per_rank=2, cores=2)
+        assert alone < shared <= 2 * alone + 1e-9
+
+
+@pytest.mark.torch
+def test_runs_prediction_on_a_cpu_host_stretches_only_with_more_processes_than_cores() -> None:
+    pytest.importorskip("torch")
+    from ppsim.calibrate.execute.run import predict_step
+    from ppsim.fsdp import FsdpStep
+
+    schedule = get_schedule("1F1B", 2, 8)
+    costs = parse_costs("F=1,B=2")
+    step = FsdpStep(schedule=schedule, extra_s={})
+    alone, same = predict_step(step, costs, 1.0, recompute=None, per_rank=1, shared=True, cores=2)
+    assert same is costs  # one process per PP rank: the profile's own scale
+    shared, noted = predict_step(step, costs, 1.0, recompute=None, per_rank=2, shared=True, cores=2)
+    assert shared.makespan > alone.makespan
+    assert "4 local processes (2 PP ranks x 2) share 2 CPU cores" in noted.notes[-1]
+    enough, _ = predict_step(step, costs, 1.0, recompute=None, per_rank=2, shared=True, cores=8)
+    assert enough.makespan == pytest.approx(alone.makespan)

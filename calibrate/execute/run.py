@@ -193,17 +193,16 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     if world is None:
         check_machine(options, schedule, model)
     from ppsim.memory import Degrees, job_memory
-    from ppsim.simulate import simulate
 
     costs = dataclasses.replace(costs, outputs_held_to_backward=torch_adapter.keeps_forward_outputs())
-    if world is None and device == "cpu" and not options.synthetic:
-        costs = shared_cores(costs, pp=schedule.num_ranks, per_rank=options.dp_shard * options.tp)
     shapes = None if options.synthetic else run_memory_inputs(options, schedule, model, spec)
     fsdp = fsdp_collectives(schedule, options, shapes, spec)
     if fsdp.notes:
         costs = dataclasses.replace(costs, notes=(*costs.notes, *fsdp.notes))
-    # before anything runs: the step (FSDP's collectives in it) and each rank's memory
-    predicted = simulate(fsdp.schedule, prediction_costs(costs, time_scale), recompute=chosen, extra_s=fsdp.extra_s)
+    # before anything runs: the step (FSDP's collectives in it; local processes sharing the cores) and each rank's
+    # memory
+    predicted, costs = predict_step(fsdp, costs, time_scale, recompute=chosen, per_rank=options.dp_shard * options.tp,
+                                    shared=world is None and device == "cpu" and not options.synthetic)
     memory = None if shapes is None else job_memory(shapes[0], degrees=Degrees(
         pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard), schedule=schedule, stage_modules=shapes[1],
         recompute=spec.recompute)
@@ -265,19 +264,31 @@ def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSour
         return None
 
 
-def shared_cores(costs: StageCosts, *, pp: int, per_rank: int, cores: int | None = None) -> StageCosts:
-    """The prediction of ``pp`` PP ranks of ``per_rank`` local CPU processes each (dp_shard x tp, one thread each).
-    The profile's ``compute_scale`` was measured with one process per PP rank; a PP rank's processes compute in
-    lockstep, so ``per_rank`` times as many compute at once, and once they outnumber the cores each gets
-    ``cores / processes`` of one: computations are ``max(1, pp * per_rank / cores) / max(1, pp / cores)`` times
-    slower (applied to every computation: an upper bound where a PP rank computes alone)."""
+def predict_step(fsdp: Any, costs: StageCosts, time_scale: float, *, recompute: Any, per_rank: int,
+                 shared: bool, cores: int | None = None) -> tuple[SimResult, StageCosts]:
+    """The predicted step of ``fsdp.schedule`` (:func:`fsdp_collectives`). ``shared``: local CPU processes, ``pp x
+    per_rank`` of them (dp_shard x tp per PP rank, computing in lockstep); once they outnumber the cores, each
+    computation is stretched by how many compute beside it (:func:`ppsim.sharing.shared_cores_step`: processor
+    sharing over the simulated timeline; the profile's ``compute_scale`` was measured with one process per PP
+    rank)."""
+    from ppsim.simulate import simulate
+
+    costs_s = prediction_costs(costs, time_scale)
+
+    def simulate_with(extra: Any) -> SimResult:
+        return simulate(fsdp.schedule, costs_s, recompute=recompute, extra_s=extra)
+
     cores = cores or os.cpu_count() or 1
-    factor = max(1.0, pp * per_rank / cores) / max(1.0, pp / cores)
-    if per_rank <= 1 or factor == 1.0:
-        return costs
-    return dataclasses.replace(costs, compute_scale=costs.compute_scale * factor, notes=(
-        *costs.notes, f"{pp * per_rank} local processes ({pp} PP ranks x {per_rank}) share {cores} CPU cores: "
-        f"computations x{factor:.3g} beyond the profile's compute_scale (measured with one process per PP rank)"))
+    schedule = fsdp.schedule
+    if not shared or per_rank <= 1 or schedule.num_ranks * per_rank <= cores:
+        return simulate_with(fsdp.extra_s), costs
+    from ppsim.sharing import shared_cores_step
+
+    predicted, _ = shared_cores_step(schedule, simulate_with, per_rank=per_rank, cores=cores, extra_s=fsdp.extra_s)
+    note = (f"{schedule.num_ranks * per_rank} local processes ({schedule.num_ranks} PP ranks x {per_rank}) share "
+            f"{cores} CPU cores: each computation is stretched by how many compute beside it (processor sharing "
+            "over the simulated step; the profile's compute_scale was measured with one process per PP rank)")
+    return predicted, dataclasses.replace(costs, notes=(*costs.notes, note))
 
 
 def fsdp_collectives(schedule: Schedule, options: RunOptions, shapes: tuple[JobShapes, list[list[str]]] | None,
