@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from collections.abc import Set
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ppsim.errors import CostError, PPSimError
 
@@ -230,9 +230,13 @@ def compare(
             step = None if fsdp is None else fsdp(schedule)
             if step is not None:
                 notes.extend(n for n in step.notes if n not in notes)
-            results.append(simulate(schedule if step is None else step.schedule, costs,
-                                    memory_cap_bytes=memory_cap_bytes, memory_cap=memory_cap, recompute=rc,
-                                    extra_s=None if step is None else step.extra_s))
+            target = schedule if step is None else step.schedule
+
+            def simulate_with(extra: Any, target: Schedule = target, costs: Any = costs, rc: Any = rc) -> Any:
+                return simulate(target, costs, memory_cap_bytes=memory_cap_bytes, memory_cap=memory_cap,
+                                recompute=rc, extra_s=extra)
+
+            results.append(simulate_with(None) if step is None else step.simulate(simulate_with))
         except PPSimError as exc:
             if len(names) == 1:
                 raise

@@ -156,6 +156,20 @@ class FsdpStep:
     schedule: Schedule
     extra_s: Mapping[tuple[int, int], float]
     notes: tuple[str, ...] = ()
+    shared: tuple[int, int] | None = None
+    """``(processes per PP rank, cores)`` when the ranks run as local processes sharing one host's cores
+    (``ppsim run`` on CPU): the step is simulated with processor sharing (:func:`ppsim.sharing.shared_cores_step`)."""
+
+    def simulate(self, simulate_with: Any) -> Any:
+        """The step: ``simulate_with(extra_s)`` (a :class:`~ppsim.result.SimResult`), with the cores shared when
+        :attr:`shared` says so."""
+        if self.shared is None:
+            return simulate_with(self.extra_s)
+        from ppsim.sharing import shared_cores_step
+
+        per_rank, cores = self.shared
+        return shared_cores_step(self.schedule, simulate_with, per_rank=per_rank, cores=cores,
+                                 extra_s=self.extra_s)[0]
 
 
 def lower(schedule: Schedule, *, gather_s: Sequence[float], reduce_s: Sequence[float]) -> FsdpStep:

@@ -86,6 +86,9 @@ class PlanRequest:
     top: int = 5
     activation_checkpoints: tuple[str, ...] = ("none",)
     microbatch_sizes: tuple[int, ...] = (1, 2, 4)
+    shared_cores: int | None = None
+    """Judging candidates as ``ppsim run`` executes them on this CPU host (``plan --memory-as-run`` with a CPU
+    profile): its cores, which a candidate's local processes share (:class:`ppsim.fsdp.FsdpStep` ``shared``)."""
 
 
 @dataclass(frozen=True)
@@ -379,7 +382,8 @@ def judge(c: Candidate, request: PlanRequest, *, shapes_for: ShapesFor, build: C
         return dataclasses.replace(judged, reason="; ".join(m.verdict() for m in over[:2])
                                    + (f" (+{len(over) - 2} ranks)" if len(over) > 2 else ""))
     cover = covering_profile(c, request)
-    fsdp = step_collectives(c, shapes, stage_modules(request.model.num_layers, counts), cover)
+    fsdp = step_collectives(c, shapes, stage_modules(request.model.num_layers, counts), cover,
+                            shared_cores=request.shared_cores)
     try:
         makespan = timer(schedule, job, None if cover is None else cover.path, unit_costs(c.activation_checkpoint),
                          **({} if fsdp is None else {"fsdp": fsdp}))
@@ -391,16 +395,24 @@ def judge(c: Candidate, request: PlanRequest, *, shapes_for: ShapesFor, build: C
 
 
 def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence[str]],
-                     cover: ProfileCover | None) -> Callable[[Any], Any] | None:
+                     cover: ProfileCover | None, *, shared_cores: int | None = None) -> Callable[[Any], Any] | None:
     """The candidate's step with FSDP's exposed all-gathers and reduce-scatters (:func:`ppsim.fsdp.fsdp_step`, the
     step-time model ``run`` and ``simulate`` use), costed from the covering profile's measured collectives; ``None``
-    at dp_shard 1 or without a profile (unit costs have no seconds to cost them in)."""
+    at dp_shard 1 or without a profile (unit costs have no seconds to cost them in). ``shared_cores``: the
+    candidate's dp_shard x tp processes per PP rank share this many cores, as ``ppsim run`` runs them here."""
     if c.degrees.dp_shard <= 1 or cover is None or cover.collectives is None:
         return None
     from ppsim.fsdp import fsdp_step
 
-    return lambda schedule: fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=c.degrees.dp_shard,
-                                      costs=cover.collectives)
+    per_rank = c.degrees.dp_shard * c.degrees.tp
+    shared = None if shared_cores is None or c.degrees.pp * per_rank <= shared_cores else (per_rank, shared_cores)
+
+    def step(schedule: Any) -> Any:
+        found = fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=c.degrees.dp_shard,
+                          costs=cover.collectives)
+        return found if shared is None else dataclasses.replace(found, shared=shared)
+
+    return step
 
 
 # --- the plan --------------------------------------------------------------------------------------------------

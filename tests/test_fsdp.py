@@ -173,7 +173,7 @@ def _plan_shapes(tp: int, mb_size: int, ac: str) -> JobShapes:
     return JobShapes(source="toy", blocks=blocks, tp=tp, boundary_bytes=64)
 
 
-def _planned(collectives: CollectiveCosts | None) -> Any:
+def _planned(collectives: CollectiveCosts | None, shared_cores: int | None = None) -> Any:
     from ppsim.plan import ModelFacts, PlanRequest, ProfileCover, plan
     from ppsim.torchtitan import JobSettings
 
@@ -184,7 +184,7 @@ def _planned(collectives: CollectiveCosts | None) -> Any:
                    for m in (1, 2, 4))
     request = PlanRequest(settings=job, user_overrides=(), model=ModelFacts(6, 4, 2, "toy"), num_gpus=4,
                           gpus_per_node=1, cap_bytes=10**9, activation_checkpoints=("none",), profiles=covers,
-                          time_limit_s=60)
+                          time_limit_s=60, shared_cores=shared_cores)
     return plan(request, shapes_for=_plan_shapes, build=lambda n, r, m, v: build(n, r, m, v)[0], timer=_plan_timer)
 
 
@@ -200,6 +200,20 @@ def test_plan_times_a_pp_by_dp_candidate_with_its_collectives() -> None:
     best_free = min(free, key=free.__getitem__)
     best_costly = min(costly, key=costly.__getitem__)
     assert best_free.degrees.dp_shard > 1 and best_costly.degrees.dp_shard == 1  # the ranking changes
+
+
+def test_plan_as_run_on_a_small_host_times_pp_by_dp_candidates_with_shared_cores() -> None:
+    """`plan --memory-as-run` with a CPU profile: a pp x dp candidate's local processes share the host's cores, so
+    its step is longer than on devices of its own (never more than processes / cores times), and a pp x dp_shard 1
+    candidate (one process per PP rank) is timed as before."""
+    alone = {j.candidate: j.step_s for j in _planned(_measured(0.001)).ranked}
+    shared = {j.candidate: j.step_s for j in _planned(_measured(0.001), shared_cores=2).ranked}
+    assert any(c.degrees.dp_shard > 1 for c in alone)
+    for c, step in shared.items():
+        if c.degrees.dp_shard > 1 and c.degrees.pp * c.degrees.dp_shard > 2:
+            assert alone[c] < step <= alone[c] * c.degrees.pp * c.degrees.dp_shard / 2 + 1e-9
+        else:
+            assert step == alone[c]
 
 
 # --- simulate --torchtitan-config ------------------------------------------------------------------------------

@@ -274,17 +274,13 @@ def predict_step(fsdp: Any, costs: StageCosts, time_scale: float, *, recompute: 
     from ppsim.simulate import simulate
 
     costs_s = prediction_costs(costs, time_scale)
-
-    def simulate_with(extra: Any) -> SimResult:
-        return simulate(fsdp.schedule, costs_s, recompute=recompute, extra_s=extra)
-
     cores = cores or os.cpu_count() or 1
     schedule = fsdp.schedule
-    if not shared or per_rank <= 1 or schedule.num_ranks * per_rank <= cores:
-        return simulate_with(fsdp.extra_s), costs
-    from ppsim.sharing import shared_cores_step
-
-    predicted, _ = shared_cores_step(schedule, simulate_with, per_rank=per_rank, cores=cores, extra_s=fsdp.extra_s)
+    sharing = shared and per_rank > 1 and schedule.num_ranks * per_rank > cores
+    step = dataclasses.replace(fsdp, shared=(per_rank, cores) if sharing else None)
+    predicted = step.simulate(lambda extra: simulate(schedule, costs_s, recompute=recompute, extra_s=extra))
+    if not sharing:
+        return predicted, costs
     note = (f"{schedule.num_ranks * per_rank} local processes ({schedule.num_ranks} PP ranks x {per_rank}) share "
             f"{cores} CPU cores: each computation is stretched by how many compute beside it (processor sharing "
             "over the simulated step; the profile's compute_scale was measured with one process per PP rank)")

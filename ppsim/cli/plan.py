@@ -62,6 +62,8 @@ def plan_cmd(
     if memory_as_run and not request.profiles:
         raise PPSimError("--memory-as-run: needs --profile (the device and dtype `ppsim run` would execute on); "
                          "add --profile P.json, or drop --memory-as-run")
+    if memory_as_run:
+        request = _as_run_here(request)
     shapes_for = _shapes_cache(torchtitan_config, request, as_run=memory_as_run)
     result = plan(request, shapes_for=shapes_for, build=_build, timer=_time, progress=_progress_line(),
                   searcher=_searcher(output, orders), started=started)
@@ -220,6 +222,19 @@ def _collective_costs(path: Path, prof: Any) -> Any:
 
 
 # --- the callbacks ---------------------------------------------------------------------------------------------
+def _as_run_here(request: PlanRequest) -> PlanRequest:
+    """As `ppsim run` executes the candidates here: with a CPU profile, their local processes share this host's
+    cores (the step time by processor sharing, as run's own prediction)."""
+    import dataclasses
+    import os
+
+    from ppsim.profile import load_profile
+
+    if load_profile(request.profiles[0].path).device != "cpu":
+        return request
+    return dataclasses.replace(request, shared_cores=os.cpu_count() or 1)
+
+
 def _memory_rule(profiled: bool, *, as_run: bool) -> str:
     """How the candidates' memory was counted (one stderr line after the plan)."""
     if as_run:
@@ -373,7 +388,8 @@ def _best_result(result: Plan, shapes_for: Any) -> Any:
              else load_costs(costs=unit_costs(c.activation_checkpoint)))
     counts = resolve_split(job.split, request.model.num_layers, schedule.num_stages, schedule=c.schedule)
     fsdp = step_collectives(c, shapes_for(c.degrees.tp, c.microbatch_size, c.activation_checkpoint),
-                            stage_modules(request.model.num_layers, counts), cover)
+                            stage_modules(request.model.num_layers, counts), cover,
+                            shared_cores=request.shared_cores)
     return compare([schedule.name], builder=lambda _: schedule, costs=costs,
                    scope=None if cover is not None else "stage", fsdp=fsdp).best
 
