@@ -246,7 +246,9 @@ def test_a_rank_killed_mid_step_ends_every_process_leaves_no_file_and_is_named(t
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    lines = err.decode().strip().splitlines()
+    # gloo's C++ transport logs each retried connect of a surviving rank to the killed one ("willRetry=1") before
+    # the launcher ends it: torch's own log, not an error of the run; everything else is the one line
+    lines = [ln for ln in err.decode().strip().splitlines() if not ("gloo" in ln and "willRetry=1" in ln)]
     assert proc.returncode == 1 and len(lines) == 1, lines
     assert "rank" in lines[0] and "SIGKILL" in lines[0] and "Traceback" not in lines[0], lines
     wait_until = time.monotonic() + 15

@@ -285,14 +285,15 @@ def _await(procs: list[Any], queue: Any, timeout_s: float, what: str,
             text, user = payload
             if user:
                 raise PPSimError(text)
+            lost = _killed_rank(procs, grace_s=1.0)  # a peer lost makes the survivors fail: name the cause
+            if lost is not None:
+                raise _lost(what, *lost)
             raise RuntimeError(f"rank {rank} failed:\n{text}")
         dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
         if dead:
             time.sleep(0.2)  # a failing rank reports before it exits; give the report a moment to arrive
             if queue.empty():
-                rank, code = dead[0]
-                raise RankLostError(f"{what}: rank {rank} {_exit_text(code)} before reporting (killed or crashed); "
-                                    "the other ranks were stopped")
+                raise _lost(what, *dead[0])
             continue
         if all(p.exitcode == 0 for p in procs) and queue.empty():
             raise RuntimeError(f"{what}: every rank exited but rank 0 reported no result")
@@ -302,6 +303,22 @@ def _await(procs: list[Any], queue: Any, timeout_s: float, what: str,
                 "--timeout (processes were stopped)"
             )
         time.sleep(0.01)
+
+
+def _lost(what: str, rank: int, code: int) -> RankLostError:
+    return RankLostError(f"{what}: rank {rank} {_exit_text(code)} before reporting (killed or crashed); the other "
+                         "ranks were stopped")
+
+
+def _killed_rank(procs: Sequence[Any], *, grace_s: float) -> tuple[int, int] | None:
+    """A rank ended by a signal (its exit code negative), waiting up to ``grace_s`` for one to show: the cause when
+    the others then fail on their lost connection to it."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        killed = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode is not None and p.exitcode < 0]
+        if killed or time.monotonic() > deadline:
+            return killed[0] if killed else None
+        time.sleep(0.02)
 
 
 def stop(procs: Sequence[Any]) -> None:

@@ -212,6 +212,21 @@ def _local_rank(ctx: RankContext, spec: ExecSpec, body: RankBody) -> Measurement
     return run_in_group(spec, rank=ctx.rank, world=ctx.world_size, store=ctx.store(spec.timeout_s), body=body)
 
 
+#: set to 1 to keep torch's pipeline runtime's own error logs (each rank prints the schedule around a failed step)
+RUNTIME_LOGS_ENV = "PPSIM_TORCH_LOGS"
+
+
+def quiet_runtime_logs() -> None:
+    """When a step fails (a peer lost, a timeout), torch's ``_PipelineScheduleRuntime`` logs the whole schedule on
+    every surviving rank (about a hundred lines) before it raises; ppsim names the failure itself in one line, so
+    those logs are kept back unless ``PPSIM_TORCH_LOGS=1``."""
+    import logging
+    import os
+
+    if os.environ.get(RUNTIME_LOGS_ENV) != "1":
+        logging.getLogger("torch.distributed.pipelining").setLevel(logging.CRITICAL)
+
+
 def run_in_group(spec: ExecSpec, *, rank: int, world: int, store: Any | None, body: RankBody) -> Measurement | None:
     """Run ``body`` as rank ``rank`` of ``world`` inside its process group (initialised here and torn down after;
     ``store=None``: from the environment, as torchrun sets it). Rank 0 returns the gathered :class:`Measurement`,
@@ -231,6 +246,7 @@ def run_in_group(spec: ExecSpec, *, rank: int, world: int, store: Any | None, bo
             f"launch {spec.world_size} (torchrun --nproc-per-node) or pass -r {world}"
         )
     torch.set_num_threads(1)
+    quiet_runtime_logs()
     if spec.synthetic:
         launch.tighten_sleep()
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
