@@ -242,7 +242,7 @@ def _as_trained(shapes: JobShapes, training: Any, parallelism: Any, profile: Any
     activations (and device workspace) stay, in the profile's dtype (said when it is not the job's)."""
     notes = [n for n in shapes.notes if not n.startswith("counted as `ppsim run`")]
     notes.append(f"counted as torchtitan trains the job ({training.dtype} parameters, AdamW, fully_shard on every "
-                 f"stage), with the activations measured on the profile's device ({profile.device})")
+                 f"stage), with the profile's device ({profile.device}) for what it measured")
     if profile.model.dtype != training.mixed_precision_param:
         notes.append(f"the profile measured activations in {profile.model.dtype}; the job computes in "
                      f"{training.mixed_precision_param}: counted as measured (calibrate with --dtype "
