@@ -400,16 +400,17 @@ def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence
     step-time model ``run`` and ``simulate`` use), costed from the covering profile's measured collectives; ``None``
     at dp_shard 1 or without a profile (unit costs have no seconds to cost them in). ``shared_cores``: the
     candidate's dp_shard x tp processes per PP rank share this many cores, as ``ppsim run`` runs them here."""
-    if c.degrees.dp_shard <= 1 or cover is None or cover.collectives is None:
-        return None
-    from ppsim.fsdp import fsdp_step
+    from ppsim.fsdp import FsdpStep, fsdp_step
 
     per_rank = c.degrees.dp_shard * c.degrees.tp
     shared = None if shared_cores is None or c.degrees.pp * per_rank <= shared_cores else (per_rank, shared_cores)
+    collectives = not (c.degrees.dp_shard <= 1 or cover is None or cover.collectives is None)
+    if not collectives and shared is None:
+        return None
 
     def step(schedule: Any) -> Any:
-        found = fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=c.degrees.dp_shard,
-                          costs=cover.collectives)
+        found = (fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=c.degrees.dp_shard,
+                           costs=cover.collectives) if collectives else FsdpStep(schedule=schedule, extra_s={}))
         return found if shared is None else dataclasses.replace(found, shared=shared)
 
     return step

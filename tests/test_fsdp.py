@@ -203,14 +203,14 @@ def test_plan_times_a_pp_by_dp_candidate_with_its_collectives() -> None:
 
 
 def test_plan_as_run_on_a_small_host_times_pp_by_dp_candidates_with_shared_cores() -> None:
-    """`plan --memory-as-run` with a CPU profile: a pp x dp candidate's local processes share the host's cores, so
-    its step is longer than on devices of its own (never more than processes / cores times), and a pp x dp_shard 1
-    candidate (one process per PP rank) is timed as before."""
+    """`plan --memory-as-run` with a CPU profile: a candidate's local processes (pp x dp_shard x tp) share the
+    host's cores, so once they outnumber them its step is longer than on devices of its own (never more than
+    processes / cores times); with no more processes than cores it is timed as before."""
     alone = {j.candidate: j.step_s for j in _planned(_measured(0.001)).ranked}
     shared = {j.candidate: j.step_s for j in _planned(_measured(0.001), shared_cores=2).ranked}
     assert any(c.degrees.dp_shard > 1 for c in alone)
     for c, step in shared.items():
-        if c.degrees.dp_shard > 1 and c.degrees.pp * c.degrees.dp_shard > 2:
+        if c.degrees.pp * c.degrees.dp_shard > 2:  # more processes than cores, FSDP or not
             assert alone[c] < step <= alone[c] * c.degrees.pp * c.degrees.dp_shard / 2 + 1e-9
         else:
             assert step == alone[c]
@@ -274,7 +274,7 @@ def test_runs_prediction_on_a_cpu_host_stretches_only_with_more_processes_than_c
     costs = parse_costs("F=1,B=2")
     step = FsdpStep(schedule=schedule, extra_s={})
     alone, same = predict_step(step, costs, 1.0, recompute=None, per_rank=1, shared=True, cores=2)
-    assert same is costs  # one process per PP rank: the profile's own scale
+    assert same is costs  # as many processes as cores: the profile's own scale
     shared, noted = predict_step(step, costs, 1.0, recompute=None, per_rank=2, shared=True, cores=2)
     assert shared.makespan > alone.makespan
     assert "4 local processes (2 PP ranks x 2) share 2 CPU cores" in noted.notes[-1]

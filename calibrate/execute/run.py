@@ -269,14 +269,14 @@ def predict_step(fsdp: Any, costs: StageCosts, time_scale: float, *, recompute: 
     """The predicted step of ``fsdp.schedule`` (:func:`fsdp_collectives`). ``shared``: local CPU processes, ``pp x
     per_rank`` of them (dp_shard x tp per PP rank, computing in lockstep); once they outnumber the cores, each
     computation is stretched by how many compute beside it (:func:`ppsim.sharing.shared_cores_step`: processor
-    sharing over the simulated timeline; the profile's ``compute_scale`` was measured with one process per PP
-    rank)."""
+    sharing over the simulated timeline; the profile's ``compute_scale`` was measured with at most as many
+    processes as cores)."""
     from ppsim.simulate import simulate
 
     costs_s = prediction_costs(costs, time_scale)
     cores = cores or os.cpu_count() or 1
     schedule = fsdp.schedule
-    sharing = shared and per_rank > 1 and schedule.num_ranks * per_rank > cores
+    sharing = shared and schedule.num_ranks * per_rank > cores
     step = dataclasses.replace(fsdp, shared=(per_rank, cores) if sharing else None)
     predicted = step.simulate(lambda extra: simulate(schedule, costs_s, recompute=recompute, extra_s=extra))
     if not sharing:
