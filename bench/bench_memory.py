@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _runs import calibrated, sh  # bench/ is on sys.path when run as a script
 
 LLAMA = ("torchtitan:llama3/debugmodel", [])
 DEEPSEEK = ("torchtitan:deepseek_v3/debugmodel", [])
@@ -50,19 +50,9 @@ CASES: list[tuple[str, list[str]]] = [
 NEAR_CAP = (0.93, 0.97, 1.03, 1.07)
 
 
-def sh(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-    print("$ " + shlex.join(cmd), flush=True)
-    return subprocess.run(cmd, capture_output=True, text=True, check=False)
-
-
 def profile_of(name: str, out: Path) -> Path:
-    path = out / f"{name}.json"
-    if not path.exists():
-        model, sizes = MODELS[name]
-        done = sh(["ppsim", "calibrate", "--model", model, *sizes, "--no-probe", "-o", str(path)])
-        if done.returncode != 0:
-            sys.exit(f"calibration of {name} failed: {done.stderr.strip().splitlines()[-1:]}")
-    return path
+    model, sizes = MODELS[name]
+    return calibrated(out / f"{name}.json", model, *sizes, "--no-probe")
 
 
 def searched_order(profile: Path, out: Path) -> Path:

@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+from _runs import calibrated, sh  # bench/ is on sys.path when run as a script
 
 MODELS = {"llama3": "torchtitan:llama3/debugmodel", "deepseek_v3": "torchtitan:deepseek_v3/debugmodel"}
 CASES: list[tuple[str, str]] = [
@@ -38,19 +38,9 @@ CASES: list[tuple[str, str]] = [
 ]
 
 
-def sh(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-    print("$ " + shlex.join(cmd), flush=True)
-    return subprocess.run(cmd, capture_output=True, text=True, check=False)
-
-
 def profile_of(name: str, out: Path) -> Path:
     """The model's profile, calibrated once before any run (kept in ``out``)."""
-    path = out / f"{name}.json"
-    if not path.exists():
-        done = sh(["ppsim", "calibrate", "--model", MODELS[name], "-o", str(path)])
-        if done.returncode != 0:
-            sys.exit(f"calibration of {name} failed: {done.stderr.strip().splitlines()[-1:]}")
-    return path
+    return calibrated(out / f"{name}.json", MODELS[name])
 
 
 def load1() -> float:
