@@ -1,11 +1,16 @@
 """Check `ppsim plan` against real runs (issue 24, "Checked against real runs").
 
-Plans the llama3 debug job on N CPU ranks with a profile and a memory cap, then runs the plan's top candidates and a
-few others that fit with `ppsim run` (the candidate's own overrides), and prints, per candidate: the predicted step,
-the measured step (median of the timed steps, with their min-max spread), the plan's peak memory per rank against
-the measured allocator peak, and the cap. Verdict: every pair of candidates whose measured medians differ by more
-than both runs' spreads (the intervals do not overlap) must be ordered as the plan orders them; no candidate the plan
-says fits may measure above the cap.
+Plans the llama3 debug job on N CPU ranks with one or more profiles (each times the candidates whose microbatch it
+measured) and a memory cap, then runs the plan's top candidates and a few others that fit with `ppsim run` (the
+candidate's own overrides, the profile that covers it). The others are spread over the rest of the timed, fitting
+candidates in the plan's order, from the next one to the slowest, so the check sees near ties and clear gaps alike.
+Every candidate runs ``--rounds`` times, the rounds alternating in direction, so a slow phase of this shared host
+falls on all of them; a candidate's measured step is the median of all its timed steps, its spread their min-max.
+
+Prints, per candidate: the predicted step, the measured step and spread, the plan's peak memory per rank against
+the measured allocator peak (the largest over the rounds), and the cap. Verdict: every pair of candidates whose
+measured intervals do not overlap must be ordered as the plan orders them; no candidate the plan says fits may
+measure above the cap.
 
     python bench/bench_plan_runs.py --gpus 2 --memory-cap 64MiB --out /tmp/plan_runs
 
@@ -18,6 +23,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -33,20 +39,48 @@ def _sh(argv: list[str], *, stdout: Path | None = None) -> None:
         subprocess.run(argv, check=True, stdout=out)
 
 
-def make_plan(*, gpus: int, cap: str, profile: str, out: Path, time_limit: float) -> dict:
+def make_plan(*, gpus: int, cap: str, profiles: list[str], out: Path, time_limit: float) -> dict:
     path = out / f"plan_g{gpus}.json"
-    _sh(["ppsim", "plan", *JOB, "--gpus", str(gpus), "--memory-cap", cap, "--profile", profile, "--memory-as-run",
+    given = [t for p in profiles for t in ("--profile", p)]
+    _sh(["ppsim", "plan", *JOB, "--gpus", str(gpus), "--memory-cap", cap, *given, "--memory-as-run",
          "--time-limit", str(time_limit), "--top", "10", "--json", "-o", str(out / f"plan_g{gpus}.html")],
         stdout=path)
     return json.loads(path.read_text())
 
 
 def pick(plan: dict, *, num_top: int, num_others: int, also: tuple[int, ...] = ()) -> list[tuple[int, dict]]:
-    """The top candidates and the next ones that fit and are timed (the plan's order, fastest first), plus the plan
-    ranks in ``also`` (1-based: e.g. another degree layout further down)."""
+    """The top candidates that fit and are timed (the plan's order, fastest first), then ``num_others`` spread
+    evenly over the rest of them (the next one first, the slowest last), plus the plan ranks in ``also`` (1-based)."""
     timed = [(i, c) for i, c in enumerate(plan["candidates"]) if c["fits"] and c["step_s"] is not None]
-    first = timed[:num_top + num_others]
+    for i, c in timed:
+        if not runnable(c):
+            print(f"skipping plan #{i + 1} ({label(c)}): `ppsim run` executes DualPipe on its own path, which does "
+                  "not shard (docs/run.md)", flush=True)
+    timed = [(i, c) for i, c in timed if runnable(c)]
+    first, rest = timed[:num_top], timed[num_top:]
+    if num_others >= len(rest):
+        first += rest
+    elif num_others == 1:
+        first.append(rest[0])
+    elif num_others > 1:
+        first += [rest[round(k * (len(rest) - 1) / (num_others - 1))] for k in range(num_others)]
     return first + [t for t in timed if t[0] + 1 in also and t not in first]
+
+
+def covering(profiles: list[str], cand: dict) -> str:
+    """The profile that measured the candidate's microbatch (``mb_size`` at the job's ``seq_len``); the plan timed
+    the candidate from it."""
+    for path in profiles:
+        model = json.loads(Path(path).read_text())["model"]
+        if model["mb_size"] == cand["microbatch_size"] and model["seq_len"] == int(JOB[-1]):
+            return path
+    sys.exit(f"no --profile measured microbatches of {cand['microbatch_size']} x {JOB[-1]} tokens ({label(cand)})")
+
+
+def runnable(cand: dict) -> bool:
+    """Whether `ppsim run` can execute the candidate: DualPipe (two pipelines) runs on ppsim's own executor only,
+    which does not take FSDP or TP degrees."""
+    return cand["schedule"] != "DualPipe" or cand["dp_shard"] * cand["tp"] == 1
 
 
 def run_argv(cand: dict, *, profile: str, out: Path, steps: int, warmup: int) -> list[str]:
@@ -59,24 +93,25 @@ def run_argv(cand: dict, *, profile: str, out: Path, steps: int, warmup: int) ->
             k = overrides.index(key)
             extra += [flag, overrides[k + 1]]
             del overrides[k:k + 2]
-    if cand["schedule"] == "DualPipeV":
-        extra += ["--executor", "ppsim"]       # two pipelines: ppsim's executor (docs/run.md)
+    if cand["schedule"] == "DualPipe":
+        extra += ["--executor", "ppsim"]       # two pipelines: ppsim's executor (docs/run.md), which does not shard
     return ["ppsim", "run", *JOB[:2], *overrides, "--training.disable_cuda_graphs", *extra, "--profile", profile,
             "--steps", str(steps), "--warmup", str(warmup), "--json", "-o", str(out)]
 
 
 def label(cand: dict) -> str:
     v = cand.get("stages_per_rank")
-    return (f"pp{cand['pp']} tp{cand['tp']} dp{cand['dp_shard']} {cand['schedule']} m{cand['microbatches']}"
+    searched = "searched " if cand.get("schedule_csv") else ""   # search's order, written as a schedule CSV
+    return (f"pp{cand['pp']} tp{cand['tp']} dp{cand['dp_shard']} {searched}{cand['schedule']} m{cand['microbatches']}"
             f" v{v} {cand['recompute']}")
 
 
-def row(rank: int, cand: dict, run: dict, cap: int) -> dict:
-    lo, hi = run["measured_step_spread_s"]
-    meas = [m["peak_allocated_bytes_measured"] for m in run["memory"]]
-    return {"plan_rank": rank + 1, "label": label(cand), "pred_s": cand["step_s"], "meas_s": run["measured_step_s"],
-            "lo": lo, "hi": hi, "plan_peak": cand["peak_memory_bytes"],
-            "run_pred_peak": [m["peak_allocated_bytes_predicted"] for m in run["memory"]], "meas_peak": meas,
+def row(rank: int, cand: dict, runs: list[dict], cap: int) -> dict:
+    steps = sorted(s for run in runs for s in run["measured_steps_s"])
+    meas = [max(m) for m in zip(*([m["peak_allocated_bytes_measured"] for m in run["memory"]] for run in runs))]
+    return {"plan_rank": rank + 1, "label": label(cand), "pred_s": cand["step_s"],
+            "meas_s": statistics.median(steps), "lo": steps[0], "hi": steps[-1], "plan_peak": cand["peak_memory_bytes"],
+            "run_pred_peak": [m["peak_allocated_bytes_predicted"] for m in runs[0]["memory"]], "meas_peak": meas,
             "optimizer": [p.get("optimizer", 0) for p in cand.get("memory_parts") or []],
             "fits": cand["fits"], "over_cap": any(b > cap for b in meas)}
 
@@ -109,11 +144,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--memory-cap", default="64MiB")
-    ap.add_argument("--profile", default=PROFILE)
+    ap.add_argument("--profile", action="append", help=f"repeatable; default {PROFILE}")
     ap.add_argument("--top", type=int, default=3)
     ap.add_argument("--others", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=2, help="runs per candidate, alternating in direction")
     ap.add_argument("--time-limit", type=float, default=30)
     ap.add_argument("--out", type=Path, default=Path("/tmp/plan_runs"))
     ap.add_argument("--also", default="", help="more plan ranks to run, e.g. 9,12 (1-based)")
@@ -123,16 +159,21 @@ def main() -> int:
     JOB[-1] = str(a.seq_len)
     a.out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (before)", flush=True)
-    plan = make_plan(gpus=a.gpus, cap=a.memory_cap, profile=a.profile, out=a.out, time_limit=a.time_limit)
+    profiles = a.profile or [PROFILE]
+    plan = make_plan(gpus=a.gpus, cap=a.memory_cap, profiles=profiles, out=a.out, time_limit=a.time_limit)
     cap = plan["memory_cap_bytes"]
-    rows = []
     also = tuple(int(x) for x in a.also.split(",") if x)
-    for rank, cand in pick(plan, num_top=a.top, num_others=a.others, also=also):
-        path = a.out / f"run_g{a.gpus}_{rank + 1}.json"
-        if not path.exists():
-            _sh(run_argv(cand, profile=a.profile, out=path, steps=a.steps, warmup=a.warmup))
-        rows.append(row(rank, cand, json.loads(path.read_text()), cap))
-    print(f"machine: load average {os.getloadavg()[0]:.1f} (after); each run's spread is its timed steps' min-max")
+    picked = pick(plan, num_top=a.top, num_others=a.others, also=also)
+    runs: dict[int, list[dict]] = {rank: [] for rank, _ in picked}
+    for r in range(a.rounds):
+        for rank, cand in picked if r % 2 == 0 else picked[::-1]:
+            path = a.out / f"run_g{a.gpus}_{rank + 1}_r{r + 1}.json"
+            if not path.exists():
+                _sh(run_argv(cand, profile=covering(profiles, cand), out=path, steps=a.steps, warmup=a.warmup))
+            runs[rank].append(json.loads(path.read_text()))
+    rows = [row(rank, cand, runs[rank], cap) for rank, cand in picked]
+    print(f"machine: load average {os.getloadavg()[0]:.1f} (after); a candidate's spread is the min-max of its "
+          f"timed steps over {a.rounds} round(s) of {a.steps}")
     print(table(rows, cap))
     checks = verdict(rows)
     print("\n".join(checks) or "no pair measured apart beyond the runs' spreads")

@@ -4,6 +4,9 @@ reduce-scatter, placed where torch's pipelining runtime issues them, one model f
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -253,15 +256,44 @@ def _shared(name: str, ranks: int, mb: int, *, per_rank: int, cores: int) -> tup
 
 def test_local_processes_beyond_the_cores_stretch_computations_by_how_many_compute_beside_them() -> None:
     """Processor sharing over the simulated step: no stretch with enough cores or when nothing overlaps (one
-    microbatch: the ranks take turns), at most ``pp x per_rank / cores`` when all compute at once, and a pipeline
-    whose ranks overlap more is stretched more (1F1B's steady state against GPipe's fill and drain)."""
+    microbatch: the ranks take turns), at most ``processes / cores`` when all compute at once, a rank's bubble lending
+    its core to the others (pinned by copy of the pipeline, FSDP/TP peers share the same way)."""
     assert _shared("1F1B", 2, 8, per_rank=2, cores=8) == pytest.approx((_shared("1F1B", 2, 8, per_rank=1,
                                                                                    cores=8)[0],) * 2)
-    alone, shared = _shared("GPipe", 2, 1, per_rank=2, cores=2)
-    assert shared == pytest.approx(alone)  # one microbatch: one PP rank's 2 processes at a time
+    alone, shared = _shared("GPipe", 4, 1, per_rank=1, cores=2)
+    assert shared == pytest.approx(alone)  # one microbatch: one PP rank at a time, on a core of its own
     for name in ("GPipe", "1F1B"):
+        alone, shared = _shared(name, 4, 8, per_rank=1, cores=2)
+        assert alone < shared < 2 * alone
+    for name in ("GPipe", "1F1B"):  # 2 processes per PP rank: pinned by copy of the pipeline, the same sharing
         alone, shared = _shared(name, 2, 8, per_rank=2, cores=2)
-        assert alone < shared <= 2 * alone + 1e-9
+        assert alone < shared < 2 * alone
+
+
+def test_run_pins_each_copy_of_the_pipeline_to_cores_of_its_own_only_when_processes_outnumber_the_cores() -> None:
+    from ppsim.sharing import core_plan, sharing
+
+    assert core_plan(4, 1, 2) is None and core_plan(2, 2, 4) is None  # one process per PP rank; enough cores
+    assert core_plan(2, 2, 2) == ((0,), (1,))
+    assert core_plan(4, 2, 6) == ((0, 1, 2), (3, 4, 5))
+    assert core_plan(2, 3, 2) == ((0,), (0,), (1,))
+    assert sharing(2, 2, 2) == (1, 1) and sharing(1, 2, 4) == (1, 2)
+    assert sharing(3, 2, 2) == (2, 1)  # the crowded core: 2 copies on core 0
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+def test_a_local_worker_is_pinned_to_its_copys_cores() -> None:
+    """The worker of process ``rank`` (PP outermost: FSDP/TP position ``rank % per_rank``) runs on that copy's
+    cores."""
+    allowed = sorted(os.sched_getaffinity(0))
+    pp = len(allowed)  # 2 copies of a pipeline of len(allowed) ranks: pinned, each copy on half the cores
+    code = ("import os, sys, types; from ppsim.calibrate.execute.steps import pin_to_rank_cores; "
+            f"spec = types.SimpleNamespace(world_size={2 * pp}, schedule=types.SimpleNamespace(num_ranks={pp})); "
+            "pin_to_rank_cores(spec, int(sys.argv[1])); print(sorted(os.sched_getaffinity(0)))")
+    half = len(allowed) // 2
+    for rank, cores in ((0, allowed[:half] or allowed[:1]), (2 * pp - 1, allowed[half:])):
+        done = subprocess.run([sys.executable, "-c", code, str(rank)], capture_output=True, text=True, check=True)
+        assert json.loads(done.stdout) == cores
 
 
 @pytest.mark.torch
@@ -277,6 +309,7 @@ def test_runs_prediction_on_a_cpu_host_stretches_only_with_more_processes_than_c
     assert same is costs  # as many processes as cores: the profile's own scale
     shared, noted = predict_step(step, costs, 1.0, recompute=None, per_rank=2, shared=True, cores=2)
     assert shared.makespan > alone.makespan
-    assert "4 local processes (2 PP ranks x 2) share 2 CPU cores" in noted.notes[-1]
+    assert "4 local processes (2 PP ranks x 2) share 2 CPU cores, each copy of the pipeline (one FSDP/TP " \
+        "position) pinned to cores of its own" in noted.notes[-1]
     enough, _ = predict_step(step, costs, 1.0, recompute=None, per_rank=2, shared=True, cores=8)
     assert enough.makespan == pytest.approx(alone.makespan)

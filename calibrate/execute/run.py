@@ -232,9 +232,11 @@ def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSour
         return
     if options.dp_shard * options.tp > 1 and (options.synthetic or source.scheme != "torchtitan"
                                              or options.executor == "ppsim"):
+        why = ("--executor ppsim does not shard" if options.executor == "ppsim" and not options.synthetic
+               and source.scheme == "torchtitan" else f"{source.text} is not a torchtitan model")
         raise PPSimError(f"--dp-shard {options.dp_shard} --tp {options.tp}: FSDP and TP runs go through torchtitan's "
                          f"own parallelize function, so they need a torchtitan model (--model torchtitan:FAMILY/"
-                         f"FLAVOR) and the torchtitan executor; {source.text} is not one, or drop the degrees")
+                         f"FLAVOR) and the torchtitan executor; {why}: use the torchtitan executor or drop the degrees")
     cfg = source.config
     check_degrees(Degrees(pp=schedule.num_ranks, tp=options.tp, dp_shard=options.dp_shard), num_heads=cfg.heads,
                   num_kv_heads=cfg.heads, num_layers=source.num_layers, world_size=world,
@@ -274,16 +276,21 @@ def predict_step(fsdp: Any, costs: StageCosts, time_scale: float, *, recompute: 
     from ppsim.simulate import simulate
 
     costs_s = prediction_costs(costs, time_scale)
-    cores = cores or os.cpu_count() or 1
+    from ppsim.sharing import core_plan, host_cores
+
+    cores = cores or host_cores()
     schedule = fsdp.schedule
     sharing = shared and schedule.num_ranks * per_rank > cores
     step = dataclasses.replace(fsdp, shared=(per_rank, cores) if sharing else None)
     predicted = step.simulate(lambda extra: simulate(schedule, costs_s, recompute=recompute, extra_s=extra))
     if not sharing:
         return predicted, costs
+    pinned = core_plan(schedule.num_ranks, per_rank, cores)
+    how = "" if pinned is None else ", each copy of the pipeline (one FSDP/TP position) pinned to cores of its own"
     note = (f"{schedule.num_ranks * per_rank} local processes ({schedule.num_ranks} PP ranks x {per_rank}) share "
-            f"{cores} CPU cores: each computation is stretched by how many compute beside it (processor sharing "
-            "over the simulated step; the profile's compute_scale was measured with one process per PP rank)")
+            f"{cores} CPU cores{how}: each computation is stretched by how many compute beside it on its cores "
+            "(processor sharing over the simulated step; the profile's compute_scale was measured with one process "
+            "per PP rank)")
     return predicted, dataclasses.replace(costs, notes=(*costs.notes, note))
 
 
@@ -408,8 +415,10 @@ def check_machine(options: RunOptions, schedule: Schedule, model: ModelSource) -
     """Refuse more local ranks than this machine holds (cores for real ranks; memory for all), with the estimate."""
     if options.override_limits:
         return
+    from ppsim.sharing import host_cores
+
     ranks = schedule.num_ranks
-    cores = os.cpu_count() or 1
+    cores = host_cores()
     if options.synthetic:
         if ranks > MAX_SYNTHETIC_RANKS:
             raise PPSimError(f"-r {ranks}: {ranks} synthetic rank processes on this host (limit "

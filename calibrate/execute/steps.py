@@ -209,7 +209,24 @@ def _local_rank(ctx: RankContext, spec: ExecSpec, body: RankBody) -> Measurement
     import os
 
     os.environ["LOCAL_RANK"] = str(ctx.rank)  # not the launching torchrun rank's (a calibration probe under torchrun)
+    if spec.device == "cpu":
+        pin_to_rank_cores(spec, ctx.rank)
     return run_in_group(spec, rank=ctx.rank, world=ctx.world_size, store=ctx.store(spec.timeout_s), body=body)
+
+
+def pin_to_rank_cores(spec: ExecSpec, rank: int) -> None:
+    """Pin this local process to its pipeline copy's cores where the run's processes outnumber them and each PP rank
+    has several (FSDP/TP peers; :func:`ppsim.sharing.core_plan`). torchtitan's mesh puts PP outermost: process
+    ``rank`` is at FSDP/TP position ``rank % (dp_shard x tp)`` of its PP rank."""
+    import os
+
+    from ppsim.sharing import core_plan
+
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    per_rank = spec.world_size // spec.schedule.num_ranks
+    plan = core_plan(spec.schedule.num_ranks, per_rank, len(allowed))
+    if plan is not None:
+        os.sched_setaffinity(0, {allowed[i] for i in plan[rank % per_rank]})
 
 
 #: set to 1 to keep torch's pipeline runtime's own error logs (each rank prints the schedule around a failed step)

@@ -226,13 +226,13 @@ def _as_run_here(request: PlanRequest) -> PlanRequest:
     """As `ppsim run` executes the candidates here: with a CPU profile, their local processes share this host's
     cores (the step time by processor sharing, as run's own prediction)."""
     import dataclasses
-    import os
 
     from ppsim.profile import load_profile
+    from ppsim.sharing import host_cores
 
     if load_profile(request.profiles[0].path).device != "cpu":
         return request
-    return dataclasses.replace(request, shared_cores=os.cpu_count() or 1)
+    return dataclasses.replace(request, shared_cores=host_cores())
 
 
 def _memory_rule(profiled: bool, *, as_run: bool) -> str:
