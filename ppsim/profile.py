@@ -470,10 +470,24 @@ class Profile:
         """Transformer layers between the embedding and the head (version 2 layout; version 1: ``model.layers``)."""
         return len(self.layout) - 2 if self.blocks is not None else self.model.layers
 
+    #: a CPU probe whose ranks (no more than the cores) ran this much slower together than alone shared its cores
+    CONTENDED_SCALE = 1.25
+
     def host_warning(self, source: str) -> str | None:
-        """The one-line warning when this profile was calibrated on a busy or unsteady host (see :class:`HostLoad`)."""
+        """The one-line warning when this profile was calibrated on a busy or unsteady host (see :class:`HostLoad`),
+        or on a CPU whose runtime probe found its ranks, each with a core of its own, much slower together than
+        alone (other work held cores for part of the calibration)."""
         host = None if self.method is None else self.method.host
-        return None if host is None else host.warning(source)
+        said = None if host is None else host.warning(source)
+        if said or host is None or self.device != "cpu" or self.runtime is None:
+            return said
+        scales = [(k, v) for k, v in self.runtime.compute_scale.items() if 1 < k <= host.num_cpus]
+        ranks, scale = max(scales, key=lambda kv: kv[1], default=(0, 1.0))
+        if scale <= self.CONTENDED_SCALE:
+            return None
+        return (f"warning: {source} was calibrated on a busy host (its probe's {ranks} ranks, each with a core of its "
+                f"own, computed {scale:.2f} x slower together than alone): every prediction made with it may be "
+                "inflated; calibrate again on a quiet host")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

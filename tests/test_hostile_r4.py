@@ -313,6 +313,26 @@ def test_the_host_warning_follows_the_load_and_the_spread(load: float, cpus: int
     assert line is None or ("c.json" in line and "busy host" in line)
 
 
+def test_a_cpu_probe_whose_ranks_ran_much_slower_together_than_alone_warns_of_a_busy_host() -> None:
+    """Each probe rank had a core of its own, yet together they ran 1.5 x slower than alone: other work held cores
+    (seen: a 2-rank probe at 1.33-1.47 x between two quiet ones at 1.0)."""
+    import dataclasses
+
+    from ppsim.profile import HostLoad
+    from profile_v2 import make_v2_profile
+
+    base = make_v2_profile()  # compute_scale {1: 1.0, 2: 1.5}
+    assert base.method is not None and base.runtime is not None
+    quiet = dataclasses.replace(base.method, host=HostLoad(load_avg=1.0, num_cpus=2, spread=0.1))
+    line = dataclasses.replace(base, method=quiet).host_warning("p.json")
+    assert line is not None and "busy host" in line and "1.50 x slower together" in line and "p.json" in line
+    calm = dataclasses.replace(base.runtime, compute_scale={1: 1.0, 2: 1.1})
+    assert dataclasses.replace(base, method=quiet, runtime=calm).host_warning("p.json") is None
+    assert dataclasses.replace(base, method=quiet, device="cuda").host_warning("p.json") is None
+    one_core = dataclasses.replace(base.method, host=HostLoad(load_avg=0.5, num_cpus=1, spread=0.1))
+    assert dataclasses.replace(base, method=one_core).host_warning("p.json") is None  # 2 ranks on 1 core: sharing
+
+
 def _busy(doc: dict) -> None:
     doc["method"]["host"] = {"load_avg": 4.0, "num_cpus": 2, "spread": 0.2}
 
