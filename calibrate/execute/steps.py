@@ -222,7 +222,9 @@ def pin_to_rank_cores(spec: ExecSpec, rank: int) -> None:
 
     from ppsim.sharing import core_plan
 
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not hasattr(os, "sched_setaffinity"):  # not Linux: the OS places the processes
+        return
+    allowed = sorted(os.sched_getaffinity(0))
     per_rank = spec.world_size // spec.schedule.num_ranks
     plan = core_plan(spec.schedule.num_ranks, per_rank, len(allowed))
     if plan is not None:
