@@ -7,9 +7,9 @@ PP rank and no more than the cores, so its costs hold when few compute at once a
 
 :func:`shared_cores_step` models this as processor sharing over the simulated timeline, by a fixed point: simulate,
 give each computation the time-average of ``max(1, computing / cores)`` over its span, stretch it by that factor,
-simulate again (a few rounds, each factor after the first averaged with the previous one so the rounds settle). Collectives and
-other non-computations are left as they are. No number is fitted: the cores are the host's, the timeline is the
-simulator's.
+simulate again (a few rounds, each factor after the first averaged with the previous one so the rounds settle).
+Collectives and other non-computations are left as they are. No number is fitted: the cores are the host's, the
+timeline is the simulator's.
 
 Where each PP rank has several processes (FSDP or TP peers) and they all outnumber the cores, ``ppsim run`` pins
 them by replica (:func:`core_plan`): the processes at the same FSDP/TP position of every PP rank (one copy of the
