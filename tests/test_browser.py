@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ppsim.schedules import get_schedule
-from ppsim.simulate import simulate
+from ppsim.simulator import simulate
 from ppsim.viz import plot_to_file
 from ppsim.viz.report import write_report
 

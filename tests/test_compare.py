@@ -14,7 +14,7 @@ from ppsim.costs import CostSpec, parse_costs
 from ppsim.errors import PPSimError
 from ppsim.formats import write_csv
 from ppsim.schedules import get_schedule
-from ppsim.simulate import simulate
+from ppsim.simulator import simulate
 
 runner = CliRunner()
 README_REPORT = ["1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV"]

@@ -12,7 +12,7 @@ from ppsim.cli import app
 from ppsim.costs import CostSpec, parse_costs
 from ppsim.errors import CostError
 from ppsim.schedules import get_schedule
-from ppsim.simulate import simulate
+from ppsim.simulator import simulate
 
 runner = CliRunner()
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ppsim import get_schedule
-from ppsim.costs import CostSpec, StageCosts, load_costs, parse_costs
+from ppsim.costs import CostSpec, load_costs, parse_costs
 from ppsim.errors import CostError
 from ppsim.ir import Action, ActionType, overlap, parse_action
 
@@ -209,7 +209,7 @@ def _v2_costs(**kw: Any) -> CostSpec:
 
 
 def test_one_v2_profile_drives_2_4_and_8_stage_schedules() -> None:
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     base = _v2_costs()
     seen = {}
@@ -278,7 +278,7 @@ def test_v2_handoff_without_p2p_becomes_the_flat_comm() -> None:
 
 
 def test_a_per_block_spec_is_read_for_the_schedule_it_is_simulated_with() -> None:
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     sched = get_schedule("1F1B", 2, 4)
     assert simulate(sched, _v2_costs()).costs == _v2_costs().for_schedule(sched)

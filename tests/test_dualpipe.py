@@ -218,7 +218,7 @@ def test_unit_cost_worked_case(
     name: str, num_ranks: int, num_microbatches: int, makespan: float, idle: float, peak: int
 ) -> None:
     from ppsim.costs import parse_costs
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     result = simulate(get_schedule(name, num_ranks, num_microbatches), parse_costs(UNIT))
     assert result.makespan == pytest.approx(makespan)
@@ -230,7 +230,7 @@ def test_unit_cost_worked_case(
 
 def test_dualpipev_cheaper_pairs_worked_case() -> None:
     from ppsim.costs import parse_costs
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     R = 4
     result = simulate(dualpipev(R, 10), parse_costs("F=1,B=2,I=1,W=1,FB=2.5"))

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ppsim import get_schedule, parse_costs, simulate
-from ppsim.costs import CostSpec, StageCosts
+from ppsim.costs import CostSpec
 from ppsim.export import chrome_trace, write_chrome_trace, write_json_timeline
 from test_costs import make_profile
 from test_simulate_properties import library_schedules, pair_schedules, uniform_costs

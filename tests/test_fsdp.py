@@ -27,9 +27,9 @@ from ppsim.fsdp import (
     ring_seconds,
 )
 from ppsim.ir import ActionType
-from ppsim.memory import BlockShapes, JobShapes
+from ppsim.job.memory import BlockShapes, JobShapes
 from ppsim.schedules import get_schedule
-from ppsim.simulate import simulate
+from ppsim.simulator import simulate
 
 DATA = Path(__file__).resolve().parent / "data"
 PROFILE = DATA / "llama3_debugmodel_s32_mem.profile.json"  # measured p2p, no collectives
@@ -178,7 +178,7 @@ def _plan_shapes(tp: int, mb_size: int, ac: str) -> JobShapes:
 
 def _planned(collectives: CollectiveCosts | None, shared_cores: int | None = None) -> Any:
     from ppsim.plan import ModelFacts, PlanRequest, ProfileCover, plan
-    from ppsim.torchtitan import JobSettings
+    from ppsim.job.settings import JobSettings
 
     job = JobSettings(source="toy:job", parallelism={"data_parallel_shard_degree": -1},
                       training={"local_batch_size": 4, "seq_len": 16}, in_file=False, model_source="toy",

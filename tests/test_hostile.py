@@ -202,7 +202,7 @@ def test_simulate_json_is_strict_json_for_extreme_but_allowed_costs(files: Path)
 
 def test_simulator_refuses_non_finite_results() -> None:
     from ppsim.costs import StageCosts
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     costs = StageCosts(F=(1e308,), B=(1e308,), I=(5e307,), W=(5e307,), FB=(1e308,))
     with pytest.raises(PPSimError):
@@ -499,7 +499,6 @@ def test_calibrate_estimates_or_refuses_absurd_sizes_before_starting(args: list[
 
 def test_the_calibration_estimate_counts_the_probe_of_the_whole_model() -> None:
     from ppsim.calibrate.measure.calibration import estimate
-    from ppsim.calibrate.models.builtin import source_for
     from ppsim.model_config import get_preset
 
     deep = get_preset("tiny").replace(preset="custom", layers=100_000)

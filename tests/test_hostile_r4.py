@@ -236,7 +236,7 @@ def test_running_out_of_memory_is_one_line(tmp_path: Path, monkeypatch: pytest.M
     def exhausted(*args: object, **kwargs: object) -> None:
         raise MemoryError
 
-    monkeypatch.setattr(importlib.import_module("ppsim.simulate"), "simulate", exhausted)
+    monkeypatch.setattr(importlib.import_module("ppsim.simulator"), "simulate", exhausted)
     line = error_line(runner.invoke(app, ["simulate", "-s", "1F1B", "-r", "2", "-m", "2", "--allow-large"]))
     assert "out of memory" in line
 

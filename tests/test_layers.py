@@ -185,7 +185,7 @@ def test_no_import_cycles() -> None:
 @pytest.mark.parametrize(
     ("source", "target", "rule"),
     [
-        ("ppsim.simulate", "ppsim.viz.gantt", "core may not import viz"),
+        ("ppsim.simulator", "ppsim.viz.gantt", "core may not import viz"),
         ("ppsim.costs", "ppsim.cli", "core may not import cli"),
         ("ppsim.calibrate.calibrate_cmd", "ppsim.cli.fmt_bytes", "calibrate may not import cli"),
         ("ppsim.viz.report", "ppsim.calibrate.execute.executor", "viz and calibrate are peers"),
@@ -200,18 +200,18 @@ def test_checker_flags_upward_and_peer_imports(source: str, target: str, rule: s
 
 def test_checker_allows_downward_imports() -> None:
     allowed = [Import("ppsim.cli.simulation", "ppsim.viz.report", 1), Import("ppsim.viz.gantt", "ppsim.io", 1),
-               Import("ppsim.calibrate.run_cmd", "ppsim.simulate", 1), Import("ppsim.simulate", "numpy", 1)]
+               Import("ppsim.calibrate.run_cmd", "ppsim.simulator", 1), Import("ppsim.simulator", "numpy", 1)]
     assert layering_violations(allowed) == []
 
 
 def test_checker_finds_a_cycle_through_a_function_level_import(tmp_path: Path) -> None:
-    source = "def f():\n    from ppsim.simulate import simulate\n"
+    source = "def f():\n    from ppsim.simulator import simulate\n"
     path = tmp_path / "x.py"
     path.write_text(source)
     found = imports_of("ppsim.costs", path)
-    assert Import("ppsim.costs", "ppsim.simulate", 2) in found
-    cycles = import_cycles([*found, Import("ppsim.simulate", "ppsim.costs", 1)])
-    assert ["ppsim.costs", "ppsim.simulate"] in cycles
+    assert Import("ppsim.costs", "ppsim.simulator", 2) in found
+    cycles = import_cycles([*found, Import("ppsim.simulator", "ppsim.costs", 1)])
+    assert ["ppsim.costs", "ppsim.simulator"] in cycles
 
 
 def test_checker_skips_type_checking_imports(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Each PP rank's memory for a torchtitan job (ppsim.memory, ppsim.calibrate.torchtitan.shapes, simulate's wiring)."""
+"""Each PP rank's memory for a torchtitan job (ppsim.job.memory, ppsim.calibrate.torchtitan.shapes, simulate's wiring)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ppsim.cli import app
-from ppsim.memory import PARTS, BlockShapes, Degrees, JobMemoryError, JobShapes, check_degrees, job_memory
+from ppsim.job.memory import BlockShapes, JobShapes, PARTS, job_memory
+from ppsim.job.degrees import Degrees, check_degrees
+from ppsim.errors import JobMemoryError
 from ppsim.schedules import load_schedule
 
 runner = CliRunner()

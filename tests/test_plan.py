@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from ppsim.cli import app
 from ppsim.compare import build
-from ppsim.memory import BlockShapes, JobShapes
+from ppsim.job.memory import BlockShapes, JobShapes
 from ppsim.plan import ModelFacts, PlanError, PlanRequest, candidates, global_batch, plan
-from ppsim.torchtitan import JobSettings
+from ppsim.job.settings import JobSettings
 
 runner = CliRunner()
 DATA = Path(__file__).parent / "data"

@@ -405,7 +405,7 @@ def test_the_prediction_uses_nothing_measured_in_the_run(tmp_path: Path, factor:
     the profile's simulation; only the post-hoc number follows the run."""
     from ppsim.calibrate.execute import run
     from ppsim.costs import load_costs
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
 
     profile = write_block_profile(tmp_path / "p.json")

@@ -1,5 +1,5 @@
 """`ppsim run --dp-shard/--tp`: PP x FSDP (and PP x TP) on real gloo ranks through torchtitan's own parallelize
-function, each rank's allocator-level peak measured beside :func:`ppsim.memory.job_memory`'s before-run prediction,
+function, each rank's allocator-level peak measured beside :func:`ppsim.job.memory.job_memory`'s before-run prediction,
 and FSDP's collectives in the predicted step."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from ppsim.costs import parse_costs
 from ppsim.errors import ScheduleConfigError
 from ppsim.ir import ActionType
 from ppsim.schedules import get_schedule, get_spec
-from ppsim.simulate import simulate
+from ppsim.simulator import simulate
 from ppsim.validate import validate
 
 F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W

@@ -152,7 +152,6 @@ def test_cli_report_names_and_hatches_the_recomputed_schedules(tmp_path: Path) -
 def test_choose_recompute_meets_a_byte_cap_with_a_profile() -> None:
     import dataclasses
 
-    from ppsim.costs import StageCosts
     from test_costs import make_profile
 
     costs = dataclasses.replace(CostSpec.from_profile(make_profile(4)).tables, output_bytes=(300, 300, 300, 0))

@@ -20,15 +20,10 @@ from typer.testing import CliRunner
 from ppsim.cli import app
 from ppsim.profile import save_profile
 from ppsim.split import SplitSpec
-from ppsim.torchtitan import (
-    FIELD_TYPES,
-    JobSettings,
-    TorchtitanConfigError,
-    is_registry_name,
-    job_from_settings,
-    load_torchtitan_job,
-    parse_overrides,
-)
+from ppsim.job.settings import FIELD_TYPES, JobSettings, is_registry_name
+from ppsim.errors import TorchtitanConfigError
+from ppsim.job.pipeline import job_from_settings, load_torchtitan_job
+from ppsim.job.overrides import parse_overrides
 
 runner = CliRunner()
 LLAMA = "llama3:llama3_debugmodel"

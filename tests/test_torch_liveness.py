@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from ppsim.schedules import load_schedule
-from ppsim.simulate import simulate
+from ppsim.simulator import simulate
 
 pytestmark = pytest.mark.torch
 

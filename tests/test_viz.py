@@ -16,7 +16,7 @@ from ppsim.costs import StageCosts, parse_costs
 from ppsim.formats import read_csv
 from ppsim.ir import ActionType
 from ppsim.schedules import get_schedule
-from ppsim.simulate import simulate
+from ppsim.simulator import simulate
 from ppsim.viz import gantt, plot_to_file
 from ppsim.viz._data import cells as cells_of
 from viz_helpers import profile_like_costs

@@ -15,7 +15,7 @@ from ppsim.costs import parse_costs
 from ppsim.formats import read_csv
 from ppsim.ir import ActionType
 from ppsim.schedules import get_schedule
-from ppsim.simulate import simulate
+from ppsim.simulator import simulate
 from ppsim.viz import interactive, plot_to_file, report
 from viz_helpers import profile_like_costs
 
@@ -180,7 +180,7 @@ def test_report_names_costs_and_versions_without_importing_torch(tmp_path):
         "import sys\n"
         "from ppsim.costs import parse_costs\n"
         "from ppsim.schedules import get_schedule\n"
-        "from ppsim.simulate import simulate\n"
+        "from ppsim.simulator import simulate\n"
         "from ppsim.viz.report import write_report\n"
         "c = parse_costs('F=1,B=2,comm=0.25')\n"
         f"write_report([('1F1B', simulate(get_schedule('1F1B', 2, 4), c))], r'{tmp_path / 'r.html'}', costs=c)\n"

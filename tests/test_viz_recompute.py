@@ -8,7 +8,7 @@ import pytest
 from ppsim.costs import parse_costs
 from ppsim.recompute import RecomputeSet
 from ppsim.schedules import get_schedule
-from ppsim.simulate import simulate
+from ppsim.simulator import simulate
 from ppsim.viz import gantt, interactive
 from ppsim.viz._data import RECOMPUTE_LABEL, cells
 from test_viz import collection, rect_bounds

@@ -40,7 +40,7 @@ def test_zbv_refuses_other_stages_per_rank() -> None:
 
 def test_zbv_bubble_does_not_grow_with_microbatches_and_memory_matches_1f1b() -> None:
     from ppsim.costs import parse_costs
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     R = 4
     costs = parse_costs("F=1,B=2,I=1,W=1")

@@ -1,5 +1,5 @@
 """`simulate --torchtitan-config MODULE:CONFIG`: each PP rank's memory for the whole job (PP x FSDP x TP) from the
-model's shapes (:mod:`ppsim.calibrate.torchtitan.shapes`, :func:`ppsim.memory.job_memory`), and the verdict per rank
+model's shapes (:mod:`ppsim.calibrate.torchtitan.shapes`, :func:`ppsim.job.memory.job_memory`), and the verdict per rank
 against ``--memory-cap``. Needs no profile; the step time does."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ppsim.errors import PPSimError
-from ppsim.memory import PARTS, Degrees, JobMemoryError, JobShapes, RankMemory, fmt_gib
+from ppsim.job.memory import JobShapes, PARTS, RankMemory, fmt_gib
+from ppsim.job.degrees import Degrees
+from ppsim.errors import JobMemoryError
 
 if TYPE_CHECKING:
     from ppsim.cli.common import Inputs
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 
 def job_config_context(torchtitan_config: object) -> Any:
     """Reading a config function with its hardware-bound converters set aside (their notes go on stderr)."""
-    from ppsim.torchtitan import is_registry_name
+    from ppsim.job.settings import is_registry_name
 
     if torchtitan_config is None or not is_registry_name(str(torchtitan_config)):
         return nullcontext()
@@ -41,12 +43,12 @@ def _quiet_converters() -> Iterator[None]:
 def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, overrides: Sequence[str],
                   cap: int | None) -> list[RankMemory] | None:
     """Each PP rank's memory for a config function's job (``None`` for a TOML job: its model is not built)."""
-    from ppsim.torchtitan import is_registry_name
+    from ppsim.job.settings import is_registry_name
 
     job = inputs.job
     if job is None or not is_registry_name(str(torchtitan_config)) or job.stage_modules is None:
         return None
-    from ppsim.memory import job_memory
+    from ppsim.job.memory import job_memory
 
     try:
         shapes, degrees = _shapes_of(str(torchtitan_config), overrides, profile=inputs.cost_model.profile)

@@ -19,7 +19,7 @@ from ppsim.cli.options import JOB_CONTEXT, JsonOpt, output_file
 from ppsim.errors import PPSimError
 
 if TYPE_CHECKING:
-    from ppsim.memory import JobShapes
+    from ppsim.job.memory import JobShapes
     from ppsim.plan import Judged, ModelFacts, Plan, PlanRequest, ProfileCover
 
 PLAN_KEYS = ("pipeline_parallel_degree", "tensor_parallel_degree", "data_parallel_shard_degree",
@@ -145,7 +145,7 @@ def _request(value: str, args: list[str], *, gpus: int, gpus_per_node: int, memo
     from ppsim.cli.job_memory import job_config_context
     from ppsim.io import parse_memory_cap
     from ppsim.plan import PlanRequest
-    from ppsim.torchtitan import is_registry_name
+    from ppsim.job.settings import is_registry_name
 
     limit = _time_limit(time_limit)
     for option, number in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node)):
@@ -398,7 +398,7 @@ def _best_result(result: Plan, shapes_for: Any) -> Any:
 def print_plan(result: Plan) -> None:
     from rich.table import Table
 
-    from ppsim.memory import GIB
+    from ppsim.job.memory import GIB
 
     best = result.best
     timed = best is not None and best.step_s is not None
@@ -437,7 +437,7 @@ def _seq(result: Plan) -> int:
 
 
 def _print_tail(result: Plan) -> None:
-    from ppsim.memory import GIB
+    from ppsim.job.memory import GIB
     from ppsim.plan import describe
 
     frontier = result.frontier()

@@ -110,8 +110,8 @@ def fsdp_of(inputs: Inputs, torchtitan_config: object, overrides: list[str]) -> 
     """The step of a config function's job at dp_shard > 1 timed by a profile, with FSDP's exposed collectives in it
     (:func:`ppsim.fsdp.fsdp_step`, as ``run`` and ``plan`` time it); ``None`` otherwise."""
     from ppsim.cli.job_memory import _shapes_of
-    from ppsim.memory import JobMemoryError
-    from ppsim.torchtitan import is_registry_name
+    from ppsim.errors import JobMemoryError
+    from ppsim.job.settings import is_registry_name
 
     job, prof = inputs.job, inputs.cost_model.profile
     if job is None or job.stage_modules is None or prof is None or not is_registry_name(str(torchtitan_config)):

@@ -25,7 +25,7 @@ follows the authors' steps instead, so that the order they return is one the sea
    kind, the first of each) whose input is already placed before it and that does not raise the rank's peak.
 7. The W are relabelled in backward order.
 
-Every order is judged by :func:`ppsim.simulate` (the authors pick by their own timing). Only ``M >= 2R`` is built
+Every order is judged by :func:`ppsim.simulator` (the authors pick by their own timing). Only ``M >= 2R`` is built
 (the authors pad smaller ``M`` to ``2R`` and trim afterwards; ppsim's own blocks cover those sizes).
 """
 

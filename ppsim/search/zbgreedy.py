@@ -19,7 +19,7 @@ is rebuilt here from the algorithm, in the search's terms (a :class:`~ppsim.sear
 3. The remaining W run at the end.
 
 The rounds keep the authors' own timing (an action ends at its stage's previous end or its input's arrival plus
-its cost), which decides the waits; the order is then judged by :func:`ppsim.simulate` like every other seed. The
+its cost), which decides the waits; the order is then judged by :func:`ppsim.simulator` like every other seed. The
 8 variants (``bubble_first``, ``prioritize_b``, ``fill_wait``) are all returned; a variant that runs out of memory
 (a forward or backward with no W left to free it) is skipped.
 """

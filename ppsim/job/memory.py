@@ -32,16 +32,13 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
-from ppsim.errors import PPSimError
+from ppsim.errors import JobMemoryError
+from ppsim.job.degrees import Degrees
 from ppsim.ir import ActionType, Schedule
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float64": 8}
 GIB = 2**30
 PARTS = ("parameters", "gradients", "optimizer", "activations", "other")
-
-
-class JobMemoryError(PPSimError):
-    """A job whose degrees or shapes ppsim cannot count (one line)."""
 
 
 @dataclass(frozen=True)
@@ -112,22 +109,6 @@ class JobShapes:
 
 
 @dataclass(frozen=True)
-class Degrees:
-    """The job's parallel degrees (torchtitan's ``ParallelDims``)."""
-
-    pp: int
-    tp: int = 1
-    dp_shard: int = 1
-    dp_replicate: int = 1
-    cp: int = 1
-    ep: int = 1
-
-    @property
-    def world_size(self) -> int:
-        return self.pp * self.tp * self.dp_shard * self.dp_replicate * self.cp
-
-
-@dataclass(frozen=True)
 class RankMemory:
     """One PP rank's high point: its parts (summing to ``peak_memory_bytes``) and the action it happens in."""
 
@@ -161,37 +142,6 @@ class RankMemory:
         return {"rank": self.rank, "peak_memory_bytes": self.peak_memory_bytes, "memory_parts": dict(self.parts),
                 "fits": self.fits, "during": self.during, "verdict": self.verdict() or None,
                 "held": dict(self.static_bytes), "end_bytes": self.end_bytes}
-
-
-# --- checks ----------------------------------------------------------------------------------------------------
-DEGREE_KEYS = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree",
-               "dp_shard": "data_parallel_shard_degree", "dp_replicate": "data_parallel_replicate_degree",
-               "cp": "context_parallel_degree", "ep": "expert_parallel_degree"}
-"""torchtitan's ``parallelism`` key for each :class:`Degrees` field."""
-
-
-def check_degrees(degrees: Degrees, *, num_heads: int, num_kv_heads: int, num_layers: int,
-                  num_experts: int | None = None, world_size: int | None = None, fix: str = "") -> None:
-    """Refuse (one line) degrees torchtitan could not run: a product that is not the world size, a TP degree that
-    does not divide the heads, an EP degree that does not divide the experts, more PP ranks than layers."""
-    tail = f"; {fix}" if fix else ""
-    for field, key in DEGREE_KEYS.items():
-        if getattr(degrees, field) < 1:  # before any division by it
-            raise JobMemoryError(f"{key} {getattr(degrees, field)}: must be at least 1 (1 for none){tail}")
-    if world_size is not None and degrees.world_size != world_size:
-        raise JobMemoryError(f"degrees pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x "
-                           f"dp_replicate {degrees.dp_replicate} x cp {degrees.cp} = {degrees.world_size}, not the "
-                           f"world size {world_size}{tail}")
-    for name, heads in (("heads", num_heads), ("kv heads", num_kv_heads)):
-        if heads % degrees.tp:
-            raise JobMemoryError(f"tensor_parallel_degree {degrees.tp} does not divide the model's {heads} {name}; "
-                               f"pick a divisor of {heads}{tail}")
-    if num_experts is not None and num_experts % degrees.ep:
-        raise JobMemoryError(f"expert_parallel_degree {degrees.ep} does not divide the model's {num_experts} experts"
-                           f"{tail}")
-    if degrees.pp > num_layers:
-        raise JobMemoryError(f"pipeline_parallel_degree {degrees.pp} is more than the model's {num_layers} layers"
-                           f"{tail}")
 
 
 # --- the count -------------------------------------------------------------------------------------------------
