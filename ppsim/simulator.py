@@ -33,7 +33,7 @@ from ppsim.errors import CostError, DeadlockError, ScheduleFormatError
 from ppsim.io import MemoryCap
 from ppsim.ir import Action, ActionType, Schedule, make_action, overlap
 from ppsim.limits import MAX_COST
-from ppsim.result import RankStats, SimResult, Trace, safe_ratio
+from ppsim.result import RankStats, SimResult, Trace, peaks_of, safe_ratio
 
 _KINDS = (ActionType.F, ActionType.B, ActionType.I, ActionType.W)  # computation codes 0..3
 _PAIR = 4
@@ -731,19 +731,6 @@ def _per_action(program: Program, step: np.ndarray, gain: np.ndarray | None = No
     return delta, plus
 
 
-def _peaks(delta: np.ndarray, plus: np.ndarray, offsets: np.ndarray) -> list[int]:
-    """Per rank: the most held at once, ``max(0, held before an action + its positive part)``."""
-    held_after = np.cumsum(delta)
-    high = held_after - delta + plus
-    lengths = np.diff(offsets)
-    nonempty = np.flatnonzero(lengths > 0)
-    peaks = np.zeros(len(lengths), dtype=np.int64)
-    if len(nonempty):
-        base = np.concatenate(([0], held_after))[offsets[:-1][nonempty]]
-        peaks[nonempty] = np.maximum.reduceat(high, offsets[:-1][nonempty]) - base
-    return np.maximum(peaks, 0).tolist()
-
-
 def _finish(program: Program, start: np.ndarray, end: np.ndarray, cap: MemoryCap | None) -> SimResult:
     schedule, costs = program.schedule, program.costs
     offsets = program.offsets
@@ -790,8 +777,8 @@ def _finish(program: Program, start: np.ndarray, end: np.ndarray, cap: MemoryCap
         else:
             sizes = [(held, freed, k) for (held, freed), (k, _) in zip(held_of, kept)]
             byte_delta, byte_plus = _per_action(program, *_recompute_steps(program, table, sizes))
-        peak_mem = _peaks(byte_delta, byte_plus, offsets)
-    peak_act = [p // act_scale if p % act_scale == 0 else p / act_scale for p in _peaks(act_delta, act_plus, offsets)]
+        peak_mem = peaks_of(byte_delta, byte_plus, offsets)
+    peak_act = [p // act_scale if p % act_scale == 0 else p / act_scale for p in peaks_of(act_delta, act_plus, offsets)]
     static = [sum(costs.static_bytes_of(schedule, s) for s in schedule.stages_of(r)) for r in range(num_ranks)]
     stats = []
     for r in range(num_ranks):

@@ -30,11 +30,14 @@ import math
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import JobMemoryError
 from ppsim.job.degrees import Degrees
 from ppsim.ir import ActionType, Schedule
+
+if TYPE_CHECKING:
+    from ppsim.result import SimResult
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float64": 8}
 GIB = 2**30
@@ -120,6 +123,11 @@ class RankMemory:
     """Sharded parameters, optimizer and gradients, the gathered parameters and the p2p buffers, in bytes."""
     end_bytes: int = 0
     """Held after the rank's last action (between steps, before the optimizer frees the gradients)."""
+    start_bytes: int = 0
+    """Held before the rank's first action (parameters, optimizer state, buffers, the device's workspace)."""
+    over_time: tuple[tuple[int, int], ...] = ()
+    """Per action of the rank, in its order: (what it changes when it ends, its high point above what was held
+    before it): the same count as the peak, for the simulator's memory over time (:func:`with_job_memory`)."""
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -232,6 +240,10 @@ def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
 
     ``stage_modules[s]``: stage ``s``'s module names (torchtitan's split), in forward order; ``recompute``: the
     (stage, microbatch) pairs whose activations are recomputed in their backward (only the stage's input is kept)."""
+    if degrees.cp > 1:
+        raise JobMemoryError(f"context_parallel_degree {degrees.cp}: ppsim does not count context parallelism yet "
+                             "(each rank would hold a 1/cp share of every sequence's activations); drop "
+                             "--parallelism.context_parallel_degree, or set it to 1")
     if len(stage_modules) != schedule.num_stages:
         raise JobMemoryError(f"the job splits the model into {len(stage_modules)} stages, the schedule has "
                            f"{schedule.num_stages}; the split must give each stage its modules")
@@ -265,6 +277,8 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
     # a first stage's I does nothing (torch skips it; its W is the whole backward)
     comps = [(c, str(a)) for a in schedule.actions[rank] for c in a.computations
              if not (c.type is ActionType.I and stages[c.stage].first)]
+    owner = [pos for pos, a in enumerate(schedule.actions[rank]) for c in a.computations
+             if not (c.type is ActionType.I and stages[c.stage].first)]
     backward = (ActionType.B, ActionType.W)
     firsts: dict[tuple[int, ActionType], int] = {}
     lasts: dict[tuple[int, ActionType], int] = {}
@@ -278,30 +292,32 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
     # ``sent``: the part of ``act`` held by sends, released when they are waited for at the step's end
     state = {"act": 0, "gathered": 0, "accum": 0, "grads": 0, "sent": 0}
     best: tuple[int, dict[str, int], str] = (-1, {}, "")
+    high = 0  # the most held inside the action being walked
 
     def consider(transient: int, extra_act: int, label: str, extra_grads: int = 0) -> None:
-        nonlocal best
+        nonlocal best, high
         parts = {"parameters": sharded * master, "gradients": state["accum"] + state["grads"] + extra_grads,
                  "optimizer": shapes.optimizer_states * sharded * master, "activations": state["act"] + extra_act,
                  "other": state["gathered"] + buffers + transient + shapes.workspace_bytes}
         total = sum(parts.values())
+        high = max(high, total)
         if total > best[0]:
             best = (total, parts, label)
 
+    def held() -> int:  # what the rank holds between computations
+        return ((1 + shapes.optimizer_states) * sharded * master + buffers + shapes.workspace_bytes
+                + state["gathered"] + state["accum"] + state["grads"] + state["act"])
+
+    start = held()
+    over_time = [[0, 0] for _ in schedule.actions[rank]]  # per action: (change when it ends, its high - before)
+    before = start
     for i, (c, label) in enumerate(comps):
-        st, s, rc = stages[c.stage], c.stage, (c.stage, c.microbatch) in recompute
-        saved = st.kept if rc else st.saved
-        if c.type is ActionType.F:
-            if i == firsts[(s, ActionType.F)] or shapes.reshard_after_forward:
-                state["gathered"] += st.gathered * param
-            consider(st.fwd_transient, saved, label)
-            state["act"] += saved + st.output
-            if shapes.reshard_after_forward:
-                state["gathered"] -= st.gathered * param
-            continue
-        _backward_step(shapes, st, c.type, rc=rc, dtypes=(master, param, reduce), state=state, consider=consider,
-                       label=label, first=i == first_grads.get(s), last=i == lasts[(s, ActionType.B)],
-                       accumulating=i != first_grads.get(s, i))
+        pos = owner[i]
+        if i == 0 or owner[i - 1] != pos:  # the action's first computation
+            before, high = held(), 0
+        _walk_one(shapes, stages, c, i, label, state=state, consider=consider, recompute=recompute,
+                  dtypes=(master, param, reduce), firsts=firsts, lasts=lasts, first_grads=first_grads)
+        over_time[pos] = [held() - before, max(high, held()) - before]
     consider(0, 0, "the step's end")
     end = ((2 + shapes.optimizer_states) * sharded * master + buffers + state["gathered"] + state["accum"]
            + state["act"] - state["sent"])
@@ -309,7 +325,28 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
               "gathered_parameters": sum(stages[s].gathered for s in own) * param, "p2p_buffers": buffers - module_buffers,
               "module_buffers": module_buffers}
     return RankMemory(rank=rank, parts=best[1], during=best[2], cap_bytes=cap_bytes, static_bytes=static,
-                      end_bytes=end)
+                      end_bytes=end, start_bytes=start, over_time=tuple((d, p) for d, p in over_time))
+
+
+def _walk_one(shapes: JobShapes, stages: list[_Stage], c: Any, i: int, label: str, *, state: dict[str, int],
+              consider: Any, recompute: AbstractSet[tuple[int, int]], dtypes: tuple[int, int, int],
+              firsts: Mapping[tuple[int, ActionType], int], lasts: Mapping[tuple[int, ActionType], int],
+              first_grads: Mapping[int, int]) -> None:
+    """One computation ``c`` (the rank's ``i``-th) of the walk: its high points (``consider``), then what it keeps."""
+    master, param, reduce = dtypes
+    st, s, rc = stages[c.stage], c.stage, (c.stage, c.microbatch) in recompute
+    saved = st.kept if rc else st.saved
+    if c.type is ActionType.F:
+        if i == firsts[(s, ActionType.F)] or shapes.reshard_after_forward:
+            state["gathered"] += st.gathered * param
+        consider(st.fwd_transient, saved, label)
+        state["act"] += saved + st.output
+        if shapes.reshard_after_forward:
+            state["gathered"] -= st.gathered * param
+        return
+    _backward_step(shapes, st, c.type, rc=rc, dtypes=(master, param, reduce), state=state, consider=consider,
+                   label=label, first=i == first_grads.get(s), last=i == lasts[(s, ActionType.B)],
+                   accumulating=i != first_grads.get(s, i))
 
 
 def _backward_step(shapes: JobShapes, st: _Stage, kind: ActionType, *, rc: bool, dtypes: tuple[int, int, int],
@@ -353,3 +390,15 @@ def _backward_step(shapes: JobShapes, st: _Stage, kind: ActionType, *, rc: bool,
 
 def fmt_gib(num_bytes: int) -> str:
     return f"{num_bytes / GIB:.2f} GiB"
+
+
+def with_job_memory(result: SimResult, memory: Sequence[RankMemory]) -> SimResult:
+    """``result`` with its memory over time, per-rank peaks and cap flags from ``memory`` (:func:`job_memory` of
+    the same schedule), so a job's figure, table and verdict read one count."""
+    import numpy as np
+
+    delta = np.array([d for m in memory for d, _ in m.over_time], dtype=np.int64)
+    plus = np.array([p for m in memory for _, p in m.over_time], dtype=np.int64)
+    cap = next((m.cap_bytes for m in memory), None)
+    return result.with_memory(static_bytes=[m.start_bytes for m in memory], byte_delta=delta, byte_plus=plus,
+                              cap_bytes=cap)

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
-from ppsim.job.overrides import TorchtitanConfigError, shown_value
+from ppsim.job.overrides import close_matches, shown_value
+from ppsim.errors import TorchtitanConfigError
 from ppsim.job.settings import (
     DEFAULTS,
     OLD_KEYS,
@@ -49,12 +50,17 @@ _HARMLESS_PARALLELISM = {
     "spmd_backend": ("partial_dtensor", "full_dtensor", "spmd_types"),
 }
 
+_COUNTED_BY_THE_JOB = ("data_parallel_shard_degree", "data_parallel_replicate_degree", "tensor_parallel_degree",
+                       "context_parallel_degree", "expert_parallel_degree")
+"""Degrees a config function's job counts (memory from its shapes; the step through the profile and FSDP's
+collectives) or refuses: never "not honoured" beside a count that honours them."""
 _CSV_ONLY = ("pipelineschedulesingle", "pipelineschedulemulti", "_pipelinescheduleruntime")
 """torchtitan schedule names that only run a CSV (``pipeline_parallel_schedule_csv``)."""
 
 _FQN_KEYS = ("module_fqns_per_model_part", "pipeline_parallel_module_fqns_per_model_part")
 
-_LAYER_FQN = re.compile(r"^layers\.(\d{1,6})$")
+_LAYER_FQN = re.compile(r"^layers\.(0|[1-9]\d{0,5})$")
+"""torchtitan's layer modules: ``layers.N`` with N as ``str(int)`` writes it (``layers.00`` is no module)."""
 
 EMBEDDING_MODULES = ("tok_embeddings",)
 
@@ -230,10 +236,8 @@ def _warn_unused(settings: JobSettings, warnings: list[str]) -> None:
             continue
         if not settings.in_file and key not in _HARMLESS_PARALLELISM and not key.startswith("pipeline_"):
             continue  # a config function holds every field of ParallelismConfig: name the dimensions ppsim knows
-        if key == "data_parallel_shard_degree" and not settings.in_file:
-            warnings.append(f"parallelism.{key} = {shown_value(value)}: the step holds FSDP's exposed all-gathers and "
-                            "reduce-scatters when a --profile times it; the data-parallel ranks are not simulated")
-            continue
+        if key in _COUNTED_BY_THE_JOB and not settings.in_file:
+            continue  # a config function's job memory counts these degrees or refuses them (ppsim.job.memory)
         warnings.append(f"parallelism.{key} = {shown_value(value)} is not honoured: ppsim simulates the pipeline "
                         "dimension only")
 
@@ -381,6 +385,16 @@ def in_job_terms(settings: JobSettings, exc: Exception) -> TorchtitanConfigError
     return TorchtitanConfigError(f"--torchtitan-config {settings.source}: {text}; {fix}")
 
 
+def _unknown_module(part: int, name: str, expected: int) -> str:
+    """``name`` is not one of torchtitan's modules: say so, with the nearest real name."""
+    numbered = re.fullmatch(r"layers\.\+?0*(\d{1,6})", name.strip())
+    near = (f"layers.{int(numbered.group(1))}" if numbered else
+            next(iter(close_matches(name, [*EMBEDDING_MODULES, f"layers.{expected}", *HEAD_MODULES])), None))
+    hint = f"; did you mean {near}?" if near else ""
+    return (f"part {part} names {shown_value(name)}, which is not a module of torchtitan's model (its modules are "
+            f"{', '.join(EMBEDDING_MODULES)}, layers.0, layers.1, ..., {', '.join(HEAD_MODULES)}){hint}")
+
+
 def split_of_module_names(parts: Any, *, num_layers: int | None = None) -> tuple[int, ...]:
     """Layers per part of a module list laid out as ppsim's model is: the embedding in the first part, consecutive
     ``layers.N`` across the parts, the norm and head in the last; ``ValueError`` naming what does not fit."""
@@ -408,8 +422,7 @@ def split_of_module_names(parts: Any, *, num_layers: int | None = None) -> tuple
                 if i != last:
                     raise ValueError(f"part {i} holds {name}: ppsim places the norm and head on the last stage only")
             else:
-                raise ValueError(f"part {i} names {shown_value(name)}, a module ppsim cannot simulate (it knows "
-                                 f"{', '.join(EMBEDDING_MODULES)}, layers.N, {', '.join(HEAD_MODULES)})")
+                raise ValueError(_unknown_module(i, name, expected))
         if n == 0 and 0 < i < last:
             raise ValueError(f"part {i} holds no layers.N: only the first part (embedding) and the last (norm and "
                              "head) may hold no layer")
