@@ -241,3 +241,31 @@ def _example(annotation: Any) -> str:
 def shown_value(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def override_groups(args: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """The override tokens grouped per key, ``[("SECTION.KEY", tokens)]``, by the same reading as
+    :func:`parse_overrides` (``--k VALUE``, ``--k=VALUE``, a flag alone, a module-list key's several values), without
+    typing the values: for a caller that sets some keys itself (``ppsim plan``) and passes the rest on."""
+    groups: list[tuple[str, list[str]]] = []
+    for token in args:
+        if token.startswith("--") and (not groups or "." in token.split("=", 1)[0]) and not _is_number(token):
+            groups.append((token[2:].partition("=")[0].replace("-", "_"), [token]))
+        elif groups:
+            groups[-1][1].append(token)
+        else:
+            raise TorchtitanConfigError(_stray(token))
+    return groups
+
+
+def split_overrides(args: Sequence[str], chosen: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """``(given, kept)``: the value given for each override (``{"SECTION.KEY": text}``), and the tokens of the keys
+    not in ``chosen`` (key names without their section), in order."""
+    given: dict[str, str] = {}
+    kept: list[str] = []
+    for name, tokens in override_groups(args):
+        head = tokens[0]
+        given[name] = head.partition("=")[2] if "=" in head else " ".join(tokens[1:])
+        if name.split(".")[-1] not in chosen:
+            kept += tokens
+    return given, kept
