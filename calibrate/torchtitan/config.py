@@ -173,7 +173,7 @@ def with_torchtitan_stages(job: TorchtitanJob, *, num_layers: int | None,
             raise TorchtitanConfigError(f"--torchtitan-config {job.source}: {job.num_ranks} ranks x "
                                         f"{job.stages_per_rank} stages per rank: {reason}; {fix}") from None
     counts = layers_per_part(names)
-    # ppsim.split computes the same counts (tests/test_titan_split.py); torchtitan's are the ones used
+    # ppsim.split computes the same counts (tests/job/test_titan_split.py); torchtitan's are the ones used
     if counts != resolve_split(spec, num_layers, num_stages, schedule=job.schedule):
         spec = SplitSpec(split=counts, input_weight=spec.input_weight, output_weight=spec.output_weight)
     placement = rank_stage_indices(job.torch_schedule, num_ranks=job.num_ranks, num_stages=num_stages)

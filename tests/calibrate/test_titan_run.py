@@ -23,7 +23,7 @@ from ppsim.schedules import get_schedule, load_schedule  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 LLAMA_PROFILE = DATA / "llama3_debugmodel_s32.profile.json"
 FAST = ["--steps", "1", "--warmup", "1", "--probes", "0", "--timeout", "300"]
 

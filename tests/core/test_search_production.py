@@ -16,7 +16,7 @@ from ppsim.search.driver import _templates
 from ppsim.search.zbgreedy import zb_greedy_orders
 from ppsim.validate import validate
 
-REFERENCE = json.loads((Path(__file__).parent / "data" / "zb_peer_r16_r32.json").read_text())["cases"]
+REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "zb_peer_r16_r32.json").read_text())["cases"]
 
 
 def _case(case_id: str) -> dict:
@@ -174,7 +174,7 @@ def test_the_bound_never_exceeds_a_feasible_makespan(
 
 @pytest.mark.parametrize(
     "ranks, mb, cap, optimum",
-    [(3, 4, 4, 30.2),  # proven optimal by CP-SAT (tests/test_search.py): the analytic bound was below it
+    [(3, 4, 4, 30.2),  # proven optimal by CP-SAT (tests/core/test_search.py): the analytic bound was below it
      (4, 8, 6, 54.8)],  # the authors' v_auto_schedule (V-Half's memory), now proven optimal
 )
 def test_the_last_forward_term_meets_known_optima_at_v_placement(ranks: int, mb: int, cap: int, optimum: float) -> None:

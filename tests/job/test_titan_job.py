@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from ppsim.cli import app
 
 runner = CliRunner()
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 LLAMA_PROFILE = DATA / "llama3_debugmodel_s32.profile.json"
 LLAMA = "llama3:llama3_debugmodel"
 PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--training.disable_cuda_graphs"]

@@ -27,7 +27,7 @@ from ppsim.profile import load_profile
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "calibrate" / "slurm" / "calibrate-cpu.sbatch"
 GPU_RECIPE = REPO / "calibrate" / "slurm" / "calibrate.sbatch"
 JOB_TIMEOUT_S = 420.0

@@ -18,7 +18,7 @@ from ppsim.cli import app  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 LLAMA_PROFILE = DATA / "llama3_debugmodel_s32_mem.profile.json"  # activation bytes as run measures them
 FAST = ["--steps", "1", "--warmup", "1", "--probes", "0", "--timeout", "300"]
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from ppsim.cli import app, main
 
 runner = CliRunner()
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "tests" / "data" / "llama3_debugmodel_s32.profile.json"
 SMALL = ["--hidden", "16", "--heads", "2", "--ffn", "32", "--layers", "2", "--vocab", "32", "--seq-len", "8",
          "--mb-size", "1", "--reps", "1", "--warmup", "0", "--no-p2p", "--no-probe"]
@@ -179,7 +179,7 @@ def test_signal_tests_pass_when_pytest_starts_with_sigint_and_sighup_ignored(tmp
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
-    tests = [f"{REPO}/tests/test_hostile.py::{name}" for name in (
+    tests = [f"{REPO}/tests/hostile/test_bad_inputs_one_line.py::{name}" for name in (
         "test_ctrl_c_while_workers_start_is_raised_after_the_start",
         "test_a_hangup_while_writing_leaves_no_temporary_file")]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *tests],

@@ -31,7 +31,7 @@ from ppsim.job.memory import BlockShapes, JobShapes
 from ppsim.schedules import get_schedule
 from ppsim.simulator import simulate
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 PROFILE = DATA / "llama3_debugmodel_s32_mem.profile.json"  # measured p2p, no collectives
 
 

@@ -19,7 +19,7 @@ from ppsim.io import progress_path
 from ppsim.profile import load_profile
 
 runner = CliRunner()
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # Small shapes: every test here shares two cores with other work.
 SMALL = ["--hidden", "32", "--heads", "2", "--ffn", "64", "--layers", "4", "--vocab", "64", "--seq-len", "16",

@@ -1,5 +1,5 @@
 """DualPipe on ppsim's executor: the two model copies' gradients are summed before the check against the unsplit
-model (the multi-process run itself is in tests/test_run.py)."""
+model (the multi-process run itself is in tests/calibrate/test_run.py)."""
 
 from __future__ import annotations
 

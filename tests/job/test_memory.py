@@ -18,7 +18,7 @@ from ppsim.errors import JobMemoryError
 from ppsim.schedules import load_schedule
 
 runner = CliRunner()
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _shapes(*, num_layers: int, saved: int = 100, reshard: bool = False) -> JobShapes:

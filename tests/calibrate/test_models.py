@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
 runner = CliRunner()
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 # Small microbatches: every test here shares two cores with other work.
 TINY_MB = ModelOptions(seq_len=16, mb_size=1)
 FAST_CAL = ["--seq-len", "16", "--mb-size", "1", "--reps", "3", "--warmup", "1", "--no-p2p", "--no-probe"]

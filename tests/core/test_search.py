@@ -407,7 +407,7 @@ def test_searched_is_never_slower_than_a_named_schedule_or_a_v_building_block_th
     "ranks, mb, cap, placement, optimum",
     [(2, 4, 3, "v", 27.8), (4, 6, 2, "loop", 32.6),
      (3, 5, 2, "loop", 22.2)],  # each above the analytic bound: only CP-SAT can prove it (V 3 x 4 at 4act, 30.2,
-    # was one: the last-forward term now meets it, tests/test_search_production.py)
+    # was one: the last-forward term now meets it, tests/core/test_search_production.py)
 )
 def test_cpsat_proves_small_cases_optimal(ranks: int, mb: int, cap: int, placement: str, optimum: float) -> None:
     pytest.importorskip("ortools")
@@ -566,7 +566,7 @@ def test_orders_above_cpsats_size_limit_are_big_and_skip_cpsat_under_solver_auto
 def test_at_16_ranks_and_zbvs_memory_the_search_is_no_slower_than_the_zero_bubble_authors() -> None:
     # PV02 of the authors' reference grid (tests/data/zb_peer_r16_r32.json): V, 16 ranks x 64 microbatches,
     # F=1, I=1.5, W=0.5, comm 0.1, 32act; their best order there (zbv) takes 422.3, ppsim's ZBV 422.8
-    data = json.loads((Path(__file__).parent / "data" / "zb_peer_r16_r32.json").read_text())
+    data = json.loads((Path(__file__).parents[1] / "data" / "zb_peer_r16_r32.json").read_text())
     case = next(c for c in data["cases"] if c["id"] == "PV02")
     costs = parse_costs(f"F={case['F']},I={case['I']},W={case['W']},comm={case['comm']}")
     result = search(case["R"], case["M"], costs, f"{case['cap_act']}act", placement="v", time_limit=600.0,

@@ -19,7 +19,7 @@ from ppsim.schedules import load_schedule
 from ppsim.simulator import simulate
 
 runner = CliRunner()
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _shapes(num_layers: int, saved: int, *, sends_held: bool) -> JobShapes:

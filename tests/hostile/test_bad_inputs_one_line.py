@@ -31,7 +31,7 @@ from ppsim.formats import to_csv_text
 from ppsim.schedules import get_schedule
 
 runner = CliRunner()
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 # --- the hostile files -----------------------------------------------------------------------------------------------

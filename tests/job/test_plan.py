@@ -18,7 +18,7 @@ from ppsim.plan import ModelFacts, PlanError, PlanRequest, candidates, global_ba
 from ppsim.job.settings import JobSettings
 
 runner = CliRunner()
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 DEBUG = ["plan", "--torchtitan-config", "llama3:llama3_debugmodel"]
 CANDIDATE_KEYS = {"pp", "tp", "dp_shard", "dp_replicate", "schedule", "microbatches", "layers_per_stage", "recompute",
                   "fits", "peak_memory_bytes", "step_s", "tokens_per_s_per_gpu", "overrides"}

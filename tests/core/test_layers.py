@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SOURCES = {"ppsim": REPO / "ppsim", "ppsim.viz": REPO / "viz", "ppsim.calibrate": REPO / "calibrate"}
 LAYER = {"core": 0, "viz": 1, "calibrate": 1, "cli": 2}
 CORE_FORBIDDEN = ("torch", "torchtitan", "matplotlib", "plotly")

@@ -12,7 +12,7 @@ from ppsim.cli import app
 from ppsim.profile import CollectiveFit, P2PSample, Profile, load_profile
 
 runner = CliRunner()
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 PROFILE = DATA / "llama3_debugmodel_s32.profile.json"
 
 

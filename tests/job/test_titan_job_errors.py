@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from ppsim.cli import app
 
 runner = CliRunner()
-PROFILE = str(Path(__file__).parent / "data" / "llama3_debugmodel_s32.profile.json")  # a 6-layer model
+PROFILE = str(Path(__file__).parents[1] / "data" / "llama3_debugmodel_s32.profile.json")  # a 6-layer model
 
 
 def simulate(tmp_path: Path, parallelism: str, *extra: str, batch: int = 8) -> tuple[int, str]:
