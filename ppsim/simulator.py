@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from itertools import chain
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -34,6 +35,9 @@ from ppsim.io import MemoryCap
 from ppsim.ir import Action, ActionType, Schedule, make_action, overlap
 from ppsim.limits import MAX_COST
 from ppsim.result import RankStats, SimResult, Trace, peaks_of, safe_ratio
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 _KINDS = (ActionType.F, ActionType.B, ActionType.I, ActionType.W)  # computation codes 0..3
 _PAIR = 4
@@ -362,10 +366,10 @@ def _durations(
             f_stage, b_stage, kind = u // 4 // width, u // 4 % width, _KINDS[u % 4]
             pair = overlap(Action(f_stage, ActionType.F, 0), Action(b_stage, kind, 0))
             if rc:
-                share = costs.recompute_share(schedule, f_stage, b_stage, kind)
+                f_share = costs.recompute_share(schedule, f_stage, b_stage, kind)
             else:
-                share = costs.pair_split(schedule, f_stage, b_stage, kind)[1]
-            split.append((costs.duration(schedule, pair, recomputed=rc), share))
+                f_share = costs.pair_split(schedule, f_stage, b_stage, kind)[1]
+            split.append((costs.duration(schedule, pair, recomputed=rc), f_share))
         table2 = np.array(split, dtype=np.float64).reshape(-1, 2)
         duration[pair_idx] = table2[inverse, 0]
         share = table2[inverse, 1]
@@ -486,7 +490,7 @@ def _wire(
     num_mb: int,
     provider: np.ndarray,
     duration: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[tuple[np.ndarray, ...], ...]]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]]:
     """Per action the inputs to wait for (``input_a``/``input_b`` and their delays), and the rank crossings.
 
     Each computation waits for at most one action: its input from another stage (on another rank, or later on its
@@ -503,7 +507,7 @@ def _wire(
     owner_ext = np.append(c_owner, [n, -1])  # provider entry -> producer action (C: nobody -> n; -1: no input)
     wait = np.full(num_comps, -1, dtype=np.int64)
     wait_delay = np.zeros(num_comps, dtype=np.float64)
-    xfers: list[list[tuple[np.ndarray, ...]]] = [[] for _ in rules.req_stage]
+    xfers: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in rules.req_stage]
     step = num_mb * rules.num_phases
     for lo in range(0, num_comps, _CHUNK):
         part = slice(lo, lo + _CHUNK)
@@ -579,23 +583,24 @@ def run(program: Program) -> tuple[np.ndarray, np.ndarray]:
     offsets = program.offsets.tolist()
     num_ranks = len(offsets) - 1
     # memoryviews read the compiled arrays in place, item by item, as Python numbers
-    input_a, input_b = memoryview(program.input_a), memoryview(program.input_b)
-    delay_a, delay_b = memoryview(program.delay_a), memoryview(program.delay_b)
+    input_a, input_b = _view(program.input_a), _view(program.input_b)
+    delay_a: Sequence[float] = _view(program.delay_a)
+    delay_b: Sequence[float] = _view(program.delay_b)
     if program.costs.p2p_alpha is None and program.post_delay is None:
         # a flat comm: every input the engine gets past comes from another rank and arrives `comm` after its
         # producer (one on the same rank lies later there, so that action never runs): one shared float
-        delay_a = delay_b = [float(program.costs.comm)] * n  # type: ignore[assignment]
-    dur = memoryview(program.duration)
-    next_general = memoryview(program.next_general)
+        delay_a = delay_b = [float(program.costs.comm)] * n
+    dur = _view(program.duration)
+    next_general = _view(program.next_general)
     consumer_posting = program.post_delay is not None
-    post = memoryview(program.post_delay) if program.post_delay is not None else dur
+    post = _view(program.post_delay) if program.post_delay is not None else dur
     # rank of each action; action n (an input nobody computes) gets an extra rank that never runs
-    rank_of = memoryview(np.repeat(np.arange(num_ranks + 1, dtype=np.int64), np.append(np.diff(program.offsets), 1)))
+    rank_of = _view(np.repeat(np.arange(num_ranks + 1, dtype=np.int64), np.append(np.diff(program.offsets), 1)))
     # -1: not yet; slot n stands for an input no rank computes. A list, not an array: reading a float back from a
     # list allocates nothing, and the loop reads ends of other ranks at random
     end = [-1.0] * (n + 1)
     starts = np.empty(n, dtype=np.float64)
-    start = memoryview(starts)  # written once per action, in place
+    start = _view(starts)  # written once per action, in place
     ptr = offsets[:-1].copy()
     stops = offsets[1:]
     firsts = offsets[:-1]
@@ -681,7 +686,7 @@ def run(program: Program) -> tuple[np.ndarray, np.ndarray]:
 def _raise_deadlock(program: Program, end: list[float], stuck: list[int], ptr: list[int]) -> None:
     schedule = program.schedule
     blocked: dict[int, tuple[str, str]] = {}
-    parts = []
+    parts: list[str] = []
     for r in stuck:
         a = ptr[r]
         head = program.action_at(a)
@@ -938,8 +943,14 @@ def _distinct(values: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
     return uniq, index[values]
 
 
-def _ints(values: list[int]) -> np.ndarray:
-    """An int64 array from a list of ints (a list comprehension plus this beats a generator into ``fromiter``)."""
+def _view(values: np.ndarray) -> memoryview[Any]:
+    """``values`` in place, read and written item by item as Python numbers (ints or floats, as its dtype)."""
+    return memoryview(cast("ReadableBuffer", values))  # numpy types ndarray's buffer protocol on Python >= 3.12 only
+
+
+def _ints(values: Sequence[int | None]) -> np.ndarray:
+    """An int64 array from a list of ints (a list comprehension plus this beats a generator into ``fromiter``); a
+    ``None`` among them raises ``TypeError`` (:func:`_microbatches` reports the action)."""
     return np.fromiter(values, dtype=np.int64, count=len(values))
 
 

@@ -48,7 +48,8 @@ def _positions(schedule: Schedule, rank: int) -> list[int]:
     idle = schedule.idle_slots[rank] if rank < len(schedule.idle_slots) else ()
     if not idle:
         return list(range(n))
-    cols, skip, c = [], set(idle), 0
+    cols: list[int] = []
+    skip, c = set(idle), 0
     while len(cols) < n:
         if c not in skip:
             cols.append(c)

@@ -291,7 +291,7 @@ def _named(
     from ppsim.simulator import simulate
 
     placements = {t.stage_to_rank for t in templates}
-    out = []
+    out: list[Named] = []
     for spec in all_specs():
         vs = [spec.fixed_stages_per_rank] if spec.fixed_stages_per_rank else sorted({t.num_stages_per_rank for t in templates})
         for v in vs:

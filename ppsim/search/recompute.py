@@ -116,6 +116,7 @@ def choose_recompute(
 def _levels(sim: SimResult, unit: str) -> tuple[np.ndarray, np.ndarray]:
     """Per action: the most its rank holds during it (``held before + what it adds first``), in the cap's unit."""
     t = sim.trace
+    static: np.ndarray | float  # bytes: per action, its rank's static bytes; activations: none
     if unit == "bytes":
         assert t.byte_delta is not None and t.byte_plus is not None
         delta, plus, scale = t.byte_delta, t.byte_plus, 1

@@ -112,7 +112,9 @@ def v_auto_seeds(
         if time.perf_counter() >= deadline:
             return
         block = next(blocks(R, f1, b1, b0, d0, d1), None)
-        peak = first_peak(block, M) if block is not None else limit + 1
+        if block is None:
+            continue
+        peak = first_peak(block, M)
         if peak <= limit:
             ranked.append((-peak, k, block))
     ranked.sort(key=lambda x: x[:2])

@@ -112,9 +112,9 @@ def _repeat(block: Block, m: int) -> Grid:
                     _keep_m(grid[i], index, m)
                     index += 1
                     if kind in _W_OF:
-                        k = next((k for k in range(PERIOD) if grid[i][index + k] == _W_OF[kind]), None)
-                        if k is not None:
-                            _keep_m(grid[i], index + k, m)
+                        w = next((k for k in range(PERIOD) if grid[i][index + k] == _W_OF[kind]), None)
+                        if w is not None:
+                            _keep_m(grid[i], index + w, m)
                     break
                 index += 1
     return grid
