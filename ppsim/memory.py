@@ -63,14 +63,27 @@ class BlockShapes:
     ``stage_backward_input`` keeps them for ``stage_backward_weight``)."""
     buffer_bytes: int = 0
     """The block's buffers (e.g. torchtitan 0.3.0's per-layer RoPE cache), held for the whole run."""
+    sparse: frozenset[str] = frozenset()
+    """The routed experts' tensors (``moe.routed_experts.inner_experts.*``, EP-local in ``tensors``: dim 0 is
+    experts / ep), which torchtitan's ``apply_fsdp_to_decoder`` shards on the sparse FSDP mesh (``efsdp``) when
+    EP > 1, on dim 1 instead of dim 0 where that mesh is larger than the local experts."""
 
     @property
     def numel(self) -> int:
         return sum(math.prod(shape) for _, shape in self.tensors)
 
-    def sharded_numel(self, dp_shard: int) -> int:
-        """Elements per rank after FSDP: dim 0 padded to a multiple of ``dp_shard``."""
-        return sum(-(-shape[0] // dp_shard) * math.prod(shape[1:]) if shape else 1 for _, shape in self.tensors)
+    def sharded_numel(self, dp_shard: int, efsdp: int | None = None) -> int:
+        """Elements per rank after FSDP: dim 0 padded to a multiple of ``dp_shard`` (the dense FSDP mesh); the
+        :attr:`sparse` tensors on ``efsdp`` (``None``: the dense mesh, EP 1), dim 1 where it exceeds dim 0."""
+        total = 0
+        for name, shape in self.tensors:
+            if not shape:
+                total += 1
+                continue
+            degree = (efsdp or dp_shard) if name in self.sparse else dp_shard
+            dim = 1 if name in self.sparse and len(shape) > 1 and degree > shape[0] else 0
+            total += -(-shape[dim] // degree) * math.prod(shape) // shape[dim]
+        return total
 
 
 @dataclass(frozen=True)
@@ -125,6 +138,17 @@ class Degrees:
     @property
     def world_size(self) -> int:
         return self.pp * self.tp * self.dp_shard * self.dp_replicate * self.cp
+
+    @property
+    def fsdp(self) -> int:
+        """The dense FSDP mesh: ``dp_shard`` x ``cp`` (torchtitan's ``fsdp`` mesh)."""
+        return self.dp_shard * self.cp
+
+    @property
+    def efsdp(self) -> int | None:
+        """The routed experts' FSDP mesh when EP > 1: ``dp_shard`` x ``cp`` x ``tp`` / ``ep`` (EP is carved out of
+        them); ``None`` without EP (the experts are on the dense mesh)."""
+        return self.dp_shard * self.cp * self.tp // self.ep if self.ep > 1 else None
 
 
 @dataclass(frozen=True)
@@ -186,9 +210,17 @@ def check_degrees(degrees: Degrees, *, num_heads: int, num_kv_heads: int, num_la
         if heads % degrees.tp:
             raise JobMemoryError(f"tensor_parallel_degree {degrees.tp} does not divide the model's {heads} {name}; "
                                f"pick a divisor of {heads}{tail}")
+    if num_experts is None and degrees.ep > 1:
+        raise JobMemoryError(f"expert_parallel_degree {degrees.ep}: the model has no experts (a dense model); pass "
+                             "--parallelism.expert_parallel_degree 1")
     if num_experts is not None and num_experts % degrees.ep:
         raise JobMemoryError(f"expert_parallel_degree {degrees.ep} does not divide the model's {num_experts} experts"
                            f"{tail}")
+    carved = degrees.dp_shard * degrees.cp * degrees.tp
+    if carved % degrees.ep:
+        raise JobMemoryError(f"expert_parallel_degree {degrees.ep} does not divide dp_shard x cp x tp = {carved} "
+                             "(torchtitan carves EP out of them); pick an EP degree that divides both "
+                             f"{carved} and the experts")
     if degrees.pp > num_layers:
         raise JobMemoryError(f"pipeline_parallel_degree {degrees.pp} is more than the model's {num_layers} layers"
                            f"{tail}")
@@ -246,7 +278,7 @@ def _backward_high(blocks: Sequence[BlockShapes], grads: Sequence[int],
 
 
 def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int, *, first: bool = False,
-              last: bool = False, sent: tuple[bool, bool] = (False, False)) -> _Stage:
+              last: bool = False, sent: tuple[bool, bool] = (False, False), efsdp: int | None = None) -> _Stage:
     missing = [m for m in modules if m not in shapes.blocks]
     if missing:
         raise JobMemoryError(f"stage modules {', '.join(missing[:3])} are not in {shapes.source}'s model; the job's "
@@ -257,7 +289,7 @@ def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int, *, first
     held = [b.numel * DTYPE_BYTES[shapes.reduce_dtype] for b in blocks]  # accumulated unsharded (FSDP: reduce dtype)
     none = [0] * len(blocks)
     return _Stage(
-        sharded=sum(b.sharded_numel(dp_shard) for b in blocks), gathered=sum(b.numel for b in blocks),
+        sharded=sum(b.sharded_numel(dp_shard, efsdp) for b in blocks), gathered=sum(b.numel for b in blocks),
         saved=sum(b.saved_bytes for b in blocks), kept=shapes.boundary_bytes,
         fwd_transient=max((b.forward_transient_bytes for b in blocks), default=0),
         buffers=sum(b.buffer_bytes for b in blocks), stash=sum(b.weight_grad_stash_bytes for b in blocks),
@@ -285,8 +317,9 @@ def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
     if len(stage_modules) != schedule.num_stages:
         raise JobMemoryError(f"the job splits the model into {len(stage_modules)} stages, the schedule has "
                            f"{schedule.num_stages}; the split must give each stage its modules")
-    stages = [_stage_of(shapes, mods, degrees.dp_shard, first=schedule.prev_stage(s) is None,
-                        last=schedule.next_stage(s) is None, sent=_sends_held(shapes, schedule, s))
+    stages = [_stage_of(shapes, mods, degrees.fsdp, first=schedule.prev_stage(s) is None,
+                        last=schedule.next_stage(s) is None, sent=_sends_held(shapes, schedule, s),
+                        efsdp=degrees.efsdp)
               for s, mods in enumerate(stage_modules)]
     return [_rank_memory(shapes, schedule, stages, r, recompute, cap_bytes, degrees) for r in range(schedule.num_ranks)]
 

@@ -58,15 +58,17 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
     for note in shapes.notes:
         typer.echo(f"memory: {note}", err=True)
     typer.echo(f"memory: counts pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x dp_replicate "
-               f"{degrees.dp_replicate} ({degrees.world_size} devices; the step time is the pipeline's, with FSDP's "
+               f"{degrees.dp_replicate}" + (f" x cp {degrees.cp}" if degrees.cp > 1 else "")
+               + (f", ep {degrees.ep} carved out of dp_shard x cp x tp" if degrees.ep > 1 else "")
+               + f" ({degrees.world_size} devices; the step time is the pipeline's, with FSDP's "
                "exposed collectives where a profile times it); "
                f"parameters {shapes.master_dtype}, gathered {shapes.param_dtype}, gradients reduced in "
                f"{shapes.reduce_dtype}" + ("" if inputs.cost_model.profile is not None else
                                            "; activations from the formula (no --profile)"), err=True)
-    for key, value in (("context_parallel_degree", degrees.cp), ("expert_parallel_degree", degrees.ep)):
-        if value > 1:
-            typer.echo(f"memory: parallelism.{key} = {value} is not counted: ppsim holds the rank's activations and "
-                       "experts whole (an upper bound)", err=True)
+    if degrees.cp > 1:  # its FSDP sharding is counted (the dense mesh is dp_shard x cp), its activations not
+        typer.echo(f"memory: parallelism.context_parallel_degree = {degrees.cp}: the dense weights are FSDP-sharded "
+                   "on dp_shard x cp; the rank's activations are held for the whole sequence (an upper bound)",
+                   err=True)
     if not result.costs.has_memory and inputs.cost_model.profile is None:
         typer.echo("memory: no --profile, so the step time above uses unit costs (F=1, B=2): memory needs only "
                    "the shapes, the step time needs `ppsim calibrate`'s profile", err=True)
