@@ -44,6 +44,10 @@ class JobMemoryError(PPSimError):
     """A job whose degrees or shapes ppsim cannot count (one line)."""
 
 
+class DegreesError(JobMemoryError):
+    """Degrees torchtitan itself would refuse (:func:`check_degrees`): a mistake, refused even without a cap."""
+
+
 @dataclass(frozen=True)
 class BlockShapes:
     """One block (the embedding, a layer, or the head) as one rank holds it after tensor parallelism."""
@@ -201,28 +205,28 @@ def check_degrees(degrees: Degrees, *, num_heads: int, num_kv_heads: int, num_la
     tail = f"; {fix}" if fix else ""
     for field, key in DEGREE_KEYS.items():
         if getattr(degrees, field) < 1:  # before any division by it
-            raise JobMemoryError(f"{key} {getattr(degrees, field)}: must be at least 1 (1 for none){tail}")
+            raise DegreesError(f"{key} {getattr(degrees, field)}: must be at least 1 (1 for none){tail}")
     if world_size is not None and degrees.world_size != world_size:
-        raise JobMemoryError(f"degrees pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x "
+        raise DegreesError(f"degrees pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x "
                            f"dp_replicate {degrees.dp_replicate} x cp {degrees.cp} = {degrees.world_size}, not the "
                            f"world size {world_size}{tail}")
     for name, heads in (("heads", num_heads), ("kv heads", num_kv_heads)):
         if heads % degrees.tp:
-            raise JobMemoryError(f"tensor_parallel_degree {degrees.tp} does not divide the model's {heads} {name}; "
+            raise DegreesError(f"tensor_parallel_degree {degrees.tp} does not divide the model's {heads} {name}; "
                                f"pick a divisor of {heads}{tail}")
     if num_experts is None and degrees.ep > 1:
-        raise JobMemoryError(f"expert_parallel_degree {degrees.ep}: the model has no experts (a dense model); pass "
+        raise DegreesError(f"expert_parallel_degree {degrees.ep}: the model has no experts (a dense model); pass "
                              "--parallelism.expert_parallel_degree 1")
-    if num_experts is not None and num_experts % degrees.ep:
-        raise JobMemoryError(f"expert_parallel_degree {degrees.ep} does not divide the model's {num_experts} experts"
-                           f"{tail}")
     carved = degrees.dp_shard * degrees.cp * degrees.tp
+    if num_experts is not None and num_experts % degrees.ep:
+        raise DegreesError(f"expert_parallel_degree {degrees.ep} does not divide the model's {num_experts} experts;"
+                             f" pick a divisor of {num_experts} that also divides dp_shard x cp x tp = {carved}")
     if carved % degrees.ep:
-        raise JobMemoryError(f"expert_parallel_degree {degrees.ep} does not divide dp_shard x cp x tp = {carved} "
+        raise DegreesError(f"expert_parallel_degree {degrees.ep} does not divide dp_shard x cp x tp = {carved} "
                              "(torchtitan carves EP out of them); pick an EP degree that divides both "
                              f"{carved} and the experts")
     if degrees.pp > num_layers:
-        raise JobMemoryError(f"pipeline_parallel_degree {degrees.pp} is more than the model's {num_layers} layers"
+        raise DegreesError(f"pipeline_parallel_degree {degrees.pp} is more than the model's {num_layers} layers"
                            f"{tail}")
 
 

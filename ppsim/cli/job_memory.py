@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ppsim.errors import PPSimError
-from ppsim.memory import PARTS, Degrees, JobMemoryError, JobShapes, RankMemory, fmt_gib
+from ppsim.memory import PARTS, Degrees, DegreesError, JobMemoryError, JobShapes, RankMemory, fmt_gib
 
 if TYPE_CHECKING:
     from ppsim.cli.common import Inputs
@@ -51,7 +51,7 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
     try:
         shapes, degrees = _shapes_of(str(torchtitan_config), overrides, profile=inputs.cost_model.profile)
     except JobMemoryError as exc:
-        if cap is not None:  # a verdict was asked for: say why there is none
+        if cap is not None or isinstance(exc, DegreesError):  # a verdict was asked for, or a mistake: say why
             raise
         typer.echo(f"memory: not counted: {exc}", err=True)
         return None
