@@ -268,3 +268,16 @@ def test_671b_ep_and_selective_ac_are_counted_not_bounded(run_671b: Result) -> N
     layer = attention + 3 * (256 // 64) * 2048 * 7168 + 256 * 7168 + 3 * 2048 * 7168
     assert rows[2]["memory_parts"]["gradients"] == 4 * 4 * layer
     assert all(r["fits"] for r in rows)
+
+
+@pytest.mark.torch
+def test_an_ep_degree_that_does_not_divide_the_experts_exits_2_even_without_a_cap() -> None:
+    pytest.importorskip("torchtitan")
+    result = runner.invoke(app, ["simulate", "--torchtitan-config", "deepseek_v3:deepseek_v3_debugmodel",
+                                 "--parallelism.pipeline_parallel_degree", "2",
+                                 "--parallelism.expert_parallel_degree", "3",
+                                 "--parallelism.data_parallel_shard_degree", "2"])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert errors == ["Error: expert_parallel_degree 3 does not divide the model's 8 experts; pick a divisor of 8 "
+                      "that also divides dp_shard x cp x tp = 2"]
