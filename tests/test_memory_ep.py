@@ -281,3 +281,17 @@ def test_an_ep_degree_that_does_not_divide_the_experts_exits_2_even_without_a_ca
     errors = [line for line in result.output.splitlines() if line.startswith("Error")]
     assert errors == ["Error: expert_parallel_degree 3 does not divide the model's 8 experts; pick a divisor of 8 "
                       "that also divides dp_shard x cp x tp = 2"]
+
+
+def test_a_forced_recompute_shape_is_neither_saved_nor_counted_in_the_alternation() -> None:
+    """With no forced shape the router gate is the 6th matmul (recomputed) and the shared experts' w1, w3, w2 are
+    7th (saved), 8th, 9th (saved): one more saved matmul and a different one than with the default."""
+    n, dim, ep = 4096, 7168, 64
+    moe = _Moe(top_k=8, topk_per_token=28, hidden=2048, ep=ep, expert_share=1, router_share=1)
+    tensors = _moe_671b_tensors(ep)
+    default = _layer_block("moe", tensors, tokens=n, dim=dim, tp=1, sp=False, ac="selective", act_bytes=2,
+                           heads=128, moe=moe).saved_bytes
+    unforced = _layer_block("moe", tensors, tokens=n, dim=dim, tp=1, sp=False, ac="selective", act_bytes=2,
+                            heads=128, moe=moe, forced_recompute=()).saved_bytes
+    # default saves shared w3's output (2048 wide); unforced saves shared w1's and w2's (2048 + 7168 wide)
+    assert unforced - default == n * (2048 + 7168 - 2048) * 2

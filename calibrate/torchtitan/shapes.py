@@ -125,12 +125,15 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
     act_bytes = torch.empty((), dtype=getattr(torch, training.mixed_precision_param)).element_size()
     blocks: dict[str, BlockShapes] = {}
     functional = parallelism.spmd_backend != "spmd_types"  # collectives as _c10d_functional ops (SAC saves them)
+    forced = getattr(config.activation_checkpoint, "force_recompute_mm_shapes_by_fqns", None)
+    forced = ("moe.router.gate",) if forced is None else tuple(forced)  # SelectiveAC's default
     for i, k in enumerate(kind_of):
         tensors = local[f"layers.{i}"]
         moe = _moe_of(layers[i], tensors, ep=degrees.ep, tp=degrees.tp, sp=sp)
         block = _layer_block(f"layer{k}" if len(kinds) > 1 else "layer", tensors, tokens=tokens, dim=dim,
                              tp=degrees.tp, sp=sp, ac=ac, act_bytes=act_bytes,
-                             heads=layers[i].attention.n_heads // degrees.tp, moe=moe, functional_comm=functional)
+                             heads=layers[i].attention.n_heads // degrees.tp, moe=moe, functional_comm=functional,
+                             forced_recompute=forced)
         blocks[f"layers.{i}"] = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0),
                                                     sparse=frozenset(n for n, _ in tensors if n.startswith(_EXPERTS)))
     blocks["tok_embeddings"] = BlockShapes("embedding", local["tok_embeddings"], saved_bytes=tokens * 8)
@@ -266,17 +269,21 @@ def _forward_linears(tensors: Sequence[tuple[str, tuple[int, ...]]]) -> list[tup
 
 
 def _sac_saved_bytes(tensors: Sequence[tuple[str, tuple[int, ...]]], *, tokens: int, norm_tokens: int, dim: int,
-                     sp: bool, tp: int, act_bytes: int, heads: int, moe: _Moe | None, functional_comm: bool) -> int:
+                     sp: bool, tp: int, act_bytes: int, heads: int, moe: _Moe | None, functional_comm: bool,
+                     forced_recompute: Sequence[str] = ("moe.router.gate",)) -> int:
     """What torchtitan 0.3.0's ``SelectiveAC`` keeps of one layer per microbatch (``docs/memory.md``): the
-    checkpoint's input; the output of every second matmul in forward order, counting from the first (the router
-    gate's shape is forced to recompute and not counted); the attention's output and log-sum-exp (flex/varlen
+    checkpoint's input; the output of every second matmul in forward order, counting from the first (a matmul of
+    the shape of a linear named in ``force_recompute_mm_shapes_by_fqns``, by default the router gate, is
+    recomputed and not counted); the attention's output and log-sum-exp (flex/varlen
     attention are in the save list); the router's ``topk`` outputs; and, where the collectives are
     ``_c10d_functional`` ops (not the default ``spmd_types`` backend, whose collectives are c10d ops outside the
     list), the reduce-scatters' and the EP all-to-alls' outputs. Grouped matmuls (``_grouped_mm``) are not in the
     list: the routed experts are recomputed."""
     elements, count = norm_tokens * dim, 0
-    for name, shape in _forward_linears(tensors):
-        if name.startswith("moe.router.gate"):
+    linears = _forward_linears(tensors)
+    forced = {shape for name, shape in linears if any(f in name for f in forced_recompute)}
+    for name, shape in linears:
+        if shape in forced:
             continue
         count += 1
         if count % 2:
@@ -296,7 +303,7 @@ def _sac_saved_bytes(tensors: Sequence[tuple[str, tuple[int, ...]]], *, tokens: 
 
 def _layer_block(kind: str, tensors: tuple[tuple[str, tuple[int, ...]], ...], *, tokens: int, dim: int, tp: int,
                  sp: bool, ac: str, act_bytes: int, heads: int = 0, moe: _Moe | None = None,
-                 functional_comm: bool = False) -> BlockShapes:
+                 functional_comm: bool = False, forced_recompute: Sequence[str] = ("moe.router.gate",)) -> BlockShapes:
     """A transformer layer's saved activations per microbatch, from its local shapes (``docs/memory.md``):
     without checkpointing, each norm's input (sequence-sharded under SP), each linear's input (shared inputs
     once), the fused q/k/v projection (kept alive by v, a view of it), the rotated q and k, the attention output,
@@ -329,7 +336,8 @@ def _layer_block(kind: str, tensors: tuple[tuple[str, tuple[int, ...]], ...], *,
                            forward_transient_bytes=full + a2a, backward_transient_bytes=full + workspace + a2a)
     if ac == "selective":
         saved = _sac_saved_bytes(tensors, tokens=tokens, norm_tokens=norm_tokens, dim=dim, sp=sp, tp=tp,
-                                 act_bytes=act_bytes, heads=heads, moe=moe, functional_comm=functional_comm)
+                                 act_bytes=act_bytes, heads=heads, moe=moe, functional_comm=functional_comm,
+                                 forced_recompute=forced_recompute)
         return BlockShapes(kind, tensors, saved_bytes=saved, forward_transient_bytes=full + a2a,
                            backward_transient_bytes=full + workspace + a2a)
     return BlockShapes(kind, tensors, saved_bytes=full, forward_transient_bytes=a2a,
