@@ -5,8 +5,9 @@ builds the model on the meta device and shards it with torchtitan's own parallel
 What a rank holds, as torchtitan 0.3.0 trains under PP (``parallelize_llama`` / ``apply_fsdp_to_decoder``, torch
 2.13's FSDP2 and pipelining):
 
-- **parameters**: each stage's TP-local tensors, FSDP-sharded over ``dp_shard`` (``fully_shard`` pads dim 0 to a
-  multiple of the degree: ``ceil(rows / dp_shard)`` rows per rank), stored in ``training.dtype`` (fp32 master);
+- **parameters**: each stage's TP-local tensors, FSDP-sharded over ``dp_shard`` x ``cp`` (``fully_shard`` pads dim 0
+  to a multiple of the degree: ``ceil(rows / degree)`` rows per rank), stored in ``training.dtype`` (fp32 master);
+  under EP the routed experts are EP-local (experts / ep) and sharded on ``efsdp`` (:attr:`BlockShapes.sparse`);
 - **optimizer**: AdamW's two states per sharded element, in the master dtype;
 - **gradients**: under PP the microbatches' gradients accumulate unsharded (``set_requires_gradient_sync(False)``
   until the last backward) in ``mixed_precision_reduce`` (fp32), from a stage's first weight gradient to its last
