@@ -155,15 +155,16 @@ def test_forward_order_puts_a_gated_ffns_w2_after_w3() -> None:
 def test_selective_ac_saves_the_input_every_second_matmul_attention_and_nothing_else_llama3_8b() -> None:
     """Llama 3 8B's layer (dim 4096, 32 heads of 128, 8 kv heads, FFN 14336; torchtitan's llama3 `8B` flavor) under
     torchtitan's SelectiveAC: the checkpoint's input; matmuls 1, 3, 5 of wqkv, wo, w1, w3, w2 (wqkv, w1, w2); flex
-    attention's output (bf16) and log-sum-exp (fp32, per head)."""
+    attention's output (bf16), log-sum-exp and max scores (fp32, per head)."""
     dim, heads, kv, hd, ffn, n = 4096, 32, 8, 128, 14336, 8192
     tensors = (("attention.qkv_linear.wqkv.weight", ((heads + 2 * kv) * hd, dim)),
                ("attention.wo.weight", (dim, heads * hd)), ("feed_forward.w1.weight", (ffn, dim)),
                ("feed_forward.w2.weight", (dim, ffn)), ("feed_forward.w3.weight", (ffn, dim)),
                ("attention_norm.weight", (dim,)), ("ffn_norm.weight", (dim,)))
     block = _layer_block("layer", tensors, tokens=n, dim=dim, tp=1, sp=False, ac="selective", act_bytes=2,
-                         heads=heads)
-    expected = n * (dim + (heads + 2 * kv) * hd + ffn + dim) * 2 + n * heads * hd * 2 + n * heads * 4
+                         heads=heads, attention_stats=2)
+    # flex attention's output, log-sum-exp and max scores (float32 per head and token)
+    expected = n * (dim + (heads + 2 * kv) * hd + ffn + dim) * 2 + n * heads * hd * 2 + 2 * n * heads * 4
     assert block.saved_bytes == expected
     none = _layer_block("layer", tensors, tokens=n, dim=dim, tp=1, sp=False, ac="none", act_bytes=2, heads=heads)
     full = _layer_block("layer", tensors, tokens=n, dim=dim, tp=1, sp=False, ac="full", act_bytes=2, heads=heads)
@@ -189,14 +190,14 @@ def _moe_671b_tensors(ep: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
 @pytest.mark.parametrize("functional", [False, True])
 def test_selective_ac_of_a_671b_moe_layer_saves_its_policys_outputs(functional: bool) -> None:
     """Matmuls in forward order: wq_a, wq_b, wkv_a, wkv_b, wo, (router gate: forced to recompute, not counted),
-    shared w1, w3, w2: the 1st, 3rd, 5th and 7th are saved (wq_a, wkv_a, wo, shared w3); flex attention's output
-    and log-sum-exp; the router's topk outputs (top 8, top 2 of 8 groups, top 4 groups; fp32 value + int64 index);
+    shared w1, w3, w2: the 1st, 3rd, 5th and 7th are saved (wq_a, wkv_a, wo, shared w3); flex attention's output,
+    log-sum-exp and max scores; the router's topk outputs (top 8, top 2 of 8 groups, top 4 groups; fp32 value + int64 index);
     the grouped matmuls are recomputed; the EP all-to-alls' outputs only with functional collectives."""
     n, dim, k, ep = 4096, 7168, 8, 64
     moe = _Moe(top_k=k, topk_per_token=8 + 2 * 8 + 4, hidden=2048, ep=ep, expert_share=1, router_share=1)
     block = _layer_block("moe", _moe_671b_tensors(ep), tokens=n, dim=dim, tp=1, sp=False, ac="selective",
-                         act_bytes=2, heads=128, moe=moe, functional_comm=functional)
-    expected = (n * dim * 2 + n * (1536 + 576 + 7168 + 2048) * 2 + n * 128 * 128 * 2 + n * 128 * 4
+                         act_bytes=2, heads=128, moe=moe, functional_comm=functional, attention_stats=2)
+    expected = (n * dim * 2 + n * (1536 + 576 + 7168 + 2048) * 2 + n * 128 * 128 * 2 + 2 * n * 128 * 4
                 + n * (8 + 16 + 4) * 12)
     if functional:
         expected += 2 * n * k * dim * 2  # dispatch's and combine's received tokens
@@ -295,3 +296,16 @@ def test_a_forced_recompute_shape_is_neither_saved_nor_counted_in_the_alternatio
                             heads=128, moe=moe, forced_recompute=()).saved_bytes
     # default saves shared w3's output (2048 wide); unforced saves shared w1's and w2's (2048 + 7168 wide)
     assert unforced - default == n * (2048 + 7168 - 2048) * 2
+
+
+@pytest.mark.torch
+def test_flex_attention_keeps_two_float32_statistics_varlen_one() -> None:
+    pytest.importorskip("torchtitan")
+    from types import SimpleNamespace
+
+    from torchtitan.models.common.attention import FlexAttention, VarlenAttention
+
+    from ppsim.calibrate.torchtitan.shapes import _attention_stats
+
+    assert _attention_stats(SimpleNamespace(inner_attention=FlexAttention.Config())) == 2
+    assert _attention_stats(SimpleNamespace(inner_attention=VarlenAttention.Config())) == 1

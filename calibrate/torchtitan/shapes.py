@@ -133,7 +133,7 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
         block = _layer_block(f"layer{k}" if len(kinds) > 1 else "layer", tensors, tokens=tokens, dim=dim,
                              tp=degrees.tp, sp=sp, ac=ac, act_bytes=act_bytes,
                              heads=layers[i].attention.n_heads // degrees.tp, moe=moe, functional_comm=functional,
-                             forced_recompute=forced)
+                             forced_recompute=forced, attention_stats=_attention_stats(layers[i].attention))
         blocks[f"layers.{i}"] = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0),
                                                     sparse=frozenset(n for n, _ in tensors if n.startswith(_EXPERTS)))
     blocks["tok_embeddings"] = BlockShapes("embedding", local["tok_embeddings"], saved_bytes=tokens * 8)
@@ -251,6 +251,13 @@ def _moe_of(layer_cfg: Any, tensors: Sequence[tuple[str, tuple[int, ...]]], *, e
                 expert_share=tp if ep > 1 else 1, router_share=tp if ep > 1 and sp else 1)
 
 
+def _attention_stats(attention_cfg: Any) -> int:
+    """float32 values per head and token that the attention op returns beside its output (all kept by SAC): flex
+    attention's log-sum-exp and max scores (torch's ``flex_attention`` returns both), else a log-sum-exp."""
+    inner = type(getattr(attention_cfg, "inner_attention", None)).__qualname__.lower()
+    return 2 if "flex" in inner else 1
+
+
 def _forward_linears(tensors: Sequence[tuple[str, tuple[int, ...]]]) -> list[tuple[str, tuple[int, ...]]]:
     """A layer's 2-D weights in the order its forward multiplies by them: registration order, except that a gated
     FFN (``w1``, ``w2``, ``w3`` under one prefix) runs ``w2(silu(w1(x)) * w3(x))``: w1, w3, w2."""
@@ -270,12 +277,13 @@ def _forward_linears(tensors: Sequence[tuple[str, tuple[int, ...]]]) -> list[tup
 
 def _sac_saved_bytes(tensors: Sequence[tuple[str, tuple[int, ...]]], *, tokens: int, norm_tokens: int, dim: int,
                      sp: bool, tp: int, act_bytes: int, heads: int, moe: _Moe | None, functional_comm: bool,
-                     forced_recompute: Sequence[str] = ("moe.router.gate",)) -> int:
+                     forced_recompute: Sequence[str] = ("moe.router.gate",), attention_stats: int = 1) -> int:
     """What torchtitan 0.3.0's ``SelectiveAC`` keeps of one layer per microbatch (``docs/memory.md``): the
     checkpoint's input; the output of every second matmul in forward order, counting from the first (a matmul of
     the shape of a linear named in ``force_recompute_mm_shapes_by_fqns``, by default the router gate, is
-    recomputed and not counted); the attention's output and log-sum-exp (flex/varlen
-    attention are in the save list); the router's ``topk`` outputs; and, where the collectives are
+    recomputed and not counted); the attention's output and its float32 statistics per head
+    and token (``attention_stats``: flex attention's log-sum-exp and max scores; flex/varlen attention are in the
+    save list); the router's ``topk`` outputs; and, where the collectives are
     ``_c10d_functional`` ops (not the default ``spmd_types`` backend, whose collectives are c10d ops outside the
     list), the reduce-scatters' and the EP all-to-alls' outputs. Grouped matmuls (``_grouped_mm``) are not in the
     list: the routed experts are recomputed."""
@@ -293,7 +301,7 @@ def _sac_saved_bytes(tensors: Sequence[tuple[str, tuple[int, ...]]], *, tokens: 
     total = elements * act_bytes
     wo = [shape for name, shape in tensors if name.endswith("attention.wo.weight")]
     if wo:
-        total += tokens * wo[0][1] * act_bytes + tokens * heads * 4
+        total += tokens * wo[0][1] * act_bytes + tokens * heads * 4 * attention_stats
     if moe is not None:
         total += tokens // moe.router_share * moe.topk_per_token * (4 + 8)
         if moe.ep > 1 and functional_comm:
@@ -303,7 +311,8 @@ def _sac_saved_bytes(tensors: Sequence[tuple[str, tuple[int, ...]]], *, tokens: 
 
 def _layer_block(kind: str, tensors: tuple[tuple[str, tuple[int, ...]], ...], *, tokens: int, dim: int, tp: int,
                  sp: bool, ac: str, act_bytes: int, heads: int = 0, moe: _Moe | None = None,
-                 functional_comm: bool = False, forced_recompute: Sequence[str] = ("moe.router.gate",)) -> BlockShapes:
+                 functional_comm: bool = False, forced_recompute: Sequence[str] = ("moe.router.gate",),
+                 attention_stats: int = 1) -> BlockShapes:
     """A transformer layer's saved activations per microbatch, from its local shapes (``docs/memory.md``):
     without checkpointing, each norm's input (sequence-sharded under SP), each linear's input (shared inputs
     once), the fused q/k/v projection (kept alive by v, a view of it), the rotated q and k, the attention output,
@@ -337,7 +346,7 @@ def _layer_block(kind: str, tensors: tuple[tuple[str, tuple[int, ...]], ...], *,
     if ac == "selective":
         saved = _sac_saved_bytes(tensors, tokens=tokens, norm_tokens=norm_tokens, dim=dim, sp=sp, tp=tp,
                                  act_bytes=act_bytes, heads=heads, moe=moe, functional_comm=functional_comm,
-                                 forced_recompute=forced_recompute)
+                                 forced_recompute=forced_recompute, attention_stats=attention_stats)
         return BlockShapes(kind, tensors, saved_bytes=saved, forward_transient_bytes=full + a2a,
                            backward_transient_bytes=full + workspace + a2a)
     return BlockShapes(kind, tensors, saved_bytes=full, forward_transient_bytes=a2a,
