@@ -246,12 +246,23 @@ def _hand_count_671b_per_rank() -> list[int]:
     return [4 * rank0, 4 * rank1] + [4 * 4 * moe] * 14
 
 
+# one 671B MoE layer's elements as a rank holds them before FSDP: attention (wq_a, q_norm, wq_b, wkv_a, kv_norm,
+# wkv_b, wo, two norms; dims as in the hand count), 256 / 64 = 4 routed experts of w1, w2, w3, the router gate, the
+# shared expert's w1, w2, w3
+_MOE_LAYER_EP_LOCAL = (1536 * 7168 + 1536 + 128 * 192 * 1536 + 576 * 7168 + 512 + 128 * 256 * 512 + 7168 * 128 * 128
+                       + 2 * 7168 + 3 * (256 // 64) * 2048 * 7168 + 256 * 7168 + 3 * 2048 * 7168)
+
+
 @pytest.mark.torch
 @pytest.mark.slow
 def test_671b_ep_parameter_bytes_per_rank_equal_a_hand_count_from_the_config(run_671b: Result) -> None:
     rows = json.loads(run_671b.stdout)["per_rank"]
     assert [r["memory_parts"]["parameters"] for r in rows] == _hand_count_671b_per_rank()
+    assert [r["memory_parts"]["optimizer"] for r in rows] == [2 * b for b in _hand_count_671b_per_rank()]
     assert all(sum(r["memory_parts"].values()) == r["peak_memory_bytes"] for r in rows)
+    # ep x efsdp = dp_shard here, so the sharded bytes equal FSDP over all 256 experts; what EP changes is the
+    # gathered copy: bf16, unsharded, the rank's 4 experts of each of its 4 MoE layers (not 256)
+    assert {r["memory_held"]["gathered_parameters"] for r in rows[2:]} == {2 * 4 * _MOE_LAYER_EP_LOCAL}
 
 
 @pytest.mark.torch
@@ -264,10 +275,7 @@ def test_671b_ep_and_selective_ac_are_counted_not_bounded(run_671b: Result) -> N
     rows = json.loads(run_671b.stdout)["per_rank"]
     # rank 2's high point (stage 2's F beside stage 29's B) holds the unsharded fp32 accumulation of its 4 MoE
     # layers' gradients, EP-local: attention (as in the hand count, unsharded), 4 of the 256 experts, gate, shared
-    attention = (1536 * 7168 + 1536 + 128 * 192 * 1536 + 576 * 7168 + 512 + 128 * 256 * 512 + 7168 * 128 * 128
-                 + 2 * 7168)
-    layer = attention + 3 * (256 // 64) * 2048 * 7168 + 256 * 7168 + 3 * 2048 * 7168
-    assert rows[2]["memory_parts"]["gradients"] == 4 * 4 * layer
+    assert rows[2]["memory_parts"]["gradients"] == 4 * 4 * _MOE_LAYER_EP_LOCAL
     assert all(r["fits"] for r in rows)
 
 

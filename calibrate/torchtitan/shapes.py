@@ -148,9 +148,10 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
         extra.append("a layer kind other than a dense attention+FFN block: without checkpointing its activations "
                      "count each linear's input and the routed experts' tensors only")
     if degrees.ep > 1:
-        extra.append(f"expert_parallel_degree {degrees.ep}: each rank holds {degrees.ep}-th of the routed experts, "
-                     f"FSDP-sharded on efsdp {degrees.efsdp} (dp_shard x cp x tp / ep); the dense weights on dp_shard"
-                     f" x cp {degrees.fsdp}; all-to-all buffers at balanced routing (tokens x top-k)")
+        extra.append(f"expert_parallel_degree {degrees.ep}: each rank holds {experts // degrees.ep} of the {experts} "
+                     f"routed experts of a MoE layer, FSDP-sharded on efsdp {degrees.efsdp} (dp_shard x cp x tp / ep);"
+                     f" the dense weights on dp_shard x cp {degrees.fsdp}; all-to-all buffers at balanced routing "
+                     "(tokens x top-k)")
     shapes = JobShapes(
         source=value, blocks=blocks, tp=degrees.tp, boundary_bytes=tokens * dim * act_bytes,
         logits_bytes=tokens * vocab_local * act_bytes,
