@@ -191,8 +191,9 @@ def _moe_671b_tensors(ep: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
 def test_selective_ac_of_a_671b_moe_layer_saves_its_policys_outputs(functional: bool) -> None:
     """Matmuls in forward order: wq_a, wq_b, wkv_a, wkv_b, wo, (router gate: forced to recompute, not counted),
     shared w1, w3, w2: the 1st, 3rd, 5th and 7th are saved (wq_a, wkv_a, wo, shared w3); flex attention's output,
-    log-sum-exp and max scores; the router's topk outputs (top 8, top 2 of 8 groups, top 4 groups; fp32 value + int64 index);
-    the grouped matmuls are recomputed; the EP all-to-alls' outputs only with functional collectives."""
+    log-sum-exp and max scores; the router's topk outputs (top 8, top 2 of 8 groups, top 4 groups; fp32 value +
+    int64 index); the grouped matmuls are recomputed; the EP all-to-alls' outputs only with functional
+    collectives."""
     n, dim, k, ep = 4096, 7168, 8, 64
     moe = _Moe(top_k=k, topk_per_token=8 + 2 * 8 + 4, hidden=2048, ep=ep, expert_share=1, router_share=1)
     block = _layer_block("moe", _moe_671b_tensors(ep), tokens=n, dim=dim, tp=1, sp=False, ac="selective",
