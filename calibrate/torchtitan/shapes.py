@@ -112,8 +112,11 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
                                 mb_size=parallelism.pipeline_parallel_microbatch_size, activation_checkpoint=ac)
         if not as_run:  # the training job: its dtypes, its optimizer, fully_shard as torchtitan applies it
             shapes = _as_trained(shapes, training, parallelism, profile)
-        return dataclasses.replace(shapes, source=value, notes=(*notes, *dict.fromkeys(set_aside), *shapes.notes)), \
-            degrees
+        ep_note = ([f"expert_parallel_degree {degrees.ep}: with --profile the routed experts are counted as the "
+                    f"profile's model holds them, all {experts} a layer (an upper bound); without --profile they are "
+                    "counted EP-local"] if degrees.ep > 1 else [])
+        return dataclasses.replace(shapes, source=value, notes=(*notes, *dict.fromkeys(set_aside), *shapes.notes,
+                                                                *ep_note)), degrees
     model_cfg.update_from_config(config=config)
     buffers: dict[str, int] = {}
     local = _local_shapes(model_cfg, degrees.tp, buffers, ep=degrees.ep, dp_shard=degrees.fsdp)
