@@ -141,6 +141,9 @@ def test_debugmodel_pp2_ep2_dp_shard2_holds_ep_local_experts_on_efsdp_and_dense_
     # gathered (bf16): the stage's EP-local experts (4 of 8), unsharded; never the 8
     gathered1 = 3 * _debug_layer_elements(dp, efsdp, ep, moe=True, unsharded=True) + 256 + 2048 * 256
     assert rows[1]["memory_held"]["gathered_parameters"] == 2 * gathered1
+    # buffers of layers 3-5: each its RoPE cache (seq_len 2048 x rope_dim 64 / 2, complex64) and the router's
+    # expert_bias_E and tokens_per_expert_E (float32, one per expert: 8)
+    assert rows[1]["memory_held"]["module_buffers"] == 3 * (2048 * 32 * 8 + 2 * 8 * 4)
     assert "not counted" not in result.output and "upper bound" not in result.output
 
 
