@@ -43,6 +43,11 @@ class JobMemoryError(PPSimError):
     """A job whose degrees or shapes ppsim cannot count (one line)."""
 
 
+class DegreesError(JobMemoryError):
+    """Degrees torchtitan itself would refuse (:func:`ppsim.job.degrees.check_degrees`): a mistake, refused even
+    without a cap."""
+
+
 class OutputPathError(PPSimError):
     """An output path cannot be written (a directory, a missing or read-only folder, a name too long)."""
 

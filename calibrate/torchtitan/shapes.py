@@ -113,11 +113,14 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
                                 mb_size=parallelism.pipeline_parallel_microbatch_size, activation_checkpoint=ac)
         if not as_run:  # the training job: its dtypes, its optimizer, fully_shard as torchtitan applies it
             shapes = _as_trained(shapes, training, parallelism, profile)
-        return dataclasses.replace(shapes, source=value, notes=(*notes, *dict.fromkeys(set_aside), *shapes.notes)), \
-            degrees
+        ep_note = ([f"expert_parallel_degree {degrees.ep}: with --profile the routed experts are counted as the "
+                    f"profile's model holds them, all {experts} a layer (an upper bound); without --profile they are "
+                    "counted EP-local"] if degrees.ep > 1 else [])
+        return dataclasses.replace(shapes, source=value, notes=(*notes, *dict.fromkeys(set_aside), *shapes.notes,
+                                                                *ep_note)), degrees
     model_cfg.update_from_config(config=config)
     buffers: dict[str, int] = {}
-    local = _local_shapes(model_cfg, degrees.tp, buffers)
+    local = _local_shapes(model_cfg, degrees.tp, buffers, ep=degrees.ep, dp_shard=degrees.fsdp)
     kinds: dict[tuple[tuple[str, tuple[int, ...]], ...], int] = {}
     kind_of = [kinds.setdefault(local[f"layers.{i}"], len(kinds)) for i in range(len(layers))]
     tokens = training.seq_len * parallelism.pipeline_parallel_microbatch_size
@@ -125,21 +128,34 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
     dim = model_cfg.dim
     act_bytes = torch.empty((), dtype=getattr(torch, training.mixed_precision_param)).element_size()
     blocks: dict[str, BlockShapes] = {}
+    functional = parallelism.spmd_backend != "spmd_types"  # collectives as _c10d_functional ops (SAC saves them)
+    forced = getattr(config.activation_checkpoint, "force_recompute_mm_shapes_by_fqns", None)
+    forced = ("moe.router.gate",) if forced is None else tuple(forced)  # SelectiveAC's default
     for i, k in enumerate(kind_of):
         tensors = local[f"layers.{i}"]
+        moe = _moe_of(layers[i], tensors, ep=degrees.ep, tp=degrees.tp, sp=sp)
         block = _layer_block(f"layer{k}" if len(kinds) > 1 else "layer", tensors, tokens=tokens, dim=dim,
-                             tp=degrees.tp, sp=sp, ac=ac, act_bytes=act_bytes)
-        blocks[f"layers.{i}"] = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0))
+                             tp=degrees.tp, sp=sp, ac=ac, act_bytes=act_bytes,
+                             heads=layers[i].attention.n_heads // degrees.tp, moe=moe, functional_comm=functional,
+                             forced_recompute=forced, attention_stats=_attention_stats(layers[i].attention))
+        blocks[f"layers.{i}"] = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0),
+                                                    sparse=frozenset(n for n, _ in tensors if n.startswith(_EXPERTS)))
     blocks["tok_embeddings"] = BlockShapes("embedding", local["tok_embeddings"], saved_bytes=tokens * 8)
     norm_tokens = tokens // degrees.tp if sp else tokens
     blocks["norm"] = BlockShapes("head", local["norm"], saved_bytes=norm_tokens * dim * act_bytes)
     vocab_local = local["lm_head"][0][1][0]
     blocks["lm_head"] = BlockShapes("head", local["lm_head"], saved_bytes=tokens * (dim + vocab_local) * act_bytes,
                                     backward_transient_bytes=tokens * vocab_local * 4)
-    extra = [f"activation_checkpoint {ac!r}" + (": counted as 'none' (an upper bound)" if ac == "selective" else "")]
-    if len(kinds) > 1 or any(_linear_names(t) is None for t in kinds):
-        extra.append("a layer kind other than a dense attention+FFN block: its activations count each linear's "
-                     "input only")
+    extra = [f"activation_checkpoint {ac!r}" + (": counted as its policy saves (docs/memory.md)"
+                                                 if ac == "selective" else "")]
+    if ac == "none" and (len(kinds) > 1 or any(_linear_names(t) is None for t in kinds)):
+        extra.append("a layer kind other than a dense attention+FFN block: without checkpointing its activations "
+                     "count each linear's input and the routed experts' tensors only")
+    if degrees.ep > 1:
+        extra.append(f"expert_parallel_degree {degrees.ep}: each rank holds {experts // degrees.ep} of the {experts} "
+                     f"routed experts of a MoE layer, FSDP-sharded on efsdp {degrees.efsdp} (dp_shard x cp x tp / ep);"
+                     f" the dense weights on dp_shard x cp {degrees.fsdp}; all-to-all buffers at balanced routing "
+                     "(tokens x top-k)")
     shapes = JobShapes(
         source=value, blocks=blocks, tp=degrees.tp, boundary_bytes=tokens * dim * act_bytes,
         logits_bytes=tokens * vocab_local * act_bytes,
@@ -156,24 +172,27 @@ def _ac_mode(ac_config: Any) -> str:
     return "full" if "full" in name else "selective" if "selective" in name else "none"
 
 
-def _local_shapes(model_cfg: Any, tp: int, buffers: dict[str, int] | None = None
-                  ) -> dict[str, tuple[tuple[str, tuple[int, ...]], ...]]:
-    """Per top-level block (``tok_embeddings``, ``layers.N``, ``norm``, ``lm_head``) its parameters' TP-local
-    shapes, from torchtitan's own ``parallelize`` on a fake process group of ``tp`` ranks."""
+def _local_shapes(model_cfg: Any, tp: int, buffers: dict[str, int] | None = None, *, ep: int = 1,
+                  dp_shard: int = 1) -> dict[str, tuple[tuple[str, tuple[int, ...]], ...]]:
+    """Per top-level block (``tok_embeddings``, ``layers.N``, ``norm``, ``lm_head``) its parameters' TP- and
+    EP-local shapes, from torchtitan's own ``parallelize`` on a fake process group of ``tp`` ranks (with EP:
+    ``dp_shard`` x ``tp`` ranks, ``dp_shard`` being the dense FSDP degree dp_shard x cp, out of which EP is
+    carved)."""
     import torch
     import torch.distributed as dist
 
     with torch.device("meta"):
         model = model_cfg.build()
-    if tp > 1:
+    if tp > 1 or ep > 1:
         from torchtitan.distributed.parallel_dims import ParallelDims
 
         if dist.is_initialized():
             raise JobMemoryError("a process group is already running in this process; read the job's shapes in a "
                                  "fresh process")
-        dist.init_process_group("fake", rank=0, world_size=tp)
+        shard = dp_shard if ep > 1 else 1
+        dist.init_process_group("fake", rank=0, world_size=shard * tp)
         try:
-            dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, world_size=tp,
+            dims = ParallelDims(dp_replicate=1, dp_shard=shard, cp=1, tp=tp, pp=1, ep=ep, world_size=shard * tp,
                                 spmd_backend="spmd_types")
             dims.build_mesh()
             model.parallelize(dims)
@@ -203,18 +222,119 @@ def _linear_names(tensors: Sequence[tuple[str, tuple[int, ...]]]) -> dict[str, t
     return found
 
 
+_EXPERTS = "moe.routed_experts.inner_experts."
+"""The routed experts' parameter names in a layer (torchtitan's ``apply_fsdp_to_decoder`` puts exactly these on the
+sparse FSDP mesh)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Moe:
+    """What a MoE layer's routing holds per microbatch, from its config and local shapes."""
+
+    top_k: int
+    topk_per_token: int
+    """Elements of every ``topk`` the router makes per token: the top-k experts, and with node-limited routing the
+    top 2 of each group and the top groups (each a float32 value and an int64 index)."""
+    hidden: int
+    """A routed expert's hidden dim (``w1_EFD``'s dim 1), EP-local."""
+    ep: int
+    expert_share: int
+    """Tokens entering the experts per rank are the microbatch's / this (``tp`` under EP: sequence-sharded)."""
+    router_share: int
+
+
+def _moe_of(layer_cfg: Any, tensors: Sequence[tuple[str, tuple[int, ...]]], *, ep: int, tp: int, sp: bool
+            ) -> _Moe | None:
+    moe = getattr(layer_cfg, "moe", None)
+    w1 = [shape for name, shape in tensors if name.startswith(_EXPERTS + "w1")]
+    if moe is None or not w1:
+        return None
+    router = moe.router
+    groups = router.num_expert_groups or 0
+    limited = (router.num_limited_groups or 0) if groups else 0
+    return _Moe(top_k=router.top_k, topk_per_token=router.top_k + 2 * groups + limited, hidden=w1[0][1], ep=ep,
+                expert_share=tp if ep > 1 else 1, router_share=tp if ep > 1 and sp else 1)
+
+
+def _attention_stats(attention_cfg: Any) -> int:
+    """float32 values per head and token that the attention op returns beside its output (all kept by SAC): flex
+    attention's log-sum-exp and max scores (torch's ``flex_attention`` returns both), else a log-sum-exp."""
+    inner = type(getattr(attention_cfg, "inner_attention", None)).__qualname__.lower()
+    return 2 if "flex" in inner else 1
+
+
+def _forward_linears(tensors: Sequence[tuple[str, tuple[int, ...]]]) -> list[tuple[str, tuple[int, ...]]]:
+    """A layer's 2-D weights in the order its forward multiplies by them: registration order, except that a gated
+    FFN (``w1``, ``w2``, ``w3`` under one prefix) runs ``w2(silu(w1(x)) * w3(x))``: w1, w3, w2."""
+    linears = [(n, s) for n, s in tensors if len(s) == 2 and n.endswith(".weight")]
+    out: list[tuple[str, tuple[int, ...]]] = []
+    for name, shape in linears:
+        if name.endswith("w2.weight"):
+            w3 = name[: -len("w2.weight")] + "w3.weight"
+            if any(n == w3 for n, _ in linears):
+                continue  # placed after its w3
+        out.append((name, shape))
+        if name.endswith("w3.weight"):
+            w2 = name[: -len("w3.weight")] + "w2.weight"
+            out.extend((n, s) for n, s in linears if n == w2)
+    return out
+
+
+def _sac_saved_bytes(tensors: Sequence[tuple[str, tuple[int, ...]]], *, tokens: int, norm_tokens: int, dim: int,
+                     sp: bool, tp: int, act_bytes: int, heads: int, moe: _Moe | None, functional_comm: bool,
+                     forced_recompute: Sequence[str] = ("moe.router.gate",), attention_stats: int = 1) -> int:
+    """What torchtitan 0.3.0's ``SelectiveAC`` keeps of one layer per microbatch (``docs/memory.md``): the
+    checkpoint's input; the output of every second matmul in forward order, counting from the first (a matmul of
+    the shape of a linear named in ``force_recompute_mm_shapes_by_fqns``, by default the router gate, is
+    recomputed and not counted); the attention's output and its float32 statistics per head
+    and token (``attention_stats``: flex attention's log-sum-exp and max scores; flex/varlen attention are in the
+    save list); the router's ``topk`` outputs; and, where the collectives are
+    ``_c10d_functional`` ops (not the default ``spmd_types`` backend, whose collectives are c10d ops outside the
+    list), the reduce-scatters' and the EP all-to-alls' outputs. Grouped matmuls (``_grouped_mm``) are not in the
+    list: the routed experts are recomputed."""
+    elements, count = norm_tokens * dim, 0
+    linears = _forward_linears(tensors)
+    forced = {shape for name, shape in linears if any(f in name for f in forced_recompute)}
+    for name, shape in linears:
+        if shape in forced:
+            continue
+        count += 1
+        if count % 2:
+            elements += tokens * shape[0]
+        if functional_comm and sp and tp > 1 and name.rsplit(".", 2)[-2] in ("wo", "w2"):
+            elements += norm_tokens * dim  # the reduce-scatter's output
+    total = elements * act_bytes
+    wo = [shape for name, shape in tensors if name.endswith("attention.wo.weight")]
+    if wo:
+        total += tokens * wo[0][1] * act_bytes + tokens * heads * 4 * attention_stats
+    if moe is not None:
+        total += tokens // moe.router_share * moe.topk_per_token * (4 + 8)
+        if moe.ep > 1 and functional_comm:
+            total += 2 * tokens // moe.expert_share * moe.top_k * dim * act_bytes
+    return total
+
+
 def _layer_block(kind: str, tensors: tuple[tuple[str, tuple[int, ...]], ...], *, tokens: int, dim: int, tp: int,
-                 sp: bool, ac: str, act_bytes: int) -> BlockShapes:
+                 sp: bool, ac: str, act_bytes: int, heads: int = 0, moe: _Moe | None = None,
+                 functional_comm: bool = False, forced_recompute: Sequence[str] = ("moe.router.gate",),
+                 attention_stats: int = 1) -> BlockShapes:
     """A transformer layer's saved activations per microbatch, from its local shapes (``docs/memory.md``):
     without checkpointing, each norm's input (sequence-sharded under SP), each linear's input (shared inputs
     once), the fused q/k/v projection (kept alive by v, a view of it), the rotated q and k, the attention output,
-    and the gated FFN's w1 and w3 outputs and their SiLU; with full
-    checkpointing, only the layer's input, the rest being recomputed inside its backward."""
+    and the gated FFN's w1 and w3 outputs and their SiLU (a MoE layer: each linear's input and the routed experts'
+    tensors); with full checkpointing, only the layer's input, the rest being recomputed inside its backward;
+    with selective checkpointing, what its policy saves (:func:`_sac_saved_bytes`). A MoE layer under EP also
+    holds, while it computes forward or backward, the all-to-all's send and receive buffers."""
     norm_tokens = tokens // tp if sp else tokens
-    roles = _linear_names(tensors)
+    roles = None if moe is not None else _linear_names(tensors)
     num_norms = sum(1 for name, shape in tensors if "norm" in name and len(shape) == 1)
+    a2a = 0
     if roles is None:  # each 2-D weight's input
         elements = sum(tokens * shape[1] for _, shape in tensors if len(shape) == 2)
+        if moe is not None:  # the routed tokens (tokens x top-k at balance) through the grouped FFN
+            routed = tokens // moe.expert_share * moe.top_k
+            elements += routed * (dim + 4 * moe.hidden) + routed * dim * 4 // act_bytes  # + combine's fp32 copy
+            a2a = 2 * routed * dim * act_bytes if moe.ep > 1 else 0  # dispatch's send and receive buffers
     else:
         qkv_out = roles["wqkv"][0] if "wqkv" in roles else sum(roles[k][0] for k in ("wq", "wk", "wv") if k in roles)
         ffn = roles["w1"][0]
@@ -226,10 +346,16 @@ def _layer_block(kind: str, tensors: tuple[tuple[str, tuple[int, ...]], ...], *,
     full = elements * act_bytes
     workspace = 2 * tokens * dim * act_bytes
     if ac == "full":
-        return BlockShapes(kind, tensors, saved_bytes=norm_tokens * dim * act_bytes, forward_transient_bytes=full,
-                           backward_transient_bytes=full + workspace)
-    return BlockShapes(kind, tensors, saved_bytes=full, backward_transient_bytes=workspace)
-
+        return BlockShapes(kind, tensors, saved_bytes=norm_tokens * dim * act_bytes,
+                           forward_transient_bytes=full + a2a, backward_transient_bytes=full + workspace + a2a)
+    if ac == "selective":
+        saved = _sac_saved_bytes(tensors, tokens=tokens, norm_tokens=norm_tokens, dim=dim, sp=sp, tp=tp,
+                                 act_bytes=act_bytes, heads=heads, moe=moe, functional_comm=functional_comm,
+                                 forced_recompute=forced_recompute, attention_stats=attention_stats)
+        return BlockShapes(kind, tensors, saved_bytes=saved, forward_transient_bytes=full + a2a,
+                           backward_transient_bytes=full + workspace + a2a)
+    return BlockShapes(kind, tensors, saved_bytes=full, forward_transient_bytes=a2a,
+                       backward_transient_bytes=workspace + a2a)
 
 
 # --- a `ppsim run`'s model -------------------------------------------------------------------------------------
@@ -262,10 +388,9 @@ def profile_shapes(profile: Any, *, tp: int, seq_len: int, mb_size: int, activat
     and ``tp``, in the profile's dtype (no mixed precision, no optimizer state: a run takes no optimizer step),
     ``fully_shard`` only where FSDP or TP shards (``JobShapes.fsdp_only_sharded``), and the saved activations the
     profile measured per block where it covers the shape (same tokens per microbatch and TP, no activation
-    checkpointing; ``selective`` is counted as none, an upper bound), else the formula (said in the notes)."""
+    checkpointing), else the formula (said in the notes)."""
     from ppsim.calibrate.models import ModelOptions, parse_model_source
 
-    activation_checkpoint = "none" if activation_checkpoint == "selective" else activation_checkpoint  # an upper bound
     info = profile.source
     if info is None:
         raise JobMemoryError("the profile names no model source (a version-3 profile does); re-run `ppsim calibrate`"
@@ -315,7 +440,7 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
     blocks: dict[str, BlockShapes] = {}
     for i in range(source.num_layers):
         block = _layer_block("layer", local[f"layers.{i}"], tokens=tokens, dim=dim, tp=tp, sp=tp > 1, ac=ac,
-                             act_bytes=act_bytes)
+                             act_bytes=act_bytes, heads=cfg.heads // tp)
         block = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0),
                                     backward_transient_bytes=block.backward_transient_bytes + layer_extra,
                                     weight_grad_stash_bytes=_output_grad_bytes(local[f"layers.{i}"], tokens,

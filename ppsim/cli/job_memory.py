@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ppsim.errors import JobMemoryError, PPSimError
+from ppsim.errors import DegreesError, JobMemoryError, PPSimError
 from ppsim.job.degrees import Degrees
 from ppsim.job.memory import PARTS, JobShapes, RankMemory, fmt_gib
 
@@ -79,7 +79,7 @@ def job_memory_of(inputs: Inputs, result: SimResult, shapes: JobShapesOnce | Non
     try:
         job_shapes, degrees = shapes.get()
     except JobMemoryError as exc:
-        if cap is not None:  # a verdict was asked for: say why there is none
+        if cap is not None or isinstance(exc, DegreesError):  # a verdict was asked for, or a mistake: say why
             raise
         typer.echo(f"memory: not counted: {exc}", err=True)
         return None
@@ -93,8 +93,11 @@ def _say_what_is_counted(inputs: Inputs, result: SimResult, shapes: JobShapes, d
     for note in shapes.notes:
         typer.echo(f"memory: {note}", err=True)
     typer.echo(f"memory: counts pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x dp_replicate "
-               f"{degrees.dp_replicate} ({degrees.world_size} devices; the step time is the pipeline's, with FSDP's "
-               "exposed collectives where a profile times it); "
+               f"{degrees.dp_replicate}" + (f" x cp {degrees.cp}" if degrees.cp > 1 else "")
+               + (f", ep {degrees.ep} carved out of dp_shard x cp x tp" if degrees.ep > 1 else "")
+               + f" ({degrees.world_size} devices; the step time is the pipeline's, with FSDP's "
+               "exposed collectives where a profile times it"
+               + ("; EP's all-to-alls are not in the step yet" if degrees.ep > 1 else "") + "); "
                f"parameters {shapes.master_dtype}, gathered {shapes.param_dtype}, gradients reduced in "
                f"{shapes.reduce_dtype}" + ("" if inputs.cost_model.profile is not None else
                                            "; activations from the formula (no --profile)"), err=True)

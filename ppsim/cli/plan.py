@@ -182,12 +182,11 @@ def _model_facts(value: str, settings: Any) -> ModelFacts:
 
 
 def _checkpoint_modes(value: str) -> tuple[str, ...]:
-    """The job's own checkpoint mode and full checkpointing (counted as 'none' for 'selective')."""
+    """The job's own checkpoint mode (selective counted as its policy saves) and full checkpointing."""
     from ppsim.calibrate.torchtitan.shapes import _ac_mode, converters_set_aside, trainer_config
 
     with converters_set_aside():
         own = _ac_mode(trainer_config(value).activation_checkpoint)
-    own = "none" if own == "selective" else own
     return (own,) if own == "full" else (own, "full")
 
 

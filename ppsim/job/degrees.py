@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppsim.errors import JobMemoryError
+from ppsim.errors import DegreesError
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,17 @@ class Degrees:
     def world_size(self) -> int:
         return self.pp * self.tp * self.dp_shard * self.dp_replicate * self.cp
 
+    @property
+    def fsdp(self) -> int:
+        """The dense FSDP mesh: ``dp_shard`` x ``cp`` (torchtitan's ``fsdp`` mesh)."""
+        return self.dp_shard * self.cp
+
+    @property
+    def efsdp(self) -> int | None:
+        """The routed experts' FSDP mesh when EP > 1: ``dp_shard`` x ``cp`` x ``tp`` / ``ep`` (EP is carved out of
+        them); ``None`` without EP (the experts are on the dense mesh)."""
+        return self.dp_shard * self.cp * self.tp // self.ep if self.ep > 1 else None
+
 
 # --- the rules ----------------------------------------------------------------------------------------------------
 DEGREE_KEYS = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree",
@@ -34,22 +45,31 @@ DEGREE_KEYS = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree",
 def check_degrees(degrees: Degrees, *, num_heads: int, num_kv_heads: int, num_layers: int,
                   num_experts: int | None = None, world_size: int | None = None, fix: str = "") -> None:
     """Refuse (one line) degrees torchtitan could not run: a product that is not the world size, a TP degree that
-    does not divide the heads, an EP degree that does not divide the experts, more PP ranks than layers."""
+    does not divide the heads, an EP degree on a dense model or that divides neither the experts nor
+    ``dp_shard x cp x tp`` (torchtitan carves EP out of them), more PP ranks than layers."""
     tail = f"; {fix}" if fix else ""
     for field, key in DEGREE_KEYS.items():
         if getattr(degrees, field) < 1:  # before any division by it
-            raise JobMemoryError(f"{key} {getattr(degrees, field)}: must be at least 1 (1 for none){tail}")
+            raise DegreesError(f"{key} {getattr(degrees, field)}: must be at least 1 (1 for none){tail}")
     if world_size is not None and degrees.world_size != world_size:
-        raise JobMemoryError(f"degrees pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x "
+        raise DegreesError(f"degrees pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x "
                            f"dp_replicate {degrees.dp_replicate} x cp {degrees.cp} = {degrees.world_size}, not the "
                            f"world size {world_size}{tail}")
     for name, heads in (("heads", num_heads), ("kv heads", num_kv_heads)):
         if heads % degrees.tp:
-            raise JobMemoryError(f"tensor_parallel_degree {degrees.tp} does not divide the model's {heads} {name}; "
+            raise DegreesError(f"tensor_parallel_degree {degrees.tp} does not divide the model's {heads} {name}; "
                                f"pick a divisor of {heads}{tail}")
+    if num_experts is None and degrees.ep > 1:
+        raise DegreesError(f"expert_parallel_degree {degrees.ep}: the model has no experts (a dense model); pass "
+                           "--parallelism.expert_parallel_degree 1")
+    carved = degrees.dp_shard * degrees.cp * degrees.tp
     if num_experts is not None and num_experts % degrees.ep:
-        raise JobMemoryError(f"expert_parallel_degree {degrees.ep} does not divide the model's {num_experts} experts"
-                           f"{tail}")
+        raise DegreesError(f"expert_parallel_degree {degrees.ep} does not divide the model's {num_experts} experts;"
+                           f" pick a divisor of {num_experts} that also divides dp_shard x cp x tp = {carved}")
+    if carved % degrees.ep:
+        raise DegreesError(f"expert_parallel_degree {degrees.ep} does not divide dp_shard x cp x tp = {carved} "
+                           "(torchtitan carves EP out of them); pick an EP degree that divides both "
+                           f"{carved} and the experts")
     if degrees.pp > num_layers:
-        raise JobMemoryError(f"pipeline_parallel_degree {degrees.pp} is more than the model's {num_layers} layers"
+        raise DegreesError(f"pipeline_parallel_degree {degrees.pp} is more than the model's {num_layers} layers"
                            f"{tail}")

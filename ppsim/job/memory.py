@@ -5,8 +5,9 @@ builds the model on the meta device and shards it with torchtitan's own parallel
 What a rank holds, as torchtitan 0.3.0 trains under PP (``parallelize_llama`` / ``apply_fsdp_to_decoder``, torch
 2.13's FSDP2 and pipelining):
 
-- **parameters**: each stage's TP-local tensors, FSDP-sharded over ``dp_shard`` (``fully_shard`` pads dim 0 to a
-  multiple of the degree: ``ceil(rows / dp_shard)`` rows per rank), stored in ``training.dtype`` (fp32 master);
+- **parameters**: each stage's TP-local tensors, FSDP-sharded over ``dp_shard`` x ``cp`` (``fully_shard`` pads dim 0
+  to a multiple of the degree: ``ceil(rows / degree)`` rows per rank), stored in ``training.dtype`` (fp32 master);
+  under EP the routed experts are EP-local (experts / ep) and sharded on ``efsdp`` (:attr:`BlockShapes.sparse`);
 - **optimizer**: AdamW's two states per sharded element, in the master dtype;
 - **gradients**: under PP the microbatches' gradients accumulate unsharded (``set_requires_gradient_sync(False)``
   until the last backward) in ``mixed_precision_reduce`` (fp32), from a stage's first weight gradient to its last
@@ -63,14 +64,27 @@ class BlockShapes:
     ``stage_backward_input`` keeps them for ``stage_backward_weight``)."""
     buffer_bytes: int = 0
     """The block's buffers (e.g. torchtitan 0.3.0's per-layer RoPE cache), held for the whole run."""
+    sparse: frozenset[str] = frozenset()
+    """The routed experts' tensors (``moe.routed_experts.inner_experts.*``, EP-local in ``tensors``: dim 0 is
+    experts / ep), which torchtitan's ``apply_fsdp_to_decoder`` shards on the sparse FSDP mesh (``efsdp``) when
+    EP > 1, on dim 1 instead of dim 0 where that mesh is larger than the local experts."""
 
     @property
     def numel(self) -> int:
         return sum(math.prod(shape) for _, shape in self.tensors)
 
-    def sharded_numel(self, dp_shard: int) -> int:
-        """Elements per rank after FSDP: dim 0 padded to a multiple of ``dp_shard``."""
-        return sum(-(-shape[0] // dp_shard) * math.prod(shape[1:]) if shape else 1 for _, shape in self.tensors)
+    def sharded_numel(self, dp_shard: int, efsdp: int | None = None) -> int:
+        """Elements per rank after FSDP: dim 0 padded to a multiple of ``dp_shard`` (the dense FSDP mesh); the
+        :attr:`sparse` tensors on ``efsdp`` (``None``: the dense mesh, EP 1), dim 1 where it exceeds dim 0."""
+        total = 0
+        for name, shape in self.tensors:
+            if not shape:
+                total += 1
+                continue
+            degree = (efsdp or dp_shard) if name in self.sparse else dp_shard
+            dim = 1 if name in self.sparse and len(shape) > 1 and degree > shape[0] else 0
+            total += -(-shape[dim] // degree) * math.prod(shape) // shape[dim]
+        return total
 
 
 @dataclass(frozen=True)
@@ -204,7 +218,7 @@ def _backward_high(blocks: Sequence[BlockShapes], grads: Sequence[int],
 
 
 def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int, *, first: bool = False,
-              last: bool = False, sent: tuple[bool, bool] = (False, False)) -> _Stage:
+              last: bool = False, sent: tuple[bool, bool] = (False, False), efsdp: int | None = None) -> _Stage:
     missing = [m for m in modules if m not in shapes.blocks]
     if missing:
         raise JobMemoryError(f"stage modules {', '.join(missing[:3])} are not in {shapes.source}'s model; the job's "
@@ -215,7 +229,7 @@ def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int, *, first
     held = [b.numel * DTYPE_BYTES[shapes.reduce_dtype] for b in blocks]  # accumulated unsharded (FSDP: reduce dtype)
     none = [0] * len(blocks)
     return _Stage(
-        sharded=sum(b.sharded_numel(dp_shard) for b in blocks), gathered=sum(b.numel for b in blocks),
+        sharded=sum(b.sharded_numel(dp_shard, efsdp) for b in blocks), gathered=sum(b.numel for b in blocks),
         saved=sum(b.saved_bytes for b in blocks), kept=shapes.boundary_bytes,
         fwd_transient=max((b.forward_transient_bytes for b in blocks), default=0),
         buffers=sum(b.buffer_bytes for b in blocks), stash=sum(b.weight_grad_stash_bytes for b in blocks),
@@ -247,8 +261,9 @@ def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
     if len(stage_modules) != schedule.num_stages:
         raise JobMemoryError(f"the job splits the model into {len(stage_modules)} stages, the schedule has "
                            f"{schedule.num_stages}; the split must give each stage its modules")
-    stages = [_stage_of(shapes, mods, degrees.dp_shard, first=schedule.prev_stage(s) is None,
-                        last=schedule.next_stage(s) is None, sent=_sends_held(shapes, schedule, s))
+    stages = [_stage_of(shapes, mods, degrees.fsdp, first=schedule.prev_stage(s) is None,
+                        last=schedule.next_stage(s) is None, sent=_sends_held(shapes, schedule, s),
+                        efsdp=degrees.efsdp)
               for s, mods in enumerate(stage_modules)]
     return [_rank_memory(shapes, schedule, stages, r, recompute, cap_bytes, degrees) for r in range(schedule.num_ranks)]
 
