@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# the job cache (ppsim/job/cache.py) is off unless a test turns it on: tests that take torchtitan away, or count what
+# a command imports, must see the command read the job afresh
+os.environ["PPSIM_CACHE_DIR"] = "off"
 
 DATA = Path(__file__).resolve().parent / "data"
 

@@ -42,6 +42,7 @@ from ppsim.split import SplitError, SplitSpec, resolve_split
 from ppsim.job.settings import JobSettings, is_registry_name, read_toml_settings
 from ppsim.errors import TorchtitanConfigError
 from ppsim.job.pipeline import TorchtitanJob, job_from_settings
+from ppsim.job.cache import JobCache, torchtitan_owns
 from ppsim.job.overrides import check_override_names, close_matches, override_fields_of
 
 _PREFIXES = ("torchtitan.models", "torchtitan.experiments", "torchtitan.experiments.rl.examples")
@@ -49,29 +50,69 @@ __all__ = ["TorchtitanMissingError", "job_of_settings", "load_job", "load_regist
            "read_registry_settings"]
 
 
-def load_job(value: str, overrides: Sequence[str] = (), **kwargs: Any) -> TorchtitanJob:
+def load_job(value: str, overrides: Sequence[str] = (), *, cache: JobCache | None = None, **kwargs: Any) -> TorchtitanJob:
     """The pipeline of ``--torchtitan-config VALUE`` with its overrides: ``MODULE:CONFIG`` (torchtitan's config
     registry) or an older release's TOML file (read as :func:`ppsim.job.pipeline.load_torchtitan_job` reads it);
-    ``kwargs`` are the command-line values that must agree
-    (:func:`ppsim.job.pipeline.job_from_settings`). The one loader of every command that takes a job config."""
-    return job_of_settings(read_job_settings(value, overrides), **kwargs)
+    ``kwargs`` are the command-line values that must agree (:func:`ppsim.job.pipeline.job_from_settings`).
+    ``cache``: a config function's job is kept there and read back without torchtitan (:mod:`ppsim.job.cache`).
+    The one loader of every command that takes a job config."""
+    if cache is None or not _cacheable(value):
+        return job_of_settings(read_job_settings(value, overrides), **kwargs)
+    key = cache.key("job", job=value, overrides=list(overrides), agree=sorted(kwargs.items()))
+    _refuse_unknown_keys_early(value, overrides, cache)
+    return cache.get_or_build("job", key, lambda: job_of_settings(
+        read_registry_settings(value, overrides, cache=cache), **kwargs))
 
 
-def read_job_settings(value: str, overrides: Sequence[str] = ()) -> JobSettings:
+def read_job_settings(value: str, overrides: Sequence[str] = (), *, cache: JobCache | None = None) -> JobSettings:
     """The settings of ``--torchtitan-config VALUE`` (either form) with its overrides applied, without deriving a
     pipeline: what `calibrate` needs (the model and the microbatch shape), which a job without a pipeline has too."""
     if is_registry_name(value):
-        return read_registry_settings(value, overrides)
+        return read_registry_settings(value, overrides, cache=cache)
     return read_toml_settings(value, overrides)
 
 
-def read_registry_settings(value: str, overrides: Sequence[str] = ()) -> JobSettings:
+def read_registry_settings(value: str, overrides: Sequence[str] = (), *,
+                           cache: JobCache | None = None) -> JobSettings:
     """The settings of ``MODULE:CONFIG`` with ``overrides`` applied (typed by torchtitan's dataclass fields and
-    checked by their own ``__post_init__``); every problem is one :class:`TorchtitanConfigError` line."""
+    checked by their own ``__post_init__``); every problem is one :class:`TorchtitanConfigError` line. With a
+    ``cache``, read back when kept (a mistyped key is refused from the kept field names, without torchtitan)."""
+    if cache is None or not _cacheable(value):
+        return _read_registry_settings(value, overrides)
+    _refuse_unknown_keys_early(value, overrides, cache)
+    key = cache.key("settings", job=value, overrides=list(overrides))
+    return cache.get_or_build("settings", key, lambda: _read_registry_settings(value, overrides, cache=cache))
+
+
+def _read_registry_settings(value: str, overrides: Sequence[str], *, cache: JobCache | None = None) -> JobSettings:
+    from ppsim.calibrate.torchtitan.shapes import converters_set_aside
+
     module_name, config_name = _parse_name(value)
     import_torchtitan(f"--torchtitan-config {value}")
     module = _config_module(value, module_name)
-    return settings_of_config(value, _call_config(value, module, config_name), overrides)
+    with converters_set_aside():
+        config = _call_config(value, module, config_name)
+    if cache is not None:  # the key names alone: enough to refuse a mistyped one next time
+        names = {name: bool if kind is bool else object for name, kind in _override_fields(value, config).items()}
+        cache.store("fields", cache.key("fields", job=value), names)
+    return settings_of_config(value, config, overrides)
+
+
+def _cacheable(value: str) -> bool:
+    """A config function of torchtitan's own (a user's module can change without a version to key it by)."""
+    return is_registry_name(value) and torchtitan_owns(value.split(":", 1)[0])
+
+
+def _refuse_unknown_keys_early(value: str, overrides: Sequence[str], cache: JobCache) -> None:
+    names = cache.load("fields", cache.key("fields", job=value))
+    if names is not None:
+        check_override_names(overrides, names, source=value)
+
+
+def _override_fields(value: str, config: Any) -> dict[str, Any]:
+    parallelism, training = _sections(value, config)
+    return {**override_fields_of("parallelism", _hints(parallelism)),
+            **override_fields_of("training", _hints(training))}
 
 
 def settings_of_config(value: str, config: Any, overrides: Sequence[str] = ()) -> JobSettings:
@@ -79,9 +120,7 @@ def settings_of_config(value: str, config: Any, overrides: Sequence[str] = ()) -
     torchtitan's own command line parses them (:func:`parse_with_tyro`). Either generation of torchtitan's batch
     keys is read (:func:`ppsim.job.settings.batch_shape`)."""
     parallelism, training = _sections(value, config)
-    fields = {**override_fields_of("parallelism", _hints(parallelism)),
-              **override_fields_of("training", _hints(training))}
-    check_override_names(overrides, fields, source=value)  # ppsim's rules: these two sections, each key once
+    check_override_names(overrides, _override_fields(value, config), source=value)  # ppsim's rules: these two sections, each key once
     parallelism, training = parse_with_tyro(value, parallelism, training, overrides)
     notes = _whole_config_check(config, parallelism, training) if overrides else ()
     spec = getattr(config, "model_spec", None)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ppsim.io import MemoryCap
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
+    from ppsim.job.cache import JobCache
     from ppsim.job.pipeline import TorchtitanJob
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -187,6 +188,8 @@ class Inputs:
     cost_model: CostSpec
     job: TorchtitanJob | None = None
     """The torchtitan job config these came from (its keys, not -r/-m, are named when a schedule is refused)."""
+    job_cache: JobCache | None = None
+    """The command's access to the job cache (its settings, pipeline and shapes; :mod:`ppsim.job.cache`)."""
 
     def schedule(self, name: str, directions: int | None = None, *, allow_large: bool = False,
                  figure: bool = False) -> Schedule:
@@ -229,10 +232,12 @@ def build_inputs(
         raise PPSimError(f"--schedule {','.join(given)!r} with --torchtitan-config: the job config runs one "
                          "schedule; drop -s or give that one")
     from ppsim.calibrate.torchtitan.config import load_job
+    from ppsim.job.cache import JobCache
 
     blocks = cost_model.profile
+    cache = JobCache()
     job = load_job(
-        str(torchtitan_config), overrides,
+        str(torchtitan_config), overrides, cache=cache,
         num_layers=None if blocks is None else blocks.num_layers,
         model=None if blocks is None else blocks.model,
         schedule=None if given is None else given[0], num_ranks=ranks, num_microbatches=mb,
@@ -246,7 +251,7 @@ def build_inputs(
         load_profile(profile).check_tensor_parallel(job.tensor_parallel_degree, source=str(profile))
     if blocks is not None:
         cost_model = cost_model.with_split(job.split)
-    return Inputs([job.schedule], job.num_ranks, job.num_microbatches, job.stages_per_rank, cost_model, job)
+    return Inputs([job.schedule], job.num_ranks, job.num_microbatches, job.stages_per_rank, cost_model, job, cache)
 
 
 def job_overrides(ctx: typer.Context, torchtitan_config: object) -> list[str]:

@@ -19,6 +19,7 @@ from ppsim.job.memory import PARTS, JobShapes, RankMemory, fmt_gib
 
 if TYPE_CHECKING:
     from ppsim.cli.common import Inputs
+    from ppsim.job.cache import JobCache
     from ppsim.result import SimResult
 
 
@@ -50,12 +51,30 @@ class JobShapesOnce:
     value: str
     overrides: tuple[str, ...]
     profile: Any = None
+    cache: JobCache | None = None
     _built: tuple[JobShapes, Degrees] | None = field(default=None, init=False, repr=False)
 
     def get(self) -> tuple[JobShapes, Degrees]:
         if self._built is None:
-            self._built = _build_shapes(self.value, self.overrides, profile=self.profile)
+            self._built = self._cached() or _build_shapes(self.value, self.overrides, profile=self.profile)
         return self._built
+
+    def _cached(self) -> tuple[JobShapes, Degrees] | None:
+        """From the job cache (:mod:`ppsim.job.cache`; keyed by the profile's bytes too), built there on a miss."""
+        from ppsim.job.cache import torchtitan_owns
+
+        if self.cache is None or not torchtitan_owns(self.value.split(":", 1)[0]):
+            return None
+        import hashlib
+        import pickle
+
+        try:
+            profile = hashlib.sha256(pickle.dumps(self.profile)).hexdigest()
+        except Exception:  # noqa: BLE001 -- a profile that does not pickle is read without the cache
+            return None
+        key = self.cache.key("shapes", job=self.value, overrides=list(self.overrides), profile=profile)
+        return self.cache.get_or_build("shapes", key, lambda: _build_shapes(self.value, self.overrides,
+                                                                             profile=self.profile))
 
 
 def job_shapes_of(inputs: Inputs, torchtitan_config: object, overrides: Sequence[str]) -> JobShapesOnce | None:
@@ -65,7 +84,7 @@ def job_shapes_of(inputs: Inputs, torchtitan_config: object, overrides: Sequence
     job = inputs.job
     if job is None or job.stage_modules is None or not is_registry_name(str(torchtitan_config)):
         return None
-    return JobShapesOnce(str(torchtitan_config), tuple(overrides), inputs.cost_model.profile)
+    return JobShapesOnce(str(torchtitan_config), tuple(overrides), inputs.cost_model.profile, inputs.job_cache)
 
 
 def job_memory_of(inputs: Inputs, result: SimResult, shapes: JobShapesOnce | None, cap: int | None,
@@ -120,6 +139,8 @@ def with_job(results: list[SimResult], inputs: Inputs, shapes: JobShapesOnce | N
             return results, None
         first = first if first is not None else memory
         out.append(with_job_memory(result, memory))
+    if inputs.job_cache is not None and inputs.job_cache.warning:
+        typer.echo(f"warning: {inputs.job_cache.warning}", err=True)
     return out, first
 
 

@@ -77,14 +77,13 @@ def simulate_cmd(
     recompute: RecomputeOpt = None,
 ) -> None:
     """Discrete-event replay; with -s A,B,C (or -s A -s B) simulates several and ranks them by makespan."""
-    from ppsim.cli.job_memory import job_config_context, job_shapes_of, print_memory, with_job, with_memory
+    from ppsim.cli.job_memory import job_shapes_of, print_memory, with_job, with_memory
     from ppsim.compare import compare
 
     overrides = job_overrides(ctx, torchtitan_config)
-    with job_config_context(torchtitan_config):
-        inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
-                              layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config,
-                              overrides=overrides)
+    inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
+                          layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config,
+                          overrides=overrides)
     names, cost_model = inputs.names, inputs.cost_model
     cap = parse_memory_cap(memory_cap)
     if inputs.job is None or inputs.job.stage_modules is None:  # a job's memory comes from its shapes
