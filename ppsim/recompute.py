@@ -38,7 +38,7 @@ class Recompute(str, Enum):
     auto = "auto"
 
 
-class RecomputeSet(frozenset):  # type: ignore[type-arg]
+class RecomputeSet(frozenset):
     """A frozen set of recomputed ``(stage, microbatch)`` pairs (the simulator takes any set of such pairs)."""
 
     @classmethod

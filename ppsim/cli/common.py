@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import gc
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +110,7 @@ def split_names(values: str | list[str]) -> list[str]:
 
 
 def check_outputs_apart(outputs: list[tuple[str, Path | None]], *, schedules: list[str] | str | None = None,
-                        inputs: tuple[tuple[str, Path | None], ...] | list[tuple[str, Path | None]] = ()) -> None:
+                        inputs: Sequence[tuple[str, str | Path | None]] = ()) -> None:
     """Refuse an output that is one of the command's input files (a schedule CSV, a profile) or another output."""
     from ppsim.io import check_distinct
 

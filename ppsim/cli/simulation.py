@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from ppsim.cli.common import Inputs
     from ppsim.cli.job_memory import JobShapesOnce
     from ppsim.fsdp import FsdpStep
+    from ppsim.io import MemoryCap
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
 
@@ -298,6 +299,7 @@ def report_cmd(
                           overrides=overrides)
     names, cost_model = inputs.names, inputs.cost_model
     searched: dict[str, Schedule | PPSimError] = {}
+    cap: MemoryCap | None
     if search:
         from ppsim.cli.search import searched_for_report
         from ppsim.search import SEARCH_NAME

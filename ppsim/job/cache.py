@@ -135,7 +135,7 @@ class JobCache:
         """The cached value of ``key``, or ``build()``'s, then kept. A refusal (an exception) is not cached."""
         hit = self.load(kind, key)
         if hit is not None:
-            return hit  # type: ignore[no-any-return]
+            return hit
         value = build()
         self.store(kind, key, value)
         return value

@@ -55,7 +55,7 @@ def paused_gc(build: _Build) -> _Build:
     """
 
     @functools.wraps(build)
-    def run(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def run(*args, **kwargs):
         if not gc.isenabled():
             return build(*args, **kwargs)
         gc.disable()

@@ -154,7 +154,7 @@ def polish(
     return Outcome(found, bound, optimal)
 
 
-def _add_memory(model, problem: Problem, use_b: set[int], start, end, horizon: int) -> None:  # type: ignore[no-untyped-def]
+def _add_memory(model, problem: Problem, use_b: set[int], start, end, horizon: int) -> None:
     """Per rank, each activation lives from its forward's start to its release, under the cap."""
     tpl = problem.template
     for r in range(tpl.num_ranks):
@@ -178,7 +178,7 @@ def _add_memory(model, problem: Problem, use_b: set[int], start, end, horizon: i
         model.AddCumulative(tasks, demands, int(math.floor(problem.cap[r] / unit + 1e-9)))
 
 
-def _hint(model, problem: Problem, incumbent: Schedule, starts_of, start, ticks) -> None:  # type: ignore[no-untyped-def]
+def _hint(model, problem: Problem, incumbent: Schedule, starts_of, start, ticks) -> None:
     """The incumbent's simulated start times (a B the model splits: its I at the B's start, its W right after)."""
     for rank, row in enumerate(incumbent.actions):
         for action, t in zip(row, starts_of[rank]):
