@@ -102,6 +102,11 @@ class JobShapes:
     reduce_dtype: str = "float32"
     activation_checkpoint: str = "none"
     reshard_after_forward: bool = False
+    no_pipeline: bool = False
+    """``pipeline_parallel_degree`` 1 (torchtitan's FSDP2 defaults then): each ``fully_shard`` unit (the embedding, each
+    layer) is gathered for its forward and again for its backward, then resharded (the norm and head stay gathered
+    from their forward to their backward), and each unit's gradient is reduce-scattered in its post-backward, so only
+    the sharded gradients accumulate (:func:`_no_pipeline_step`)."""
     notes: tuple[str, ...] = ()
     fsdp: bool = True
     """``fully_shard`` applied (torchtitan applies it even at ``dp_shard`` 1): each stage's parameters are gathered
@@ -202,6 +207,11 @@ class _Stage:
     own transient."""
     weight_grad: int
     """The largest weight's new gradient (a split backward's W, once gradients are held)."""
+    unit: int = 0
+    """The largest ``fully_shard`` unit's elements (a block) as one rank gathers them."""
+    kept_gathered: int = 0
+    """Elements of the stage's units that stay gathered from their forward to their backward without a pipeline
+    (the norm and the head: torchtitan does not reshard them after forward)."""
 
 
 def _backward_high(blocks: Sequence[BlockShapes], grads: Sequence[int],
@@ -238,7 +248,8 @@ def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int, *, first
         backward_high=_backward_high(blocks, held, none), accumulating_high=_backward_high(blocks, none, new),
         input_high=max((sum(b.weight_grad_stash_bytes for b in blocks[j:]) + blocks[j].backward_transient_bytes
                         for j in range(len(blocks))), default=0),
-        weight_grad=max(new, default=0),
+        weight_grad=max(new, default=0), unit=max((b.numel for b in blocks), default=0),
+        kept_gathered=sum(b.numel for m, b in zip(modules, blocks) if m in ("norm", "lm_head", "output")),
     )
 
 
@@ -351,6 +362,11 @@ def _walk_one(shapes: JobShapes, stages: list[_Stage], c: Any, i: int, label: st
     master, param, reduce = dtypes
     st, s, rc = stages[c.stage], c.stage, (c.stage, c.microbatch) in recompute
     saved = st.kept if rc else st.saved
+    if shapes.no_pipeline:
+        _no_pipeline_step(st, c.type, rc=rc, dtypes=dtypes, state=state, consider=consider, label=label,
+                          first=i == firsts[(s, ActionType.F)], first_backward=i == first_grads.get(s),
+                          last=i == lasts[(s, ActionType.B)])
+        return
     if c.type is ActionType.F:
         if i == firsts[(s, ActionType.F)] or shapes.reshard_after_forward:
             state["gathered"] += st.gathered * param
@@ -362,6 +378,34 @@ def _walk_one(shapes: JobShapes, stages: list[_Stage], c: Any, i: int, label: st
     _backward_step(shapes, st, c.type, rc=rc, dtypes=(master, param, reduce), state=state, consider=consider,
                    label=label, first=i == first_grads.get(s), last=i == lasts[(s, ActionType.B)],
                    accumulating=i != first_grads.get(s, i))
+
+
+def _no_pipeline_step(st: _Stage, kind: ActionType, *, rc: bool, dtypes: tuple[int, int, int],
+                      state: dict[str, int], consider: Any, label: str, first: bool, first_backward: bool,
+                      last: bool) -> None:
+    """One F or B of a job without a pipeline (:attr:`JobShapes.no_pipeline`). A unit's gathered copy lives while it
+    computes, with the next one's prefetched beside it (FSDP2's implicit prefetch): two of the largest unit. Its
+    backward also holds that unit's unsharded gradient in the reduce dtype until the reduce-scatter; the sharded
+    gradients (master dtype) are there from the first backward to the optimizer step, and later microbatches add
+    into them. The norm and head stay gathered from the first forward to the last backward."""
+    master, param, reduce = dtypes
+    saved = st.kept if rc else st.saved
+    units = 2 * st.unit * param
+    if kind is ActionType.F:
+        if first:
+            state["gathered"] += st.kept_gathered * param
+        consider(st.fwd_transient + units, saved, label)
+        state["act"] += saved + st.output
+        return
+    assert kind is ActionType.B, "a job without a pipeline runs full backwards (1F1B on one rank)"
+    grads = st.sharded * master if first_backward else 0
+    held, _, transient = st.backward_high
+    recomputed = st.saved - st.kept if rc else 0
+    consider(transient + units + st.unit * reduce + recomputed, held - saved, label, grads)
+    state["act"] -= saved + st.output
+    state["grads"] += grads
+    if last:
+        state["gathered"] -= st.kept_gathered * param
 
 
 def _backward_step(shapes: JobShapes, st: _Stage, kind: ActionType, *, rc: bool, dtypes: tuple[int, int, int],

@@ -155,13 +155,15 @@ def job_from_settings(
     mb_size, batch, seq_len, microbatches = (shape.microbatch_size, shape.local_batch_size, shape.seq_len,
                                              shape.num_microbatches)
     _warn_unused(settings, warnings)
-    if degree < 2:
-        raise TorchtitanConfigError(
-            f"--torchtitan-config {source}: pipeline_parallel_degree is {degree}, so torchtitan runs no pipeline; "
-            + ("set [parallelism] pipeline_parallel_degree = 2 or more" if settings.in_file
-               else "pass --parallelism.pipeline_parallel_degree 2 (or more)")
-        )
     layers = _layer_count(settings, num_layers)
+    if degree == 1:
+        job = _no_pipeline(settings, layers, warnings)
+        _agree(settings, "-r/--ranks", num_ranks, 1)
+        _agree(settings, "-m/--mb", num_microbatches, job.num_microbatches)
+        if schedule is not None and schedule.lower() not in ("1f1b", "gpipe"):
+            raise TorchtitanConfigError(f"-s {schedule}: pipeline_parallel_degree 1 runs no pipeline (one stage, its "
+                                        "microbatches as gradient accumulation); drop -s")
+        return job
 
     ppsim_schedule, single, v = _schedule(settings, sched_name, csv)
     if csv and single:
@@ -218,6 +220,46 @@ def job_from_settings(
         split=spec, microbatch_size=mb_size, local_batch_size=batch, seq_len=seq_len, warnings=tuple(warnings),
         model_source=settings.model_source, torch_schedule=sched_name, in_file=settings.in_file,
         batch_keys=shape.keys,
+        tensor_parallel_degree=int(settings.parallelism.get("tensor_parallel_degree") or 1),
+    )
+
+
+def _no_pipeline(settings: JobSettings, layers: int | None, warnings: list[str]) -> TorchtitanJob:
+    """``pipeline_parallel_degree`` 1: torchtitan runs no pipeline. A step is its gradient accumulation: ``global
+    batch / (local batch x dp_replicate x dp_shard)`` microbatches of ``local_batch_size`` sequences (torchtitan's
+    ``Trainer``), each a forward then a backward of the whole model on one stage: ppsim's 1F1B on one rank."""
+    source = settings.source
+    batch = setting(settings, "training", "local_batch_size", int, minimum=1)
+    seq_len = setting(settings, "training", "seq_len", int, minimum=1)
+    given = settings.training.get("global_batch_size", -1)
+    dp = [int(settings.parallelism.get(k) or 1) for k in ("data_parallel_replicate_degree",
+                                                            "data_parallel_shard_degree")]
+    if isinstance(given, bool) or not isinstance(given, int):
+        raise TorchtitanConfigError(f"--torchtitan-config {source}: training.global_batch_size = {shown_value(given)} "
+                                    "must be an integer (-1: local batch x data-parallel degree); "
+                                    + settings.fix("training.global_batch_size"))
+    steps = 1
+    if given > 0:
+        if -1 in dp:
+            raise TorchtitanConfigError(
+                f"--torchtitan-config {source}: training.global_batch_size {given} with data_parallel_shard_degree -1: "
+                "the gradient accumulation steps need the data-parallel degree; "
+                + settings.fix("parallelism.data_parallel_shard_degree"))
+        per_step = batch * dp[0] * dp[1]
+        if given % per_step:
+            raise TorchtitanConfigError(
+                f"--torchtitan-config {source}: training.global_batch_size {given} is not a multiple of local_batch_size "
+                f"{batch} x data-parallel degree {dp[0] * dp[1]} (torchtitan refuses it too); "
+                + settings.fix("training.global_batch_size", "training.local_batch_size"))
+        steps = given // per_step
+    warnings.append(f"parallelism.pipeline_parallel_degree = 1: no pipeline; the step is {steps} gradient "
+                    f"accumulation microbatch{'es' if steps > 1 else ''} of local_batch_size {batch}, each a forward "
+                    "and a backward of the whole model (simulated as 1F1B on one rank)")
+    return TorchtitanJob(
+        source=source, schedule="1F1B", num_ranks=1, num_microbatches=steps, stages_per_rank=1,
+        split=SplitSpec(split=(layers,) if layers is not None else None), microbatch_size=batch,
+        local_batch_size=batch * steps, seq_len=seq_len, warnings=tuple(warnings),
+        model_source=settings.model_source, torch_schedule="1F1B", in_file=settings.in_file,
         tensor_parallel_degree=int(settings.parallelism.get("tensor_parallel_degree") or 1),
     )
 

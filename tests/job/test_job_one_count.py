@@ -109,3 +109,25 @@ def test_context_parallelism_is_refused_not_silently_dropped() -> None:
                                  "--parallelism.context_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1",
                                  "--memory-cap", "1GiB"])
     assert result.exit_code == 2 and "context_parallel_degree 2" in result.output
+
+
+def test_a_job_without_a_pipeline_regathers_units_and_holds_only_sharded_gradients() -> None:
+    """pp 1 (torchtitan's FSDP2 defaults): the embedding and layers are regathered per use (two of the largest unit:
+    the one computing and the one prefetched), each unit's gradient is reduce-scattered after its backward (one unit
+    of it in the reduce dtype meanwhile), the norm and head stay gathered from forward to backward. Counted by hand
+    for 1F1B on one rank, 2 microbatches, dp_shard 4, nothing saved but the embedding's 8 bytes."""
+    layer = BlockShapes("layer", (("w", (6, 4)), ("n", (4,))), saved_bytes=0)
+    blocks = {"tok_embeddings": BlockShapes("embedding", (("weight", (10, 4)),), saved_bytes=8),
+              "layers.0": layer, "layers.1": layer, "norm": BlockShapes("head", (("weight", (4,)),), saved_bytes=0),
+              "lm_head": BlockShapes("head", (("weight", (10, 4)),), saved_bytes=0)}
+    shapes = JobShapes(source="t", blocks=blocks, tp=1, boundary_bytes=16, logits_bytes=40, no_pipeline=True)
+    (m,) = job_memory(shapes, degrees=Degrees(pp=1, dp_shard=4), schedule=load_schedule("1F1B", 1, 2),
+                      stage_modules=[list(blocks)])
+    sharded = 3 * 4 + 2 * (2 * 4 + 1) + 1 + 3 * 4  # dim 0 of each tensor padded to a multiple of 4: 43 elements
+    units = 2 * 40 * 2  # two of the largest unit (40 elements: the embedding, the head) gathered in bfloat16
+    head = (4 + 40) * 2  # the norm and head, gathered from the first forward to the last backward
+    assert m.parts == {"parameters": 4 * sharded, "optimizer": 8 * sharded, "gradients": 4 * sharded,
+                       "activations": 8 + 40,  # the embedding's saved bytes and the logits, to the backward
+                       "other": head + units + 40 * 4}  # and one unit's unsharded float32 gradient
+    assert m.during == "0B0" and m.peak_memory_bytes == 1144
+    assert m.end_bytes == 16 * sharded  # parameters, AdamW's two states and the sharded gradients
