@@ -4,7 +4,8 @@
     python bench/bench_plot.py --runs 9   # more cold starts
 
 1. Cold start of the headline command ``ppsim plot --schedule DualPipeV --ranks 4 --mb 10`` (a fresh process each
-   run; target <= 1.3 s wall on an idle machine; on a shared one read the CPU seconds), beside a bare ``python -c pass`` and ``import ppsim.cli`` for scale, and the slowest
+   run; target <= 1.3 s wall on an idle machine; on a shared one read the CPU seconds), beside a bare
+   ``python -c pass`` and ``import ppsim.cli`` for scale, and the slowest
    imports of one run (``python -X importtime``), and whether torch or pandas were imported (they must not be).
 2. Interactive HTML of DualPipeV 32 ranks x 256 microbatches (20,000+ actions): seconds and MB (targets 10 s, 25 MB).
 3. Static PNGs at 8x64 and 32x256 for scale.

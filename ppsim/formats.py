@@ -102,7 +102,9 @@ def read_schedule_file(
                 )
             rows.append(tuple(row))
     except csv.Error as exc:
-        raise ScheduleFormatError(f"{display_path(p)}: not a CSV file ({exc}); pass torch's schedule CSV, one row per rank") from None
+        raise ScheduleFormatError(
+            f"{display_path(p)}: not a CSV file ({exc}); pass torch's schedule CSV, one row per rank"
+        ) from None
     while rows and not any(a is not None for a in rows[-1]):
         rows.pop()  # trailing blank lines
     if not rows:

@@ -17,9 +17,10 @@ A refusal names the estimate, the limit and the override (``--allow-large`` on t
 | :data:`MAX_FIGURE_ACTIONS` | 50,000 computations | ``plot`` and each schedule in ``report`` |
 | :data:`MAX_FIGURE_RANKS` | 1,000 ranks | ``plot`` and ``report`` |
 | :data:`MAX_COMPARE_ACTIONS` | 2,000,000 computations | all schedules of one ``simulate -s A,B,...`` together |
-| :data:`MAX_REPORT_ACTIONS` / :data:`MAX_REPORT_RANKS` | 100,000 computations / 2,000 rows | all figures of one ``report`` together |
-| :data:`MAX_SEARCH_ACTIONS` | 100,000 computations per order | ``search`` (it builds and simulates thousands of orders) |
-| set-up within ``--time-limit`` | :func:`estimate_search` | ``search``: timing the named schedules and a first order must fit the time limit |
+| :data:`MAX_REPORT_ACTIONS` | 100,000 computations | all figures of one ``report`` together |
+| :data:`MAX_REPORT_RANKS` | 2,000 rows | all figures of one ``report`` together |
+| :data:`MAX_SEARCH_ACTIONS` | 100,000 computations per order | ``search`` (thousands of orders built and simulated) |
+| set-up within ``--time-limit`` | :func:`estimate_search` | ``search``: timing the named schedules and a first order |
 | :data:`MAX_RUN_ACTIONS` | 100,000 actions | one step of ``ppsim run`` (every action runs and is timed) |
 | :data:`MAX_RUN_STEPS` / :data:`MAX_RUN_EXECUTED` | 1,000 steps / 1M actions | all the steps of one ``run`` |
 | :data:`MAX_REAL_RANKS_PER_CORE` / :data:`MAX_SYNTHETIC_RANKS` | 4 per core / 64 | local rank processes of ``run`` |

@@ -82,7 +82,9 @@ def _walk(schedule: Schedule) -> list[Problem]:
             for comp in action.computations:
                 s, mb = comp.stage, comp.microbatch
                 if not 0 <= s < schedule.num_stages:
-                    problems.append(Problem(rank, col, str(action), f"stage {s} out of range 0..{schedule.num_stages - 1}"))
+                    problems.append(
+                        Problem(rank, col, str(action), f"stage {s} out of range 0..{schedule.num_stages - 1}")
+                    )
                     continue
                 if schedule.stage_to_rank[s] != rank:
                     problems.append(

@@ -82,7 +82,10 @@ def replay(schedule: Schedule, costs: StageCosts, recompute: Set[tuple[int, int]
                 if not ready:
                     break
                 backward = action.computations[-1]
-                rc = (backward.stage, backward.microbatch) in recompute and backward.type in (ActionType.B, ActionType.I)
+                rc = (backward.stage, backward.microbatch) in recompute and backward.type in (
+                    ActionType.B,
+                    ActionType.I,
+                )
                 duration = costs.duration(schedule, action, recomputed=rc)
                 end = t + duration
                 _memory(schedule, costs, action, recompute, held[r], peak[r])

@@ -118,7 +118,8 @@ def _table(rows: list[dict[str, str]]) -> str:
         if "why" in row:
             body.append(
                 f'<tr class="failed"><td>{row["#"]}</td><td class="name">{row["schedule"]}</td>'
-                f'<td class="why" colspan="{len(cols) - 2}"><div>cannot run this configuration: {row["why"]}</div></td></tr>'
+                f'<td class="why" colspan="{len(cols) - 2}">'
+                f'<div>cannot run this configuration: {row["why"]}</div></td></tr>'
             )
             continue
         cls = ' class="best"' if i == 0 else ""

@@ -33,7 +33,8 @@ from typing import Any
 from ppsim.errors import PPSimError, RankLostError
 
 #: Modules the fork server imports once, so every worker starts with them loaded.
-PRELOAD = ("torch", "torch.distributed", "ppsim.calibrate.models.transformer", "ppsim.calibrate.execute.executor", "ppsim.calibrate.measure.comm")
+PRELOAD = ("torch", "torch.distributed", "ppsim.calibrate.models.transformer", "ppsim.calibrate.execute.executor",
+           "ppsim.calibrate.measure.comm")
 _PR_SET_PDEATHSIG = 1
 _PR_SET_TIMERSLACK = 29
 

@@ -526,7 +526,9 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
     kinds = step_kinds(spec)
     last_timed = max(i for i, k in enumerate(kinds) if k == "timed")
     # parameters and buffers (a RoPE table) live as long as the module: not activations
-    saved = _PeakSaved({_local(t).untyped_storage().data_ptr() for m in modules for t in (*m.parameters(), *m.buffers())})
+    saved = _PeakSaved(
+        {_local(t).untyped_storage().data_ptr() for m in modules for t in (*m.parameters(), *m.buffers())}
+    )
     per_step: list[list[tuple[float, float, float, float | None]]] = []
     step_walls: list[float] = []
     losses: list[Any] = []

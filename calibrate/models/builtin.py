@@ -1,5 +1,6 @@
-"""``--model builtin:NAME``: ppsim's own toy decoder (:mod:`ppsim.calibrate.models.transformer`), presets ``tiny``, ``1b``,
-``8b`` with the shape options. Resolving needs no torch; the modules are built by :mod:`ppsim.calibrate.models.transformer`.
+"""``--model builtin:NAME``: ppsim's own toy decoder (:mod:`ppsim.calibrate.models.transformer`), presets ``tiny``,
+``1b``, ``8b`` with the shape options. Resolving needs no torch; the modules are built by
+:mod:`ppsim.calibrate.models.transformer`.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 
 This module turns such a config into the :class:`ppsim.job.settings.JobSettings` the core reads TOML files into, so
 one builder (:func:`ppsim.job.pipeline.job_from_settings`) serves both forms; then it cuts and places the stages with
-torchtitan's own functions (:mod:`ppsim.calibrate.torchtitan.split`). torchtitan is imported lazily: without it, one line
-names the extra to install.
+torchtitan's own functions (:mod:`ppsim.calibrate.torchtitan.split`). torchtitan is imported lazily: without it, one
+line names the extra to install.
 
 ``MODULE`` is a folder under ``torchtitan.models`` (or ``torchtitan.experiments``) or a full dotted module path, and
 ``CONFIG`` a function of its ``config_registry``, as torchtitan's own ``--module`` / ``--config`` choose them

@@ -113,8 +113,8 @@ def titan_placement_name(schedule: Schedule) -> str:
 
 def titan_refusal(schedule: Schedule) -> str | None:
     """Why torchtitan's pipeline path cannot run ``schedule`` (``None`` when it can): torch's runtime limits
-    (:func:`~ppsim.calibrate.execute.executor.runtime_refusal`), a placement torchtitan cannot express, an order torch's CSV loader
-    refuses (``_validate_schedule``, run here on the same actions)."""
+    (:func:`~ppsim.calibrate.execute.executor.runtime_refusal`), a placement torchtitan cannot express, an order torch's
+    CSV loader refuses (``_validate_schedule``, run here on the same actions)."""
     from ppsim.calibrate.execute.executor import runtime_refusal
 
     refusal = runtime_refusal(schedule)

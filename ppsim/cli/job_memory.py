@@ -156,7 +156,8 @@ def _build_shapes(value: str, overrides: tuple[str, ...], *, profile: Any) -> tu
         raise
     except Exception as exc:  # torchtitan's own refusal of this model or these degrees
         raise JobMemoryError(f"--torchtitan-config {value}: torchtitan could not build and shard the job's model on "
-                             f"the meta device ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                             f"the meta device ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0][:200] if str(exc) else ''}"
                              "); change the degrees it names") from None
 
 

@@ -196,8 +196,8 @@ def setting(settings: JobSettings, section: str, key: str, kind: type, *, minimu
         ok = False
     if not ok:
         need = f"an integer >= {minimum}" if kind is int else "a string"
-        raise TorchtitanConfigError(f"--torchtitan-config {settings.source}: {section}.{key} = {shown_value(value)} must "
-                                    f"be {need}; {settings.fix(f'{section}.{key}')}")
+        raise TorchtitanConfigError(f"--torchtitan-config {settings.source}: {section}.{key} = {shown_value(value)} "
+                                    f"must be {need}; {settings.fix(f'{section}.{key}')}")
     if kind is int and value > 10**9:
         raise TorchtitanConfigError(f"--torchtitan-config {settings.source}: {section}.{key} = {value} is beyond "
                                     f"ppsim's limits; {settings.fix(f'{section}.{key}')}")
@@ -275,7 +275,8 @@ def pipeline_degree(settings: JobSettings) -> int:
     values = {k: par[k] for k in ("pipeline_parallel_degree", "pipeline_parallel_size") if k in par}
     for k, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
-            raise TorchtitanConfigError(f"--torchtitan-config {settings.source}: parallelism.{k} = {shown_value(value)} "
+            raise TorchtitanConfigError(f"--torchtitan-config {settings.source}: "
+                                        f"parallelism.{k} = {shown_value(value)} "
                                         f"must be an integer in 1..100000; {settings.fix(f'parallelism.{k}')}")
     if len(set(values.values())) > 1:
         raise TorchtitanConfigError(f"--torchtitan-config {settings.source}: pipeline_parallel_degree and "

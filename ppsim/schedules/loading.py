@@ -119,7 +119,9 @@ def load_for_validation(
         _positive("--mb", num_microbatches)
         num_stages = len({c.stage for row in sf.rows for a in row if a is not None for c in a.computations})
         estimate = limits.WorkEstimate(
-            f"{display_path(path)} -m {num_microbatches}", len(sf.rows), num_stages * -(-num_microbatches // num_pipelines) * 2
+            f"{display_path(path)} -m {num_microbatches}",
+            len(sf.rows),
+            num_stages * -(-num_microbatches // num_pipelines) * 2,
         )
         limits.check_work(estimate, allow_large=allow_large, max_actions=limits.MAX_FILE_ACTIONS)
     schedule = schedule_from_rows(

@@ -293,7 +293,11 @@ def _named(
     placements = {t.stage_to_rank for t in templates}
     out: list[Named] = []
     for spec in all_specs():
-        vs = [spec.fixed_stages_per_rank] if spec.fixed_stages_per_rank else sorted({t.num_stages_per_rank for t in templates})
+        vs = (
+            [spec.fixed_stages_per_rank]
+            if spec.fixed_stages_per_rank
+            else sorted({t.num_stages_per_rank for t in templates})
+        )
         for v in vs:
             if run is not None:
                 if time.perf_counter() >= run.deadline + SETUP_GRACE_S:
@@ -422,9 +426,9 @@ def _local_starts(
 
 # --- Phase 2: CP-SAT -------------------------------------------------------------------------------------------------
 CPSAT_MAX_COMPUTATIONS = 8000
-"""Above this many computations (stages x microbatches x 3) CP-SAT (``--solver auto``) is skipped: building its model alone takes much of a
-minute (R=32, M=128, V: 24,576 computations, 26 s for no gain) and the time goes to the other phases;
-``--solver cpsat`` still runs it."""
+"""Above this many computations (stages x microbatches x 3) CP-SAT (``--solver auto``) is skipped: building its model
+alone takes much of a minute (R=32, M=128, V: 24,576 computations, 26 s for no gain) and the time goes to the other
+phases; ``--solver cpsat`` still runs it."""
 
 
 def _cpsat_polish(run: _Run, starts: list[tuple[Schedule, StageCosts]], *, seed: int, max_orders: int | None) -> None:

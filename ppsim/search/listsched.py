@@ -1,4 +1,5 @@
-"""Memory-aware list scheduling: the engine behind ``ppsim.search`` (moved here from ``ppsim/schedules``, its only user).
+"""Memory-aware list scheduling: the engine behind ``ppsim.search`` (moved here from ``ppsim/schedules``, its only
+user).
 
 Every rank is a single lane. Ranks are visited in order of the time they next decide (ties by a counter, so runs
 are deterministic); at that time every computation that ends earlier is already placed, so a candidate's readiness
@@ -77,7 +78,9 @@ def make_problem(template: Schedule, costs: StageCosts, cap: float | None, *, un
         pairs = [costs.activation_of(template, s) for s in range(S)]
         act = tuple(float(a) for a, _ in pairs)
         freed = tuple(float(f) for _, f in pairs)
-        static = [sum(costs.static_bytes_of(template, s) for s in template.stages_of(r)) for r in range(template.num_ranks)]
+        static = [
+            sum(costs.static_bytes_of(template, s) for s in template.stages_of(r)) for r in range(template.num_ranks)
+        ]
         caps = tuple(_INF if cap is None else cap - st for st in static)
     else:
         act = tuple(1.0 for _ in range(S))

@@ -16,7 +16,8 @@ hand-off delay c, the construction places computations rank by rank in rounds, k
 
 The idle time each rank accumulated is fed back as an allowance and the construction re-run while the largest idle
 time drops; eight variants (whether W are run ahead of forwards and of down-backwards, and whether an I releases
-half of its activation) are tried, and every distinct order is returned: the simulator picks. Memory counts as ppsim's ``peak_activations``: an F adds one chunk activation, its W releases it (a
+half of its activation) are tried, and every distinct order is returned: the simulator picks. Memory counts as
+ppsim's ``peak_activations``: an F adds one chunk activation, its W releases it (a
 variant counts half released by the I, as the authors' memory model does). The level is a target: the balancing
 step does not check memory and may overshoot it by one, and below about 2R the construction rarely completes; the
 caller simulates every order and keeps those that fit.

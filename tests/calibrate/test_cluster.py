@@ -85,7 +85,9 @@ def _cancel_leftover_jobs() -> Any:
     SUBMITTED.clear()
 
 
-def submit(tmp_path: Path, out: Path | None, *, recipe: Path = RECIPE, options: tuple[str, ...] = (), **env: str) -> str:
+def submit(
+    tmp_path: Path, out: Path | None, *, recipe: Path = RECIPE, options: tuple[str, ...] = (), **env: str
+) -> str:
     """sbatch a recipe (the CPU one by default) from tmp_path; returns the job id."""
     job_env = {k: v for k, v in os.environ.items() if k not in KNOBS}  # only the knobs given here
     job_env.update(PYTHON=sys.executable, **env)

@@ -464,7 +464,8 @@ def test_the_proven_bound_is_never_above_a_feasible_order(
     problem = problem_for(tpl, costs, MemoryCap(cap, "act"))
     saving = max(pair_saving(problem, tpl.stages_of(r)) for r in range(ranks))
     assert cpsat.provable(problem, pair_saving=saving)
-    feasible = [sim.makespan for named, _, sim in _named([tpl], ranks, mb, CostSpec.uniform(costs), "stage", MemoryCap(cap, "act"))
+    feasible = [sim.makespan
+                for named, _, sim in _named([tpl], ranks, mb, CostSpec.uniform(costs), "stage", MemoryCap(cap, "act"))
                 if named.fits]
     if placement == "v":
         for offsets in building_blocks(ranks):
@@ -473,7 +474,8 @@ def test_the_proven_bound_is_never_above_a_feasible_order(
                 feasible.append(sim.makespan)
     if not feasible:
         return
-    incumbent = min((named for named in _named([tpl], ranks, mb, CostSpec.uniform(costs), "stage", MemoryCap(cap, "act"))
+    incumbent = min((named
+                     for named in _named([tpl], ranks, mb, CostSpec.uniform(costs), "stage", MemoryCap(cap, "act"))
                      if named[0].fits), key=lambda x: x[0].makespan, default=None)
     if incumbent is None:
         return

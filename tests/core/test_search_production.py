@@ -61,7 +61,8 @@ def test_zb_greedy_orders_are_valid_and_every_one_that_completes_fits_the_cap(
 
 
 def test_search_seeded_with_the_zb_greedy_is_no_slower_than_the_authors_on_pl01() -> None:
-    # 16 ranks x 32, F=I=W=1, comm 0.05, 24act: the list scheduling and local search alone ended at 112.25 (theirs 111.8)
+    # 16 ranks x 32, F=I=W=1, comm 0.05, 24act: the list scheduling and local search alone ended at 112.25
+    # (theirs 111.8)
     case = _case("PL01")
     result = search(case["R"], case["M"], _costs(case), f"{case['cap_act']}act", time_limit=600.0, max_orders=2,
                     solver="none")

@@ -204,6 +204,9 @@ def test_the_array_check_agrees_with_the_walk_on_mutated_orders(data: st.DataObj
         elif how == "move":
             rows[(r + 1) % len(rows)].append(rows[r].pop(p))
         elif how == "split" and a.type is ActionType.B:
-            rows[r][p : p + 1] = [Action(a.stage, ActionType.W, a.microbatch), Action(a.stage, ActionType.I, a.microbatch)]
+            rows[r][p : p + 1] = [
+                Action(a.stage, ActionType.W, a.microbatch),
+                Action(a.stage, ActionType.I, a.microbatch),
+            ]
     mutated = schedule.with_actions(rows)
     assert _sound(mutated) == (_walk(mutated) == [])

@@ -961,8 +961,10 @@ def test_search_beyond_the_limits_is_refused_with_the_estimate(args: list[str], 
 
 def test_search_estimate_grows_with_every_size() -> None:
     base = limits.estimate_search(64, 16, (1,), num_named=12)
-    for bigger in (limits.estimate_search(128, 16, (1,), num_named=12), limits.estimate_search(64, 32, (1,), num_named=12),
-                   limits.estimate_search(64, 16, (2,), num_named=12), limits.estimate_search(64, 16, (1, 2), num_named=12)):
+    for bigger in (limits.estimate_search(128, 16, (1,), num_named=12),
+                   limits.estimate_search(64, 32, (1,), num_named=12),
+                   limits.estimate_search(64, 16, (2,), num_named=12),
+                   limits.estimate_search(64, 16, (1, 2), num_named=12)):
         assert bigger.num_actions > base.num_actions and bigger.setup_seconds > base.setup_seconds
     with pytest.raises(limits.WorkLimitError, match="--time-limit 0.5"):
         limits.check_search(limits.estimate_search(512, 16, (1,), num_named=12), time_limit=0.5)

@@ -68,7 +68,8 @@ def test_simulate_json_table_and_figure_of_a_job_read_one_count(tmp_path: Path) 
     not the profile's activation count beside the job's), and `plot --memory` draws that count."""
     pytest.importorskip("torchtitan")
     job = ["--torchtitan-config", "llama3:llama3_debugmodel", "--parallelism.pipeline_parallel_degree", "2",
-           "--parallelism.data_parallel_shard_degree", "1", "--training.seq_len", "32", "--profile", str(DATA / "llama3_debugmodel_s32_mem.profile.json")]
+           "--parallelism.data_parallel_shard_degree", "1", "--training.seq_len", "32",
+           "--profile", str(DATA / "llama3_debugmodel_s32_mem.profile.json")]
     sim = runner.invoke(app, ["simulate", *job, "--memory-cap", "1GiB", "--json"])
     assert sim.exit_code == 0, sim.output
     rows = json.loads(sim.stdout)["per_rank"]
@@ -106,7 +107,8 @@ def test_context_parallelism_is_refused_not_silently_dropped() -> None:
     pytest.importorskip("torchtitan")
     result = runner.invoke(app, ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel",
                                  "--parallelism.pipeline_parallel_degree", "2",
-                                 "--parallelism.context_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1",
+                                 "--parallelism.context_parallel_degree", "2",
+                                 "--parallelism.data_parallel_shard_degree", "1",
                                  "--memory-cap", "1GiB"])
     assert result.exit_code == 2 and "context_parallel_degree 2" in result.output
 

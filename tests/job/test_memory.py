@@ -1,4 +1,5 @@
-"""Each PP rank's memory for a torchtitan job (ppsim.job.memory, ppsim.calibrate.torchtitan.shapes, simulate's wiring)."""
+"""Each PP rank's memory for a torchtitan job (ppsim.job.memory, ppsim.calibrate.torchtitan.shapes, simulate's
+wiring)."""
 
 from __future__ import annotations
 

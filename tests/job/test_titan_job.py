@@ -1,5 +1,6 @@
-"""`ppsim calibrate` and `ppsim run` with ``--torchtitan-config`` (calibrate/torchtitan/job.py): the job gives the model and
-its microbatch shape (run: also the schedule, ranks, microbatches and split); what the command line adds must agree.
+"""`ppsim calibrate` and `ppsim run` with ``--torchtitan-config`` (calibrate/torchtitan/job.py): the job gives the model
+and its microbatch shape (run: also the schedule, ranks, microbatches and split); what the command line adds must
+agree.
 """
 
 from __future__ import annotations

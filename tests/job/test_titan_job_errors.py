@@ -56,13 +56,15 @@ def test_an_empty_module_list_part_is_named_by_the_jobs_key_not_as_a_split(tmp_p
     code, err = simulate(tmp_path, f'pipeline_parallel_schedule = "Interleaved1F1B"\n'
                                    f"module_fqns_per_model_part = {parts}", "--profile", PROFILE)
     assert code == 2 and err.count("\n") == 1, err
-    assert "parallelism.module_fqns_per_model_part part 1 holds no layers.N" in err and "--split" not in err.split(";")[0]
+    assert "parallelism.module_fqns_per_model_part part 1 holds no layers.N" in err
+    assert "--split" not in err.split(";")[0]
 
 
 @pytest.mark.parametrize("same", [True, False])
 def test_a_job_giving_both_spellings_of_the_module_list_key_is_told_which_was_used(tmp_path: Path,
                                                                                   same: bool) -> None:
-    used = '[["tok_embeddings", "layers.0", "layers.1"], ["layers.2"], ["layers.3"], ["layers.4", "layers.5", "norm", "output"]]'
+    used = ('[["tok_embeddings", "layers.0", "layers.1"], ["layers.2"], ["layers.3"], '
+            '["layers.4", "layers.5", "norm", "output"]]')
     other = used if same else ('[["tok_embeddings", "layers.0"], ["layers.1", "layers.2"], ["layers.3", "layers.4"], '
                                '["layers.5", "norm", "output"]]')
     code, err = simulate(tmp_path, f'pipeline_parallel_schedule = "Interleaved1F1B"\nmodule_fqns_per_model_part = '

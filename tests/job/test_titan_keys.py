@@ -29,7 +29,8 @@ def old_job(*, degree: int, schedule: str, microbatches: int, mb_size: int, seq_
 def new_job(*, degree: int, schedule: str, microbatches: int, mb_size: int, seq_len: int) -> str:
     return (f'[parallelism]\npipeline_parallel_degree = {degree}\npipeline_parallel_schedule = "{schedule}"\n'
             f"num_pp_microbatches = {microbatches}\n"
-            f"[training]\nnum_tokens_per_microbatch_per_dp_rank = {mb_size * seq_len}\nmax_context_length = {seq_len}\n")
+            f"[training]\nnum_tokens_per_microbatch_per_dp_rank = {mb_size * seq_len}\n"
+            f"max_context_length = {seq_len}\n")
 
 
 @pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B", "ZBVZeroBubble", "GPipe"])
@@ -150,7 +151,8 @@ def test_a_mistyped_override_of_a_config_object_is_one_line_from_torchtitans_par
     pytest.importorskip("torchtitan.config.manager")
     from ppsim.calibrate.torchtitan.config import settings_of_config
 
-    with pytest.raises(TorchtitanConfigError, match=r"--parallelism\.num-pp-microbatches 'four': not an integer") as info:
+    with pytest.raises(TorchtitanConfigError,
+                       match=r"--parallelism\.num-pp-microbatches 'four': not an integer") as info:
         settings_of_config("new:cfg", _Config(_NewParallelism(), _NewTraining()),
                            ["--parallelism.num_pp_microbatches", "four"])
     assert "\n" not in str(info.value)
