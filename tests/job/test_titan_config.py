@@ -290,7 +290,7 @@ def test_a_users_own_config_module_is_read(registry_job, tmp_path: Path, monkeyp
         (LLAMA, [*PP2, "--parallelism.pipeline_parallel_layers_per_stage", "4"], "at least 2 per rank"),
         (LLAMA, [*PP2, "--parallelism.module_fqns_per_model_part", "tok_embeddings,layers.1", "layers.0,norm"],
          "module_fqns_per_model_part part 0 lists layers.1"),
-        (LLAMA, [], "pass --parallelism.pipeline_parallel_degree 2"),
+        (LLAMA, ["--training.global_batch_size", "7"], "with data_parallel_shard_degree -1"),
         (LLAMA, ["--parallelism.pipeline_parallel_degree", "8", "--training.disable_cuda_graphs"],
          "cannot be greater than effective layers"),
         (LLAMA, [*PP2, "-r", "4"], "pass --parallelism.pipeline_parallel_degree VALUE"),

@@ -55,7 +55,7 @@ def test_layers_per_stage_sets_stages_per_rank_as_torchtitan(
 @pytest.mark.parametrize(
     ("parallelism", "needle"),
     [
-        ("pipeline_parallel_degree = 1", "runs no pipeline"),
+        ("pipeline_parallel_degree = 0", "in 1..100000"),
         ('pipeline_parallel_degree = 2\npipeline_parallel_schedule = "Nope"', "use one of"),
         ("pipeline_parallel_degree = 2\npipeline_parallel_microbatch_size = 3", "not divisible by"),
         ('pipeline_parallel_degree = 2\npipeline_parallel_schedule = "PipelineScheduleMulti"', "needs"),
@@ -75,6 +75,20 @@ def test_bad_configs_are_one_line(tmp_path: Path, parallelism: str, needle: str)
     with pytest.raises(TorchtitanConfigError) as info:
         load_torchtitan_job(toml(tmp_path, parallelism), num_layers=8)
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_job_without_a_pipeline_is_its_gradient_accumulation_on_one_rank(tmp_path: Path) -> None:
+    path = toml(tmp_path, "pipeline_parallel_degree = 1\ndata_parallel_shard_degree = 4",
+                "local_batch_size = 2\nglobal_batch_size = 24")
+    job = load_torchtitan_job(path, num_layers=8)
+    assert (job.schedule, job.num_ranks, job.num_microbatches, job.stages_per_rank) == ("1F1B", 1, 3, 1)
+    assert job.microbatch_size == 2 and any("no pipeline" in w for w in job.warnings)
+    with pytest.raises(TorchtitanConfigError, match="drop -s"):
+        load_torchtitan_job(path, num_layers=8, schedule="Interleaved1F1B")
+    odd = toml(tmp_path, "pipeline_parallel_degree = 1\ndata_parallel_shard_degree = 4",
+               "local_batch_size = 2\nglobal_batch_size = 20", name="odd.toml")
+    with pytest.raises(TorchtitanConfigError, match="not a multiple of local_batch_size 2 x data-parallel degree 4"):
+        load_torchtitan_job(odd, num_layers=8)
 
 
 def test_layers_per_stage_without_a_layer_count_asks_for_a_profile(tmp_path: Path) -> None:
