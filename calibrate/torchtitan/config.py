@@ -85,8 +85,6 @@ def read_registry_settings(value: str, overrides: Sequence[str] = (), *,
 
 
 def _read_registry_settings(value: str, overrides: Sequence[str], *, cache: JobCache | None = None) -> JobSettings:
-    from ppsim.calibrate.torchtitan.shapes import converters_set_aside
-
     module_name, config_name = _parse_name(value)
     import_torchtitan(f"--torchtitan-config {value}")
     module = _config_module(value, module_name)
@@ -217,6 +215,46 @@ def with_torchtitan_stages(job: TorchtitanJob, *, num_layers: int | None,
         spec = SplitSpec(split=counts, input_weight=spec.input_weight, output_weight=spec.output_weight)
     placement = rank_stage_indices(job.torch_schedule, num_ranks=job.num_ranks, num_stages=num_stages)
     return dataclasses.replace(job, split=spec, stage_modules=names, rank_stages=placement)
+
+
+# --- hardware-bound converters ---------------------------------------------------------------------------------
+_CONVERTERS = (("torchtitan.components.quantization.float8", "Float8LinearConverter"),
+               ("torchtitan.components.quantization.float8", "Float8GroupedExpertsConverter"),
+               ("torchtitan.components.quantization.mx", "MXLinearConverter"),
+               ("torchtitan.components.quantization.mx", "MXGroupedExpertsConverter"))
+
+
+@contextmanager
+def converters_set_aside() -> Iterator[list[str]]:
+    """While inside, torchtitan's quantization converters build as no-ops; yields the notes naming each one set
+    aside (a job with a float8 converter is then readable on a CPU or a pre-SM89 GPU)."""
+    import importlib
+
+    notes: list[str] = []
+    saved: list[tuple[type, Any, Any]] = []
+
+    def make_init(name: str) -> Any:
+        def init(self: Any, config: Any) -> None:
+            self.config, self.enabled = config, False
+            notes.append(f"{name} set aside (hardware-bound); its weights are stored in their own dtype, so the "
+                         "memory counts them unchanged; the per-matmul low-precision casts are not counted")
+        return init
+
+    for module_name, cls_name in _CONVERTERS:
+        try:
+            cls = getattr(importlib.import_module(module_name), cls_name)
+        except (ImportError, AttributeError):
+            continue
+        saved.append((cls, cls.__init__, getattr(cls, "convert", None)))
+        cls.__init__ = make_init(cls_name)
+        cls.convert = lambda self, model_config: model_config
+    try:
+        yield notes
+    finally:
+        for cls, init, convert in saved:
+            cls.__init__ = init
+            if convert is not None:
+                cls.convert = convert
 
 
 # --- reading the config ----------------------------------------------------------------------------------------

@@ -13,52 +13,13 @@ are transient and not counted.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 from ppsim.job.memory import BlockShapes, JobShapes
 from ppsim.job.degrees import Degrees, check_degrees
+from ppsim.calibrate.torchtitan.config import converters_set_aside
 from ppsim.errors import JobMemoryError
-
-_CONVERTERS = (("torchtitan.components.quantization.float8", "Float8LinearConverter"),
-               ("torchtitan.components.quantization.float8", "Float8GroupedExpertsConverter"),
-               ("torchtitan.components.quantization.mx", "MXLinearConverter"),
-               ("torchtitan.components.quantization.mx", "MXGroupedExpertsConverter"))
-
-
-@contextmanager
-def converters_set_aside() -> Iterator[list[str]]:
-    """While inside, torchtitan's quantization converters build as no-ops; yields the notes naming each one set
-    aside (a job with a float8 converter is then readable on a CPU or a pre-SM89 GPU)."""
-    import importlib
-
-    notes: list[str] = []
-    saved: list[tuple[type, Any, Any]] = []
-
-    def make_init(name: str) -> Any:
-        def init(self: Any, config: Any) -> None:
-            self.config, self.enabled = config, False
-            notes.append(f"{name} set aside (hardware-bound); its weights are stored in their own dtype, so the "
-                         "memory counts them unchanged; the per-matmul low-precision casts are not counted")
-        return init
-
-    for module_name, cls_name in _CONVERTERS:
-        try:
-            cls = getattr(importlib.import_module(module_name), cls_name)
-        except (ImportError, AttributeError):
-            continue
-        saved.append((cls, cls.__init__, getattr(cls, "convert", None)))
-        cls.__init__ = make_init(cls_name)
-        cls.convert = lambda self, model_config: model_config
-    try:
-        yield notes
-    finally:
-        for cls, init, convert in saved:
-            cls.__init__ = init
-            if convert is not None:
-                cls.convert = convert
-
 
 def trainer_config(value: str) -> Any:
     """The ``Trainer.Config`` of ``MODULE:CONFIG`` (converters set aside by the caller)."""

@@ -35,7 +35,7 @@ def job_config_context(torchtitan_config: object) -> Any:
 @contextmanager
 def _quiet_converters() -> Iterator[None]:
     try:
-        from ppsim.calibrate.torchtitan.shapes import converters_set_aside
+        from ppsim.calibrate.torchtitan.config import converters_set_aside
     except ImportError:  # torchtitan missing: the job loader says so
         yield
         return
