@@ -206,15 +206,35 @@ def global_batch(settings: JobSettings, num_gpus: int) -> int:
     return batch_shape(settings).local_batch_size * shard * max(1, int(par.get("data_parallel_replicate_degree", 1)))
 
 
+def node_layout(num_gpus: int, gpus_per_node: int) -> str:
+    """The nodes the GPUs make: whole nodes of ``gpus_per_node`` (no line), or one partial node when there are
+    fewer GPUs than a node holds (one line saying so); GPUs that leave a node partly filled are refused."""
+    n, g = num_gpus, gpus_per_node
+    if n > g and n % g:
+        raise PlanError(f"--gpus {n} with --gpus-per-node {g}: the GPUs must fill whole nodes ({n} is not a "
+                        f"multiple of {g}); use --gpus {n - n % g} or {n - n % g + g}, or the node's real "
+                        "--gpus-per-node")
+    if n < g:
+        return (f"plan: --gpus {n} < --gpus-per-node {g}: one node, {n} of its GPUs used; TP divides {n} (all "
+                "GPUs share the node's links)")
+    return ""
+
+
+def _node_gpus(request: PlanRequest) -> int:
+    """The GPUs of one node the job uses (TP stays within them): a whole node, or all of a partial one."""
+    return min(request.num_gpus, request.gpus_per_node)
+
+
 def degree_layouts(request: PlanRequest, batch: int) -> list[Degrees]:
     """Every (pp, tp, dp_shard, dp_replicate) whose product is the GPU count: TP within a node and dividing the
     heads, PP at least 2 and at most the layers, the data-parallel degree dividing the global batch; pins kept."""
     n, pins, model = request.num_gpus, request.pinned, request.model
+    node_layout(n, request.gpus_per_node)
     _check_pins(request)
     cp, rep = pins.get("cp", 1), pins.get("dp_replicate", 1)
     out: list[Degrees] = []
     for pp in ([pins["pp"]] if "pp" in pins else _divisors(n, at_most=model.num_layers)):
-        for tp in ([pins["tp"]] if "tp" in pins else _divisors(request.gpus_per_node, at_most=model.num_heads)):
+        for tp in ([pins["tp"]] if "tp" in pins else _divisors(_node_gpus(request), at_most=model.num_heads)):
             rest, rem = divmod(n, pp * tp * cp * rep)
             if rem or rest < 1 or pp < 2 or pp > model.num_layers:
                 continue

@@ -38,3 +38,34 @@ def test_the_plan_table_piped_prints_every_schedule_name_and_column_head_whole(
     for word in ("InterleavedZeroBubble", "Interleaved1F1B", "schedule", "peak GiB", "rel. step"):
         assert word in out
     assert "…" not in out
+
+
+# --- the output format and the nodes, refused before any work ----------------------------------------------------
+def _plan_args(*extra: str) -> list[str]:
+    return ["plan", "--torchtitan-config", "llama3:llama3_debugmodel", "--memory-cap", "1GiB", *extra]
+
+
+def test_plan_o_with_a_name_not_ending_in_html_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None:
+    page = tmp_path / "plan.png"
+    result = runner.invoke(app, _plan_args("--gpus", "2", "-o", str(page)))
+    assert result.exit_code == 2, result.output
+    assert "plan writes one offline HTML page; use a name ending in .html" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not page.exists()
+
+
+def test_gpus_that_leave_a_node_partly_filled_are_refused_naming_both_and_the_fix() -> None:
+    result = runner.invoke(app, _plan_args("--gpus", "4", "--gpus-per-node", "3"))
+    assert result.exit_code == 2, result.output
+    assert ("--gpus 4 with --gpus-per-node 3: the GPUs must fill whole nodes (4 is not a multiple of 3); use --gpus 3 "
+            "or 6") in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_fewer_gpus_than_a_node_is_one_partial_node_said_in_one_line_with_tp_dividing_its_gpus() -> None:
+    from ppsim.plan import ModelFacts, degree_layouts, node_layout
+    from tests.test_plan import _request
+
+    assert node_layout(16, 8) == "" and node_layout(8, 8) == ""
+    assert node_layout(3, 4).startswith("plan: --gpus 3 < --gpus-per-node 4: one node, 3 of its GPUs used")
+    layouts = degree_layouts(_request(num_gpus=6, gpus_per_node=8, model=ModelFacts(6, 6, 6, "toy")), batch=24)
+    assert {d.tp for d in layouts} == {1, 2, 3}  # divisors of the node's 6 GPUs (3 is not one of 8)

@@ -56,6 +56,9 @@ def plan_cmd(
     from ppsim.plan import plan
 
     started = time.monotonic()  # the time limit counts reading the job
+    if output is not None and output.suffix.lower() != ".html":
+        raise PPSimError(f"-o {output}: plan writes one offline HTML page; use a name ending in .html, e.g. "
+                         "-o plan.html")
     request = _request(torchtitan_config, list(ctx.args), gpus=gpus, gpus_per_node=gpus_per_node,
                        memory_cap=memory_cap, profiles=profile or [], time_limit=time_limit, top=top)
     orders: dict[str, Any] = {}
@@ -144,13 +147,16 @@ def _request(value: str, args: list[str], *, gpus: int, gpus_per_node: int, memo
     from ppsim.calibrate.torchtitan.config import read_job_settings
     from ppsim.cli.job_memory import job_config_context
     from ppsim.io import parse_memory_cap
-    from ppsim.plan import PlanRequest
+    from ppsim.plan import PlanRequest, node_layout
     from ppsim.torchtitan import is_registry_name
 
     limit = _time_limit(time_limit)
     for option, number in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node)):
         if number < 1:
             raise PPSimError(f"{option} {number}: must be a positive integer; e.g. {option} 8")
+    note = node_layout(gpus, gpus_per_node)
+    if note:
+        typer.echo(note, err=True)
     cap = parse_memory_cap(memory_cap)
     if cap is None or cap.bytes is None:
         raise PPSimError(f"--memory-cap {memory_cap!r}: plan needs bytes (80GiB = 80 x 2^30, 80GB = 80 x 10^9), "
