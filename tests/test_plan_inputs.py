@@ -17,7 +17,7 @@ runner = CliRunner()
 # --- tables piped or redirected print whole ---------------------------------------------------------------------
 @pytest.mark.parametrize("env", [{}, {"COLUMNS": "40"}])
 def test_a_table_piped_or_redirected_prints_whole_names_and_column_heads(env: dict[str, str]) -> None:
-    """CliRunner's stdout is not a terminal (as `> plan.txt`): no "Interleaved…", no "sched…", no name cut in two."""
+    """CliRunner's stdout is not a terminal (as `> plan.txt`): no "Interleaved…", no "sched…", no name cut."""
     result = runner.invoke(app, ["simulate", "-s", "Interleaved1F1B,InterleavedZeroBubble,ZBVZeroBubble", "-r", "4",
                                  "-m", "8"], env=env)
     assert result.exit_code == 0, result.output
@@ -69,3 +69,31 @@ def test_fewer_gpus_than_a_node_is_one_partial_node_said_in_one_line_with_tp_div
     assert node_layout(3, 4).startswith("plan: --gpus 3 < --gpus-per-node 4: one node, 3 of its GPUs used")
     layouts = degree_layouts(_request(num_gpus=6, gpus_per_node=8, model=ModelFacts(6, 6, 6, "toy")), batch=24)
     assert {d.tp for d in layouts} == {1, 2, 3}  # divisors of the node's 6 GPUs (3 is not one of 8)
+
+
+# --- the time limit is the whole command's -----------------------------------------------------------------------
+def test_the_process_start_counts_the_interpreter_and_imports_before_main() -> None:
+    """`ppsim` counts --time-limit from the process's start, not from when the command's body runs."""
+    import subprocess
+    import sys
+
+    code = ("import time; time.sleep(0.6); from ppsim.cli import process_started; "
+            "print(time.monotonic() - process_started())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert 0.6 <= float(out) < 30.0
+
+
+@pytest.mark.torch
+def test_plan_counts_its_time_limit_from_when_the_process_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process started a limit ago (start-up, torchtitan's import) leaves no time to judge: the plan says the
+    limit stopped it (exit 1), not the cap."""
+    pytest.importorskip("torchtitan")
+    import time
+
+    import ppsim.cli
+
+    monkeypatch.setattr(ppsim.cli, "_STARTED", [time.monotonic() - 50.0])
+    result = runner.invoke(app, _plan_args("--gpus", "2", "--time-limit", "50"))
+    assert result.exit_code == 1, result.output
+    assert "Error: --time-limit 50: ran out after judging the memory of 1 of" in result.stderr
+    assert "the limit, not the memory cap, stopped the plan" in result.stderr and "Traceback" not in result.output

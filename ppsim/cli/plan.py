@@ -1,13 +1,11 @@
-"""`ppsim plan`: parse the job and the options, make the plan (:mod:`ppsim.plan`), print it (table, JSON, page).
-
-The shapes (torchtitan's model on the meta device, TP-sharded on a fake process group) are computed once per
-(TP degree, microbatch size, checkpoint mode) and cached: that is the expensive call."""
+"""`ppsim plan`: parse the job and the options, make the plan (:func:`ppsim.plan_search.plan`), print it (table,
+JSON, page). The torch side is here: the model's shapes (torchtitan's model on the meta device, TP-sharded on a fake
+process group), passed to the plan's :class:`ppsim.plan_search.ShapeCache`."""
 
 from __future__ import annotations
 
 import math
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -19,8 +17,11 @@ from ppsim.cli.options import JOB_CONTEXT, JsonOpt, output_file
 from ppsim.errors import PPSimError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ppsim.memory import JobShapes
-    from ppsim.plan import Judged, ModelFacts, Plan, PlanRequest, ProfileCover
+    from ppsim.plan import ModelFacts, Plan, PlanProgress, PlanRequest, ProfileCover
+    from ppsim.plan_search import OrderSearch
 
 PLAN_KEYS = ("pipeline_parallel_degree", "tensor_parallel_degree", "data_parallel_shard_degree",
              "data_parallel_replicate_degree", "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
@@ -53,36 +54,46 @@ def plan_cmd(
 ) -> None:
     """The fastest configuration of a torchtitan job that fits each device's memory, with the overrides to launch
     it."""
-    from ppsim.plan import plan
+    from ppsim.cli import command_started
+    from ppsim.plan_search import OrderSearch, PlanStopped, ShapeCache, Simulations, plan
 
-    started = time.monotonic()  # the time limit counts reading the job
+    started = command_started()  # the time limit counts the whole command: start-up and reading the job
     if output is not None and output.suffix.lower() != ".html":
         raise PPSimError(f"-o {output}: plan writes one offline HTML page; use a name ending in .html, e.g. "
                          "-o plan.html")
     request = _request(torchtitan_config, list(ctx.args), gpus=gpus, gpus_per_node=gpus_per_node,
                        memory_cap=memory_cap, profiles=profile or [], time_limit=time_limit, top=top)
-    orders: dict[str, Any] = {}
     if memory_as_run and not request.profiles:
         raise PPSimError("--memory-as-run: needs --profile (the device and dtype `ppsim run` would execute on); "
                          "add --profile P.json, or drop --memory-as-run")
     if memory_as_run:
         request = _as_run_here(request)
-    shapes_for = _shapes_cache(torchtitan_config, request, as_run=memory_as_run)
-    result = plan(request, shapes_for=shapes_for, build=_build, timer=_time, progress=_progress_line(),
-                  searcher=_searcher(output, orders), started=started)
+    simulations = Simulations()
+    orders = OrderSearch(simulations, folder=output.parent if output is not None else Path("."),
+                         stem=output.stem if output is not None else "plan")
+    try:
+        result = plan(request, shapes_for=ShapeCache(_shapes(torchtitan_config, request, as_run=memory_as_run)),
+                      simulate=simulations.simulate, progress=_progress_line(), searcher=orders, started=started,
+                      page=output is not None)
+    except PlanStopped as exc:
+        typer.echo(f"\nError: {exc}", err=True)
+        raise typer.Exit(1) from None
     typer.echo("", err=True)
     typer.echo("memory: " + _memory_rule(bool(request.profiles), as_run=memory_as_run), err=True)
-    _write_orders(result, orders)
+    _print_result(result, orders, output, job=torchtitan_config, json_out=json_out)
+
+
+def _print_result(result: Plan, orders: OrderSearch, output: Path | None, *, job: str, json_out: bool) -> None:
+    """The searched orders' CSVs, the page, the table or JSON; Ctrl-C's note and exit 130."""
+    _write_orders(result, orders.orders)
     if output is not None and result.best is not None:
         from ppsim.viz.plan_page import write_plan_page  # plotly only when asked
 
-        page = write_plan_page(result, output, best_result=_best_result(result, shapes_for),
-                               job=torchtitan_config)
-        typer.echo(f"wrote {page}", err=True)
+        typer.echo(f"wrote {write_plan_page(result, output, job=job)}", err=True)
     if json_out:
         from ppsim.plan import to_dict
 
-        echo_json(to_dict(result, job=torchtitan_config))
+        echo_json(to_dict(result, job=job))
     else:
         print_plan(result)
     if result.stopped.startswith("interrupted"):
@@ -253,29 +264,27 @@ def _memory_rule(profiled: bool, *, as_run: bool) -> str:
     return "each candidate as torchtitan trains it (mixed precision, AdamW); activations from the formula (no --profile)"
 
 
-def _shapes_cache(value: str, request: PlanRequest, *, as_run: bool = False) -> Any:
+def _shapes(value: str, request: PlanRequest, *, as_run: bool = False) -> Callable[[int, int, str], JobShapes]:
+    """The model's TP-local shapes for (TP degree, microbatch size, checkpoint mode), from torchtitan's own
+    parallelize on the meta device (the expensive call: :class:`ppsim.plan_search.ShapeCache` makes it once per key)."""
     from ppsim.calibrate.torchtitan.config import read_job_settings
     from ppsim.calibrate.torchtitan.shapes import job_shapes
     from ppsim.cli.job_memory import job_config_context
     from ppsim.plan import batch_shape
 
-    cache: dict[tuple[int, int, str], JobShapes] = {}
     keys = batch_shape(request.settings).keys
     seq = batch_shape(request.settings).seq_len
 
-    def shapes_for(tp: int, mb_size: int, ac: str) -> JobShapes:
-        if (tp, mb_size, ac) not in cache:
-            size = mb_size if keys.size.endswith("microbatch_size") else mb_size * seq
-            args = [*request.user_overrides, "--parallelism.tensor_parallel_degree", str(tp),
-                    "--parallelism.data_parallel_shard_degree", "1", f"--{keys.size}", str(size)]
-            with job_config_context(value):
-                settings = read_job_settings(value, args)
-            cache[(tp, mb_size, ac)] = job_shapes(value, settings, activation_checkpoint=ac,
-                                                  profile=_memory_profile(request, tp, mb_size * seq),
-                                                  as_run=as_run)[0]
-        return cache[(tp, mb_size, ac)]
+    def compute(tp: int, mb_size: int, ac: str) -> JobShapes:
+        size = mb_size if keys.size.endswith("microbatch_size") else mb_size * seq
+        args = [*request.user_overrides, "--parallelism.tensor_parallel_degree", str(tp),
+                "--parallelism.data_parallel_shard_degree", "1", f"--{keys.size}", str(size)]
+        with job_config_context(value):
+            settings = read_job_settings(value, args)
+        profile = _memory_profile(request, tp, mb_size * seq)
+        return job_shapes(value, settings, activation_checkpoint=ac, profile=profile, as_run=as_run)[0]
 
-    return shapes_for
+    return compute
 
 
 def _memory_profile(request: PlanRequest, tp: int, tokens: int) -> Any:
@@ -291,64 +300,6 @@ def _memory_profile(request: PlanRequest, tp: int, tokens: int) -> Any:
     return load_profile(cover.path)
 
 
-def _build(name: str, ranks: int, mb: int, v: int) -> Any:
-    from ppsim.compare import build
-
-    return build(name, ranks, mb, v)[0]
-
-
-_COSTS: dict[tuple[str, Any], Any] = {}
-
-
-def _costs(job: Any, profile: str | None, unit: str) -> Any:
-    from ppsim.costs import load_costs
-
-    key = (profile or unit, job.split if profile else None)
-    if key not in _COSTS:
-        _COSTS[key] = load_costs(profile=profile, split=job.split) if profile else load_costs(costs=unit)
-    return _COSTS[key]
-
-
-def _simulated(schedule: Any, job: Any, profile: str | None, unit: str, fsdp: Any = None) -> Any:
-    from ppsim.compare import compare
-
-    return compare([schedule.name], builder=lambda _: schedule, costs=_costs(job, profile, unit),
-                   scope=None if profile else "stage", fsdp=fsdp).best
-
-
-def _time(schedule: Any, job: Any, profile: str | None, unit: str, *, fsdp: Any = None) -> float:
-    return float(_simulated(schedule, job, profile, unit, fsdp).makespan)
-
-
-def _searcher(output: Path | None, orders: dict[str, Any]) -> Any:
-    """``search``'s order for a configuration, at no more activations per rank than its named schedule holds; its
-    CSV goes beside ``-o`` (or in the current folder)."""
-    folder = output.parent if output is not None else Path(".")
-    stem = output.stem if output is not None else "plan"
-
-    def run(named: Any, job: Any, profile: str | None, unit: str, seconds: float, c: Any) -> Any:
-        from ppsim.plan import V_SHAPE
-        from ppsim.search import search
-
-        base = _simulated(named, job, profile, unit)
-        peak = max(r.peak_activations for r in base.per_rank)
-        v_shape = c.schedule in V_SHAPE
-        try:
-            found = search(named.num_ranks, named.num_microbatches, _costs(job, profile, unit), f"{peak}act",
-                           placement="v" if v_shape else "loop",
-                           num_stages_per_rank=None if v_shape else c.num_stages_per_rank, time_limit=seconds,
-                           solver="none", cost_scope=None if profile else "stage")
-        except PPSimError:
-            return None
-        if found.makespan >= base.makespan * (1 - 1e-9):
-            return None
-        path = folder / f"{stem}_pp{named.num_ranks}_m{named.num_microbatches}_v{c.num_stages_per_rank}.csv"
-        orders[str(path)] = found.schedule
-        return found.schedule, str(path)
-
-    return run
-
-
 def _write_orders(result: Plan, orders: dict[str, Any]) -> None:
     """The CSV of each searched order among the candidates shown (named in their overrides)."""
     from ppsim.formats import write_csv
@@ -358,46 +309,25 @@ def _write_orders(result: Plan, orders: dict[str, Any]) -> None:
             typer.echo(f"wrote {write_csv(orders[j.candidate.csv], j.candidate.csv)} (search's order)", err=True)
 
 
-def _progress_line() -> Any:
+def _progress_line() -> Callable[[PlanProgress], None]:
+    """At most one progress line a second on stderr (rewritten in place on a terminal)."""
     last = [0.0]
 
-    def show(done: int, total: int, best: Judged | None, elapsed: float) -> None:
-        if elapsed - last[0] < 1.0 and done < total:
+    def show(p: PlanProgress) -> None:
+        if p.elapsed_s - last[0] < 1.0 and p.done < p.total:
             return
-        last[0] = elapsed
+        last[0] = p.elapsed_s
         from ppsim.plan import describe
 
-        lead = f"best so far: {describe(best.candidate)}" if best is not None else "nothing fits yet"
+        lead = f"best so far: {describe(p.best.candidate)}" if p.best is not None else f"{p.fitting} fit so far"
+        what = {"memory": "candidates' memory judged", "timing": "candidates that fit timed",
+                "orders": "searched orders judged"}[p.phase]
         end = "\r" if sys.stderr.isatty() else "\n"
-        estimate = f" (all {total}: ~{elapsed / done * total:.0f} s at this pace)" if done < total else ""
-        typer.echo(f"plan: {done}/{total} candidates judged in {elapsed:.1f} s{estimate}; {lead}", err=True, nl=False)
+        estimate = f" (all {p.total}: ~{p.elapsed_s / p.done * p.total:.0f} s at this pace)" if p.done < p.total else ""
+        typer.echo(f"plan: {p.done}/{p.total} {what} in {p.elapsed_s:.1f} s{estimate}; {lead}", err=True, nl=False)
         typer.echo(end, err=True, nl=False)
 
     return show
-
-
-def _best_result(result: Plan, shapes_for: Any) -> Any:
-    """The best candidate's simulated timeline (for its Gantt chart), with the costs and FSDP collectives that
-    ranked it."""
-    from ppsim.compare import compare
-    from ppsim.costs import load_costs
-    from ppsim.plan import covering_profile, job_of, stage_modules, step_collectives, unit_costs
-    from ppsim.split import resolve_split
-
-    best = result.best
-    assert best is not None
-    c, request = best.candidate, result.request
-    job = job_of(c, request)
-    schedule = _build(c.schedule, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
-    cover = covering_profile(c, request)
-    costs = (load_costs(profile=cover.path, split=job.split) if cover is not None
-             else load_costs(costs=unit_costs(c.activation_checkpoint)))
-    counts = resolve_split(job.split, request.model.num_layers, schedule.num_stages, schedule=c.schedule)
-    fsdp = step_collectives(c, shapes_for(c.degrees.tp, c.microbatch_size, c.activation_checkpoint),
-                            stage_modules(request.model.num_layers, counts), cover,
-                            shared_cores=request.shared_cores)
-    return compare([schedule.name], builder=lambda _: schedule, costs=costs,
-                   scope=None if cover is not None else "stage", fsdp=fsdp).best
 
 
 # --- printing --------------------------------------------------------------------------------------------------
@@ -409,9 +339,7 @@ def print_plan(result: Plan) -> None:
     best = result.best
     timed = best is not None and best.step_s is not None
     title = (f"plan for {result.request.num_gpus} GPUs, cap {result.request.cap_bytes / GIB:.2f} GiB, global batch "
-             f"{result.global_batch}: {len(result.judged)} of {result.num_candidates} candidates judged"
-             + (f", {result.pruned} pruned by their lower bound" if result.pruned else "")
-             + (f"; stopped: {result.stopped}" if result.stopped else ""))
+             f"{result.global_batch}: {result.counts()}")
     table = Table(title=title)
     for col in ("#", "pp", "tp", "dp", "schedule", "m", "size", "v", "AC", "peak GiB",
                 *(("step s", "tok/s/GPU") if timed else ("rel. step",))):
