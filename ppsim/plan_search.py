@@ -130,11 +130,12 @@ class OrderSearch:
         return found.schedule, str(path)
 
 
-#: seconds of output kept from the limit whatever is printed (the table, the launch line), per judged candidate
-#: (its JSON row) and for an HTML page (plotly, the best's Gantt chart); at most a quarter of the limit
-OUTPUT_BASE_S = 0.3
+#: seconds kept from the limit for what follows the judging: whatever is printed (the table, the launch line) and
+#: the process's exit (about 1.4 s with torchtitan loaded, llama3_70b on the 2-core VM), per judged candidate (its
+#: JSON row) and for an HTML page (plotly, the best's Gantt chart: 0.2 s there); at most a quarter of the limit
+OUTPUT_BASE_S = 1.5
 OUTPUT_ROW_S = 0.002
-OUTPUT_PAGE_S = 2.0
+OUTPUT_PAGE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,8 @@ def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Build | None = N
     """Judge every candidate's memory before timing any (:func:`memory_order`: the shapes, the expensive part, once
     per group), then time those that fit in order of their lower bound (pruned by the bound with unit costs), then
     ``searcher``'s orders for the best few configurations, all within the time limit counted from ``started``
-    (``time.monotonic()`` when the command began; default now), less a reserve for the output (``page``: an HTML page follows). Ctrl-C keeps what was judged.
+    (``time.monotonic()`` when the command began; default now), less a reserve for the output (``page``: an HTML
+    page follows). Ctrl-C keeps what was judged.
 
     Raises :class:`PlanError` when no candidate fits the cap, :class:`PlanStopped` when the time limit ran out
     before a candidate that fits was timed."""
@@ -224,7 +226,7 @@ def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Build | None = N
     found = _Found()
     try:
         _judge_named(found, space, judge, budget, share, progress)
-        if searcher is not None and not found.stopped:
+        if searcher is not None and found.timed:
             _search_orders(found, judge, searcher, budget, progress)
     except KeyboardInterrupt:
         found.stopped = (f"interrupted: memory of {found.memory_done} of {len(space)} candidates judged, "
@@ -270,12 +272,12 @@ def _judge_named(found: _Found, space: Sequence[Candidate], judge: Judge, budget
 
 def _judge_memory(found: _Found, space: Sequence[Candidate], judge: Judge, budget: Budget, share: float,
                   progress: Progress | None, *, leave_for_timing: bool) -> dict[int, Prepared]:
-    """The next candidates' memory, in :func:`memory_order`, while the time's ``share`` lasts (the first candidate is
-    always judged); ``leave_for_timing``: once one fits, stop at :data:`MEMORY_SHARE` of it. What timing needs, by
-    index, for those that fit."""
+    """The next candidates' memory, in :func:`memory_order`, while the time's ``share`` lasts (none once it is up);
+    ``leave_for_timing``: once one fits, stop at :data:`MEMORY_SHARE` of it. What timing needs, by index, for those
+    that fit."""
     ready: dict[int, Prepared] = {}
     for i in range(found.memory_done, len(space)):
-        if i and budget.left_s(i, share=share * (MEMORY_SHARE if ready and leave_for_timing else 1.0)) <= 0:
+        if budget.left_s(i, share=share * (MEMORY_SHARE if ready and leave_for_timing else 1.0)) <= 0:
             break
         j, prepared = judge.memory(space[i])
         found.judged.append(j)
@@ -370,8 +372,9 @@ def _refuse_empty(result: Plan, budget: Budget) -> None:
     limit = result.request.time_limit_s
     more = f"raise --time-limit (e.g. --time-limit {max(2 * limit, math.ceil(budget.elapsed_s() * 2)):g})"
     if fitting and any(j.reason == TIME_RAN_OUT for j in fitting):
-        raise PlanStopped(f"--time-limit {limit:g}: ran out after judging the memory of {result.memory_judged} of "
-                          f"{result.num_candidates} candidates ({len(fitting)} fit, none timed yet): the limit, not "
+        raise PlanStopped(f"--time-limit {limit:g}: ran out after {budget.elapsed_s():.1f} s, having judged the memory "
+                          f"of {result.memory_judged} of {result.num_candidates} candidates ({len(fitting)} fit, none "
+                          "timed yet): the limit, not "
                           f"the memory cap, stopped the plan; {more}")
     if fitting:
         reasons = sorted({j.reason for j in fitting})
@@ -381,7 +384,7 @@ def _refuse_empty(result: Plan, budget: Budget) -> None:
         smallest = min((j for j in result.judged if j.memory), key=lambda j: j.peak_bytes, default=None)
         peak = (f" (the smallest peak so far is {smallest.peak_bytes / GIB:.2f} GiB, {describe(smallest.candidate)})"
                 if smallest is not None else "")
-        raise PlanStopped(f"--time-limit {limit:g}: ran out after judging the memory of {result.memory_judged} of "
-                          f"{result.num_candidates} candidates, none of which fits{peak}; the limit, not the memory "
-                          f"cap, stopped the plan before the rest were judged; {more}")
+        raise PlanStopped(f"--time-limit {limit:g}: ran out after {budget.elapsed_s():.1f} s, having judged the memory "
+                          f"of {result.memory_judged} of {result.num_candidates} candidates, none of which fits{peak}; "
+                          f"the limit, not the memory cap, stopped the plan before the rest were judged; {more}")
     raise PlanError(nothing_fits(result))

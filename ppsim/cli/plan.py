@@ -261,7 +261,8 @@ def _memory_rule(profiled: bool, *, as_run: bool) -> str:
     if profiled:
         return ("each candidate as torchtitan trains it (mixed precision, AdamW), activations as the profile "
                 "measured them where it covers the microbatch, else the formula")
-    return "each candidate as torchtitan trains it (mixed precision, AdamW); activations from the formula (no --profile)"
+    return ("each candidate as torchtitan trains it (mixed precision, AdamW); activations from the formula (no "
+            "--profile)")
 
 
 def _shapes(value: str, request: PlanRequest, *, as_run: bool = False) -> Callable[[int, int, str], JobShapes]:
