@@ -92,6 +92,9 @@ class ShapeCache:
     compute: Callable[[int, int, str], JobShapes]
     _cache: dict[tuple[int, int, str], JobShapes] = field(default_factory=dict, repr=False)
 
+    def has(self, key: tuple[int, int, str]) -> bool:
+        return key in self._cache
+
     def __call__(self, tp: int, microbatch_size: int, activation_checkpoint: str) -> JobShapes:
         key = (tp, microbatch_size, activation_checkpoint)
         if key not in self._cache:
@@ -131,9 +134,9 @@ class OrderSearch:
 
 
 #: seconds kept from the limit for what follows the judging: whatever is printed (the table, the launch line) and
-#: the process's exit (about 1.4 s with torchtitan loaded, llama3_70b on the 2-core VM), per judged candidate (its
+#: the process's exit (1.4-2.7 s with torchtitan loaded, llama3_70b on the 2-core VM), per judged candidate (its
 #: JSON row) and for an HTML page (plotly, the best's Gantt chart: 0.2 s there); at most a quarter of the limit
-OUTPUT_BASE_S = 1.5
+OUTPUT_BASE_S = 2.0
 OUTPUT_ROW_S = 0.002
 OUTPUT_PAGE_S = 1.0
 
@@ -147,6 +150,8 @@ class Budget:
     limit_s: float
     page: bool = False
     """An HTML page follows the plan."""
+    spent: dict[str, list[float]] = field(default_factory=dict, repr=False, compare=False)
+    """Seconds each kind of step took (``shape``, ``time``): what the next one is expected to take."""
 
     def reserve_s(self, rows: int) -> float:
         wanted = OUTPUT_BASE_S + OUTPUT_ROW_S * rows + (OUTPUT_PAGE_S if self.page else 0.0)
@@ -158,6 +163,24 @@ class Budget:
     def left_s(self, rows: int, *, share: float = 1.0) -> float:
         """Seconds left for judging (``share`` of the judging time: the named orders leave some to the search)."""
         return share * (self.limit_s - self.reserve_s(rows)) - self.elapsed_s()
+
+    def affords(self, rows: int, kind: str | None = None, *, share: float = 1.0) -> bool:
+        """Whether a step of ``kind`` (as long as those of its kind so far took on average) ends within the time
+        left: a step cannot be cut short, so one that would overrun is not begun."""
+        spent = self.spent.get(kind or "", [])
+        return self.left_s(rows, share=share) > (sum(spent) / len(spent) if spent else 0.0)
+
+    def measured(self, kind: str, step: Callable[..., Any]) -> Callable[..., Any]:
+        """``step``, recording how long each call takes under ``kind``."""
+
+        def run(*args: Any, **kw: Any) -> Any:
+            begun = time.monotonic()
+            try:
+                return step(*args, **kw)
+            finally:
+                self.spent.setdefault(kind, []).append(time.monotonic() - begun)
+
+        return run
 
 
 # --- the plan --------------------------------------------------------------------------------------------------
@@ -219,7 +242,9 @@ def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Build | None = N
     Raises :class:`PlanError` when no candidate fits the cap, :class:`PlanStopped` when the time limit ran out
     before a candidate that fits was timed."""
     budget = Budget(started=time.monotonic() if started is None else started, limit_s=request.time_limit_s, page=page)
-    judge = Judge(request, shapes_for, build or build_named, simulate or Simulations().simulate)
+    compute = shapes_for.compute if isinstance(shapes_for, ShapeCache) else shapes_for
+    judge = Judge(request, ShapeCache(budget.measured("shape", compute)), build or build_named,
+                  budget.measured("time", simulate or Simulations().simulate))
     batch = global_batch(request.settings, request.num_gpus)
     space = memory_order(candidates(request, batch), request)
     share = NAMED_SHARE if searcher is not None else 1.0
@@ -262,7 +287,7 @@ def _judge_named(found: _Found, space: Sequence[Candidate], judge: Judge, budget
         ready = _judge_memory(found, space, judge, budget, share, progress, leave_for_timing=first)
         _time_fitting(found, ready, judge, budget, share, progress)
         first = False
-        if found.memory_done == before or budget.left_s(len(found.judged), share=share) <= 0:
+        if found.memory_done == before or not budget.affords(len(found.judged), share=share):
             break
     if found.memory_done < len(space) or any(j.reason == TIME_RAN_OUT for j in found.judged):
         fit = sum(j.fits for j in found.judged)
@@ -277,7 +302,9 @@ def _judge_memory(found: _Found, space: Sequence[Candidate], judge: Judge, budge
     that fit."""
     ready: dict[int, Prepared] = {}
     for i in range(found.memory_done, len(space)):
-        if budget.left_s(i, share=share * (MEMORY_SHARE if ready and leave_for_timing else 1.0)) <= 0:
+        new_shape = isinstance(judge.shapes_for, ShapeCache) and not judge.shapes_for.has(space[i].shape_key)
+        fraction = MEMORY_SHARE if ready and leave_for_timing else 1.0
+        if not budget.affords(i, "shape" if new_shape else None, share=share * fraction):
             break
         j, prepared = judge.memory(space[i])
         found.judged.append(j)
@@ -300,7 +327,7 @@ def _time_fitting(found: _Found, ready: dict[int, Prepared], judge: Judge, budge
             found.pruned += len(order) - n
             _not_timed(found, order[n:], f"its lower bound cannot enter the top {request.top}")
             break
-        if budget.left_s(len(found.judged), share=share) <= 0:
+        if not budget.affords(len(found.judged), "time", share=share):
             _not_timed(found, order[n:], "the time limit ran out")
             break
         found.judged[i], sim = judge.time(found.judged[i], ready.pop(i))
@@ -380,6 +407,10 @@ def _refuse_empty(result: Plan, budget: Budget) -> None:
         reasons = sorted({j.reason for j in fitting})
         raise PlanError(f"{len(fitting)} candidates fit but none could be timed ({'; '.join(reasons)[:300]}); "
                         "check --profile or change the job")
+    if result.memory_judged == 0:
+        raise PlanStopped(f"--time-limit {limit:g}: ran out after {budget.elapsed_s():.1f} s, before any candidate "
+                          "was judged (start-up and reading the job took that long): the limit, not the memory cap, "
+                          f"stopped the plan; {more}")
     if result.memory_judged < result.num_candidates:
         smallest = min((j for j in result.judged if j.memory), key=lambda j: j.peak_bytes, default=None)
         peak = (f" (the smallest peak so far is {smallest.peak_bytes / GIB:.2f} GiB, {describe(smallest.candidate)})"
