@@ -136,7 +136,7 @@ class OrderSearch:
 #: seconds kept from the limit for what follows the judging: whatever is printed (the table, the launch line) and
 #: the process's exit (1.4-2.7 s with torchtitan loaded, llama3_70b on the 2-core VM), per judged candidate (its
 #: JSON row) and for an HTML page (plotly, the best's Gantt chart: 0.2 s there); at most a quarter of the limit
-OUTPUT_BASE_S = 2.0
+OUTPUT_BASE_S = 2.5
 OUTPUT_ROW_S = 0.002
 OUTPUT_PAGE_S = 1.0
 
@@ -202,6 +202,7 @@ Searcher = Callable[[Any, Any, "str | None", str, float, Candidate], "tuple[Any,
 order than the named one for the same configuration, at no more activations per rank, and where its CSV goes
 (:class:`ppsim.plan_search.OrderSearch`)."""
 NUM_SEARCHED = 3
+SEARCH_SHARE = 0.8
 NAMED_SHARE = 0.75
 """The share of the judging time the named orders may take when searched orders follow."""
 MEMORY_SHARE = 0.6
@@ -354,30 +355,33 @@ def _report(progress: Progress | None, phase: str, done: int, total: int, fittin
 
 def _search_orders(found: _Found, judge: Judge, searcher: Searcher, budget: Budget, progress: Progress | None) -> None:
     """``searcher``'s orders for the best few configurations, in what is left of the limit."""
-    seconds = max(0.0, budget.left_s(len(found.judged)))
-    for j, sim in searched(found.timed, judge, searcher=searcher, time_s=seconds):
+    left = lambda: budget.left_s(len(found.judged))  # noqa: E731
+    for j, sim in searched(found.timed, judge, searcher=searcher, seconds_left=left):
         found.judged.append(j)
         found.add_timed(j, sim)
         _report(progress, "orders", len(found.judged), len(found.judged), len(found.timed), j, budget)
 
 
 def searched(timed: Sequence[Judged], judge: Judge, *, searcher: Searcher,
-             time_s: float) -> list[tuple[Judged, Any]]:
+             seconds_left: Callable[[], float]) -> list[tuple[Judged, Any]]:
     """``search``'s order for the best few configurations (distinct degrees, microbatches and stage counts),
-    judged the same way; only an order that fits and beats its named schedule is kept, with its simulated step."""
+    judged the same way; only an order that fits and beats its named schedule is kept, with its simulated step.
+    Each search gets :data:`SEARCH_SHARE` of its part of the time left (the rest: simulating and judging around
+    it)."""
     request = judge.request
     seen: set[tuple[Any, ...]] = set()
     out: list[tuple[Judged, Any]] = []
     for j in sorted(timed, key=Judged.key):
         c = j.candidate
         config = (c.degrees, c.microbatch_size, c.num_stages_per_rank, c.activation_checkpoint, c.schedule in V_SHAPE)
-        if config in seen or len(seen) >= NUM_SEARCHED or time_s <= 0:
+        left = seconds_left()
+        if config in seen or len(seen) >= NUM_SEARCHED or left <= 0:
             continue
         seen.add(config)
         named = judge.build(c.schedule, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
         cover = covering_profile(c, request)
         found = searcher(named, job_of(c, request), None if cover is None else cover.path,
-                         unit_costs(c.activation_checkpoint), time_s / NUM_SEARCHED, c)
+                         unit_costs(c.activation_checkpoint), SEARCH_SHARE * left / (NUM_SEARCHED - len(seen) + 1), c)
         if found is None:
             continue
         order, csv = found
