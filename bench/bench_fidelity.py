@@ -150,7 +150,7 @@ def predict(cfg: Config, path: Path, schedule: Any) -> float:
     from ppsim.calibrate.execute.run import synthetic_runtime
     from ppsim.costs import load_costs
     from ppsim.profile import load_profile
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     costs = load_costs(profile=path, split=split_text(cfg)).for_schedule(schedule)
     if cfg.group == "synthetic":

@@ -5,7 +5,7 @@
     python bench/bench_memory.py --out /tmp/memrun --only 1,7   # some cases
 
 Every case is one `ppsim run ... --profile P --json` in a fresh process (its command printed). The prediction is
-`ppsim.memory.job_memory` on the run's shapes with the profile's measured activation bytes per block, made before
+`ppsim.job.memory.job_memory` on the run's shapes with the profile's measured activation bytes per block, made before
 the run; the measurement is every live tensor's bytes over an extra untimed step (CPU). Targets (issue 23): per rank
 |error| median <= 3 %, worst <= 8 %. Near-cap cases: the cap at 0.93, 0.97, 1.03 and 1.07 x a rank's measured peak; a case fails
 when the prediction says "fits" but the measured peak is over the cap. Step time for the PP x FSDP runs: predicted

@@ -79,7 +79,7 @@ def cold_start(runs: int) -> None:
 
 def big_html() -> None:
     from ppsim.schedules import get_schedule
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
     from ppsim.viz import plot_to_file
 
     schedule = get_schedule("DualPipeV", 32, 256)
@@ -96,7 +96,7 @@ def big_html() -> None:
 
 def big_png() -> None:
     from ppsim.schedules import get_schedule
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
     from ppsim.viz import plot_to_file
 
     print("static PNG (dpi 200)")

@@ -61,7 +61,7 @@ def bench_simulate(cases: list[tuple[str, int, int, int | None]], repeats: int) 
         label = f"{name} r{r} m{m}" + (f" v{v}" if v else "")
         print(f"  {label:<32} {n:>9}  first {first_wall:.3f} s  wall {spread(walls)}  CPU {spread(cpus)}  "
               f"({n / min(cpus) / 1e6:.2f} M actions/s CPU)")
-        del schedule
+        schedule = None  # freed before the next case is built
         gc.collect()
 
 

@@ -7,8 +7,6 @@ The core package is plain Python (no torch, no matplotlib at import time). The n
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -32,7 +30,7 @@ _HOMES = {
     "all_specs": "ppsim.schedules",
     "get_schedule": "ppsim.schedules",
     "get_spec": "ppsim.schedules",
-    "simulate": "ppsim.simulate",
+    "simulate": "ppsim.simulator",
 }
 
 __all__ = [*_HOMES, "__version__"]
@@ -44,25 +42,15 @@ if TYPE_CHECKING:
     from ppsim.result import RankStats, SimResult
     from ppsim.schedules import all_specs, get_schedule, get_spec
     from ppsim.schedules.loading import load_schedule
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
 
-class _Package(types.ModuleType):
-    """``ppsim`` itself: a public name loads its home on first use. ``ppsim.simulate`` stays the function even
-    after the module of the same name is imported (the import system would otherwise set the module over it)."""
-
-    def __getattr__(self, name: str) -> Any:
-        home = _HOMES.get(name)
-        if home is None:
-            raise AttributeError(f"module 'ppsim' has no attribute {name!r}")
-        value = getattr(importlib.import_module(home), name)
-        super().__setattr__(name, value)
-        return value
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "simulate" and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+def __getattr__(name: str) -> Any:
+    """A public name loads its home on first use (PEP 562); ``ppsim.simulate`` is the function (its module is
+    ``ppsim.simulator``)."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'ppsim' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

@@ -177,7 +177,7 @@ def compare(
     """
     from ppsim import limits
     from ppsim.costs import as_spec
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     if not names:
         raise PPSimError("--schedule: give at least one schedule name, e.g. -s DualPipeV")

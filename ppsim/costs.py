@@ -368,9 +368,13 @@ def _rank_share(costs: StageCosts, schedule: Schedule) -> StageCosts:
         raise CostError("--cost-scope rank applies to --costs; a profile is measured per stage already, "
                         "drop --cost-scope or calibrate with the schedule's stage count")
     factor = schedule.num_ranks / len(schedule.pipelines[0])
+
+    def scaled(table: tuple[float, ...]) -> tuple[float, ...]:
+        return tuple(v * factor for v in table)
+
     return replace(
         costs,
-        **{key: tuple(v * factor for v in getattr(costs, key)) for key in _OP_KEYS},
+        F=scaled(costs.F), B=scaled(costs.B), I=scaled(costs.I), W=scaled(costs.W), FB=scaled(costs.FB),
         source=f"{costs.source} (per rank share x {factor:g} per chunk)",
     )
 
@@ -512,8 +516,11 @@ def _compose(spec: CostSpec, schedule: Schedule) -> StageCosts:
         notes.append(check)
     runtime = _runtime_terms(profile, schedule, notes)
     return StageCosts(
-        **{key: tuple(tables[key]) for key in _OP_KEYS},
-        **{key: tuple(values) for key, values in sizes.items()},
+        F=tuple(tables["F"]), B=tuple(tables["B"]), I=tuple(tables["I"]), W=tuple(tables["W"]),
+        FB=tuple(tables["FB"]),
+        output_bytes=tuple(sizes["output_bytes"]), activation_bytes=tuple(sizes["activation_bytes"]),
+        activation_bytes_freed_by_I=tuple(sizes["activation_bytes_freed_by_I"]),
+        static_bytes=tuple(sizes["static_bytes"]),
         **runtime,
         unit="s", source=spec.source, split_counts=counts, notes=tuple(notes),
     )
@@ -627,7 +634,10 @@ def _from_stage_table(cls: type[StageCosts], profile: Profile, source: str) -> S
     if any(st.activation_bytes is None or st.activation_bytes_freed_by_I is None for st in stages):
         raise CostError(f"profile {source}: some stages are not measured; "
                         f"finish it with `ppsim calibrate --resume -o {source}`")
-    ops = {key: tuple(_median(getattr(st, key)) for st in stages) for key in _OP_KEYS}
+
+    def ops(key: str) -> tuple[float, ...]:
+        return tuple(_median(getattr(st, key)) for st in stages)
+
     notes: list[str] = []
     alpha = beta = None
     if profile.p2p is None:
@@ -635,7 +645,7 @@ def _from_stage_table(cls: type[StageCosts], profile: Profile, source: str) -> S
     else:
         alpha, beta = profile.p2p.alpha_s, profile.p2p.beta_bytes_per_s
     return cls(
-        **ops,
+        F=ops("F"), B=ops("B"), I=ops("I"), W=ops("W"), FB=ops("FB"),
         comm=0.0,
         p2p_alpha=alpha,
         p2p_beta=beta,

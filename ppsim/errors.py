@@ -35,6 +35,14 @@ class DeadlockError(PPSimError):
         self.blocked: dict[int, tuple[str, str]] = dict(blocked or {})
 
 
+class TorchtitanConfigError(PPSimError):
+    """A torchtitan job config that cannot be read, or that contradicts the command line."""
+
+
+class JobMemoryError(PPSimError):
+    """A job whose degrees or shapes ppsim cannot count (one line)."""
+
+
 class OutputPathError(PPSimError):
     """An output path cannot be written (a directory, a missing or read-only folder, a name too long)."""
 

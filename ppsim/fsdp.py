@@ -135,8 +135,8 @@ def fsdp_units(modules: Sequence[str]) -> list[list[str]]:
 def stage_collective_seconds(shapes: Any, stage_modules: Sequence[Sequence[str]], *, dp_shard: int,
                              costs: CollectiveCosts) -> tuple[list[float], list[float]]:
     """Each stage's gathers (``param_dtype``) and reduce-scatters (``reduce_dtype``), one collective per unit, in
-    seconds. ``shapes``: a :class:`ppsim.memory.JobShapes` (one TP rank's blocks)."""
-    from ppsim.memory import DTYPE_BYTES
+    seconds. ``shapes``: a :class:`ppsim.job.memory.JobShapes` (one TP rank's blocks)."""
+    from ppsim.job.memory import DTYPE_BYTES
 
     gather_b, reduce_b = DTYPE_BYTES[shapes.param_dtype], DTYPE_BYTES[shapes.reduce_dtype]
     gather: list[float] = []
@@ -151,7 +151,7 @@ def stage_collective_seconds(shapes: Any, stage_modules: Sequence[Sequence[str]]
 @dataclass(frozen=True)
 class FsdpStep:
     """The schedule to simulate (with ``UNSHARD`` / ``REDUCE_GRAD`` actions where they block) and the seconds
-    added at (rank, position) of it (:func:`ppsim.simulate.simulate`'s ``extra_s``), with what was assumed."""
+    added at (rank, position) of it (:func:`ppsim.simulator.simulate`'s ``extra_s``), with what was assumed."""
 
     schedule: Schedule
     extra_s: Mapping[tuple[int, int], float]

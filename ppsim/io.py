@@ -316,7 +316,7 @@ _ACT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*acts?\s*$", re.IGNORECASE | r
 class MemoryCap:
     """A per-rank memory cap: ``amount`` activations (``unit="act"``, written ``8act``) or bytes (``unit="bytes"``).
 
-    One activation is what :func:`ppsim.simulate` counts in ``peak_activations``: one microbatch's saved
+    One activation is what :func:`ppsim.simulator` counts in ``peak_activations``: one microbatch's saved
     activations of one stage (a fraction, ``1.5act``, when recomputed activations keep a part of one). A rank
     holding several stages (chunks) holds one per chunk and microbatch. ``written`` is the text the user gave
     (not compared), so :meth:`describe` can say how it was read.

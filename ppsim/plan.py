@@ -6,9 +6,9 @@ torchtitan runs), the microbatches (through the microbatch size), the layers per
 ``pipeline_parallel_layers_per_stage``) and the activation checkpoint mode. Every candidate is judged the same way:
 
 1. its job is derived from the job's settings plus the candidate's overrides
-   (:func:`ppsim.torchtitan.job_from_settings`, torchtitan's rules), its stages cut by :mod:`ppsim.split`
+   (:func:`ppsim.job.pipeline.job_from_settings`, torchtitan's rules), its stages cut by :mod:`ppsim.split`
    (torchtitan's split);
-2. each PP rank's memory by :func:`ppsim.memory.job_memory` over the schedule's order, from shapes the caller passes
+2. each PP rank's memory by :func:`ppsim.job.memory.job_memory` over the schedule's order, from shapes the caller passes
    (``shapes_for(tp, microbatch_size, activation_checkpoint)``; torch-free here), and the verdict against the cap;
 3. only a candidate that fits is timed (:func:`ppsim.compare.compare`): with a profile that covers it (same TP, same
    tokens per microbatch) in seconds, otherwise in unit costs (F=1 per weighted layer, B=2, full checkpointing adds a
@@ -29,26 +29,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ppsim import memory
-from ppsim.errors import PPSimError
+from ppsim.errors import JobMemoryError, PPSimError
 from ppsim.io import fmt_bytes
-from ppsim.memory import (
-    GIB,
-    Degrees,
-    JobMemoryError,
-    JobShapes,
-    RankMemory,
-    check_degrees,
-    job_memory,
-)
-from ppsim.torchtitan import JobSettings, batch_shape, job_from_settings
+from ppsim.job import degrees
+from ppsim.job.degrees import Degrees, check_degrees
+from ppsim.job.memory import GIB, JobShapes, RankMemory, job_memory
+from ppsim.job.pipeline import job_from_settings
+from ppsim.job.settings import JobSettings, batch_shape
 
 SINGLE_STAGE = ("GPipe", "1F1B")
 MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 V_SHAPE = ("ZBVZeroBubble", "DualPipeV")
 SCHEDULES = SINGLE_STAGE + MULTI_STAGE + V_SHAPE
 """torch's schedules torchtitan launches by name (``pipeline_parallel_schedule``)."""
-DEGREE_KEYS = {k: v for k, v in memory.DEGREE_KEYS.items() if k != "ep"}
+DEGREE_KEYS = {k: v for k, v in degrees.DEGREE_KEYS.items() if k != "ep"}
 """The degrees whose product is the GPU count (expert parallelism reuses the data-parallel ranks)."""
 MAX_STAGES_PER_RANK = 4
 
@@ -377,7 +371,7 @@ def stage_modules(num_layers: int, counts: Sequence[int]) -> tuple[tuple[str, ..
 
 
 def job_of(c: Candidate, request: PlanRequest) -> Any:
-    """The candidate's :class:`~ppsim.torchtitan.TorchtitanJob` by torchtitan's rules (pure Python)."""
+    """The candidate's :class:`~ppsim.job.pipeline.TorchtitanJob` by torchtitan's rules (pure Python)."""
     settings = request.settings
     par = dict(settings.parallelism)
     tr = dict(settings.training)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import PPSimError
-from ppsim.memory import GIB
+from ppsim.job.memory import GIB
 from ppsim.plan import (
     V_SHAPE,
     Build,
@@ -49,7 +49,7 @@ from ppsim.plan import (
 if TYPE_CHECKING:
     from ppsim.costs import CostSpec
     from ppsim.ir import Schedule
-    from ppsim.memory import JobShapes
+    from ppsim.job.memory import JobShapes
     from ppsim.result import SimResult
 
 

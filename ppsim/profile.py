@@ -20,12 +20,15 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ppsim.errors import CostError, PPSimError
 from ppsim.io import write_atomic
 from ppsim.limits import MAX_PROFILE_BYTES
 from ppsim.model_config import DTYPE_BYTES, MODEL_KEYS, ModelConfig
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 SCHEMA = "ppsim.profile"
 VERSION = 3
@@ -579,7 +582,7 @@ def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
 # --- validation -------------------------------------------------------------------------------------------------
 _MODEL_KEYS = MODEL_KEYS
 _MISSING = object()
-_R = TypeVar("_R")
+_R = TypeVar("_R", bound="DataclassInstance")  # the records read back are dataclasses (fields(cls))
 
 
 class _Reader:

@@ -7,7 +7,8 @@ first use, so simulating a million actions does not pay for a million-row DataFr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +134,20 @@ class SimResult:
     def ends(self) -> tuple[tuple[float, ...], ...]:
         """End of each action, aligned with ``schedule.actions[rank][pos]``."""
         return self._per_rank(self.trace.end)
+
+    def with_memory(self, *, static_bytes: Sequence[int], byte_delta: np.ndarray, byte_plus: np.ndarray,
+                    cap_bytes: int | None) -> SimResult:
+        """This step with another count of its memory (a whole job's, :func:`ppsim.job.memory.with_job_memory`):
+        ``static_bytes`` held per rank before its first action, and per action (rank by rank, in order) the change
+        when it ends and its high point above what was held before it."""
+        t = self.trace
+        assert len(byte_delta) == len(byte_plus) == len(t.end), "one value per action"
+        peaks = peaks_of(byte_delta, byte_plus, t.offsets)
+        stats = tuple(replace(st, peak_memory_bytes=static_bytes[st.rank] + peaks[st.rank],
+                              over_memory_cap=cap_bytes is not None
+                              and static_bytes[st.rank] + peaks[st.rank] > cap_bytes) for st in self.per_rank)
+        trace = replace(t, byte_delta=byte_delta, byte_plus=byte_plus, static_bytes=tuple(static_bytes))
+        return replace(self, per_rank=stats, trace=trace, memory_cap_bytes=cap_bytes)
 
     def _per_rank(self, values: np.ndarray) -> tuple[tuple[float, ...], ...]:
         o = self.trace.offsets
@@ -285,6 +300,19 @@ class SimResult:
             "costs": self.costs.to_dict(),
             **({"recompute": [list(p) for p in sorted(self.recompute)]} if self.recompute else {}),
         }
+
+
+def peaks_of(delta: np.ndarray, plus: np.ndarray, offsets: np.ndarray) -> list[int]:
+    """Per rank: the most held at once, ``max(0, held before an action + its positive part)``."""
+    held_after = np.cumsum(delta)
+    high = held_after - delta + plus
+    lengths = np.diff(offsets)
+    nonempty = np.flatnonzero(lengths > 0)
+    peaks = np.zeros(len(lengths), dtype=np.int64)
+    if len(nonempty):
+        base = np.concatenate(([0], held_after))[offsets[:-1][nonempty]]
+        peaks[nonempty] = np.maximum.reduceat(high, offsets[:-1][nonempty]) - base
+    return np.maximum(peaks, 0).tolist()
 
 
 def stage_tables(schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:

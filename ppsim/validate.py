@@ -16,7 +16,7 @@ import numpy as np
 from ppsim.costs import StageCosts
 from ppsim.errors import DeadlockError, PPSimError
 from ppsim.ir import ActionType, Schedule
-from ppsim.simulate import compile_schedule, read_computations, run
+from ppsim.simulator import compile_schedule, read_computations, run
 
 F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 _MAX_MISSING = 100  # missing computations listed one by one
@@ -48,7 +48,8 @@ def _positions(schedule: Schedule, rank: int) -> list[int]:
     idle = schedule.idle_slots[rank] if rank < len(schedule.idle_slots) else ()
     if not idle:
         return list(range(n))
-    cols, skip, c = [], set(idle), 0
+    cols: list[int] = []
+    skip, c = set(idle), 0
     while len(cols) < n:
         if c not in skip:
             cols.append(c)
@@ -190,7 +191,7 @@ def _sound(schedule: Schedule) -> bool:
 def check_progress(schedule: Schedule) -> None:
     """Raise :class:`DeadlockError` unless every rank can run its order front to back (time plays no part).
 
-    This is the simulator's own engine (:func:`ppsim.simulate.compile_schedule` and :func:`ppsim.simulate.run`) on
+    This is the simulator's own engine (:func:`ppsim.simulator.compile_schedule` and :func:`ppsim.simulator.run`) on
     zero costs, not a second replay: progress does not depend on durations, and the engine is linear in actions.
     Call it on a schedule without format problems (``validate`` does)."""
     run(compile_schedule(schedule, _UNTIMED))

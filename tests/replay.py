@@ -1,7 +1,7 @@
 """The one reference replay of the test suite: a deliberately naive in-order execution.
 
 Written from the two sources of truth only (``ppsim.deps`` for inputs, ``StageCosts.duration`` and
-``StageCosts.comm_delay`` for times), independent of ``ppsim.simulate``: sweep the ranks, run each head action whose
+``StageCosts.comm_delay`` for times), independent of ``ppsim.simulator``: sweep the ranks, run each head action whose
 inputs are all done, until nothing moves. Ranks left with actions are stuck (a deadlock).
 
 A cross-rank hand-off is posted when its producer ends, or with ``recv_posting="consumer"`` at the later of that and

@@ -1,7 +1,7 @@
 """Test helpers for schedule properties: the reference replay (:mod:`replay`) with per-kind costs, and activation
 counts.
 
-Independent of ``ppsim.simulate`` on purpose: these are the reference the generators are checked against.
+Independent of ``ppsim.simulator`` on purpose: these are the reference the generators are checked against.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ppsim.io import write_atomic
-from ppsim.memory import GIB, PARTS
+from ppsim.job.memory import GIB, PARTS
 from ppsim.viz.report import _CSS, _div, gantt_figures
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ppsim.calibrate.models import ModelSource
     from ppsim.calibrate.measure.runtime_model import RuntimeModel
     from ppsim.costs import StageCosts
-    from ppsim.memory import JobShapes
+    from ppsim.job.memory import JobShapes
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
 
@@ -91,7 +91,7 @@ class RankMemoryReport:
     predicted_static_bytes: int | None
     measured_peak_allocated_bytes: int | None
     predicted_peak_allocated_bytes: int | None = None
-    """:func:`ppsim.memory.job_memory`'s peak for this rank, made before the run."""
+    """:func:`ppsim.job.memory.job_memory`'s peak for this rank, made before the run."""
     predicted_parts: dict[str, int] | None = None
     predicted_during: str | None = None
     measured_during: str | None = None
@@ -192,7 +192,8 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         runner = choose_runner(options.executor, model, schedule, synthetic=options.synthetic)
     if world is None:
         check_machine(options, schedule, model)
-    from ppsim.memory import Degrees, job_memory
+    from ppsim.job.degrees import Degrees
+    from ppsim.job.memory import job_memory
 
     costs = dataclasses.replace(costs, outputs_held_to_backward=torch_adapter.keeps_forward_outputs())
     shapes = None if options.synthetic else run_memory_inputs(options, schedule, model, spec)
@@ -224,7 +225,7 @@ def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSour
     """FSDP/TP degrees the run cannot take, refused in one line before anything starts: not a torchtitan model (its
     own parallelize function shards it), a degree that does not divide the heads, processes that are not
     PP x FSDP x TP (under torchrun)."""
-    from ppsim.memory import Degrees, check_degrees
+    from ppsim.job.degrees import Degrees, check_degrees
 
     if options.dp_shard < 1 or options.tp < 1:
         raise PPSimError(f"--dp-shard {options.dp_shard} --tp {options.tp}: degrees must be at least 1")
@@ -246,7 +247,7 @@ def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSour
 def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSource,
                       spec: ExecSpec) -> tuple[JobShapes, list[list[str]]] | None:
     """The run's shapes (:func:`ppsim.calibrate.torchtitan.shapes.run_shapes`) and its stages' module names, for
-    :func:`ppsim.memory.job_memory` and the FSDP collectives; ``None`` where the model's blocks cannot be named as
+    :func:`ppsim.job.memory.job_memory` and the FSDP collectives; ``None`` where the model's blocks cannot be named as
     torchtitan's stage modules (a stderr note says so)."""
     from ppsim.calibrate.torchtitan.runner import module_names_per_stage
     from ppsim.calibrate.torchtitan.shapes import run_shapes
@@ -273,7 +274,7 @@ def predict_step(fsdp: Any, costs: StageCosts, time_scale: float, *, recompute: 
     computation is stretched by how many compute beside it (:func:`ppsim.sharing.shared_cores_step`: processor
     sharing over the simulated timeline; the profile's ``compute_scale`` was measured with at most as many
     processes as cores)."""
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     costs_s = prediction_costs(costs, time_scale)
     from ppsim.sharing import core_plan, host_cores
@@ -623,7 +624,7 @@ def build_report(schedule: Schedule, measurement: Measurement, costs: StageCosts
                  time_scale: float, source: str, memory_predicted: list[Any] | None = None) -> RunReport:
     """Compare the measurement with the before-run prediction; fit the post-hoc model on the probe steps."""
     from ppsim.calibrate.measure.runtime_model import fit_runtime_model, with_runtime
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     op_only = dataclasses.replace(costs, compute_scale=1.0, dispatch_s=0.0)
     plain = simulate(schedule, prediction_costs(op_only, time_scale), recompute=predicted.recompute)

@@ -97,7 +97,7 @@ class CompTiming:
 
 
 @dataclass(frozen=True)
-class RankMemory:
+class MeasuredPeak:
     """One rank's memory during a step: saved activations (saved-tensor hooks: unique storages autograd keeps for
     backward, parameters excluded), and on CUDA the allocator's peak; parameters and gradients."""
 
@@ -140,7 +140,7 @@ class Measurement:
     clock: str
     num_warmup: int
     synthetic: bool
-    memory: tuple[RankMemory, ...] = ()
+    memory: tuple[MeasuredPeak, ...] = ()
     """Per rank, what it held (measured on the last timed step)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -564,7 +564,7 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
     grads = {run.grad_name(s, name): _full_grad(p.grad) for s, mod in run.parts.items()
              for name, p in mod.named_parameters() if p.grad is not None}
     params = [p for m in modules for p in m.parameters()]
-    memory = RankMemory(
+    memory = MeasuredPeak(
         rank=pp_rank, peak_activation_bytes=saved.peak,
         param_bytes=sum(_local(p).numel() * p.element_size() for p in params),
         grad_bytes=sum(_local(p.grad).numel() * p.grad.element_size() for p in params if p.grad is not None),
@@ -734,7 +734,7 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
     from ppsim.calibrate.execute.numerics import check_against_reference
 
     schedule = spec.schedule
-    worst: dict[int, RankMemory] = {}
+    worst: dict[int, MeasuredPeak] = {}
     for g in gathered:  # each PP rank's worst device among its FSDP/TP replicas
         mem = g["memory"]
         if mem.peak_allocated_bytes is not None and (

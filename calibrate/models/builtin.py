@@ -75,7 +75,7 @@ def stage_module(source: ModelSource, layer_ids: tuple[int, ...], *, has_embeddi
                 seed: int = 0, device: str | torch.device = "cpu") -> nn.Module:
     import torch
 
-    from ppsim.calibrate.models.transformer import StageModule, _place
+    from ppsim.calibrate.models.transformer import StageModule, place_on_device
 
     config = source.config
     first = layer_ids[0] if layer_ids else 0
@@ -87,8 +87,8 @@ def stage_module(source: ModelSource, layer_ids: tuple[int, ...], *, has_embeddi
 
     if torch.device(device).type == "meta":
         with torch.device("meta"):
-            return _place(make(), config, device)
-    return _place(make(), config, device)
+            return place_on_device(make(), config, device)
+    return place_on_device(make(), config, device)
 
 
 def param_name(source: ModelSource, layer_ids: tuple[int, ...], local_name: str) -> str:

@@ -376,8 +376,6 @@ def stage_module(source: ModelSource, layer_ids: tuple[int, ...], *, has_embeddi
     import torch
     from torch import nn
 
-    from ppsim.calibrate.models import place
-    from ppsim.calibrate.models.transformer import DTYPES
 
     at_size = random_weights and torch.device(device).type != "meta"
     if torch.device(device).type == "meta" or at_size:

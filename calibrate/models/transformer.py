@@ -111,7 +111,7 @@ def _seeded(seed: int, component: int, make: Any) -> Any:
     return module
 
 
-def _place(module: nn.Module, config: ModelConfig, device: str | torch.device) -> nn.Module:
+def place_on_device(module: nn.Module, config: ModelConfig, device: str | torch.device) -> nn.Module:
     return module.to(device=torch.device(device), dtype=torch_dtype(config))
 
 
@@ -129,8 +129,8 @@ def build_stage(
 
     if torch.device(device).type == "meta":  # shapes only: skip allocation and initialisation
         with torch.device("meta"):
-            return _place(make(), config, device)  # type: ignore[return-value]
-    return _place(make(), config, device)  # type: ignore[return-value]
+            return place_on_device(make(), config, device)  # type: ignore[return-value]
+    return place_on_device(make(), config, device)  # type: ignore[return-value]
 
 
 def build_stage_modules(

@@ -1,8 +1,8 @@
 """torchtitan 0.3.0 job configs: a config function in a model's ``config_registry`` (``MODULE:CONFIG``, e.g.
 ``llama3:llama3_debugmodel``) returning a ``Trainer.Config``, with ``--parallelism.KEY VALUE`` overrides.
 
-This module turns such a config into the :class:`ppsim.torchtitan.JobSettings` the core reads TOML files into, so
-one builder (:func:`ppsim.torchtitan.job_from_settings`) serves both forms; then it cuts and places the stages with
+This module turns such a config into the :class:`ppsim.job.settings.JobSettings` the core reads TOML files into, so
+one builder (:func:`ppsim.job.pipeline.job_from_settings`) serves both forms; then it cuts and places the stages with
 torchtitan's own functions (:mod:`ppsim.calibrate.torchtitan.split`). torchtitan is imported lazily: without it, one line
 names the extra to install.
 
@@ -10,7 +10,7 @@ names the extra to install.
 ``CONFIG`` a function of its ``config_registry``, as torchtitan's own ``--module`` / ``--config`` choose them
 (``torchtitan/config/manager.py``). The overrides are parsed by tyro with torchtitan's own rules
 (:func:`parse_with_tyro`), as ``torchtitan.train`` parses them; a job TOML without torchtitan installed uses ppsim's
-small reader (:func:`ppsim.torchtitan.parse_overrides`).
+small reader (:func:`ppsim.job.overrides.parse_overrides`).
 """
 
 from __future__ import annotations
@@ -39,17 +39,10 @@ from ppsim.calibrate.torchtitan.split import (
     torch_schedule_names,
 )
 from ppsim.split import SplitError, SplitSpec, resolve_split
-from ppsim.torchtitan import (
-    JobSettings,
-    TorchtitanConfigError,
-    TorchtitanJob,
-    check_override_names,
-    close_matches,
-    is_registry_name,
-    job_from_settings,
-    override_fields_of,
-    read_toml_settings,
-)
+from ppsim.job.settings import JobSettings, is_registry_name, read_toml_settings
+from ppsim.errors import TorchtitanConfigError
+from ppsim.job.pipeline import TorchtitanJob, job_from_settings
+from ppsim.job.overrides import check_override_names, close_matches, override_fields_of
 
 _PREFIXES = ("torchtitan.models", "torchtitan.experiments", "torchtitan.experiments.rl.examples")
 __all__ = ["TorchtitanMissingError", "job_of_settings", "load_job", "load_registry_job", "read_job_settings",
@@ -58,9 +51,9 @@ __all__ = ["TorchtitanMissingError", "job_of_settings", "load_job", "load_regist
 
 def load_job(value: str, overrides: Sequence[str] = (), **kwargs: Any) -> TorchtitanJob:
     """The pipeline of ``--torchtitan-config VALUE`` with its overrides: ``MODULE:CONFIG`` (torchtitan's config
-    registry) or an older release's TOML file (read as :func:`ppsim.torchtitan.load_torchtitan_job` reads it);
+    registry) or an older release's TOML file (read as :func:`ppsim.job.pipeline.load_torchtitan_job` reads it);
     ``kwargs`` are the command-line values that must agree
-    (:func:`ppsim.torchtitan.job_from_settings`). The one loader of every command that takes a job config."""
+    (:func:`ppsim.job.pipeline.job_from_settings`). The one loader of every command that takes a job config."""
     return job_of_settings(read_job_settings(value, overrides), **kwargs)
 
 
@@ -84,7 +77,7 @@ def read_registry_settings(value: str, overrides: Sequence[str] = ()) -> JobSett
 def settings_of_config(value: str, config: Any, overrides: Sequence[str] = ()) -> JobSettings:
     """The settings of a ``Trainer.Config`` (``value`` names it in messages) with ``overrides`` parsed as
     torchtitan's own command line parses them (:func:`parse_with_tyro`). Either generation of torchtitan's batch
-    keys is read (:func:`ppsim.torchtitan.batch_shape`)."""
+    keys is read (:func:`ppsim.job.settings.batch_shape`)."""
     parallelism, training = _sections(value, config)
     fields = {**override_fields_of("parallelism", _hints(parallelism)),
               **override_fields_of("training", _hints(training))}
@@ -149,7 +142,7 @@ def load_registry_job(value: str, *, overrides: Sequence[str] = (), **kwargs: An
 
 
 def job_of_settings(settings: JobSettings, **agree: Any) -> TorchtitanJob:
-    """The pipeline of a job's settings (:func:`ppsim.torchtitan.job_from_settings`, which ``agree`` goes to: the
+    """The pipeline of a job's settings (:func:`ppsim.job.pipeline.job_from_settings`, which ``agree`` goes to: the
     command-line values the config must agree with); a config function's stages are cut and placed by torchtitan's
     functions (:func:`with_torchtitan_stages`)."""
     job = job_from_settings(settings, **agree)
@@ -180,7 +173,7 @@ def with_torchtitan_stages(job: TorchtitanJob, *, num_layers: int | None,
             raise TorchtitanConfigError(f"--torchtitan-config {job.source}: {job.num_ranks} ranks x "
                                         f"{job.stages_per_rank} stages per rank: {reason}; {fix}") from None
     counts = layers_per_part(names)
-    # ppsim.split computes the same counts (tests/test_titan_split.py); torchtitan's are the ones used
+    # ppsim.split computes the same counts (tests/job/test_titan_split.py); torchtitan's are the ones used
     if counts != resolve_split(spec, num_layers, num_stages, schedule=job.schedule):
         spec = SplitSpec(split=counts, input_weight=spec.input_weight, output_weight=spec.output_weight)
     placement = rank_stage_indices(job.torch_schedule, num_ranks=job.num_ranks, num_stages=num_stages)

@@ -12,7 +12,7 @@ The job is read by the one loader every command uses (:func:`ppsim.calibrate.tor
   its shape as for calibrate; ``-s/-r/-m/-v/--split/--layers-per-stage`` given as well must agree with the job.
 
 A ``--model`` that names another model than the job's, or a ``--profile`` measured on another model or shape, is one
-:class:`~ppsim.torchtitan.TorchtitanConfigError` line.
+:class:`~ppsim.errors.TorchtitanConfigError` line.
 """
 
 from __future__ import annotations
@@ -24,14 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ppsim.errors import PPSimError
-from ppsim.torchtitan import (
-    OLD_KEYS,
-    JobSettings,
-    TorchtitanConfigError,
-    TorchtitanJob,
-    batch_keys_of,
-    job_sizes,
-)
+from ppsim.job.settings import JobSettings, OLD_KEYS, batch_keys_of, job_sizes
+from ppsim.errors import TorchtitanConfigError
+from ppsim.job.pipeline import TorchtitanJob
 
 if TYPE_CHECKING:
     from ppsim.calibrate.models import ModelOptions, ModelSource

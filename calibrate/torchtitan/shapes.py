@@ -2,7 +2,7 @@
 meta device with one layer of each kind, ``update_from_config`` fills torchtitan's sharding plan from the job, and
 the model's own ``parallelize`` shards it on a fake process group (torch's ``"fake"`` backend, as torchtitan's
 ``init_fake_mode`` uses it), so every parameter's local shape is torchtitan's. The result is plain data
-(:class:`ppsim.memory.JobShapes`) for :func:`ppsim.memory.job_memory`.
+(:class:`ppsim.job.memory.JobShapes`) for :func:`ppsim.job.memory.job_memory`.
 
 Hardware-bound model converters (float8, MX: they refuse without torchao or without SM89) are set aside while the
 job is read (:func:`converters_set_aside`) and said in the notes: torchtitan 0.3.0's ``Float8Linear`` keeps its
@@ -13,12 +13,13 @@ are transient and not counted.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ppsim.memory import BlockShapes, Degrees, JobMemoryError, JobShapes, check_degrees
+from ppsim.job.memory import BlockShapes, JobShapes
+from ppsim.job.degrees import Degrees, check_degrees
+from ppsim.errors import JobMemoryError
 
 _CONVERTERS = (("torchtitan.components.quantization.float8", "Float8LinearConverter"),
                ("torchtitan.components.quantization.float8", "Float8GroupedExpertsConverter"),
@@ -84,7 +85,7 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
                activation_checkpoint: str | None = None, profile: Any = None,
                as_run: bool = False) -> tuple[JobShapes, Degrees]:
     """The TP-local shapes of ``MODULE:CONFIG``'s model and the job's degrees, ``settings`` being its
-    :class:`ppsim.torchtitan.JobSettings` (overrides applied); ``activation_checkpoint`` (``none``/``full``) counts
+    :class:`ppsim.job.settings.JobSettings` (overrides applied); ``activation_checkpoint`` (``none``/``full``) counts
     another checkpoint mode than the config's (``plan`` compares them). With a ``profile``, the training job with
     the activations the profile measured (``as_run``: the job as ``ppsim run`` executes it on the profile's device,
     to check a plan against runs) (:func:`profile_shapes`: its measured activations where it covers the job's
@@ -286,7 +287,7 @@ def profile_shapes(profile: Any, *, tp: int, seq_len: int, mb_size: int, activat
 
 def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = None, ac: str = "none") -> JobShapes:
     """The shapes of what ``ppsim run`` executes (a :class:`~ppsim.calibrate.models.ModelSource` at its microbatch
-    shape and dtype, no mixed precision, no optimizer step), for :func:`ppsim.memory.job_memory`.
+    shape and dtype, no mixed precision, no optimizer step), for :func:`ppsim.job.memory.job_memory`.
 
     Parameters: the model built on the meta device (``tp`` > 1: torchtitan's parallelize on a fake process group,
     as :func:`job_shapes`). Saved activations per block: the profile's ``activation_bytes`` (what this device's
@@ -329,7 +330,7 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
     blocks["norm"] = BlockShapes("head", local.get("norm", ()),
                                  saved_bytes=0 if measured is not None else tokens * dim * act_bytes)
     # the loss's and the log-softmax's logits-sized gradients (fp32); each weight's new gradient before it is added
-    # into the held one is ppsim.memory's
+    # into the held one is ppsim.job.memory's
     blocks["lm_head"] = BlockShapes("head", local["lm_head"], saved_bytes=head_saved,
                                     backward_transient_bytes=2 * tokens * vocab_local * 4,
                                     weight_grad_stash_bytes=_output_grad_bytes(local["lm_head"], tokens, act_bytes))

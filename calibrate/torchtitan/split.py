@@ -4,7 +4,7 @@
 installed, the stages' module names come from its ``_get_pipeline_metadata`` / ``_generate_llm_fqn_per_model_part``
 (or the job's ``module_fqns_per_model_part``) and the rank-to-stage mapping from
 ``_get_pp_rank_to_stage_indices_mapping`` (``torchtitan/distributed/pipeline_parallel.py``), so a torchtitan job is
-cut and placed exactly as torchtitan cuts and places it. ``tests/test_titan_split.py`` pins that the two agree.
+cut and placed exactly as torchtitan cuts and places it. ``tests/job/test_titan_split.py`` pins that the two agree.
 """
 
 from __future__ import annotations

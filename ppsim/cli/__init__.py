@@ -184,7 +184,7 @@ _SHORT: dict[tuple[str, ...], Callable[[], Any]] = {
     ("list", "--json"): functools.partial(_print_schedules, json_out=True),
 }
 """Command lines run without building the typer app (typer and its options cost more than these commands): each
-prints exactly what its typer command prints (tests/test_startup.py compares them byte for byte)."""
+prints exactly what its typer command prints (tests/cli/test_startup.py compares them byte for byte)."""
 
 
 _WANTED = {"int_parsing": "not a whole number; give an integer such as 3",

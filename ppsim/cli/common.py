@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ppsim.io import MemoryCap
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
-    from ppsim.torchtitan import TorchtitanJob
+    from ppsim.job.pipeline import TorchtitanJob
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -250,10 +250,10 @@ def build_inputs(
 
 
 def job_overrides(ctx: typer.Context, torchtitan_config: object) -> list[str]:
-    """The extra arguments of a command that takes --torchtitan-config (:func:`ppsim.torchtitan.extra_overrides`)."""
+    """The extra arguments of a command that takes --torchtitan-config (:func:`ppsim.job.overrides.extra_overrides`)."""
     if not ctx.args:  # none given: nothing to check (and the torchtitan module stays unloaded)
         return []
-    from ppsim.torchtitan import extra_overrides
+    from ppsim.job.overrides import extra_overrides
 
     names = [opt for p in ctx.command.params for opt in (*p.opts, *p.secondary_opts)]
     return extra_overrides(ctx.args, job_given=torchtitan_config is not None, option_names=names,
@@ -264,7 +264,7 @@ def run_simulation(
     sched: Schedule, cost_model: CostSpec, scope: CostScope | None, cap: MemoryCap | None = None,
     recompute: AbstractSet[tuple[int, int]] = frozenset(),
 ) -> SimResult:
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     chosen = CostScope.stage if scope is None else scope
     return simulate(sched, cost_model.for_schedule(sched, scope=chosen.value), memory_cap=cap,

@@ -1,17 +1,21 @@
-"""`simulate --torchtitan-config MODULE:CONFIG`: each PP rank's memory for the whole job (PP x FSDP x TP) from the
-model's shapes (:mod:`ppsim.calibrate.torchtitan.shapes`, :func:`ppsim.memory.job_memory`), and the verdict per rank
-against ``--memory-cap``. Needs no profile; the step time does."""
+"""`simulate`/`plot`/`report --torchtitan-config MODULE:CONFIG`: the job's shapes, read once per command
+(:class:`JobShapesOnce`, from :mod:`ppsim.calibrate.torchtitan.shapes`), each PP rank's memory for the whole job
+(:func:`ppsim.job.memory.job_memory`) put into the simulated step (:func:`ppsim.job.memory.with_job_memory`), so
+the table, the JSON, the figure and the verdict read one count; and the table that prints it. Needs no profile;
+the step time does."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ppsim.errors import PPSimError
-from ppsim.memory import PARTS, Degrees, JobMemoryError, JobShapes, RankMemory, fmt_gib
+from ppsim.errors import JobMemoryError, PPSimError
+from ppsim.job.degrees import Degrees
+from ppsim.job.memory import PARTS, JobShapes, RankMemory, fmt_gib
 
 if TYPE_CHECKING:
     from ppsim.cli.common import Inputs
@@ -20,7 +24,7 @@ if TYPE_CHECKING:
 
 def job_config_context(torchtitan_config: object) -> Any:
     """Reading a config function with its hardware-bound converters set aside (their notes go on stderr)."""
-    from ppsim.torchtitan import is_registry_name
+    from ppsim.job.settings import is_registry_name
 
     if torchtitan_config is None or not is_registry_name(str(torchtitan_config)):
         return nullcontext()
@@ -38,23 +42,54 @@ def _quiet_converters() -> Iterator[None]:
         yield
 
 
-def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, overrides: Sequence[str],
-                  cap: int | None) -> list[RankMemory] | None:
-    """Each PP rank's memory for a config function's job (``None`` for a TOML job: its model is not built)."""
-    from ppsim.torchtitan import is_registry_name
+@dataclass
+class JobShapesOnce:
+    """A config function's job shapes, built on first use and kept for the command (the step's FSDP collectives and
+    the memory both read them)."""
+
+    value: str
+    overrides: tuple[str, ...]
+    profile: Any = None
+    _built: tuple[JobShapes, Degrees] | None = field(default=None, init=False, repr=False)
+
+    def get(self) -> tuple[JobShapes, Degrees]:
+        if self._built is None:
+            self._built = _build_shapes(self.value, self.overrides, profile=self.profile)
+        return self._built
+
+
+def job_shapes_of(inputs: Inputs, torchtitan_config: object, overrides: Sequence[str]) -> JobShapesOnce | None:
+    """The job's shapes (``None`` for a TOML job, whose model is not built, or a job without stage modules)."""
+    from ppsim.job.settings import is_registry_name
 
     job = inputs.job
-    if job is None or not is_registry_name(str(torchtitan_config)) or job.stage_modules is None:
+    if job is None or job.stage_modules is None or not is_registry_name(str(torchtitan_config)):
         return None
-    from ppsim.memory import job_memory
+    return JobShapesOnce(str(torchtitan_config), tuple(overrides), inputs.cost_model.profile)
+
+
+def job_memory_of(inputs: Inputs, result: SimResult, shapes: JobShapesOnce | None, cap: int | None,
+                  *, say: bool = True) -> list[RankMemory] | None:
+    """Each PP rank's memory for a config function's job (``None`` for a TOML job: its model is not built)."""
+    job = inputs.job
+    if shapes is None or job is None or job.stage_modules is None:
+        return None
+    from ppsim.job.memory import job_memory
 
     try:
-        shapes, degrees = _shapes_of(str(torchtitan_config), overrides, profile=inputs.cost_model.profile)
+        job_shapes, degrees = shapes.get()
     except JobMemoryError as exc:
         if cap is not None:  # a verdict was asked for: say why there is none
             raise
         typer.echo(f"memory: not counted: {exc}", err=True)
         return None
+    if say:
+        _say_what_is_counted(inputs, result, job_shapes, degrees)
+    return job_memory(job_shapes, degrees=degrees, schedule=result.schedule, stage_modules=job.stage_modules,
+                      recompute=result.recompute, cap_bytes=cap)
+
+
+def _say_what_is_counted(inputs: Inputs, result: SimResult, shapes: JobShapes, degrees: Degrees) -> None:
     for note in shapes.notes:
         typer.echo(f"memory: {note}", err=True)
     typer.echo(f"memory: counts pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x dp_replicate "
@@ -63,32 +98,31 @@ def job_memory_of(inputs: Inputs, result: SimResult, torchtitan_config: object, 
                f"parameters {shapes.master_dtype}, gathered {shapes.param_dtype}, gradients reduced in "
                f"{shapes.reduce_dtype}" + ("" if inputs.cost_model.profile is not None else
                                            "; activations from the formula (no --profile)"), err=True)
-    for key, value in (("context_parallel_degree", degrees.cp), ("expert_parallel_degree", degrees.ep)):
-        if value > 1:
-            typer.echo(f"memory: parallelism.{key} = {value} is not counted: ppsim holds the rank's activations and "
-                       "experts whole (an upper bound)", err=True)
     if not result.costs.has_memory and inputs.cost_model.profile is None:
         typer.echo("memory: no --profile, so the step time above uses unit costs (F=1, B=2): memory needs only "
                    "the shapes, the step time needs `ppsim calibrate`'s profile", err=True)
-    return job_memory(shapes, degrees=degrees, schedule=result.schedule, stage_modules=job.stage_modules,
-                      recompute=result.recompute, cap_bytes=cap)
 
 
-_SHAPES: dict[tuple[str, tuple[str, ...], int], tuple[JobShapes, Degrees]] = {}
+def with_job(results: list[SimResult], inputs: Inputs, shapes: JobShapesOnce | None,
+             cap: int | None) -> tuple[list[SimResult], list[RankMemory] | None]:
+    """``results`` with a config function's job memory in each (the first one's memory returned for its table);
+    unchanged for any other job."""
+    from ppsim.job.memory import with_job_memory
 
-
-def _shapes_of(value: str, overrides: Sequence[str], *, profile: Any = None) -> tuple[JobShapes, Degrees]:
-    """The job's shapes, built once per command (the step's FSDP collectives and the memory both read them)."""
-    key = (value, tuple(overrides), id(profile))
-    if key not in _SHAPES:
-        _SHAPES.clear()  # one job per command: keep only the latest
-        _SHAPES[key] = _build_shapes(value, tuple(overrides), profile=profile)
-    return _SHAPES[key]
+    first: list[RankMemory] | None = None
+    out = []
+    for i, result in enumerate(results):
+        memory = job_memory_of(inputs, result, shapes, cap, say=i == 0)
+        if memory is None:
+            return results, None
+        first = first if first is not None else memory
+        out.append(with_job_memory(result, memory))
+    return out, first
 
 
 def _build_shapes(value: str, overrides: tuple[str, ...], *, profile: Any) -> tuple[JobShapes, Degrees]:
-    from ppsim.calibrate.torchtitan.shapes import job_shapes
     from ppsim.calibrate.torchtitan.config import read_job_settings
+    from ppsim.calibrate.torchtitan.shapes import job_shapes
 
     with _quiet_converters():
         settings = read_job_settings(value, overrides)
@@ -103,13 +137,14 @@ def _build_shapes(value: str, overrides: tuple[str, ...], *, profile: Any) -> tu
 
 
 def with_memory(per_run: dict[str, Any], memory: list[RankMemory] | None) -> dict[str, Any]:
-    """``simulate --json``'s dict with each rank's peak, parts and fit from the job's shapes."""
+    """``simulate --json``'s dict with each rank's parts, fit and high point from the job's shapes (its
+    ``peak_memory_bytes`` is already the same count: :func:`with_job`)."""
     if memory is None:
         return per_run
     for row, mem in zip(per_run["per_rank"], memory):
-        row.update(peak_memory_bytes=mem.peak_memory_bytes, memory_parts=dict(mem.parts), fits=mem.fits,
-                   memory_during=mem.during, memory_verdict=mem.verdict() or None,
-                   memory_held=dict(mem.static_bytes))
+        assert row["peak_memory_bytes"] == mem.peak_memory_bytes, "one count of the job's memory"
+        row.update(memory_parts=dict(mem.parts), fits=mem.fits, memory_during=mem.during,
+                   memory_verdict=mem.verdict() or None, memory_held=dict(mem.static_bytes))
     return per_run
 
 

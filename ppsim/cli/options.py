@@ -17,7 +17,7 @@ from ppsim.io import output_file
 JOB_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 """``context_settings`` of the commands that take --torchtitan-config (simulate, plot, report, calibrate, run): the
 job config's overrides (``--parallelism.KEY VALUE``) arrive as extra arguments, as on torchtitan's own command
-line; :func:`ppsim.torchtitan.extra_overrides` sorts them out."""
+line; :func:`ppsim.job.overrides.extra_overrides` sorts them out."""
 
 
 __all__ = ["output_file"]  # the parser of every output-file option (-o, --plot, --profile-out)

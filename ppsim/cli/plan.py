@@ -19,7 +19,7 @@ from ppsim.errors import PPSimError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ppsim.memory import JobShapes
+    from ppsim.job.memory import JobShapes
     from ppsim.plan import ModelFacts, Plan, PlanProgress, PlanRequest, ProfileCover
     from ppsim.plan_search import OrderSearch
 
@@ -112,25 +112,6 @@ def _time_limit(text: str) -> float:
     return value
 
 
-def _split_overrides(args: list[str]) -> tuple[dict[str, str], list[str]]:
-    """The overrides as ``{section.key: value}`` and as tokens without the keys the plan chooses."""
-    pairs: dict[str, str] = {}
-    kept: list[str] = []
-    i = 0
-    while i < len(args):
-        token = args[i]
-        if "=" in token:
-            key, value, step = *token.split("=", 1), 1
-        else:
-            key, value, step = token, args[i + 1] if i + 1 < len(args) else "", 2
-        name = key.lstrip("-")
-        pairs[name] = value
-        if name.split(".")[-1] not in PLAN_KEYS:
-            kept += args[i:i + step]
-        i += step
-    return pairs, kept
-
-
 def _pins(pairs: dict[str, str]) -> dict[str, int]:
     from ppsim.plan import DEGREE_KEYS
 
@@ -158,8 +139,9 @@ def _request(value: str, args: list[str], *, gpus: int, gpus_per_node: int, memo
     from ppsim.calibrate.torchtitan.config import read_job_settings
     from ppsim.cli.job_memory import job_config_context
     from ppsim.io import parse_memory_cap
+    from ppsim.job.overrides import split_overrides
+    from ppsim.job.settings import is_registry_name
     from ppsim.plan import PlanRequest, node_layout
-    from ppsim.torchtitan import is_registry_name
 
     limit = _time_limit(time_limit)
     for option, number in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node)):
@@ -175,7 +157,7 @@ def _request(value: str, args: list[str], *, gpus: int, gpus_per_node: int, memo
     if not is_registry_name(value):
         raise PPSimError(f"--torchtitan-config {value}: plan needs a config function (MODULE:CONFIG, e.g. "
                          "llama3:llama3_8b) to build the model's shapes; a TOML job names no model")
-    pairs, kept = _split_overrides(args)
+    pairs, kept = split_overrides(args, PLAN_KEYS)
     with job_config_context(value):
         settings = read_job_settings(value, args)
     facts = _model_facts(value, settings)
@@ -209,8 +191,8 @@ def _checkpoint_modes(value: str) -> tuple[str, ...]:
 
 
 def _cover(path: Path, facts: ModelFacts, value: str) -> ProfileCover:
-    from ppsim.profile import load_profile
     from ppsim.plan import PlanError, ProfileCover
+    from ppsim.profile import load_profile
 
     prof = load_profile(path)
     measured = prof.source.source if prof.source is not None else prof.model.preset
@@ -335,7 +317,7 @@ def _progress_line() -> Callable[[PlanProgress], None]:
 def print_plan(result: Plan) -> None:
     from rich.table import Table
 
-    from ppsim.memory import GIB
+    from ppsim.job.memory import GIB
 
     best = result.best
     timed = best is not None and best.step_s is not None
@@ -372,7 +354,7 @@ def _seq(result: Plan) -> int:
 
 
 def _print_tail(result: Plan) -> None:
-    from ppsim.memory import GIB
+    from ppsim.job.memory import GIB
     from ppsim.plan import describe
 
     frontier = result.frontier()

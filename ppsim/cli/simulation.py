@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ppsim.cli.common import Inputs
+    from ppsim.cli.job_memory import JobShapesOnce
     from ppsim.fsdp import FsdpStep
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
@@ -76,27 +77,26 @@ def simulate_cmd(
     recompute: RecomputeOpt = None,
 ) -> None:
     """Discrete-event replay; with -s A,B,C (or -s A -s B) simulates several and ranks them by makespan."""
-    from ppsim.cli.job_memory import job_config_context, job_memory_of, print_memory, with_memory
+    from ppsim.cli.job_memory import job_config_context, job_shapes_of, print_memory, with_job, with_memory
     from ppsim.compare import compare
 
+    overrides = job_overrides(ctx, torchtitan_config)
     with job_config_context(torchtitan_config):
         inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
                               layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config,
-                              overrides=job_overrides(ctx, torchtitan_config))
+                              overrides=overrides)
     names, cost_model = inputs.names, inputs.cost_model
     cap = parse_memory_cap(memory_cap)
     if inputs.job is None or inputs.job.stage_modules is None:  # a job's memory comes from its shapes
         warn_cap_without_bytes(cap, cost_model)
-    fsdp = fsdp_of(inputs, torchtitan_config, job_overrides(ctx, torchtitan_config))
+    shapes = job_shapes_of(inputs, torchtitan_config, overrides)
     comparison = compare(
         names, builder=lambda name: inputs.schedule(name, directions, allow_large=allow_large),
         costs=cost_model, scope=cost_scope, memory_cap=cap, allow_large=allow_large,
-        recompute=recompute_for(recompute), fsdp=fsdp,
+        recompute=recompute_for(recompute), fsdp=fsdp_of(inputs, shapes),
     )
     warn_comparison(comparison, several=len(names) > 1)
-    results = list(comparison.results)
-    memory = job_memory_of(inputs, results[0], torchtitan_config, job_overrides(ctx, torchtitan_config),
-                           None if cap is None else cap.bytes)
+    results, memory = with_job(list(comparison.results), inputs, shapes, None if cap is None else cap.bytes)
     if json_out:
         echo_json(with_memory(results[0].to_dict(), memory) if len(names) == 1 else [r.to_dict() for r in results])
         return
@@ -106,18 +106,16 @@ def simulate_cmd(
         typer.echo(f"memory cap: {cap.describe()}")
 
 
-def fsdp_of(inputs: Inputs, torchtitan_config: object, overrides: list[str]) -> Callable[[Schedule], FsdpStep] | None:
+def fsdp_of(inputs: Inputs, shapes: JobShapesOnce | None) -> Callable[[Schedule], FsdpStep] | None:
     """The step of a config function's job at dp_shard > 1 timed by a profile, with FSDP's exposed collectives in it
     (:func:`ppsim.fsdp.fsdp_step`, as ``run`` and ``plan`` time it); ``None`` otherwise."""
-    from ppsim.cli.job_memory import _shapes_of
-    from ppsim.memory import JobMemoryError
-    from ppsim.torchtitan import is_registry_name
+    from ppsim.errors import JobMemoryError
 
     job, prof = inputs.job, inputs.cost_model.profile
-    if job is None or job.stage_modules is None or prof is None or not is_registry_name(str(torchtitan_config)):
+    if shapes is None or job is None or job.stage_modules is None or prof is None:
         return None
     try:
-        shapes, degrees = _shapes_of(str(torchtitan_config), overrides, profile=prof)
+        job_shapes, degrees = shapes.get()
     except JobMemoryError:
         return None  # the memory table says why
     if degrees.dp_shard <= 1:
@@ -126,7 +124,7 @@ def fsdp_of(inputs: Inputs, torchtitan_config: object, overrides: list[str]) -> 
 
     costs = CollectiveCosts.from_profile(prof)
     modules = job.stage_modules
-    return lambda schedule: fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=degrees.dp_shard,
+    return lambda schedule: fsdp_step(schedule, shapes=job_shapes, stage_modules=modules, dp_shard=degrees.dp_shard,
                                       costs=costs)
 
 
@@ -233,6 +231,11 @@ def plot_cmd(
     warn_cap_without_bytes(cap, cost_model)
     name = one_schedule(inputs.names)
     result = run_simulation(sched, cost_model, cost_scope, cap, recompute_for(recompute)(name, sched))
+    if memory or cap is not None:  # a job's figure draws its memory from the same count as simulate's verdict
+        from ppsim.cli.job_memory import job_shapes_of, with_job
+
+        shapes = job_shapes_of(inputs, torchtitan_config, job_overrides(ctx, torchtitan_config))
+        result = with_job([result], inputs, shapes, None if cap is None or cap.bytes is None else cap.bytes)[0][0]
     if default_name:  # a name ppsim chose: created new, never over a file that appeared meanwhile
         reserve_new(output, refusal=default_taken(output))
     try:
@@ -290,9 +293,10 @@ def report_cmd(
     from ppsim.compare import compare
     from ppsim.viz.report import write_report
 
+    overrides = job_overrides(ctx, torchtitan_config)
     inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
                           layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config,
-                          overrides=job_overrides(ctx, torchtitan_config))
+                          overrides=overrides)
     names, cost_model = inputs.names, inputs.cost_model
     searched: dict[str, Schedule | PPSimError] = {}
     if search:
@@ -328,7 +332,15 @@ def report_cmd(
     comparison = compare(list(names) + list(searched), builder=builder, costs=cost_model, scope=cost_scope,
                          memory_cap=cap, figure=True, allow_large=allow_large, recompute=recomputed)
     warn_comparison(comparison, several=len(names) > 1)
-    path = write_report(comparison, output, memory_cap_bytes=None if cap is None else cap.bytes)
+    from dataclasses import replace
+
+    from ppsim.cli.job_memory import job_shapes_of, with_job
+
+    cap_bytes = None if cap is None else cap.bytes
+    job_results, _ = with_job(list(comparison.results), inputs, job_shapes_of(inputs, torchtitan_config, overrides),
+                              cap_bytes)
+    comparison = replace(comparison, results=tuple(job_results))  # a job's page draws the verdict's count
+    path = write_report(comparison, output, memory_cap_bytes=cap_bytes)
     typer.echo(str(path))
 
 

@@ -150,7 +150,9 @@ def _reorder(ranks: list[_Rank], *, warm_up: bool) -> None:
     limit = max(_peak(rank) for rank in ranks)
     items = [(t, r, k, mb) for r, rank in enumerate(ranks) for k in range(KINDS) for mb, t in enumerate(rank.kinds[k])]
     if ranks[0].ws is not None:
-        items += [(t, r, KINDS, j) for r, rank in enumerate(ranks) for j, t in enumerate(rank.ws)]
+        for r, rank in enumerate(ranks):
+            assert rank.ws is not None  # the ranks are built all with W slots or all without
+            items += [(t, r, KINDS, j) for j, t in enumerate(rank.ws)]
     used: list[set[int]] = [set() for _ in range(R)]
     phase = "warm-up"
     for t, r, k, mb in sorted(items):
@@ -255,13 +257,14 @@ class _Walk:
 def _room_from(rank: _Rank, first: int, end: int, limit: int) -> int:
     """The earliest slot x >= ``first`` such that one more activation held over [x, end) stays within ``limit``
     (what the rank holds changes only at its F and W slots, so only those in the window are visited)."""
-    assert rank.ws is not None
+    ws = rank.ws
+    assert ws is not None
     plus = (rank.kinds[_F0], rank.kinds[_F1])
 
     def held_at(x: int) -> int:
-        return sum(bisect_right(f, x) for f in plus) - bisect_right(rank.ws, x)
+        return sum(bisect_right(f, x) for f in plus) - bisect_right(ws, x)
 
-    events = sorted({t for f in (*plus, rank.ws) for t in f[bisect_left(f, first):bisect_left(f, end)]})
+    events = sorted({t for f in (*plus, ws) for t in f[bisect_left(f, first):bisect_left(f, end)]})
     starts = [first, *[t for t in events if t > first]]
     most = -1
     for k in range(len(starts) - 1, -1, -1):  # segments from the right: [starts[k], next start)

@@ -10,7 +10,7 @@ Method (see docs/search.md):
    random rules (admission limits per rank, when deferred W run, B or I+W, overlapped pairs) until the time limit
    (:mod:`ppsim.search.rules`).
 3. Local search on the best orders (:mod:`ppsim.search.local`): single actions moved within their rank's order, each
-   candidate re-simulated by :func:`ppsim.simulate` (the judge), kept when the makespan drops and every rank still
+   candidate re-simulated by :func:`ppsim.simulator` (the judge), kept when the makespan drops and every rank still
    fits the cap.
 4. With OR-Tools installed (``pip install ppsim[search]``), CP-SAT polishes the best order before the local search
    (:mod:`ppsim.search.cpsat`); without it the search works the same, minus that step. The result is never worse

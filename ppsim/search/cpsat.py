@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from ppsim.ir import Action, ActionType, Schedule
 from ppsim.search.listsched import Problem
@@ -89,7 +90,9 @@ def polish(
     horizon = ticks(sum(
         M * (problem.f[s] + (problem.b[s] if s in use_b else problem.i[s] + problem.w[s])) for s in range(S)
     ) + sum(problem.fwd_delay) * M + sum(problem.bwd_delay) * M) + 1
-    model = cp_model.CpModel()
+    # Any: recent ortools (9.15) types only its snake_case methods and sets the CamelCase ones used here (the only
+    # ones in 9.8, the floor in pyproject.toml) at run time
+    model: Any = cp_model.CpModel()
     start: dict[tuple[int, ActionType, int], cp_model.IntVar] = {}
     end: dict[tuple[int, ActionType, int], cp_model.IntVar] = {}
     per_rank: list[list[cp_model.IntervalVar]] = [[] for _ in range(R)]

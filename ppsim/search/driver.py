@@ -114,7 +114,7 @@ class _Run:
 
     def consider(self, tpl: Schedule, orders: tuple[tuple[Action, ...], ...], makespan: float, source: str) -> bool:
         """A list-scheduled order: the simulator, not the list scheduler's own timing, judges it."""
-        from ppsim.simulate import simulate
+        from ppsim.simulator import simulate
 
         if makespan >= self.best.makespan - 1e-9:
             return False
@@ -288,10 +288,10 @@ def _named(
     """Every named schedule of the templates' placements, simulated under the same costs, with its peak (with a
     ``run``: reported as set-up, and only while its clock allows)."""
     from ppsim.schedules import all_specs, get_schedule
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     placements = {t.stage_to_rank for t in templates}
-    out = []
+    out: list[Named] = []
     for spec in all_specs():
         vs = [spec.fixed_stages_per_rank] if spec.fixed_stages_per_rank else sorted({t.num_stages_per_rank for t in templates})
         for v in vs:
@@ -430,7 +430,7 @@ minute (R=32, M=128, V: 24,576 computations, 26 s for no gain) and the time goes
 def _cpsat_polish(run: _Run, starts: list[tuple[Schedule, StageCosts]], *, seed: int, max_orders: int | None) -> None:
     """CP-SAT from the best start: its answer, re-simulated with the exact costs, becomes the first start; where its
     model covers every order (:func:`ppsim.search.cpsat.provable`) its bound tightens the case's lower bound."""
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     sched, tcosts = starts[0]
     k = next((k for k, (t, _, _) in enumerate(run.cases) if t.stage_to_rank == sched.stage_to_rank), None)
@@ -466,7 +466,7 @@ def _cpsat_polish(run: _Run, starts: list[tuple[Schedule, StageCosts]], *, seed:
 def _local_phase(run: _Run, starts: list[tuple[Schedule, StageCosts]], max_orders: int | None, *, big: bool) -> None:
     """Local search from each start in turn; the time (and orders) left are shared among the starts left (on a
     ``big`` order the best start gets half, and nine moves in ten are on the critical chain)."""
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     for k, (sched, tcosts) in enumerate(starts):
         if time.perf_counter() >= run.deadline:
@@ -500,7 +500,7 @@ def _result(
     run: _Run, fitting: list[Named], named: list[Named], costs: CostSpec, scope: str, *, stopped: str, seed: int
 ) -> SearchResult:
     """The best order, re-simulated; never worse than the best named schedule that fits."""
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     best = run.best
     if best.schedule is None and stopped == "interrupted":

@@ -4,7 +4,7 @@ Every rank is a single lane. Ranks are visited in order of the time they next de
 are deterministic); at that time every computation that ends earlier is already placed, so a candidate's readiness
 is known exactly. A rank picks among its ready candidates by a :class:`Rule`: the next forward of each of its stages
 (microbatches in order), the next backward of each stage (B, or I with its W deferred), the oldest deferred W, and
-for overlapped pairs a forward together with a backward. Timing follows :func:`ppsim.simulate`'s model exactly
+for overlapped pairs a forward together with a backward. Timing follows :func:`ppsim.simulator`'s model exactly
 (``start = max(rank free, inputs + hand-off delay)``), so the makespan computed here is the one the simulator reports.
 
 Memory: a forward holds its stage's activation until the backward (B) or the W releases it (I releases the part the

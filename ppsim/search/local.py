@@ -1,5 +1,5 @@
 """Local search on an order: single actions moved within their rank's order, each candidate re-simulated by
-:func:`ppsim.simulate` (the judge), kept when the makespan drops and every rank still fits the cap.
+:func:`ppsim.simulator` (the judge), kept when the makespan drops and every rank still fits the cap.
 
 Half of the moves are drawn anywhere; the other half move an action of the *critical chain* (the chain of
 computations, each started by its rank's previous one or by its input, that ends at the makespan) ahead of the
@@ -69,7 +69,7 @@ def local_search(
 
     A move is kept when it lowers the makespan, or keeps it and lowers the sum of the ranks' finishing times.
     ``chain_share`` of the moves are critical-chain moves (see the module docstring)."""
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     current = schedule
     cur_sim = simulate(current, costs)

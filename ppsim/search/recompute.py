@@ -8,7 +8,7 @@ Two parts (docs/search.md, "Recompute under the cap"):
   deferred W, which recomputing cannot shrink (the I re-materialises them for the W) but fusing their I and W into
   one B at the I's place releases; each is tried in the simulator and the one that costs the least makespan is
   kept. Once the order fits, every recomputation is tried out again (last first) and dropped when the order still
-  fits without it. Every step is judged by :func:`ppsim.simulate`.
+  fits without it. Every step is judged by :func:`ppsim.simulator`.
 * :func:`search_recompute` chooses the orders to give it: the search's best order without a cap (the time lost is
   measured against it), the search's best under a few caps between that order's peak and the cap, every named
   schedule of the placement, and the search's best under the cap itself (which needs no recompute, when some order
@@ -71,7 +71,7 @@ def choose_recompute(
     rank (``costs`` already for this schedule, from :meth:`ppsim.costs.CostSpec.for_schedule`), or ``None`` when even
     recomputing every activation held at a peak does not. Past ``deadline`` candidates are no longer simulated
     one by one: the one held longest is taken."""
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     cap = parse_memory_cap(cap)
     chosen = set(start or ())
@@ -116,6 +116,7 @@ def choose_recompute(
 def _levels(sim: SimResult, unit: str) -> tuple[np.ndarray, np.ndarray]:
     """Per action: the most its rank holds during it (``held before + what it adds first``), in the cap's unit."""
     t = sim.trace
+    static: np.ndarray | float  # bytes: per action, its rank's static bytes; activations: none
     if unit == "bytes":
         assert t.byte_delta is not None and t.byte_plus is not None
         delta, plus, scale = t.byte_delta, t.byte_plus, 1
@@ -188,7 +189,7 @@ def fuse(schedule: Schedule, pair: tuple[int, int]) -> Schedule:
 def polish(choice: Choice, costs: StageCosts, cap: MemoryCap, rng: random.Random, *, deadline: float,
            max_tries: int | None = None) -> Choice:
     """First-improvement local search with recomputation as a move (module docstring); the result fits ``cap``."""
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     current = choice
     tries = failures = 0
@@ -372,7 +373,7 @@ def search_recompute(
     sched = choice.schedule
     if source.startswith("searched") or source.endswith("polished") or choice.schedule.name != source:
         sched = replace(sched, name=SEARCH_NAME)
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     final = simulate(sched, costs.for_schedule(sched, scope=scope), recompute=choice.recompute)  # the judge, once more
     assert peak_of(final, cap.unit) <= cap.amount + 1e-9, "a chosen order must fit"

@@ -35,7 +35,7 @@ def v_block_seeds(
 ) -> Iterator[tuple[Schedule, SimResult]]:
     """Each building-block schedule that fits ``cap``, most memory first, until ``deadline`` or ``max_count``
     blocks are built (nothing for a placement other than V)."""
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     if not is_v(template) or template.num_ranks > MAX_SEED_RANKS:
         return
@@ -70,7 +70,7 @@ def v_greedy_seeds(
     cap's (at most ZBV's 2R) down, while ``deadline`` allows; those that fit. In practice the construction
     completes at 2R chunk activations, where it is often faster than ZBV with communication."""
     from ppsim.search.vgreedy import greedy_v
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     if not is_v(template) or template.num_ranks > MAX_SEED_RANKS:
         return
@@ -99,7 +99,7 @@ def v_auto_seeds(
     order; at most ``max_count`` blocks. V placement with ``M >= 2R`` only, up to :data:`MAX_SEED_RANKS` ranks."""
     from ppsim.errors import PPSimError
     from ppsim.search.vauto import block_orders, blocks, family, first_peak
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     R, M = template.num_ranks, template.num_microbatches
     if not is_v(template) or R > MAX_SEED_RANKS or M < 2 * R:
@@ -112,7 +112,9 @@ def v_auto_seeds(
         if time.perf_counter() >= deadline:
             return
         block = next(blocks(R, f1, b1, b0, d0, d1), None)
-        peak = first_peak(block, M) if block is not None else limit + 1
+        if block is None:
+            continue
+        peak = first_peak(block, M)
         if peak <= limit:
             ranked.append((-peak, k, block))
     ranked.sort(key=lambda x: x[:2])
@@ -145,7 +147,7 @@ def loop_greedy_seeds(
     one stage per rank; the orders that the simulator runs within the cap, until ``deadline``."""
     from ppsim.errors import PPSimError
     from ppsim.search.zbgreedy import zb_greedy_orders
-    from ppsim.simulate import simulate
+    from ppsim.simulator import simulate
 
     for orders in zb_greedy_orders(problem):
         if time.perf_counter() >= deadline:

@@ -25,7 +25,7 @@ follows the authors' steps instead, so that the order they return is one the sea
    kind, the first of each) whose input is already placed before it and that does not raise the rank's peak.
 7. The W are relabelled in backward order.
 
-Every order is judged by :func:`ppsim.simulate` (the authors pick by their own timing). Only ``M >= 2R`` is built
+Every order is judged by :func:`ppsim.simulator` (the authors pick by their own timing). Only ``M >= 2R`` is built
 (the authors pad smaller ``M`` to ``2R`` and trim afterwards; ppsim's own blocks cover those sizes).
 """
 
@@ -112,9 +112,9 @@ def _repeat(block: Block, m: int) -> Grid:
                     _keep_m(grid[i], index, m)
                     index += 1
                     if kind in _W_OF:
-                        k = next((k for k in range(PERIOD) if grid[i][index + k] == _W_OF[kind]), None)
-                        if k is not None:
-                            _keep_m(grid[i], index + k, m)
+                        w = next((k for k in range(PERIOD) if grid[i][index + k] == _W_OF[kind]), None)
+                        if w is not None:
+                            _keep_m(grid[i], index + w, m)
                     break
                 index += 1
     return grid

@@ -19,7 +19,7 @@ is rebuilt here from the algorithm, in the search's terms (a :class:`~ppsim.sear
 3. The remaining W run at the end.
 
 The rounds keep the authors' own timing (an action ends at its stage's previous end or its input's arrival plus
-its cost), which decides the waits; the order is then judged by :func:`ppsim.simulate` like every other seed. The
+its cost), which decides the waits; the order is then judged by :func:`ppsim.simulator` like every other seed. The
 8 variants (``bubble_first``, ``prioritize_b``, ``fill_wait``) are all returned; a variant that runs out of memory
 (a forward or backward with no W left to free it) is skipped.
 """
@@ -171,12 +171,16 @@ class _Greedy:
             if want[s]:
                 self.make_room(_F, s)
                 if s > 0:
-                    self.fill(s, self.arrival(_F, s, self.done[_F][s]))
+                    ready = self.arrival(_F, s, self.done[_F][s])
+                    assert ready is not None  # s > 0: the input comes from stage s - 1
+                    self.fill(s, ready)
                 self.put(_F, s)
         for s in range(S - 1, -1, -1):
             self.make_room(_I, s)
             if s + 1 < S:
-                self.fill(s, self.arrival(_I, s, mb))
+                ready = self.arrival(_I, s, mb)
+                assert ready is not None  # s < S - 1: the gradient comes from stage s + 1
+                self.fill(s, ready)
             if s == 0 and self.done[_F][s] == self.p.num_microbatches:
                 while self.pending_w(s):
                     self.put(_W, s)

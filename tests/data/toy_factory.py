@@ -1,4 +1,4 @@
-"""Factories for `--model python:toy_factory:NAME` in tests/test_models.py (run from tests/data)."""
+"""Factories for `--model python:toy_factory:NAME` in tests/calibrate/test_models.py (run from tests/data)."""
 
 from __future__ import annotations
 

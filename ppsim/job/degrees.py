@@ -1,0 +1,55 @@
+"""A torchtitan job's parallel degrees (torchtitan's ``ParallelDims``: PP, dp_shard, dp_replicate, TP, CP, EP) and
+the rules torchtitan applies to them before it builds a mesh."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ppsim.errors import JobMemoryError
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """The job's parallel degrees (torchtitan's ``ParallelDims``)."""
+
+    pp: int
+    tp: int = 1
+    dp_shard: int = 1
+    dp_replicate: int = 1
+    cp: int = 1
+    ep: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.tp * self.dp_shard * self.dp_replicate * self.cp
+
+
+# --- the rules ----------------------------------------------------------------------------------------------------
+DEGREE_KEYS = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree",
+               "dp_shard": "data_parallel_shard_degree", "dp_replicate": "data_parallel_replicate_degree",
+               "cp": "context_parallel_degree", "ep": "expert_parallel_degree"}
+"""torchtitan's ``parallelism`` key for each :class:`Degrees` field."""
+
+
+def check_degrees(degrees: Degrees, *, num_heads: int, num_kv_heads: int, num_layers: int,
+                  num_experts: int | None = None, world_size: int | None = None, fix: str = "") -> None:
+    """Refuse (one line) degrees torchtitan could not run: a product that is not the world size, a TP degree that
+    does not divide the heads, an EP degree that does not divide the experts, more PP ranks than layers."""
+    tail = f"; {fix}" if fix else ""
+    for field, key in DEGREE_KEYS.items():
+        if getattr(degrees, field) < 1:  # before any division by it
+            raise JobMemoryError(f"{key} {getattr(degrees, field)}: must be at least 1 (1 for none){tail}")
+    if world_size is not None and degrees.world_size != world_size:
+        raise JobMemoryError(f"degrees pp {degrees.pp} x tp {degrees.tp} x dp_shard {degrees.dp_shard} x "
+                           f"dp_replicate {degrees.dp_replicate} x cp {degrees.cp} = {degrees.world_size}, not the "
+                           f"world size {world_size}{tail}")
+    for name, heads in (("heads", num_heads), ("kv heads", num_kv_heads)):
+        if heads % degrees.tp:
+            raise JobMemoryError(f"tensor_parallel_degree {degrees.tp} does not divide the model's {heads} {name}; "
+                               f"pick a divisor of {heads}{tail}")
+    if num_experts is not None and num_experts % degrees.ep:
+        raise JobMemoryError(f"expert_parallel_degree {degrees.ep} does not divide the model's {num_experts} experts"
+                           f"{tail}")
+    if degrees.pp > num_layers:
+        raise JobMemoryError(f"pipeline_parallel_degree {degrees.pp} is more than the model's {num_layers} layers"
+                           f"{tail}")

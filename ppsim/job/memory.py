@@ -1,0 +1,404 @@
+"""Each pipeline rank's memory for a whole torchtitan job (PP x FSDP x TP), from the model's shapes, and the verdict
+against a device's capacity. Plain data and arithmetic: the shapes come from ``ppsim.calibrate.torchtitan.shapes`` (which
+builds the model on the meta device and shards it with torchtitan's own parallelize on a fake process group).
+
+What a rank holds, as torchtitan 0.3.0 trains under PP (``parallelize_llama`` / ``apply_fsdp_to_decoder``, torch
+2.13's FSDP2 and pipelining):
+
+- **parameters**: each stage's TP-local tensors, FSDP-sharded over ``dp_shard`` (``fully_shard`` pads dim 0 to a
+  multiple of the degree: ``ceil(rows / dp_shard)`` rows per rank), stored in ``training.dtype`` (fp32 master);
+- **optimizer**: AdamW's two states per sharded element, in the master dtype;
+- **gradients**: under PP the microbatches' gradients accumulate unsharded (``set_requires_gradient_sync(False)``
+  until the last backward) in ``mixed_precision_reduce`` (fp32), from a stage's first weight gradient to its last
+  backward, which reduce-scatters them into sharded master-dtype gradients held to the step's end;
+- **other**: the gathered parameters (``mixed_precision_param``, bf16) of each stage, held from its first forward
+  to its last backward (``reshard_after_forward`` is False under PP by default; ``"always"`` regathers per action),
+  torch's p2p receive buffers (one per microbatch and direction, made at set-up), and the transient inside the
+  action at the high point (a checkpointed layer's recomputed activations and the gradient workspace);
+- **activations**: saved per (stage, microbatch) from its F to its backward, per layer kind from the shapes under
+  the job's activation-checkpoint mode (``none``: every saved tensor; ``full``: each layer's input only), or only
+  the stage's input for a (stage, microbatch) in ppsim's recompute set; each stage's output (torch's stage keeps it
+  to the backward), and what a send to another rank holds until the runtime waits for it. Inside a backward the
+  blocks run from the last, freeing their activations and making gradients as they go (:func:`_backward_step`).
+
+The activation counts are a formula over the layer's shapes (documented in ``docs/memory.md``), not a trace.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ppsim.errors import JobMemoryError
+from ppsim.job.degrees import Degrees
+from ppsim.ir import ActionType, Schedule
+
+if TYPE_CHECKING:
+    from ppsim.result import SimResult
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float64": 8}
+GIB = 2**30
+PARTS = ("parameters", "gradients", "optimizer", "activations", "other")
+
+
+@dataclass(frozen=True)
+class BlockShapes:
+    """One block (the embedding, a layer, or the head) as one rank holds it after tensor parallelism."""
+
+    kind: str
+    """``embedding``, ``head`` or a layer kind (e.g. ``layer`` or ``moe``)."""
+    tensors: tuple[tuple[str, tuple[int, ...]], ...]
+    """Each parameter's name (within the block) and TP-local shape."""
+    saved_bytes: int
+    """Activations saved per microbatch under the job's checkpoint mode (the backward's input)."""
+    forward_transient_bytes: int = 0
+    """Held only while its forward runs (a checkpointed layer's intermediates)."""
+    backward_transient_bytes: int = 0
+    """Held only while its backward runs (recomputed activations, the gradient workspace)."""
+    weight_grad_stash_bytes: int = 0
+    """Held from a split backward's I to its W: the gradients of the weights' outputs that W needs (torch's
+    ``stage_backward_input`` keeps them for ``stage_backward_weight``)."""
+    buffer_bytes: int = 0
+    """The block's buffers (e.g. torchtitan 0.3.0's per-layer RoPE cache), held for the whole run."""
+
+    @property
+    def numel(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.tensors)
+
+    def sharded_numel(self, dp_shard: int) -> int:
+        """Elements per rank after FSDP: dim 0 padded to a multiple of ``dp_shard``."""
+        return sum(-(-shape[0] // dp_shard) * math.prod(shape[1:]) if shape else 1 for _, shape in self.tensors)
+
+
+@dataclass(frozen=True)
+class JobShapes:
+    """The job's model as one TP rank holds it, with the dtypes and activation sizes that decide its memory."""
+
+    source: str
+    blocks: Mapping[str, BlockShapes]
+    """By module name: ``tok_embeddings``, ``layers.N``, ``norm``, ``lm_head`` (torchtitan's stage module names)."""
+    tp: int
+    boundary_bytes: int
+    """One microbatch's hidden state as a stage sends it (a p2p buffer)."""
+    master_dtype: str = "float32"
+    param_dtype: str = "bfloat16"
+    reduce_dtype: str = "float32"
+    activation_checkpoint: str = "none"
+    reshard_after_forward: bool = False
+    notes: tuple[str, ...] = ()
+    fsdp: bool = True
+    """``fully_shard`` applied (torchtitan applies it even at ``dp_shard`` 1): each stage's parameters are gathered
+    into a second, unsharded copy while it computes. False: the module's own parameters are used (a plain PP run)."""
+    all_sends_held: bool = False
+    """Every send to another rank is held to the step's end, as ppsim run's runtimes do on CPU/gloo (torch's
+    ``_PipelineScheduleRuntime`` waits for its sends only then; ppsim's DualPipeV executor too): measured. False (the
+    training job without a profile): not counted; on NCCL whether the allocator frees a sent block when the send
+    completes or at its wait is not yet checked on a GPU."""
+    fsdp_only_sharded: bool = False
+    """``fully_shard`` applied only where ``dp_shard`` x ``tp`` > 1, as ``ppsim run`` applies it (torchtitan applies it
+    always)."""
+    optimizer_states: int = 2
+    """Optimizer states per sharded element (AdamW: 2; a run without an optimizer step: 0)."""
+    logits_bytes: int = 0
+    """The last stage's output per microbatch (the logits), which torch's stage keeps from the forward to the
+    backward like every stage's output (0: counted as ``boundary_bytes``)."""
+    workspace_bytes: int = 0
+    """What the device's libraries keep allocated through the step beyond any tensor (cuBLAS's workspace per thread
+    that multiplies), as calibration measured it on the device (``method.workspace_bytes``); 0 where none is seen or
+    no profile says (on CUDA torch's default is 32 MiB a thread on Hopper)."""
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One PP rank's high point: its parts (summing to ``peak_memory_bytes``) and the action it happens in."""
+
+    rank: int
+    parts: Mapping[str, int]
+    during: str
+    cap_bytes: int | None = None
+    static_bytes: Mapping[str, int] = field(default_factory=dict)
+    """Sharded parameters, optimizer and gradients, the gathered parameters and the p2p buffers, in bytes."""
+    end_bytes: int = 0
+    """Held after the rank's last action (between steps, before the optimizer frees the gradients)."""
+    start_bytes: int = 0
+    """Held before the rank's first action (parameters, optimizer state, buffers, the device's workspace)."""
+    over_time: tuple[tuple[int, int], ...] = ()
+    """Per action of the rank, in its order: (what it changes when it ends, its high point above what was held
+    before it): the same count as the peak, for the simulator's memory over time (:func:`with_job_memory`)."""
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.cap_bytes is None else self.peak_memory_bytes <= self.cap_bytes
+
+    def verdict(self) -> str:
+        """``fits, X GiB free`` or ``over by X GiB on rank r during <action>`` (empty without a cap)."""
+        if self.cap_bytes is None:
+            return ""
+        gap = (self.cap_bytes - self.peak_memory_bytes) / GIB
+        if gap >= 0:
+            return f"fits, {gap:.2f} GiB free"
+        return f"over by {-gap:.2f} GiB on rank {self.rank} during {self.during}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "peak_memory_bytes": self.peak_memory_bytes, "memory_parts": dict(self.parts),
+                "fits": self.fits, "during": self.during, "verdict": self.verdict() or None,
+                "held": dict(self.static_bytes), "end_bytes": self.end_bytes}
+
+
+# --- the count -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Stage:
+    sharded: int
+    """Elements per rank after TP and FSDP."""
+    gathered: int
+    """Elements per rank after TP (FSDP's all-gather)."""
+    saved: int
+    kept: int
+    fwd_transient: int
+    buffers: int
+    stash: int
+    output: int
+    """The stage's output per microbatch, which torch's stage keeps (``fwd_cache``) from the forward to the
+    backward: the boundary hidden state, or the last stage's logits."""
+    sent_output: bool
+    """Its output goes to another rank by a send held to the step's end (it outlives the backward)."""
+    sent_grad: int
+    """Bytes of its input gradient sent to another rank by a send held to the step's end, per backward."""
+    first: bool
+    """No stage before it: its input needs no gradient, so torch's ``backward_one_chunk`` skips the split backward's
+    I and its W runs the whole backward."""
+    backward_high: tuple[int, int, int]
+    """A full backward's high point as (this microbatch's saved activations still held, the stage's gradients made
+    so far, transient), the stage's first backward: the blocks run backward from the last, each freeing its saved
+    tensors and leaving its weights' gradients, so block ``j`` holds the saved tensors of blocks ``<= j``, the
+    gradients of blocks ``>= j`` and its own transient (:func:`_backward_high`)."""
+    accumulating_high: tuple[int, int, int]
+    """The same once the stage holds its gradients (counted in the state): each weight's new gradient is made, then
+    added into the held one."""
+    input_high: int
+    """A split backward's I over the held state (it frees nothing): the blocks run backward from the last, each
+    adding its weighted outputs' gradients to the stash, so block ``j`` adds the stash of blocks ``>= j`` and its
+    own transient."""
+    weight_grad: int
+    """The largest weight's new gradient (a split backward's W, once gradients are held)."""
+
+
+def _backward_high(blocks: Sequence[BlockShapes], grads: Sequence[int],
+                   transients: Sequence[int]) -> tuple[int, int, int]:
+    """(saved, gradients, transient) at the block where a full backward peaks; ``grads[j]``: block ``j``'s gradients
+    made by this backward; ``transients[j]``: what else it holds while block ``j`` runs."""
+    high, prefix = (0, 0, 0), 0
+    for j, block in enumerate(blocks):
+        prefix += block.saved_bytes
+        here = (prefix, sum(grads[j:]), max(block.backward_transient_bytes, transients[j]))
+        if sum(here) > sum(high):
+            high = here
+    return high
+
+
+def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int, *, first: bool = False,
+              last: bool = False, sent: tuple[bool, bool] = (False, False)) -> _Stage:
+    missing = [m for m in modules if m not in shapes.blocks]
+    if missing:
+        raise JobMemoryError(f"stage modules {', '.join(missing[:3])} are not in {shapes.source}'s model; the job's "
+                           "module lists must name its modules")
+    blocks = [shapes.blocks[m] for m in modules]
+    grad_bytes = DTYPE_BYTES[shapes.param_dtype]  # a new gradient has its parameter's (gathered) dtype
+    new = [max((math.prod(shape) for _, shape in b.tensors), default=0) * grad_bytes for b in blocks]
+    held = [b.numel * DTYPE_BYTES[shapes.reduce_dtype] for b in blocks]  # accumulated unsharded (FSDP: reduce dtype)
+    none = [0] * len(blocks)
+    return _Stage(
+        sharded=sum(b.sharded_numel(dp_shard) for b in blocks), gathered=sum(b.numel for b in blocks),
+        saved=sum(b.saved_bytes for b in blocks), kept=shapes.boundary_bytes,
+        fwd_transient=max((b.forward_transient_bytes for b in blocks), default=0),
+        buffers=sum(b.buffer_bytes for b in blocks), stash=sum(b.weight_grad_stash_bytes for b in blocks),
+        output=shapes.logits_bytes if last and shapes.logits_bytes else shapes.boundary_bytes, first=first,
+        sent_output=sent[0], sent_grad=shapes.boundary_bytes if sent[1] else 0,
+        backward_high=_backward_high(blocks, held, none), accumulating_high=_backward_high(blocks, none, new),
+        input_high=max((sum(b.weight_grad_stash_bytes for b in blocks[j:]) + blocks[j].backward_transient_bytes
+                        for j in range(len(blocks))), default=0),
+        weight_grad=max(new, default=0),
+    )
+
+
+def stage_numels(shapes: JobShapes, stage_modules: Sequence[Sequence[str]]) -> list[int]:
+    """Each stage's parameter elements as one TP rank holds them unsharded (what FSDP all-gathers)."""
+    return [_stage_of(shapes, mods, 1).gathered for mods in stage_modules]
+
+
+def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
+               stage_modules: Sequence[Sequence[str]], recompute: AbstractSet[tuple[int, int]] = frozenset(),
+               cap_bytes: int | None = None) -> list[RankMemory]:
+    """Each PP rank's high point over ``schedule``'s order (its actions as the rank runs them), with its parts.
+
+    ``stage_modules[s]``: stage ``s``'s module names (torchtitan's split), in forward order; ``recompute``: the
+    (stage, microbatch) pairs whose activations are recomputed in their backward (only the stage's input is kept)."""
+    if degrees.cp > 1:
+        raise JobMemoryError(f"context_parallel_degree {degrees.cp}: ppsim does not count context parallelism yet "
+                             "(each rank would hold a 1/cp share of every sequence's activations); drop "
+                             "--parallelism.context_parallel_degree, or set it to 1")
+    if len(stage_modules) != schedule.num_stages:
+        raise JobMemoryError(f"the job splits the model into {len(stage_modules)} stages, the schedule has "
+                           f"{schedule.num_stages}; the split must give each stage its modules")
+    stages = [_stage_of(shapes, mods, degrees.dp_shard, first=schedule.prev_stage(s) is None,
+                        last=schedule.next_stage(s) is None, sent=_sends_held(shapes, schedule, s))
+              for s, mods in enumerate(stage_modules)]
+    return [_rank_memory(shapes, schedule, stages, r, recompute, cap_bytes, degrees) for r in range(schedule.num_ranks)]
+
+
+def _sends_held(shapes: JobShapes, schedule: Schedule, stage: int) -> tuple[bool, bool]:
+    """Whether ``stage``'s output and its input gradient go to another rank by a send held to the step's end."""
+    if not shapes.all_sends_held:
+        return False, False
+    rank = schedule.stage_to_rank[stage]
+    nxt, prev = schedule.next_stage(stage), schedule.prev_stage(stage)
+    return (nxt is not None and schedule.stage_to_rank[nxt] != rank,
+            prev is not None and schedule.stage_to_rank[prev] != rank)
+
+
+def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], rank: int,
+                 recompute: AbstractSet[tuple[int, int]], cap_bytes: int | None, degrees: Degrees) -> RankMemory:
+    master, param, reduce = (DTYPE_BYTES[d] for d in (shapes.master_dtype, shapes.param_dtype, shapes.reduce_dtype))
+    if not shapes.fsdp or (shapes.fsdp_only_sharded and degrees.dp_shard * degrees.tp == 1):
+        param = 0  # no gathered copy: the stored parameters are computed with
+    own = schedule.stages_of(rank)
+    sharded = sum(stages[s].sharded for s in own)
+    m = schedule.num_microbatches
+    module_buffers = sum(stages[s].buffers for s in own)
+    buffers = module_buffers + sum(m * shapes.boundary_bytes * ((schedule.prev_stage(s) is not None) + (schedule.next_stage(s)
+                                                                                      is not None)) for s in own)
+    # a first stage's I does nothing (torch skips it; its W is the whole backward)
+    comps = [(c, str(a)) for a in schedule.actions[rank] for c in a.computations
+             if not (c.type is ActionType.I and stages[c.stage].first)]
+    owner = [pos for pos, a in enumerate(schedule.actions[rank]) for c in a.computations
+             if not (c.type is ActionType.I and stages[c.stage].first)]
+    backward = (ActionType.B, ActionType.W)
+    firsts: dict[tuple[int, ActionType], int] = {}
+    lasts: dict[tuple[int, ActionType], int] = {}
+    first_grads: dict[int, int] = {}
+    for i, (c, _) in enumerate(comps):
+        kind = ActionType.B if c.type in backward or c.type is ActionType.I else c.type
+        firsts.setdefault((c.stage, kind), i)
+        lasts[(c.stage, kind)] = i
+        if c.type in backward:
+            first_grads.setdefault(c.stage, i)
+    # ``sent``: the part of ``act`` held by sends, released when they are waited for at the step's end
+    state = {"act": 0, "gathered": 0, "accum": 0, "grads": 0, "sent": 0}
+    best: tuple[int, dict[str, int], str] = (-1, {}, "")
+    high = 0  # the most held inside the action being walked
+
+    def consider(transient: int, extra_act: int, label: str, extra_grads: int = 0) -> None:
+        nonlocal best, high
+        parts = {"parameters": sharded * master, "gradients": state["accum"] + state["grads"] + extra_grads,
+                 "optimizer": shapes.optimizer_states * sharded * master, "activations": state["act"] + extra_act,
+                 "other": state["gathered"] + buffers + transient + shapes.workspace_bytes}
+        total = sum(parts.values())
+        high = max(high, total)
+        if total > best[0]:
+            best = (total, parts, label)
+
+    def held() -> int:  # what the rank holds between computations
+        return ((1 + shapes.optimizer_states) * sharded * master + buffers + shapes.workspace_bytes
+                + state["gathered"] + state["accum"] + state["grads"] + state["act"])
+
+    start = held()
+    over_time = [[0, 0] for _ in schedule.actions[rank]]  # per action: (change when it ends, its high - before)
+    before = start
+    for i, (c, label) in enumerate(comps):
+        pos = owner[i]
+        if i == 0 or owner[i - 1] != pos:  # the action's first computation
+            before, high = held(), 0
+        _walk_one(shapes, stages, c, i, label, state=state, consider=consider, recompute=recompute,
+                  dtypes=(master, param, reduce), firsts=firsts, lasts=lasts, first_grads=first_grads)
+        over_time[pos] = [held() - before, max(high, held()) - before]
+    consider(0, 0, "the step's end")
+    end = ((2 + shapes.optimizer_states) * sharded * master + buffers + state["gathered"] + state["accum"]
+           + state["act"] - state["sent"])
+    static = {"parameters": sharded * master, "optimizer": shapes.optimizer_states * sharded * master, "gradients": sharded * master,
+              "gathered_parameters": sum(stages[s].gathered for s in own) * param, "p2p_buffers": buffers - module_buffers,
+              "module_buffers": module_buffers}
+    return RankMemory(rank=rank, parts=best[1], during=best[2], cap_bytes=cap_bytes, static_bytes=static,
+                      end_bytes=end, start_bytes=start, over_time=tuple((d, p) for d, p in over_time))
+
+
+def _walk_one(shapes: JobShapes, stages: list[_Stage], c: Any, i: int, label: str, *, state: dict[str, int],
+              consider: Any, recompute: AbstractSet[tuple[int, int]], dtypes: tuple[int, int, int],
+              firsts: Mapping[tuple[int, ActionType], int], lasts: Mapping[tuple[int, ActionType], int],
+              first_grads: Mapping[int, int]) -> None:
+    """One computation ``c`` (the rank's ``i``-th) of the walk: its high points (``consider``), then what it keeps."""
+    master, param, reduce = dtypes
+    st, s, rc = stages[c.stage], c.stage, (c.stage, c.microbatch) in recompute
+    saved = st.kept if rc else st.saved
+    if c.type is ActionType.F:
+        if i == firsts[(s, ActionType.F)] or shapes.reshard_after_forward:
+            state["gathered"] += st.gathered * param
+        consider(st.fwd_transient, saved, label)
+        state["act"] += saved + st.output
+        if shapes.reshard_after_forward:
+            state["gathered"] -= st.gathered * param
+        return
+    _backward_step(shapes, st, c.type, rc=rc, dtypes=(master, param, reduce), state=state, consider=consider,
+                   label=label, first=i == first_grads.get(s), last=i == lasts[(s, ActionType.B)],
+                   accumulating=i != first_grads.get(s, i))
+
+
+def _backward_step(shapes: JobShapes, st: _Stage, kind: ActionType, *, rc: bool, dtypes: tuple[int, int, int],
+                   state: dict[str, int], consider: Any, label: str, first: bool, last: bool,
+                   accumulating: bool) -> None:
+    """One B, I or W of stage ``st``: its high point (``consider``), then what it frees or keeps for W.
+
+    A sent output or input gradient stays to the step's end where the runtime waits for its sends only then
+    (:func:`_sends_held`). A full backward (B, or a first stage's W) holds the other microbatches' activations plus
+    the stage's :attr:`_Stage.backward_high` (a recomputed pair first rebuilds all its saved tensors); an I frees
+    nothing and adds
+    what W needs (every weighted output's gradient, ``stash``; a recomputed pair's rebuilt activations); a W adds one
+    weight's new gradient, then frees the saved tensors and the stash. ``dtypes``: the master, gathered and reduce
+    dtypes' bytes."""
+    master, param, reduce = dtypes
+    if shapes.reshard_after_forward:  # every backward regathers its stage's parameters
+        state["gathered"] += st.gathered * param
+    saved = st.kept if rc else st.saved
+    recomputed = st.saved - st.kept if rc else 0
+    if kind is ActionType.B or (kind is ActionType.W and st.first):
+        held, grads, transient = st.accumulating_high if accumulating else st.backward_high
+        consider(transient, held - saved, label, grads)  # the first one's gradients counted as they come
+        state["act"] -= saved + (0 if st.sent_output else st.output) - st.sent_grad
+        state["sent"] += (st.output if st.sent_output else 0) + st.sent_grad
+        state["accum"] += st.gathered * reduce if first else 0
+    elif kind is ActionType.I:
+        consider(st.input_high - st.stash + recomputed, st.stash, label)
+        state["act"] += st.stash + recomputed - (0 if st.sent_output else st.output) + st.sent_grad
+        state["sent"] += (st.output if st.sent_output else 0) + st.sent_grad
+    else:  # W: autograd.grad makes a parameter group's gradients, then each is added into the held one
+        state["accum"] += st.gathered * reduce if first else 0
+        consider(st.weight_grad if accumulating else 0, 0, label)
+        state["act"] -= saved + st.stash + recomputed
+    if kind is not ActionType.I and last:
+        state["accum"] -= st.gathered * reduce
+        state["grads"] += st.sharded * master
+        state["gathered"] -= st.gathered * param
+    elif shapes.reshard_after_forward:
+        state["gathered"] -= st.gathered * param
+
+
+def fmt_gib(num_bytes: int) -> str:
+    return f"{num_bytes / GIB:.2f} GiB"
+
+
+def with_job_memory(result: SimResult, memory: Sequence[RankMemory]) -> SimResult:
+    """``result`` with its memory over time, per-rank peaks and cap flags from ``memory`` (:func:`job_memory` of
+    the same schedule), so a job's figure, table and verdict read one count."""
+    import numpy as np
+
+    delta = np.array([d for m in memory for d, _ in m.over_time], dtype=np.int64)
+    plus = np.array([p for m in memory for _, p in m.over_time], dtype=np.int64)
+    cap = next((m.cap_bytes for m in memory), None)
+    return result.with_memory(static_bytes=[m.start_bytes for m in memory], byte_delta=delta, byte_plus=plus,
+                              cap_bytes=cap)

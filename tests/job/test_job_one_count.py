@@ -1,0 +1,111 @@
+"""One count of a job's memory: the verdict (:func:`ppsim.job.memory.job_memory`), the simulated step's per-rank
+peaks, its memory over time (what `plot --memory`, `report` and the plan page draw) and `simulate --json` are the
+same number; and the job's module lists name torchtitan's real modules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from ppsim.cli import app
+from ppsim.job.degrees import Degrees
+from ppsim.job.memory import BlockShapes, JobShapes, job_memory, with_job_memory
+from ppsim.schedules import load_schedule
+from ppsim.simulator import simulate
+
+runner = CliRunner()
+DATA = Path(__file__).parents[1] / "data"
+
+
+def _shapes(num_layers: int, saved: int, *, sends_held: bool) -> JobShapes:
+    layer = BlockShapes("layer", (("w", (6, 4)), ("n", (4,))), saved_bytes=saved, backward_transient_bytes=7,
+                        forward_transient_bytes=3, weight_grad_stash_bytes=5)
+    blocks = {f"layers.{i}": layer for i in range(num_layers)}
+    blocks["tok_embeddings"] = BlockShapes("embedding", (("weight", (10, 4)),), saved_bytes=8)
+    blocks["norm"] = BlockShapes("head", (("weight", (4,)),), saved_bytes=0)
+    blocks["lm_head"] = BlockShapes("head", (("weight", (10, 4)),), saved_bytes=0)
+    return JobShapes(source="t", blocks=blocks, tp=1, boundary_bytes=16, all_sends_held=sends_held, logits_bytes=40)
+
+
+def _modules(num_stages: int, per: int) -> list[list[str]]:
+    mods = [[f"layers.{s * per + i}" for i in range(per)] for s in range(num_stages)]
+    mods[0].insert(0, "tok_embeddings")
+    mods[-1] += ["norm", "lm_head"]
+    return mods
+
+
+@given(name=st.sampled_from(["1F1B", "GPipe", "Interleaved1F1B", "ZBH1", "ZBVZeroBubble", "DualPipeV"]),
+       ranks=st.integers(2, 4), mb=st.integers(2, 8), saved=st.integers(0, 10**6), sends_held=st.booleans(),
+       dp=st.integers(1, 3))
+@settings(max_examples=60, deadline=None)
+def test_the_step_s_memory_over_time_peaks_at_the_verdict_s_count(name: str, ranks: int, mb: int, saved: int,
+                                                                  sends_held: bool, dp: int) -> None:
+    try:
+        schedule = load_schedule(name, ranks, mb)
+    except Exception:  # a schedule that cannot take these sizes
+        return
+    modules = _modules(schedule.num_stages, 2)
+    memory = job_memory(_shapes(2 * schedule.num_stages, saved, sends_held=sends_held),
+                        degrees=Degrees(pp=ranks, dp_shard=dp), schedule=schedule, stage_modules=modules,
+                        cap_bytes=10**6)
+    result = with_job_memory(simulate(schedule), memory)
+    frame = result.memory()
+    for m, stats in zip(memory, result.per_rank):
+        assert stats.peak_memory_bytes == m.peak_memory_bytes
+        assert stats.over_memory_cap is (m.fits is False)
+        drawn = frame[frame["rank"] == m.rank]["bytes"]
+        assert int(drawn.max()) == m.peak_memory_bytes  # the figure's panel reaches the verdict's peak, no higher
+        assert int(drawn.iloc[0]) == m.start_bytes  # before the first action: the fixed parts
+
+
+def test_simulate_json_table_and_figure_of_a_job_read_one_count(tmp_path: Path) -> None:
+    """`simulate --torchtitan-config ... --profile --json`: each rank's peak is the memory table's (one number,
+    not the profile's activation count beside the job's), and `plot --memory` draws that count."""
+    pytest.importorskip("torchtitan")
+    job = ["--torchtitan-config", "llama3:llama3_debugmodel", "--parallelism.pipeline_parallel_degree", "2",
+           "--parallelism.data_parallel_shard_degree", "1", "--training.seq_len", "32", "--profile", str(DATA / "llama3_debugmodel_s32_mem.profile.json")]
+    sim = runner.invoke(app, ["simulate", *job, "--memory-cap", "1GiB", "--json"])
+    assert sim.exit_code == 0, sim.output
+    rows = json.loads(sim.stdout)["per_rank"]
+    parts = [sum(r["memory_parts"].values()) for r in rows]
+    assert [r["peak_memory_bytes"] for r in rows] == parts and all(p > 0 for p in parts)
+    text = runner.invoke(app, ["simulate", *job])
+    assert text.exit_code == 0, text.output
+    assert "memory per PP rank" in text.stdout
+
+
+def test_a_module_name_torchtitan_does_not_have_is_refused_with_the_nearest(tmp_path: Path) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text('[parallelism]\npipeline_parallel_degree = 2\nmodule_fqns_per_model_part = '
+                   '[["tok_embeddings", "layers.00"], ["layers.1", "norm", "output"]]\n')
+    result = runner.invoke(app, ["simulate", "--torchtitan-config", str(job)])
+    assert result.exit_code == 2
+    assert "'layers.00'" in result.output and "did you mean layers.0?" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    fine = job.read_text().replace("layers.00", "layers.0")
+    job.write_text(fine)
+    assert runner.invoke(app, ["simulate", "--torchtitan-config", str(job)]).exit_code == 0
+
+
+def test_a_degree_the_job_counts_is_never_called_not_honoured() -> None:
+    pytest.importorskip("torchtitan")
+    result = runner.invoke(app, ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel",
+                                 "--parallelism.pipeline_parallel_degree", "2",
+                                 "--parallelism.tensor_parallel_degree", "2",
+                                 "--parallelism.data_parallel_shard_degree", "2"])
+    assert result.exit_code == 0, result.output
+    assert "not honoured" not in result.output and "counts pp 2 x tp 2 x dp_shard 2" in result.output
+
+
+def test_context_parallelism_is_refused_not_silently_dropped() -> None:
+    pytest.importorskip("torchtitan")
+    result = runner.invoke(app, ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel",
+                                 "--parallelism.pipeline_parallel_degree", "2",
+                                 "--parallelism.context_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1",
+                                 "--memory-cap", "1GiB"])
+    assert result.exit_code == 2 and "context_parallel_degree 2" in result.output
