@@ -36,12 +36,17 @@ from ppsim.job.degrees import Degrees, check_degrees
 from ppsim.job.memory import GIB, JobShapes, RankMemory, job_memory
 from ppsim.job.pipeline import job_from_settings
 from ppsim.job.settings import JobSettings, batch_shape
+from ppsim.split import SplitSpec
 
 SINGLE_STAGE = ("GPipe", "1F1B")
 MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 V_SHAPE = ("ZBVZeroBubble", "DualPipeV")
 SCHEDULES = SINGLE_STAGE + MULTI_STAGE + V_SHAPE
 """torch's schedules torchtitan launches by name (``pipeline_parallel_schedule``)."""
+NO_PIPELINE = "none"
+"""A pp 1 candidate's schedule: torchtitan runs no pipeline; its microbatches are gradient accumulation steps, each
+forward and backward in turn on the one stage (timed and counted as 1F1B on one rank)."""
+MICROBATCH_SIZE_KEY = "parallelism.pipeline_parallel_microbatch_size"
 DEGREE_KEYS = {k: v for k, v in degrees.DEGREE_KEYS.items() if k != "ep"}
 """The degrees whose product is the GPU count (expert parallelism reuses the data-parallel ranks)."""
 MAX_STAGES_PER_RANK = 4
@@ -113,6 +118,11 @@ class Candidate:
         return self.local_batch_size // self.microbatch_size
 
     @property
+    def order_name(self) -> str:
+        """The schedule whose order it runs (1F1B on one rank without a pipeline: forward, backward, in turn)."""
+        return "1F1B" if self.schedule == NO_PIPELINE else self.schedule
+
+    @property
     def shape_key(self) -> tuple[int, int, str]:
         """What its model shapes depend on (``shapes_for``'s arguments): TP degree, microbatch size, checkpoint mode."""
         return (self.degrees.tp, self.microbatch_size, self.activation_checkpoint)
@@ -121,6 +131,10 @@ class Candidate:
         """torchtitan's command-line overrides that launch it (each ``--KEY VALUE``)."""
         d = self.degrees
         out = [f"--parallelism.{DEGREE_KEYS[k]} {getattr(d, k)}" for k in ("pp", "tp", "dp_shard", "dp_replicate")]
+        if self.schedule == NO_PIPELINE:  # gradient accumulation: global / (local x data parallel) steps
+            global_batch = self.local_batch_size * d.dp_shard * d.dp_replicate
+            return (*out, f"--training.local_batch_size {self.microbatch_size}",
+                    f"--training.global_batch_size {global_batch}")
         out.append(f"--parallelism.pipeline_parallel_schedule {self.schedule}")
         keys = batch_shape(settings).keys
         if keys.size == "parallelism.pipeline_parallel_microbatch_size":
@@ -246,29 +260,40 @@ def _node_gpus(request: PlanRequest) -> int:
 
 def degree_layouts(request: PlanRequest, batch: int) -> list[Degrees]:
     """Every (pp, tp, dp_shard, dp_replicate) whose product is the GPU count: TP within a node and dividing the
-    heads, PP at least 2 and at most the layers, the data-parallel degree dividing the global batch; pins kept."""
+    heads, PP at most the layers (1: no pipeline, with HSDP's replicas across nodes too), the data-parallel degree
+    dividing the global batch; pins kept."""
     n, pins, model = request.num_gpus, request.pinned, request.model
     node_layout(n, request.gpus_per_node)
     _check_pins(request)
-    cp, rep = pins.get("cp", 1), pins.get("dp_replicate", 1)
+    cp = pins.get("cp", 1)
     out: list[Degrees] = []
     for pp in ([pins["pp"]] if "pp" in pins else _divisors(n, at_most=model.num_layers)):
+        if pp == 1 and batch_shape(request.settings).keys.size != MICROBATCH_SIZE_KEY:
+            continue  # gradient accumulation is read from 0.3.0's keys only
         for tp in ([pins["tp"]] if "tp" in pins else _divisors(_node_gpus(request), at_most=model.num_heads)):
-            rest, rem = divmod(n, pp * tp * cp * rep)
-            if rem or rest < 1 or pp < 2 or pp > model.num_layers:
-                continue
-            if model.num_heads % tp or model.num_kv_heads % tp or ("dp_shard" in pins and pins["dp_shard"] != rest):
-                continue
-            if batch % (rest * rep):
-                continue
-            out.append(Degrees(pp=pp, tp=tp, dp_shard=rest, dp_replicate=rep, cp=cp))
+            for rep in _replicas(request, pp):
+                rest, rem = divmod(n, pp * tp * cp * rep)
+                if rem or rest < 1 or pp > model.num_layers or model.num_heads % tp or model.num_kv_heads % tp:
+                    continue
+                if ("dp_shard" in pins and pins["dp_shard"] != rest) or batch % (rest * rep):
+                    continue
+                out.append(Degrees(pp=pp, tp=tp, dp_shard=rest, dp_replicate=rep, cp=cp))
     if not out:
-        raise PlanError(f"--gpus {n}: no degrees make it up (PP 2..{model.num_layers} layers, TP dividing "
+        raise PlanError(f"--gpus {n}: no degrees make it up (PP 1..{model.num_layers} layers, TP dividing "
                         f"{request.gpus_per_node} GPUs per node and the {model.num_heads} heads / "
                         f"{model.num_kv_heads} kv heads, data parallel dividing the global batch of {batch}"
                         + (f", pinned {_pins_text(pins)}" if pins else "") + "); pick a GPU count such as "
                         f"{2 * request.gpus_per_node if request.gpus_per_node > 1 else 2}")
     return out
+
+
+def _replicas(request: PlanRequest, pp: int) -> list[int]:
+    """``data_parallel_replicate_degree``: as pinned, else 1, and without a pipeline on several nodes also HSDP's
+    one replica per node (FSDP within a node, replication across nodes)."""
+    if "dp_replicate" in request.pinned:
+        return [request.pinned["dp_replicate"]]
+    nodes = request.num_gpus // request.gpus_per_node
+    return [1, nodes] if pp == 1 and nodes > 1 else [1]
 
 
 def _pins_text(pins: Mapping[str, int]) -> str:
@@ -300,7 +325,7 @@ def _check_pins(request: PlanRequest) -> None:
 def _stage_options(name: str, pp: int, num_layers: int) -> list[tuple[int | None, int]]:
     """``(layers_per_stage, stages per rank)`` a schedule can take: torchtitan's default, and for the looped
     multi-stage schedules a ``layers_per_stage`` giving each other stage count up to 4 per rank."""
-    if name in SINGLE_STAGE:
+    if name in SINGLE_STAGE or name == NO_PIPELINE:
         return [(None, 1)]
     if name in V_SHAPE:
         return [(None, 2)]
@@ -321,7 +346,7 @@ def candidates(request: PlanRequest, batch: int) -> list[Candidate]:
         for size in request.microbatch_sizes:
             if local % size or local // size < deg.pp:
                 continue
-            for name in SCHEDULES:
+            for name in (SCHEDULES if deg.pp > 1 else (NO_PIPELINE,)):
                 for lps, v in _stage_options(name, deg.pp, request.model.num_layers):
                     for ac in request.activation_checkpoints:
                         out.append(Candidate(degrees=deg, schedule=name, microbatch_size=size, local_batch_size=local,
@@ -370,8 +395,19 @@ def stage_modules(num_layers: int, counts: Sequence[int]) -> tuple[tuple[str, ..
     return tuple(tuple(n for m in stage for n in (("norm", m) if m == "lm_head" else (m,))) for stage in names)
 
 
+@dataclass(frozen=True)
+class NoPipelineJob:
+    """A pp 1 candidate's job: torchtitan runs no pipeline, so its one stage holds the whole model (the split the
+    costs and the memory count read)."""
+
+    split: SplitSpec = field(default_factory=SplitSpec)
+
+
 def job_of(c: Candidate, request: PlanRequest) -> Any:
-    """The candidate's :class:`~ppsim.job.pipeline.TorchtitanJob` by torchtitan's rules (pure Python)."""
+    """The candidate's :class:`~ppsim.job.pipeline.TorchtitanJob` by torchtitan's rules (pure Python); for pp 1, a
+    :class:`NoPipelineJob` (torchtitan's pipeline rules do not apply)."""
+    if c.degrees.pp == 1:
+        return NoPipelineJob()
     settings = request.settings
     par = dict(settings.parallelism)
     tr = dict(settings.training)
@@ -428,8 +464,8 @@ class Judge:
         try:
             job = job_of(c, request)
             num_stages = c.degrees.pp * c.num_stages_per_rank
-            counts = resolve_split(job.split, request.model.num_layers, num_stages, schedule=c.schedule)
-            schedule = order or self.build(c.schedule, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
+            counts = resolve_split(job.split, request.model.num_layers, num_stages, schedule=c.order_name)
+            schedule = order or self.build(c.order_name, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
             shapes = self.shapes_for(*c.shape_key)
             modules = stage_modules(request.model.num_layers, counts)
             memory = tuple(job_memory(shapes, degrees=c.degrees, schedule=schedule, stage_modules=modules,
@@ -503,8 +539,13 @@ def describe(c: Candidate) -> str:
     d = c.degrees
     lps = f", {c.layers_per_stage} layers per stage" if c.layers_per_stage is not None else ""
     name = f"search's order ({c.csv}, stages placed as {c.schedule})" if c.csv else c.schedule
-    return (f"pp {d.pp} x tp {d.tp} x dp_shard {d.dp_shard}, {name} with {c.num_microbatches} microbatches "
-            f"of {c.microbatch_size}{lps}, activation checkpoint {c.activation_checkpoint}")
+    degrees = f"pp {d.pp} x tp {d.tp} x dp_shard {d.dp_shard}" + (f" x dp_replicate {d.dp_replicate}"
+                                                                   if d.dp_replicate > 1 else "")
+    if c.schedule == NO_PIPELINE:
+        return (f"{degrees}, no pipeline: {c.num_microbatches} gradient accumulation steps of {c.microbatch_size}, "
+                f"activation checkpoint {c.activation_checkpoint}")
+    return (f"{degrees}, {name} with {c.num_microbatches} microbatches of {c.microbatch_size}{lps}, activation "
+            f"checkpoint {c.activation_checkpoint}")
 
 
 def to_dict(result: Plan, *, job: str) -> dict[str, Any]:

@@ -375,6 +375,8 @@ def searched(timed: Sequence[Judged], judge: Judge, *, searcher: Searcher,
         c = j.candidate
         config = (c.degrees, c.microbatch_size, c.num_stages_per_rank, c.activation_checkpoint, c.schedule in V_SHAPE)
         left = seconds_left()
+        if c.degrees.pp == 1:  # no pipeline: no order to search
+            continue
         if config in seen or len(seen) >= NUM_SEARCHED or left <= 0:
             continue
         seen.add(config)

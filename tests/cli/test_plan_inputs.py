@@ -69,7 +69,7 @@ def test_fewer_gpus_than_a_node_is_one_partial_node_said_in_one_line_with_tp_div
     assert node_layout(16, 8) == "" and node_layout(8, 8) == ""
     assert node_layout(3, 4).startswith("plan: --gpus 3 < --gpus-per-node 4: one node, 3 of its GPUs used")
     layouts = degree_layouts(_request(num_gpus=6, gpus_per_node=8, model=ModelFacts(6, 6, 6, "toy")), batch=24)
-    assert {d.tp for d in layouts} == {1, 2, 3}  # divisors of the node's 6 GPUs (3 is not one of 8)
+    assert {d.tp for d in layouts} == {1, 2, 3, 6}  # divisors of the node's 6 GPUs (3 and 6 are not of 8)
 
 
 # --- the time limit is the whole command's -----------------------------------------------------------------------
