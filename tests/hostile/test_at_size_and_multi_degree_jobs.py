@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from ppsim.cli import app
 
 runner = CliRunner()
-PLAN = ["plan", "--torchtitan-config", "llama3:llama3_debugmodel", "--time-limit", "5"]
+PLAN = ["plan", "--torchtitan-config", "llama3:llama3_debugmodel", "--time-limit", "60"]
 SIM = ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel"]
 
 
