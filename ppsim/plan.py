@@ -509,13 +509,13 @@ def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence
 
     per_rank = c.degrees.dp_shard * c.degrees.tp
     shared = None if shared_cores is None or c.degrees.pp * per_rank <= shared_cores else (per_rank, shared_cores)
-    collectives = not (c.degrees.dp_shard <= 1 or cover is None or cover.collectives is None)
-    if not collectives and shared is None:
+    costs = None if c.degrees.dp_shard <= 1 or cover is None else cover.collectives
+    if costs is None and shared is None:
         return None
 
     def step(schedule: Any) -> Any:
         found = (fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=c.degrees.dp_shard,
-                           costs=cover.collectives) if collectives else FsdpStep(schedule=schedule, extra_s={}))
+                           costs=costs) if costs is not None else FsdpStep(schedule=schedule, extra_s={}))
         return found if shared is None else dataclasses.replace(found, shared=shared)
 
     return step
@@ -542,7 +542,8 @@ def describe(c: Candidate) -> str:
     degrees = f"pp {d.pp} x tp {d.tp} x dp_shard {d.dp_shard}" + (f" x dp_replicate {d.dp_replicate}"
                                                                    if d.dp_replicate > 1 else "")
     if c.schedule == NO_PIPELINE:
-        return (f"{degrees}, no pipeline: {c.num_microbatches} gradient accumulation steps of {c.microbatch_size}, "
+        steps = "step" if c.num_microbatches == 1 else "steps"
+        return (f"{degrees}, no pipeline: {c.num_microbatches} gradient accumulation {steps} of {c.microbatch_size}, "
                 f"activation checkpoint {c.activation_checkpoint}")
     return (f"{degrees}, {name} with {c.num_microbatches} microbatches of {c.microbatch_size}{lps}, activation "
             f"checkpoint {c.activation_checkpoint}")

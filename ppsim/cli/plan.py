@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ppsim.job.memory import JobShapes
-    from ppsim.plan import ModelFacts, Plan, PlanProgress, PlanRequest, ProfileCover
-    from ppsim.plan_search import OrderSearch
+    from ppsim.plan import ModelFacts, Plan, PlanRequest, ProfileCover
+    from ppsim.plan_search import OrderSearch, PlanProgress
 
 PLAN_KEYS = ("pipeline_parallel_degree", "tensor_parallel_degree", "data_parallel_shard_degree",
              "data_parallel_replicate_degree", "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
@@ -332,7 +332,7 @@ def print_plan(result: Plan) -> None:
         c, d = j.candidate, j.candidate.degrees
         if j.step_s is not None:
             tps = result.global_batch * _seq(result) / (j.step_s * result.request.num_gpus)
-            step = (f"{j.step_s:.4g}", f"{tps:.1f}")
+            step: tuple[str, ...] = (f"{j.step_s:.4g}", f"{tps:.1f}")
         else:
             step = (f"{(j.relative_step or 0) / base:.3f}",) + (("-",) if timed else ())
         name = f"{c.schedule} searched" if c.csv else c.schedule
