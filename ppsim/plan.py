@@ -14,34 +14,39 @@ torchtitan runs), the microbatches (through the microbatch size), the layers per
    tokens per microbatch) in seconds, otherwise in unit costs (F=1 per weighted layer, B=2, full checkpointing adds a
    forward to the backward) scaled by each chunk's work, which ranks candidates relative to each other only.
 
-Candidates are visited in order of a lower bound on their step (the larger of a rank's compute and one microbatch's
-critical path); once the bound reaches the K-th best step found, no later candidate can enter the top K and the plan
-stops (:func:`plan`).
+A plan (:func:`ppsim.plan_search.plan`) judges every candidate's memory before timing any, the model's shapes (the
+expensive part) once per group; then those that fit are timed in order of a lower bound on their step (the larger
+of a rank's compute and one microbatch's critical path), and once the bound reaches the K-th best step found, no
+later candidate can enter the top K. The tools one plan owns
+(simulations with their costs, the shapes, the order search, the time budget) are in :mod:`ppsim.plan_search`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ppsim.errors import PPSimError
+from ppsim.errors import JobMemoryError, PPSimError
 from ppsim.io import fmt_bytes
 from ppsim.job import degrees
-from ppsim.job.memory import GIB, JobShapes, RankMemory, job_memory
 from ppsim.job.degrees import Degrees, check_degrees
-from ppsim.errors import JobMemoryError
-from ppsim.job.settings import JobSettings, batch_shape
+from ppsim.job.memory import GIB, JobShapes, RankMemory, job_memory
 from ppsim.job.pipeline import job_from_settings
+from ppsim.job.settings import JobSettings, batch_shape
+from ppsim.split import SplitSpec
 
 SINGLE_STAGE = ("GPipe", "1F1B")
 MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 V_SHAPE = ("ZBVZeroBubble", "DualPipeV")
 SCHEDULES = SINGLE_STAGE + MULTI_STAGE + V_SHAPE
 """torch's schedules torchtitan launches by name (``pipeline_parallel_schedule``)."""
+NO_PIPELINE = "none"
+"""A pp 1 candidate's schedule: torchtitan runs no pipeline; its microbatches are gradient accumulation steps, each
+forward and backward in turn on the one stage (timed and counted as 1F1B on one rank)."""
+MICROBATCH_SIZE_KEY = "parallelism.pipeline_parallel_microbatch_size"
 DEGREE_KEYS = {k: v for k, v in degrees.DEGREE_KEYS.items() if k != "ep"}
 """The degrees whose product is the GPU count (expert parallelism reuses the data-parallel ranks)."""
 MAX_STAGES_PER_RANK = 4
@@ -112,10 +117,24 @@ class Candidate:
     def num_microbatches(self) -> int:
         return self.local_batch_size // self.microbatch_size
 
+    @property
+    def order_name(self) -> str:
+        """The schedule whose order it runs (1F1B on one rank without a pipeline: forward, backward, in turn)."""
+        return "1F1B" if self.schedule == NO_PIPELINE else self.schedule
+
+    @property
+    def shape_key(self) -> tuple[int, int, str]:
+        """What its model shapes depend on (``shapes_for``'s arguments): TP degree, microbatch size, checkpoint mode."""
+        return (self.degrees.tp, self.microbatch_size, self.activation_checkpoint)
+
     def overrides(self, settings: JobSettings) -> tuple[str, ...]:
         """torchtitan's command-line overrides that launch it (each ``--KEY VALUE``)."""
         d = self.degrees
         out = [f"--parallelism.{DEGREE_KEYS[k]} {getattr(d, k)}" for k in ("pp", "tp", "dp_shard", "dp_replicate")]
+        if self.schedule == NO_PIPELINE:  # gradient accumulation: global / (local x data parallel) steps
+            global_batch = self.local_batch_size * d.dp_shard * d.dp_replicate
+            return (*out, f"--training.local_batch_size {self.microbatch_size}",
+                    f"--training.global_batch_size {global_batch}")
         out.append(f"--parallelism.pipeline_parallel_schedule {self.schedule}")
         keys = batch_shape(settings).keys
         if keys.size == "parallelism.pipeline_parallel_microbatch_size":
@@ -170,11 +189,22 @@ class Plan:
     stopped: str = ""
     """Why the plan stopped before judging every candidate (``time limit``, ``interrupted``), or empty."""
     pruned: int = 0
-    """Candidates skipped because their lower bound could not enter the top K."""
+    """Candidates that fit left untimed because their lower bound could not enter the top K."""
+    memory_judged: int = 0
+    """Candidates whose memory was judged (all of them unless the time limit or Ctrl-C stopped the plan)."""
+    best_timeline: Any = field(default=None, repr=False, compare=False)
+    """The best candidate's simulated step (:class:`ppsim.result.SimResult`), as it was timed: its Gantt chart."""
 
     @property
     def best(self) -> Judged | None:
         return self.ranked[0] if self.ranked else None
+
+    def counts(self) -> str:
+        """How far the plan got, for people (the table's title, the page)."""
+        fit = sum(j.fits for j in self.judged)
+        return (f"memory of {self.memory_judged} of {self.num_candidates} candidates judged ({fit} fit), "
+                f"{len(self.ranked)} timed" + (f", {self.pruned} pruned by their lower bound" if self.pruned else "")
+                + (f"; stopped: {self.stopped}" if self.stopped else ""))
 
     def frontier(self) -> list[Judged]:
         """The timed candidates no other beats on both step and peak memory, fastest first."""
@@ -209,30 +239,61 @@ def global_batch(settings: JobSettings, num_gpus: int) -> int:
     return batch_shape(settings).local_batch_size * shard * max(1, int(par.get("data_parallel_replicate_degree", 1)))
 
 
+def node_layout(num_gpus: int, gpus_per_node: int) -> str:
+    """The nodes the GPUs make: whole nodes of ``gpus_per_node`` (no line), or one partial node when there are
+    fewer GPUs than a node holds (one line saying so); GPUs that leave a node partly filled are refused."""
+    n, g = num_gpus, gpus_per_node
+    if n > g and n % g:
+        raise PlanError(f"--gpus {n} with --gpus-per-node {g}: the GPUs must fill whole nodes ({n} is not a "
+                        f"multiple of {g}); use --gpus {n - n % g} or {n - n % g + g}, or the node's real "
+                        "--gpus-per-node")
+    if n < g:
+        return (f"plan: --gpus {n} < --gpus-per-node {g}: one node, {n} of its GPUs used; TP divides {n} (all "
+                "GPUs share the node's links)")
+    return ""
+
+
+def _node_gpus(request: PlanRequest) -> int:
+    """The GPUs of one node the job uses (TP stays within them): a whole node, or all of a partial one."""
+    return min(request.num_gpus, request.gpus_per_node)
+
+
 def degree_layouts(request: PlanRequest, batch: int) -> list[Degrees]:
     """Every (pp, tp, dp_shard, dp_replicate) whose product is the GPU count: TP within a node and dividing the
-    heads, PP at least 2 and at most the layers, the data-parallel degree dividing the global batch; pins kept."""
+    heads, PP at most the layers (1: no pipeline, with HSDP's replicas across nodes too), the data-parallel degree
+    dividing the global batch; pins kept."""
     n, pins, model = request.num_gpus, request.pinned, request.model
+    node_layout(n, request.gpus_per_node)
     _check_pins(request)
-    cp, rep = pins.get("cp", 1), pins.get("dp_replicate", 1)
+    cp = pins.get("cp", 1)
     out: list[Degrees] = []
     for pp in ([pins["pp"]] if "pp" in pins else _divisors(n, at_most=model.num_layers)):
-        for tp in ([pins["tp"]] if "tp" in pins else _divisors(request.gpus_per_node, at_most=model.num_heads)):
-            rest, rem = divmod(n, pp * tp * cp * rep)
-            if rem or rest < 1 or pp < 2 or pp > model.num_layers:
-                continue
-            if model.num_heads % tp or model.num_kv_heads % tp or ("dp_shard" in pins and pins["dp_shard"] != rest):
-                continue
-            if batch % (rest * rep):
-                continue
-            out.append(Degrees(pp=pp, tp=tp, dp_shard=rest, dp_replicate=rep, cp=cp))
+        if pp == 1 and batch_shape(request.settings).keys.size != MICROBATCH_SIZE_KEY:
+            continue  # gradient accumulation is read from 0.3.0's keys only
+        for tp in ([pins["tp"]] if "tp" in pins else _divisors(_node_gpus(request), at_most=model.num_heads)):
+            for rep in _replicas(request, pp):
+                rest, rem = divmod(n, pp * tp * cp * rep)
+                if rem or rest < 1 or pp > model.num_layers or model.num_heads % tp or model.num_kv_heads % tp:
+                    continue
+                if ("dp_shard" in pins and pins["dp_shard"] != rest) or batch % (rest * rep):
+                    continue
+                out.append(Degrees(pp=pp, tp=tp, dp_shard=rest, dp_replicate=rep, cp=cp))
     if not out:
-        raise PlanError(f"--gpus {n}: no degrees make it up (PP 2..{model.num_layers} layers, TP dividing "
+        raise PlanError(f"--gpus {n}: no degrees make it up (PP 1..{model.num_layers} layers, TP dividing "
                         f"{request.gpus_per_node} GPUs per node and the {model.num_heads} heads / "
                         f"{model.num_kv_heads} kv heads, data parallel dividing the global batch of {batch}"
                         + (f", pinned {_pins_text(pins)}" if pins else "") + "); pick a GPU count such as "
                         f"{2 * request.gpus_per_node if request.gpus_per_node > 1 else 2}")
     return out
+
+
+def _replicas(request: PlanRequest, pp: int) -> list[int]:
+    """``data_parallel_replicate_degree``: as pinned, else 1, and without a pipeline on several nodes also HSDP's
+    one replica per node (FSDP within a node, replication across nodes)."""
+    if "dp_replicate" in request.pinned:
+        return [request.pinned["dp_replicate"]]
+    nodes = request.num_gpus // request.gpus_per_node
+    return [1, nodes] if pp == 1 and nodes > 1 else [1]
 
 
 def _pins_text(pins: Mapping[str, int]) -> str:
@@ -264,7 +325,7 @@ def _check_pins(request: PlanRequest) -> None:
 def _stage_options(name: str, pp: int, num_layers: int) -> list[tuple[int | None, int]]:
     """``(layers_per_stage, stages per rank)`` a schedule can take: torchtitan's default, and for the looped
     multi-stage schedules a ``layers_per_stage`` giving each other stage count up to 4 per rank."""
-    if name in SINGLE_STAGE:
+    if name in SINGLE_STAGE or name == NO_PIPELINE:
         return [(None, 1)]
     if name in V_SHAPE:
         return [(None, 2)]
@@ -285,7 +346,7 @@ def candidates(request: PlanRequest, batch: int) -> list[Candidate]:
         for size in request.microbatch_sizes:
             if local % size or local // size < deg.pp:
                 continue
-            for name in SCHEDULES:
+            for name in (SCHEDULES if deg.pp > 1 else (NO_PIPELINE,)):
                 for lps, v in _stage_options(name, deg.pp, request.model.num_layers):
                     for ac in request.activation_checkpoints:
                         out.append(Candidate(degrees=deg, schedule=name, microbatch_size=size, local_batch_size=local,
@@ -318,9 +379,11 @@ def lower_bound(c: Candidate, request: PlanRequest) -> float:
 
 # --- judging one candidate ------------------------------------------------------------------------------------
 ShapesFor = Callable[[int, int, str], JobShapes]
-Timer = Callable[..., float]
-"""``timer(schedule, job, profile_path_or_None, unit_costs, fsdp=None) -> makespan`` (seconds with a profile);
-``fsdp(schedule)`` puts FSDP's exposed collectives into the step (:func:`step_collectives`)."""
+Build = Callable[[str, int, int, int], Any]
+"""``build(schedule_name, ranks, microbatches, stages_per_rank) -> Schedule``."""
+Simulate = Callable[..., Any]
+"""``simulate(schedule, job, profile_path_or_None, unit_costs, fsdp=None) -> SimResult`` (its ``makespan`` in
+seconds with a profile); ``fsdp(schedule)`` puts FSDP's exposed collectives into the step (:func:`step_collectives`)."""
 
 
 def stage_modules(num_layers: int, counts: Sequence[int]) -> tuple[tuple[str, ...], ...]:
@@ -332,8 +395,19 @@ def stage_modules(num_layers: int, counts: Sequence[int]) -> tuple[tuple[str, ..
     return tuple(tuple(n for m in stage for n in (("norm", m) if m == "lm_head" else (m,))) for stage in names)
 
 
+@dataclass(frozen=True)
+class NoPipelineJob:
+    """A pp 1 candidate's job: torchtitan runs no pipeline, so its one stage holds the whole model (the split the
+    costs and the memory count read)."""
+
+    split: SplitSpec = field(default_factory=SplitSpec)
+
+
 def job_of(c: Candidate, request: PlanRequest) -> Any:
-    """The candidate's :class:`~ppsim.job.pipeline.TorchtitanJob` by torchtitan's rules (pure Python)."""
+    """The candidate's :class:`~ppsim.job.pipeline.TorchtitanJob` by torchtitan's rules (pure Python); for pp 1, a
+    :class:`NoPipelineJob` (torchtitan's pipeline rules do not apply)."""
+    if c.degrees.pp == 1:
+        return NoPipelineJob()
     settings = request.settings
     par = dict(settings.parallelism)
     tr = dict(settings.training)
@@ -361,40 +435,68 @@ def covering_profile(c: Candidate, request: PlanRequest) -> ProfileCover | None:
     return next((p for p in request.profiles if p.tp == c.degrees.tp and p.tokens_per_microbatch == tokens), None)
 
 
-def judge(c: Candidate, request: PlanRequest, *, shapes_for: ShapesFor, build: Callable[..., Any],
-          timer: Timer, order: Any = None) -> Judged:
-    """Memory per PP rank first; only a candidate that fits is timed. ``order``: a searched order to judge in
-    place of the named schedule's."""
-    from ppsim.split import resolve_split
+@dataclass(frozen=True)
+class Prepared:
+    """What timing a candidate that fits needs, kept from judging its memory."""
 
-    overrides = tuple(request.user_overrides) + c.overrides(request.settings)
-    try:
-        job = job_of(c, request)
-        num_stages = c.degrees.pp * c.num_stages_per_rank
-        counts = resolve_split(job.split, request.model.num_layers, num_stages, schedule=c.schedule)
-        schedule = order or build(c.schedule, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
-        shapes = shapes_for(c.degrees.tp, c.microbatch_size, c.activation_checkpoint)
-        memory = tuple(job_memory(shapes, degrees=c.degrees, schedule=schedule,
-                                  stage_modules=stage_modules(request.model.num_layers, counts),
-                                  cap_bytes=request.cap_bytes))
-    except PPSimError as exc:
-        return Judged(c, overrides, reason=f"cannot run: {exc}")
-    judged = Judged(c, overrides, memory=memory)
-    if not judged.fits:
+    job: Any
+    schedule: Any
+    shapes: JobShapes
+    modules: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class Judge:
+    """Judges candidates of one request the same way: memory per PP rank first; only one that fits is timed."""
+
+    request: PlanRequest
+    shapes_for: ShapesFor
+    build: Build
+    simulate: Simulate
+
+    def memory(self, c: Candidate, *, order: Any = None) -> tuple[Judged, Prepared | None]:
+        """Each PP rank's memory and the verdict; what timing needs where it fits. ``order``: a searched order to
+        judge in place of the named schedule's."""
+        from ppsim.split import resolve_split
+
+        request = self.request
+        overrides = tuple(request.user_overrides) + c.overrides(request.settings)
+        try:
+            job = job_of(c, request)
+            num_stages = c.degrees.pp * c.num_stages_per_rank
+            counts = resolve_split(job.split, request.model.num_layers, num_stages, schedule=c.order_name)
+            schedule = order or self.build(c.order_name, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
+            shapes = self.shapes_for(*c.shape_key)
+            modules = stage_modules(request.model.num_layers, counts)
+            memory = tuple(job_memory(shapes, degrees=c.degrees, schedule=schedule, stage_modules=modules,
+                                      cap_bytes=request.cap_bytes))
+        except PPSimError as exc:
+            return Judged(c, overrides, reason=f"cannot run: {exc}"), None
+        judged = Judged(c, overrides, memory=memory)
+        if judged.fits:
+            return judged, Prepared(job=job, schedule=schedule, shapes=shapes, modules=modules)
         over = [m for m in memory if not m.fits]
         return dataclasses.replace(judged, reason="; ".join(m.verdict() for m in over[:2])
-                                   + (f" (+{len(over) - 2} ranks)" if len(over) > 2 else ""))
-    cover = covering_profile(c, request)
-    fsdp = step_collectives(c, shapes, stage_modules(request.model.num_layers, counts), cover,
-                            shared_cores=request.shared_cores)
-    try:
-        makespan = timer(schedule, job, None if cover is None else cover.path, unit_costs(c.activation_checkpoint),
-                         **({} if fsdp is None else {"fsdp": fsdp}))
-    except PPSimError as exc:
-        return dataclasses.replace(judged, reason=f"not timed: {exc}")
-    if cover is not None:
-        return dataclasses.replace(judged, step_s=makespan)
-    return dataclasses.replace(judged, relative_step=makespan * _chunk_work(c, request))
+                                   + (f" (+{len(over) - 2} ranks)" if len(over) > 2 else "")), None
+
+    def time(self, j: Judged, prepared: Prepared) -> tuple[Judged, Any]:
+        """A candidate that fits, timed: with its step and the simulated step (``None`` where it could not be)."""
+        c, request = j.candidate, self.request
+        cover = covering_profile(c, request)
+        fsdp = step_collectives(c, prepared.shapes, prepared.modules, cover, shared_cores=request.shared_cores)
+        try:
+            sim = self.simulate(prepared.schedule, prepared.job, None if cover is None else cover.path,
+                                unit_costs(c.activation_checkpoint), **({} if fsdp is None else {"fsdp": fsdp}))
+        except PPSimError as exc:
+            return dataclasses.replace(j, reason=f"not timed: {exc}"), None
+        if cover is not None:
+            return dataclasses.replace(j, step_s=float(sim.makespan)), sim
+        return dataclasses.replace(j, relative_step=float(sim.makespan) * _chunk_work(c, request)), sim
+
+    def __call__(self, c: Candidate, *, order: Any = None) -> tuple[Judged, Any]:
+        """Memory, then the step where it fits: the verdict and the simulated step (or ``None``)."""
+        j, prepared = self.memory(c, order=order)
+        return (j, None) if prepared is None else self.time(j, prepared)
 
 
 def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence[str]],
@@ -407,110 +509,20 @@ def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence
 
     per_rank = c.degrees.dp_shard * c.degrees.tp
     shared = None if shared_cores is None or c.degrees.pp * per_rank <= shared_cores else (per_rank, shared_cores)
-    collectives = not (c.degrees.dp_shard <= 1 or cover is None or cover.collectives is None)
-    if not collectives and shared is None:
+    costs = None if c.degrees.dp_shard <= 1 or cover is None else cover.collectives
+    if costs is None and shared is None:
         return None
 
     def step(schedule: Any) -> Any:
         found = (fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=c.degrees.dp_shard,
-                           costs=cover.collectives) if collectives else FsdpStep(schedule=schedule, extra_s={}))
+                           costs=costs) if costs is not None else FsdpStep(schedule=schedule, extra_s={}))
         return found if shared is None else dataclasses.replace(found, shared=shared)
 
     return step
 
 
-# --- the plan --------------------------------------------------------------------------------------------------
-Progress = Callable[[int, int, "Judged | None", float], None]
-
-
-#: seconds of the time limit kept for what follows the plan (the table, the HTML page, the orders' CSVs)
-OUTPUT_RESERVE_S = 3.0
-
-
-def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Callable[..., Any], timer: Timer,
-         progress: Progress | None = None, searcher: Searcher | None = None, started: float | None = None) -> Plan:
-    """Judge the candidates in order of their lower bound, within the time limit (the named orders, then
-    ``searcher``'s orders for the best few configurations); Ctrl-C keeps what was judged. ``started``: the
-    ``time.monotonic()`` the command began (reading the job counts against the limit too; default: now); the
-    searched orders leave :data:`OUTPUT_RESERVE_S` of the limit for the output."""
-    start = time.monotonic() if started is None else started
-    batch = global_batch(request.settings, request.num_gpus)
-    space = sorted(candidates(request, batch), key=lambda c: lower_bound(c, request))
-    judged: list[Judged] = []
-    timed: list[Judged] = []
-    stopped, pruned = "", 0
-    named_limit = request.time_limit_s * (0.75 if searcher is not None else 1.0)
-    try:
-        for i, c in enumerate(space):
-            if i and time.monotonic() - start > named_limit:
-                stopped = f"time limit ({named_limit:g} s) after {i} of {len(space)} candidates"
-                break
-            kth = _kth_unit(timed, request.top)
-            if kth is not None and not request.profiles and lower_bound(c, request) >= kth:
-                pruned = len(space) - i
-                break
-            j = judge(c, request, shapes_for=shapes_for, build=build, timer=timer)
-            judged.append(j)
-            if j.fits and (j.step_s is not None or j.relative_step is not None):
-                timed.append(j)
-            if progress is not None:
-                progress(i + 1, len(space), min(timed, key=Judged.key, default=None), time.monotonic() - start)
-        if searcher is not None and not stopped:
-            for j in searched(timed, request, searcher=searcher, shapes_for=shapes_for, build=build, timer=timer,
-                              time_s=max(0.0, request.time_limit_s - OUTPUT_RESERVE_S
-                                         - (time.monotonic() - start))):
-                judged.append(j)
-                if j.fits and (j.step_s is not None or j.relative_step is not None):
-                    timed.append(j)
-    except KeyboardInterrupt:
-        stopped = f"interrupted after {len(judged)} of {len(space)} candidates"
-    ranked = tuple(sorted(timed, key=Judged.key))
-    result = Plan(request=request, global_batch=batch, judged=tuple(judged), ranked=ranked,
-                  num_candidates=len(space), stopped=stopped, pruned=pruned)
-    if not ranked and not stopped.startswith("interrupted"):
-        raise PlanError(_nothing_fits(result))
-    return result
-
-
-Searcher = Callable[[Any, Any, "str | None", str, float, Candidate], "tuple[Any, str] | None"]
-"""``searcher(named_schedule, job, profile, unit_costs, seconds, candidate) -> (order, csv path) | None``: a faster
-order than the named one for the same configuration, at no more activations per rank, and where its CSV goes."""
-NUM_SEARCHED = 3
-
-
-def searched(timed: Sequence[Judged], request: PlanRequest, *, searcher: Searcher, shapes_for: ShapesFor,
-             build: Callable[..., Any], timer: Timer, time_s: float) -> list[Judged]:
-    """``search``'s order for the best few configurations (distinct degrees, microbatches and stage counts),
-    judged the same way; only an order that fits and beats its named schedule is kept."""
-    seen: set[tuple[Any, ...]] = set()
-    out: list[Judged] = []
-    for j in sorted(timed, key=Judged.key):
-        c = j.candidate
-        config = (c.degrees, c.microbatch_size, c.num_stages_per_rank, c.activation_checkpoint, c.schedule in V_SHAPE)
-        if config in seen or len(seen) >= NUM_SEARCHED or time_s <= 0:
-            continue
-        seen.add(config)
-        job = job_of(c, request)
-        named = build(c.schedule, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
-        cover = covering_profile(c, request)
-        found = searcher(named, job, None if cover is None else cover.path, unit_costs(c.activation_checkpoint),
-                         time_s / NUM_SEARCHED, c)
-        if found is None:
-            continue
-        order, csv = found
-        k = judge(dataclasses.replace(c, csv=csv), request, shapes_for=shapes_for, build=build, timer=timer,
-                  order=order)
-        if k.fits and k.key() < j.key():
-            out.append(k)
-    return out
-
-
-def _kth_unit(timed: Sequence[Judged], k: int) -> float | None:
-    steps = sorted(j.relative_step for j in timed if j.relative_step is not None)
-    return steps[k - 1] if len(steps) >= k else None
-
-
-def _nothing_fits(result: Plan) -> str:
+# --- what a plan found, for people --------------------------------------------------------------------------
+def nothing_fits(result: Plan) -> str:
     cap = result.request.cap_bytes
     with_memory = [j for j in result.judged if j.memory]
     if not with_memory:
@@ -527,8 +539,14 @@ def describe(c: Candidate) -> str:
     d = c.degrees
     lps = f", {c.layers_per_stage} layers per stage" if c.layers_per_stage is not None else ""
     name = f"search's order ({c.csv}, stages placed as {c.schedule})" if c.csv else c.schedule
-    return (f"pp {d.pp} x tp {d.tp} x dp_shard {d.dp_shard}, {name} with {c.num_microbatches} microbatches "
-            f"of {c.microbatch_size}{lps}, activation checkpoint {c.activation_checkpoint}")
+    degrees = f"pp {d.pp} x tp {d.tp} x dp_shard {d.dp_shard}" + (f" x dp_replicate {d.dp_replicate}"
+                                                                   if d.dp_replicate > 1 else "")
+    if c.schedule == NO_PIPELINE:
+        steps = "step" if c.num_microbatches == 1 else "steps"
+        return (f"{degrees}, no pipeline: {c.num_microbatches} gradient accumulation {steps} of {c.microbatch_size}, "
+                f"activation checkpoint {c.activation_checkpoint}")
+    return (f"{degrees}, {name} with {c.num_microbatches} microbatches of {c.microbatch_size}{lps}, activation "
+            f"checkpoint {c.activation_checkpoint}")
 
 
 def to_dict(result: Plan, *, job: str) -> dict[str, Any]:
@@ -545,7 +563,9 @@ def to_dict(result: Plan, *, job: str) -> dict[str, Any]:
             "dp_replicate": c.degrees.dp_replicate, "schedule": c.schedule, "schedule_csv": c.csv,
             "microbatches": c.num_microbatches,
             "microbatch_size": c.microbatch_size, "stages_per_rank": c.num_stages_per_rank,
-            "layers_per_stage": c.layers_per_stage, "recompute": c.activation_checkpoint, "fits": j.fits,
+            "ep": c.degrees.ep, "cp": c.degrees.cp, "layers_per_stage": c.layers_per_stage,
+            "activation_checkpoint": c.activation_checkpoint, "recompute": c.activation_checkpoint,  # old alias
+            "fits": j.fits,
             "peak_memory_bytes": [m.peak_memory_bytes for m in j.memory],
             "memory_parts": [dict(m.parts) for m in j.memory],
             "step_s": j.step_s, "tokens_per_s_per_gpu": tps, "relative_step": j.relative_step,
@@ -554,3 +574,4 @@ def to_dict(result: Plan, *, job: str) -> dict[str, Any]:
     return {"job": job, "gpus": result.request.num_gpus, "memory_cap_bytes": result.request.cap_bytes,
             "global_batch": result.global_batch, "seq_len": seq, "num_candidates": result.num_candidates,
             "stopped": result.stopped or None, "candidates": rows, "best": 0 if result.ranked else None}
+

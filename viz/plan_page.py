@@ -14,7 +14,6 @@ from ppsim.viz.report import _CSS, _div, gantt_figures
 
 if TYPE_CHECKING:
     from ppsim.plan import Judged, Plan
-    from ppsim.result import SimResult
 
 
 def _step(j: Judged) -> float | None:
@@ -74,30 +73,29 @@ def _why_lost(result: Plan) -> list[tuple[str, str]]:
     return rows
 
 
-def render_plan_page(result: Plan, best_result: SimResult, *, job: str) -> str:
+def render_plan_page(result: Plan, *, job: str) -> str:
     from plotly.offline import get_plotlyjs
 
     from ppsim.plan import describe
 
     best = result.best
-    assert best is not None  # the caller writes a page only for a plan with a best
+    assert best is not None and result.best_timeline is not None  # the caller writes a page only for a plan with a best
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>ppsim plan: {html.escape(job)}</title>", f"<style>{_CSS}</style>",
              f'<script type="text/javascript">{get_plotlyjs()}</script>', "</head><body>",
              f"<h1>Plan for {html.escape(job)} on {result.request.num_gpus} GPUs</h1>",
              f'<p class="meta">cap {result.request.cap_bytes / GIB:.2f} GiB per device; global batch '
-             f"{result.global_batch}; {len(result.judged)} of {result.num_candidates} candidates judged"
-             f"{'; stopped: ' + html.escape(result.stopped) if result.stopped else ''}.</p>",
+             f"{result.global_batch}; {html.escape(result.counts())}.</p>",
              f"<h2>Best: {html.escape(describe(best.candidate))}</h2>",
              f"<pre>{html.escape(' '.join(best.overrides))}</pre>",
              "<h2>Time-memory frontier</h2>", _div(frontier_figure(result), "frontier"),
              "<h2>The best candidate's order</h2>",
-             _div(gantt_figures([(best.candidate.schedule, best_result)])[0], "gantt-best"),
+             _div(gantt_figures([(best.candidate.schedule, result.best_timeline)])[0], "gantt-best"),
              "<h2>The best candidate's memory per rank</h2>", _div(memory_figure(best), "memory-best"),
              "<h2>Why the runners-up lost</h2>", _lost_table(_why_lost(result)),
              "</body></html>"]
     return "\n".join(parts)
 
 
-def write_plan_page(result: Plan, path: str | os.PathLike[str], *, best_result: SimResult, job: str) -> Path:
-    return write_atomic(Path(path), render_plan_page(result, best_result, job=job))
+def write_plan_page(result: Plan, path: str | os.PathLike[str], *, job: str) -> Path:
+    return write_atomic(Path(path), render_plan_page(result, job=job))

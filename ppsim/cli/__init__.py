@@ -53,8 +53,38 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'ppsim.cli' has no attribute {name!r}")
 
 
+_STARTED: list[float] = []
+"""``time.monotonic()`` when this process started (set by :func:`main`): commands with a time limit count from it."""
+
+
+def process_started() -> float:
+    """``time.monotonic()`` at which this process started (Linux: its start time in ``/proc/self/stat`` against the
+    uptime, so the interpreter's start and the imports count), else now."""
+    import time
+
+    now = time.monotonic()
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks since boot
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        ago = uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return now
+    return now - min(max(0.0, ago), 3600.0)
+
+
+def command_started() -> float:
+    """When the command began: the process's start under :func:`main`, else (the command called in-process, as
+    typer's test runner does) now."""
+    import time
+
+    return _STARTED[0] if _STARTED else time.monotonic()
+
+
 def main() -> None:
     """Console entry point: parse errors, OS errors, an unencodable terminal and Ctrl-C each become one line."""
+    _STARTED[:] = [process_started()]
     _tolerate_any_encoding()
     if len(sys.argv) == 1:
         sys.argv.append("--help")

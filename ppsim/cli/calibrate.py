@@ -204,8 +204,9 @@ def check_output(path: Path, what: str, *, suffix: str | None = None) -> None:
 
 
 def print_profile_summary(doc: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from ppsim.cli.output import console as uncut_console
 
     def cell(stat: Any) -> str:
         if stat is None:
@@ -224,9 +225,7 @@ def print_profile_summary(doc: dict[str, Any]) -> None:
     for name, block in rows.items():
         table.add_row(name, *(cell(block.get(op)) for op in ("F", "B", "I", "W", "FB")),
                       fmt_bytes(block.get("activation_bytes")), fmt_bytes(block.get("activation_bytes_freed_by_I")))
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        console = Console(stderr=True, width=130)
+    console = uncut_console(stderr=True)  # piped: every table whole
     console.print(table)
     p = doc.get("p2p")
     if p is not None:

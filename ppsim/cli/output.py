@@ -14,10 +14,18 @@ def echo_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def console() -> Any:
+#: the width tables get when the output is not a terminal (a pipe, a file, a test runner): wide enough that no cell
+#: is cut ("Interleaved…") or wrapped mid-word; a table is only as wide as its contents, so nothing is padded
+UNCUT_WIDTH = 10_000
+
+
+def console(*, stderr: bool = False) -> Any:
+    """The rich console every table is printed on: the terminal's width on a terminal; piped or redirected, wide
+    enough that every table prints whole (the one place this is decided)."""
     from rich.console import Console
 
-    return Console()
+    out = Console(stderr=stderr)
+    return out if out.is_terminal else Console(stderr=stderr, width=UNCUT_WIDTH)
 
 
 def print_schedules(*, json_out: bool) -> None:

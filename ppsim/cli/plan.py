@@ -1,13 +1,11 @@
-"""`ppsim plan`: parse the job and the options, make the plan (:mod:`ppsim.plan`), print it (table, JSON, page).
-
-The shapes (torchtitan's model on the meta device, TP-sharded on a fake process group) are computed once per
-(TP degree, microbatch size, checkpoint mode) and cached: that is the expensive call."""
+"""`ppsim plan`: parse the job and the options, make the plan (:func:`ppsim.plan_search.plan`), print it (table,
+JSON, page). The torch side is here: the model's shapes (torchtitan's model on the meta device, TP-sharded on a fake
+process group), passed to the plan's :class:`ppsim.plan_search.ShapeCache`."""
 
 from __future__ import annotations
 
 import math
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -19,8 +17,11 @@ from ppsim.cli.options import JOB_CONTEXT, JsonOpt, output_file
 from ppsim.errors import PPSimError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ppsim.job.memory import JobShapes
-    from ppsim.plan import Judged, ModelFacts, Plan, PlanRequest, ProfileCover
+    from ppsim.plan import ModelFacts, Plan, PlanRequest, ProfileCover
+    from ppsim.plan_search import OrderSearch, PlanProgress
 
 PLAN_KEYS = ("pipeline_parallel_degree", "tensor_parallel_degree", "data_parallel_shard_degree",
              "data_parallel_replicate_degree", "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
@@ -53,33 +54,46 @@ def plan_cmd(
 ) -> None:
     """The fastest configuration of a torchtitan job that fits each device's memory, with the overrides to launch
     it."""
-    from ppsim.plan import plan
+    from ppsim.cli import command_started
+    from ppsim.plan_search import OrderSearch, PlanStopped, ShapeCache, Simulations, plan
 
-    started = time.monotonic()  # the time limit counts reading the job
+    started = command_started()  # the time limit counts the whole command: start-up and reading the job
+    if output is not None and output.suffix.lower() != ".html":
+        raise PPSimError(f"-o {output}: plan writes one offline HTML page; use a name ending in .html, e.g. "
+                         "-o plan.html")
     request = _request(torchtitan_config, list(ctx.args), gpus=gpus, gpus_per_node=gpus_per_node,
                        memory_cap=memory_cap, profiles=profile or [], time_limit=time_limit, top=top)
-    orders: dict[str, Any] = {}
     if memory_as_run and not request.profiles:
         raise PPSimError("--memory-as-run: needs --profile (the device and dtype `ppsim run` would execute on); "
                          "add --profile P.json, or drop --memory-as-run")
     if memory_as_run:
         request = _as_run_here(request)
-    shapes_for = _shapes_cache(torchtitan_config, request, as_run=memory_as_run)
-    result = plan(request, shapes_for=shapes_for, build=_build, timer=_time, progress=_progress_line(),
-                  searcher=_searcher(output, orders), started=started)
+    simulations = Simulations()
+    orders = OrderSearch(simulations, folder=output.parent if output is not None else Path("."),
+                         stem=output.stem if output is not None else "plan")
+    try:
+        result = plan(request, shapes_for=ShapeCache(_shapes(torchtitan_config, request, as_run=memory_as_run)),
+                      simulate=simulations.simulate, progress=_progress_line(), searcher=orders, started=started,
+                      page=output is not None)
+    except PlanStopped as exc:
+        typer.echo(f"\nError: {exc}", err=True)
+        raise typer.Exit(1) from None
     typer.echo("", err=True)
     typer.echo("memory: " + _memory_rule(bool(request.profiles), as_run=memory_as_run), err=True)
-    _write_orders(result, orders)
+    _print_result(result, orders, output, job=torchtitan_config, json_out=json_out)
+
+
+def _print_result(result: Plan, orders: OrderSearch, output: Path | None, *, job: str, json_out: bool) -> None:
+    """The searched orders' CSVs, the page, the table or JSON; Ctrl-C's note and exit 130."""
+    _write_orders(result, orders.orders)
     if output is not None and result.best is not None:
         from ppsim.viz.plan_page import write_plan_page  # plotly only when asked
 
-        page = write_plan_page(result, output, best_result=_best_result(result, shapes_for),
-                               job=torchtitan_config)
-        typer.echo(f"wrote {page}", err=True)
+        typer.echo(f"wrote {write_plan_page(result, output, job=job)}", err=True)
     if json_out:
         from ppsim.plan import to_dict
 
-        echo_json(to_dict(result, job=torchtitan_config))
+        echo_json(to_dict(result, job=job))
     else:
         print_plan(result)
     if result.stopped.startswith("interrupted"):
@@ -96,25 +110,6 @@ def _time_limit(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise PPSimError(f"--time-limit {text!r}: must be a positive finite number of seconds; e.g. --time-limit 60")
     return value
-
-
-def _split_overrides(args: list[str]) -> tuple[dict[str, str], list[str]]:
-    """The overrides as ``{section.key: value}`` and as tokens without the keys the plan chooses."""
-    pairs: dict[str, str] = {}
-    kept: list[str] = []
-    i = 0
-    while i < len(args):
-        token = args[i]
-        if "=" in token:
-            key, value, step = *token.split("=", 1), 1
-        else:
-            key, value, step = token, args[i + 1] if i + 1 < len(args) else "", 2
-        name = key.lstrip("-")
-        pairs[name] = value
-        if name.split(".")[-1] not in PLAN_KEYS:
-            kept += args[i:i + step]
-        i += step
-    return pairs, kept
 
 
 def _pins(pairs: dict[str, str]) -> dict[str, int]:
@@ -144,13 +139,17 @@ def _request(value: str, args: list[str], *, gpus: int, gpus_per_node: int, memo
     from ppsim.calibrate.torchtitan.config import read_job_settings
     from ppsim.cli.job_memory import job_config_context
     from ppsim.io import parse_memory_cap
-    from ppsim.plan import PlanRequest
+    from ppsim.job.overrides import split_overrides
     from ppsim.job.settings import is_registry_name
+    from ppsim.plan import PlanRequest, node_layout
 
     limit = _time_limit(time_limit)
     for option, number in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node)):
         if number < 1:
             raise PPSimError(f"{option} {number}: must be a positive integer; e.g. {option} 8")
+    note = node_layout(gpus, gpus_per_node)
+    if note:
+        typer.echo(note, err=True)
     cap = parse_memory_cap(memory_cap)
     if cap is None or cap.bytes is None:
         raise PPSimError(f"--memory-cap {memory_cap!r}: plan needs bytes (80GiB = 80 x 2^30, 80GB = 80 x 10^9), "
@@ -158,7 +157,7 @@ def _request(value: str, args: list[str], *, gpus: int, gpus_per_node: int, memo
     if not is_registry_name(value):
         raise PPSimError(f"--torchtitan-config {value}: plan needs a config function (MODULE:CONFIG, e.g. "
                          "llama3:llama3_8b) to build the model's shapes; a TOML job names no model")
-    pairs, kept = _split_overrides(args)
+    pairs, kept = split_overrides(args, PLAN_KEYS)
     with job_config_context(value):
         settings = read_job_settings(value, args)
     facts = _model_facts(value, settings)
@@ -191,8 +190,8 @@ def _checkpoint_modes(value: str) -> tuple[str, ...]:
 
 
 def _cover(path: Path, facts: ModelFacts, value: str) -> ProfileCover:
-    from ppsim.profile import load_profile
     from ppsim.plan import PlanError, ProfileCover
+    from ppsim.profile import load_profile
 
     prof = load_profile(path)
     measured = prof.source.source if prof.source is not None else prof.model.preset
@@ -243,32 +242,31 @@ def _memory_rule(profiled: bool, *, as_run: bool) -> str:
     if profiled:
         return ("each candidate as torchtitan trains it (mixed precision, AdamW), activations as the profile "
                 "measured them where it covers the microbatch, else the formula")
-    return "each candidate as torchtitan trains it (mixed precision, AdamW); activations from the formula (no --profile)"
+    return ("each candidate as torchtitan trains it (mixed precision, AdamW); activations from the formula (no "
+            "--profile)")
 
 
-def _shapes_cache(value: str, request: PlanRequest, *, as_run: bool = False) -> Any:
+def _shapes(value: str, request: PlanRequest, *, as_run: bool = False) -> Callable[[int, int, str], JobShapes]:
+    """The model's TP-local shapes for (TP degree, microbatch size, checkpoint mode), from torchtitan's own
+    parallelize on the meta device (the expensive call: :class:`ppsim.plan_search.ShapeCache` makes it once per key)."""
     from ppsim.calibrate.torchtitan.config import read_job_settings
     from ppsim.calibrate.torchtitan.shapes import job_shapes
     from ppsim.cli.job_memory import job_config_context
     from ppsim.plan import batch_shape
 
-    cache: dict[tuple[int, int, str], JobShapes] = {}
     keys = batch_shape(request.settings).keys
     seq = batch_shape(request.settings).seq_len
 
-    def shapes_for(tp: int, mb_size: int, ac: str) -> JobShapes:
-        if (tp, mb_size, ac) not in cache:
-            size = mb_size if keys.size.endswith("microbatch_size") else mb_size * seq
-            args = [*request.user_overrides, "--parallelism.tensor_parallel_degree", str(tp),
-                    "--parallelism.data_parallel_shard_degree", "1", f"--{keys.size}", str(size)]
-            with job_config_context(value):
-                settings = read_job_settings(value, args)
-            cache[(tp, mb_size, ac)] = job_shapes(value, settings, activation_checkpoint=ac,
-                                                  profile=_memory_profile(request, tp, mb_size * seq),
-                                                  as_run=as_run)[0]
-        return cache[(tp, mb_size, ac)]
+    def compute(tp: int, mb_size: int, ac: str) -> JobShapes:
+        size = mb_size if keys.size.endswith("microbatch_size") else mb_size * seq
+        args = [*request.user_overrides, "--parallelism.tensor_parallel_degree", str(tp),
+                "--parallelism.data_parallel_shard_degree", "1", f"--{keys.size}", str(size)]
+        with job_config_context(value):
+            settings = read_job_settings(value, args)
+        profile = _memory_profile(request, tp, mb_size * seq)
+        return job_shapes(value, settings, activation_checkpoint=ac, profile=profile, as_run=as_run)[0]
 
-    return shapes_for
+    return compute
 
 
 def _memory_profile(request: PlanRequest, tp: int, tokens: int) -> Any:
@@ -284,64 +282,6 @@ def _memory_profile(request: PlanRequest, tp: int, tokens: int) -> Any:
     return load_profile(cover.path)
 
 
-def _build(name: str, ranks: int, mb: int, v: int) -> Any:
-    from ppsim.compare import build
-
-    return build(name, ranks, mb, v)[0]
-
-
-_COSTS: dict[tuple[str, Any], Any] = {}
-
-
-def _costs(job: Any, profile: str | None, unit: str) -> Any:
-    from ppsim.costs import load_costs
-
-    key = (profile or unit, job.split if profile else None)
-    if key not in _COSTS:
-        _COSTS[key] = load_costs(profile=profile, split=job.split) if profile else load_costs(costs=unit)
-    return _COSTS[key]
-
-
-def _simulated(schedule: Any, job: Any, profile: str | None, unit: str, fsdp: Any = None) -> Any:
-    from ppsim.compare import compare
-
-    return compare([schedule.name], builder=lambda _: schedule, costs=_costs(job, profile, unit),
-                   scope=None if profile else "stage", fsdp=fsdp).best
-
-
-def _time(schedule: Any, job: Any, profile: str | None, unit: str, *, fsdp: Any = None) -> float:
-    return float(_simulated(schedule, job, profile, unit, fsdp).makespan)
-
-
-def _searcher(output: Path | None, orders: dict[str, Any]) -> Any:
-    """``search``'s order for a configuration, at no more activations per rank than its named schedule holds; its
-    CSV goes beside ``-o`` (or in the current folder)."""
-    folder = output.parent if output is not None else Path(".")
-    stem = output.stem if output is not None else "plan"
-
-    def run(named: Any, job: Any, profile: str | None, unit: str, seconds: float, c: Any) -> Any:
-        from ppsim.plan import V_SHAPE
-        from ppsim.search import search
-
-        base = _simulated(named, job, profile, unit)
-        peak = max(r.peak_activations for r in base.per_rank)
-        v_shape = c.schedule in V_SHAPE
-        try:
-            found = search(named.num_ranks, named.num_microbatches, _costs(job, profile, unit), f"{peak}act",
-                           placement="v" if v_shape else "loop",
-                           num_stages_per_rank=None if v_shape else c.num_stages_per_rank, time_limit=seconds,
-                           solver="none", cost_scope=None if profile else "stage")
-        except PPSimError:
-            return None
-        if found.makespan >= base.makespan * (1 - 1e-9):
-            return None
-        path = folder / f"{stem}_pp{named.num_ranks}_m{named.num_microbatches}_v{c.num_stages_per_rank}.csv"
-        orders[str(path)] = found.schedule
-        return found.schedule, str(path)
-
-    return run
-
-
 def _write_orders(result: Plan, orders: dict[str, Any]) -> None:
     """The CSV of each searched order among the candidates shown (named in their overrides)."""
     from ppsim.formats import write_csv
@@ -351,46 +291,25 @@ def _write_orders(result: Plan, orders: dict[str, Any]) -> None:
             typer.echo(f"wrote {write_csv(orders[j.candidate.csv], j.candidate.csv)} (search's order)", err=True)
 
 
-def _progress_line() -> Any:
+def _progress_line() -> Callable[[PlanProgress], None]:
+    """At most one progress line a second on stderr (rewritten in place on a terminal)."""
     last = [0.0]
 
-    def show(done: int, total: int, best: Judged | None, elapsed: float) -> None:
-        if elapsed - last[0] < 1.0 and done < total:
+    def show(p: PlanProgress) -> None:
+        if p.elapsed_s - last[0] < 1.0 and p.done < p.total:
             return
-        last[0] = elapsed
+        last[0] = p.elapsed_s
         from ppsim.plan import describe
 
-        lead = f"best so far: {describe(best.candidate)}" if best is not None else "nothing fits yet"
+        lead = f"best so far: {describe(p.best.candidate)}" if p.best is not None else f"{p.fitting} fit so far"
+        what = {"memory": "candidates' memory judged", "timing": "candidates that fit timed",
+                "orders": "searched orders judged"}[p.phase]
         end = "\r" if sys.stderr.isatty() else "\n"
-        estimate = f" (all {total}: ~{elapsed / done * total:.0f} s at this pace)" if done < total else ""
-        typer.echo(f"plan: {done}/{total} candidates judged in {elapsed:.1f} s{estimate}; {lead}", err=True, nl=False)
+        estimate = f" (all {p.total}: ~{p.elapsed_s / p.done * p.total:.0f} s at this pace)" if p.done < p.total else ""
+        typer.echo(f"plan: {p.done}/{p.total} {what} in {p.elapsed_s:.1f} s{estimate}; {lead}", err=True, nl=False)
         typer.echo(end, err=True, nl=False)
 
     return show
-
-
-def _best_result(result: Plan, shapes_for: Any) -> Any:
-    """The best candidate's simulated timeline (for its Gantt chart), with the costs and FSDP collectives that
-    ranked it."""
-    from ppsim.compare import compare
-    from ppsim.costs import load_costs
-    from ppsim.plan import covering_profile, job_of, stage_modules, step_collectives, unit_costs
-    from ppsim.split import resolve_split
-
-    best = result.best
-    assert best is not None
-    c, request = best.candidate, result.request
-    job = job_of(c, request)
-    schedule = _build(c.schedule, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
-    cover = covering_profile(c, request)
-    costs = (load_costs(profile=cover.path, split=job.split) if cover is not None
-             else load_costs(costs=unit_costs(c.activation_checkpoint)))
-    counts = resolve_split(job.split, request.model.num_layers, schedule.num_stages, schedule=c.schedule)
-    fsdp = step_collectives(c, shapes_for(c.degrees.tp, c.microbatch_size, c.activation_checkpoint),
-                            stage_modules(request.model.num_layers, counts), cover,
-                            shared_cores=request.shared_cores)
-    return compare([schedule.name], builder=lambda _: schedule, costs=costs,
-                   scope=None if cover is not None else "stage", fsdp=fsdp).best
 
 
 # --- printing --------------------------------------------------------------------------------------------------
@@ -402,9 +321,7 @@ def print_plan(result: Plan) -> None:
     best = result.best
     timed = best is not None and best.step_s is not None
     title = (f"plan for {result.request.num_gpus} GPUs, cap {result.request.cap_bytes / GIB:.2f} GiB, global batch "
-             f"{result.global_batch}: {len(result.judged)} of {result.num_candidates} candidates judged"
-             + (f", {result.pruned} pruned by their lower bound" if result.pruned else "")
-             + (f"; stopped: {result.stopped}" if result.stopped else ""))
+             f"{result.global_batch}: {result.counts()}")
     table = Table(title=title)
     for col in ("#", "pp", "tp", "dp", "schedule", "m", "size", "v", "AC", "peak GiB",
                 *(("step s", "tok/s/GPU") if timed else ("rel. step",))):
@@ -414,7 +331,7 @@ def print_plan(result: Plan) -> None:
         c, d = j.candidate, j.candidate.degrees
         if j.step_s is not None:
             tps = result.global_batch * _seq(result) / (j.step_s * result.request.num_gpus)
-            step = (f"{j.step_s:.4g}", f"{tps:.1f}")
+            step: tuple[str, ...] = (f"{j.step_s:.4g}", f"{tps:.1f}")
         else:
             step = (f"{(j.relative_step or 0) / base:.3f}",) + (("-",) if timed else ())
         name = f"{c.schedule} searched" if c.csv else c.schedule

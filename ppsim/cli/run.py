@@ -353,8 +353,9 @@ def calibration_path(output: Path | None, profile_out: Path | None, *, profile: 
 
 
 def print_run_summary(report: RunReport) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from ppsim.cli.output import console
 
     d = report.to_dict()
     kind = "synthetic stages" if d["synthetic"] else f"{d['device']} ({d['device_name']})"
@@ -392,7 +393,7 @@ def print_run_summary(report: RunReport) -> None:
     ae = d["action_error"]
     table.add_row("action start |error| median / max", "", "",
                   f"{fmt_s(ae['start_median_abs_s'])} / {fmt_s(ae['start_max_abs_s'])}")
-    Console().print(table)
+    console().print(table)
     if recomputed:
         typer.echo(RECOMPUTED_ACTIVATIONS)
     pi = d["prediction_inputs"]

@@ -163,9 +163,9 @@ def test_compare_simulates_the_step_with_its_collectives_and_says_so() -> None:
 
 
 # --- plan ------------------------------------------------------------------------------------------------------
-def _plan_timer(schedule: Any, job: Any, profile: str | None, unit: str, *, fsdp: Any = None) -> float:
+def _plan_timer(schedule: Any, job: Any, profile: str | None, unit: str, *, fsdp: Any = None) -> Any:
     return compare([schedule.name], builder=lambda _: schedule, costs=parse_costs(unit), scope="stage",
-                   fsdp=fsdp).best.makespan
+                   fsdp=fsdp).best
 
 
 def _plan_shapes(tp: int, mb_size: int, ac: str) -> JobShapes:
@@ -177,8 +177,9 @@ def _plan_shapes(tp: int, mb_size: int, ac: str) -> JobShapes:
 
 
 def _planned(collectives: CollectiveCosts | None, shared_cores: int | None = None) -> Any:
-    from ppsim.plan import ModelFacts, PlanRequest, ProfileCover, plan
     from ppsim.job.settings import JobSettings
+    from ppsim.plan import ModelFacts, PlanRequest, ProfileCover
+    from ppsim.plan_search import plan
 
     job = JobSettings(source="toy:job", parallelism={"data_parallel_shard_degree": -1},
                       training={"local_batch_size": 4, "seq_len": 16}, in_file=False, model_source="toy",
@@ -188,7 +189,7 @@ def _planned(collectives: CollectiveCosts | None, shared_cores: int | None = Non
     request = PlanRequest(settings=job, user_overrides=(), model=ModelFacts(6, 4, 2, "toy"), num_gpus=4,
                           gpus_per_node=1, cap_bytes=10**9, activation_checkpoints=("none",), profiles=covers,
                           time_limit_s=60, shared_cores=shared_cores)
-    return plan(request, shapes_for=_plan_shapes, build=lambda n, r, m, v: build(n, r, m, v)[0], timer=_plan_timer)
+    return plan(request, shapes_for=_plan_shapes, build=lambda n, r, m, v: build(n, r, m, v)[0], simulate=_plan_timer)
 
 
 def test_plan_times_a_pp_by_dp_candidate_with_its_collectives() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +16,9 @@ from typer.testing import CliRunner
 from ppsim.cli import app
 from ppsim.compare import build
 from ppsim.job.memory import BlockShapes, JobShapes
-from ppsim.plan import ModelFacts, PlanError, PlanRequest, candidates, global_batch, plan
 from ppsim.job.settings import JobSettings
+from ppsim.plan import ModelFacts, PlanError, PlanRequest, candidates, global_batch
+from ppsim.plan_search import PlanStopped, plan
 
 runner = CliRunner()
 DATA = Path(__file__).parents[1] / "data"
@@ -57,12 +60,12 @@ def _request(**kw: Any) -> PlanRequest:
     return PlanRequest(**base)
 
 
-def _unit_timer(schedule: Any, job: Any, profile: str | None, unit: str) -> float:
+def _unit_timer(schedule: Any, job: Any, profile: str | None, unit: str) -> Any:
     from ppsim.compare import compare
     from ppsim.costs import load_costs
 
     costs = load_costs(costs=unit)
-    return compare([schedule.name], builder=lambda _: schedule, costs=costs, scope="stage").best.makespan
+    return compare([schedule.name], builder=lambda _: schedule, costs=costs, scope="stage").best
 
 
 def _build(name: str, ranks: int, mb: int, v: int) -> Any:
@@ -70,7 +73,7 @@ def _build(name: str, ranks: int, mb: int, v: int) -> Any:
 
 
 def _plan(request: PlanRequest, saved: int = 2000, **kw: Any) -> Any:
-    return plan(request, shapes_for=_shapes_for(saved), build=_build, timer=kw.pop("timer", _unit_timer), **kw)
+    return plan(request, shapes_for=_shapes_for(saved), build=_build, simulate=kw.pop("timer", _unit_timer), **kw)
 
 
 @given(cap=st.integers(20_000, 400_000), saved=st.integers(100, 20_000), gpus=st.sampled_from([2, 4, 8]))
@@ -128,7 +131,7 @@ def test_pinned_degrees_are_kept_in_every_candidate() -> None:
 def test_ctrl_c_keeps_the_best_judged_so_far() -> None:
     calls = []
 
-    def timer(*args: Any) -> float:
+    def timer(*args: Any) -> Any:
         calls.append(1)
         if len(calls) > 3:
             raise KeyboardInterrupt
@@ -138,17 +141,173 @@ def test_ctrl_c_keeps_the_best_judged_so_far() -> None:
     assert result.stopped.startswith("interrupted") and len(result.ranked) == 3
 
 
-def test_the_time_limit_stops_the_plan_and_says_so() -> None:
-    result = _plan(_request(time_limit_s=1e-9))
-    assert result.stopped.startswith("time limit") and len(result.judged) == 1
+def test_the_time_limit_stops_the_plan_and_says_the_limit_not_the_cap_stopped_it() -> None:
+    with pytest.raises(PlanStopped, match=r"--time-limit 1e-09: ran out after 0.0 s, before any candidate was judged "
+                       r"\(start-up and reading the job took that long\): the limit, not the memory cap, stopped the "
+                       r"plan; raise --time-limit"):
+        _plan(_request(time_limit_s=1e-9))
+
+
+def test_a_limit_that_ends_with_candidates_that_fit_untimed_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory judged, the first that fits found, and no time left to time it: the limit, not the cap."""
+    with pytest.raises(PlanStopped, match=r"--time-limit 10: ran out after 10.0 s, having judged the memory of 1 of "
+                       r"\d+ candidates \(1 fit, none timed yet\): the limit, not the memory cap, stopped the "
+                       r"plan; raise --time-limit \(e.g. --time-limit 20\)"):
+        _clocked(monkeypatch, _request(cap_bytes=10**9, time_limit_s=10.0), shape_s=10.0)
 
 
 def test_the_time_limit_counts_from_when_the_command_began() -> None:
     """Reading the job counts against --time-limit: a plan begun a limit ago judges one candidate and stops."""
     import time
 
-    result = _plan(_request(time_limit_s=30.0), started=time.monotonic() - 30.0)
-    assert result.stopped.startswith("time limit") and len(result.judged) == 1
+    with pytest.raises(PlanStopped, match="ran out after 30.0 s, before any candidate was judged"):
+        _plan(_request(time_limit_s=30.0), started=time.monotonic() - 30.0)
+
+
+class _Clock:
+    """A fake ``time.monotonic`` for the plan's budget: each new model shape costs ``shape_s`` (torch's call)."""
+
+    def __init__(self, shape_s: float) -> None:
+        self.now, self.shape_s = 1000.0, shape_s
+
+    def __call__(self) -> float:
+        return self.now
+
+    def shapes(self, saved: int) -> Any:
+        from ppsim.plan_search import ShapeCache
+
+        inner = _shapes_for(saved)
+
+        def compute(tp: int, mb_size: int, ac: str) -> JobShapes:
+            self.now += self.shape_s
+            return inner(tp, mb_size, ac)
+
+        return ShapeCache(compute)
+
+
+def _clocked(monkeypatch: pytest.MonkeyPatch, request: PlanRequest, shape_s: float) -> Any:
+    import types
+
+    import ppsim.plan_search
+
+    clock = _Clock(shape_s)
+    monkeypatch.setattr(ppsim.plan_search, "time", types.SimpleNamespace(monotonic=clock))
+    return plan(request, shapes_for=clock.shapes(2000), build=_build, simulate=_unit_timer, started=clock.now)
+
+
+def test_a_fitting_answer_comes_before_the_time_limit_where_the_lowest_bounds_do_not_fit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34: the lowest lower bounds do not fit and each new shape costs 10 s; judged in lower-bound order, 5
+    shapes (50 s) come before the first that fits, so a 35 s limit ran out and the plan blamed the cap. Memory
+    judged shape by shape finds one after 2 shapes, and the plan says the limit stopped it."""
+    result = _clocked(monkeypatch, _request(num_gpus=8, cap_bytes=100_000, time_limit_s=35.0), shape_s=10.0)
+    assert result.best is not None and result.best.fits
+    assert result.stopped.startswith("time limit (35 s): memory of ") and result.memory_judged < result.num_candidates
+
+
+def test_a_time_limit_that_ends_before_any_fit_is_found_blames_the_limit_not_the_cap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(PlanStopped, match=r"--time-limit 35: ran out after 30.0 s, having judged the memory of \d+ of "
+                       r"\d+ candidates, none of which fits \(the smallest peak so far is .*the limit, not the memory "
+                       r"cap, stopped the plan before the rest were judged; raise --time-limit"):
+        _clocked(monkeypatch, _request(num_gpus=8, cap_bytes=60_000, time_limit_s=35.0), shape_s=10.0)
+    with pytest.raises(PlanError, match="no candidate fits; the smallest peak is"):  # all judged: the cap's doing
+        _clocked(monkeypatch, _request(num_gpus=8, cap_bytes=60_000, time_limit_s=1e6), shape_s=10.0)
+
+
+def test_every_candidates_memory_is_judged_before_any_is_timed() -> None:
+    events: list[str] = []
+    shapes = _shapes_for(2000)
+
+    def shapes_for(*key: Any) -> JobShapes:
+        events.append("memory")
+        return shapes(*key)
+
+    def simulate(*args: Any, **kw: Any) -> Any:
+        events.append("time")
+        return _unit_timer(*args, **kw)
+
+    result = plan(_request(num_gpus=8, cap_bytes=100_000, top=10**6), shapes_for=shapes_for, build=_build,
+                  simulate=simulate)
+    assert result.memory_judged == result.num_candidates and len(result.ranked) > 1
+    assert events == sorted(events)  # every "memory" before the first "time"
+
+
+def test_the_output_reserve_grows_with_what_is_left_to_print_and_is_at_most_a_quarter_of_the_limit() -> None:
+    from ppsim.plan_search import OUTPUT_PAGE_S, Budget
+
+    small, rows, page = Budget(0.0, 60.0).reserve_s(0), Budget(0.0, 60.0).reserve_s(1000), Budget(0.0, 60.0, True)
+    assert small < rows < page.reserve_s(1000) and page.reserve_s(0) - small == pytest.approx(OUTPUT_PAGE_S)
+    assert Budget(0.0, 1.0, page=True).reserve_s(10**6) == 0.25
+
+
+def test_a_plan_with_a_page_stops_judging_earlier_to_leave_time_to_draw_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import ppsim.plan_search
+
+    judged = []
+    for page in (False, True):
+        clock = _Clock(1.0)
+        monkeypatch.setattr(ppsim.plan_search, "time", types.SimpleNamespace(monotonic=clock))
+        result = plan(_request(num_gpus=8, cap_bytes=100_000, time_limit_s=12.0), shapes_for=clock.shapes(2000),
+                      build=_build, simulate=_unit_timer, started=clock.now, page=page)
+        judged.append(result.memory_judged)
+        reserve = ppsim.plan_search.Budget(0.0, 12.0, page).reserve_s(len(result.judged))
+        assert clock.now - 1000.0 <= 12.0 - reserve + clock.shape_s  # the last shape may end past the check
+    assert judged[1] < judged[0]
+
+
+def test_pp_1_candidates_are_fsdp_alone_tp_without_a_pipeline_and_hsdp_across_nodes() -> None:
+    from ppsim.plan import NO_PIPELINE
+
+    request = _request(num_gpus=8, gpus_per_node=2)
+    no_pipeline = [c for c in candidates(request, global_batch(request.settings, 8)) if c.degrees.pp == 1]
+    assert {c.schedule for c in no_pipeline} == {NO_PIPELINE}
+    layouts = {(c.degrees.tp, c.degrees.dp_shard, c.degrees.dp_replicate) for c in no_pipeline}
+    assert layouts == {(1, 8, 1), (2, 4, 1), (1, 2, 4), (2, 1, 4)}  # FSDP, or HSDP: one replica per node of 2
+    assert all(c.num_microbatches * c.microbatch_size * c.degrees.dp_shard * c.degrees.dp_replicate == 32
+               for c in no_pipeline)  # the global batch, as gradient accumulation steps
+
+
+def test_a_pp_1_candidate_launches_with_gradient_accumulation_and_is_timed_without_a_bubble() -> None:
+    from ppsim.plan import NO_PIPELINE, lower_bound
+
+    result = _plan(_request(num_gpus=4, cap_bytes=10**7, top=10**6))
+    fsdp = [j for j in result.ranked if j.candidate.schedule == NO_PIPELINE]
+    assert fsdp
+    for j in fsdp:
+        c = j.candidate
+        assert j.overrides[-2:] == (f"--training.local_batch_size {c.microbatch_size}",
+                                    f"--training.global_batch_size {result.global_batch}")
+        assert not any("pipeline_parallel_schedule" in o or "microbatch_size" in o for o in j.overrides)
+        assert j.relative_step == pytest.approx(lower_bound(c, result.request))  # each step's F and B in turn
+        assert len(j.memory) == 1 and j.fits
+
+
+def test_the_best_candidates_timeline_is_the_one_that_ranked_it_not_simulated_again(tmp_path: Path) -> None:
+    from ppsim.viz.plan_page import write_plan_page
+
+    calls: list[int] = []
+
+    def simulate(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        return _unit_timer(*args, **kw)
+
+    result = plan(_request(), shapes_for=_shapes_for(2000), build=_build, simulate=simulate)
+    timed = len(calls)
+    assert result.best_timeline is not None and result.best is not None
+    assert result.best_timeline.schedule.name == result.best.candidate.order_name
+    write_plan_page(result, tmp_path / "plan.html", job="toy:job")
+    assert len(calls) == timed  # the page drew the judged timeline
+
+
+def test_plan_json_names_the_checkpoint_mode_activation_checkpoint_with_recompute_as_its_alias() -> None:
+    from ppsim.plan import to_dict
+
+    rows = to_dict(_plan(_request()), job="toy:job")["candidates"]
+    assert {r["activation_checkpoint"] for r in rows} == {"none", "full"}
+    assert all(r["recompute"] == r["activation_checkpoint"] and r["ep"] == 1 and r["cp"] == 1 for r in rows)
 
 
 def test_lower_bound_pruning_never_drops_a_candidate_faster_than_the_kth() -> None:
@@ -189,6 +348,10 @@ def test_plan_json_has_the_contract_keys_and_best_points_at_the_fastest_fitting(
     best = data["candidates"][data["best"]]
     assert best["fits"] and all(p <= 2**30 for p in best["peak_memory_bytes"])
     assert len(best["peak_memory_bytes"]) == best["pp"]
+    no_pipeline = [r for r in data["candidates"] if r["pp"] == 1]
+    assert no_pipeline and {r["schedule"] for r in no_pipeline} == {"none"}  # FSDP alone, TP without a pipeline
+    assert ({(r["tp"], r["dp_shard"], r["dp_replicate"]) for r in no_pipeline}
+            == {(1, 4, 1), (2, 2, 1), (1, 2, 2), (2, 1, 2)})  # HSDP: a replica per node of 2
 
 
 def _flat(overrides: list[str]) -> list[str]:
@@ -199,7 +362,7 @@ def _flat(overrides: list[str]) -> list[str]:
 def test_the_best_candidates_memory_per_rank_equals_simulates_for_its_overrides() -> None:
     pytest.importorskip("torchtitan")
     data = _json([*DEBUG, "--gpus", "4", "--gpus-per-node", "2", "--memory-cap", "1GiB"])
-    for row in data["candidates"][:3]:
+    for row in [r for r in data["candidates"] if r["pp"] > 1][:3]:  # simulate refuses pp 1 (torchtitan's pipeline)
         sim = runner.invoke(app, ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel",
                                   *_flat(row["overrides"]), "--memory-cap", "1GiB", "--json"])
         assert sim.exit_code == 0, sim.output
@@ -211,7 +374,7 @@ def test_the_best_candidates_memory_per_rank_equals_simulates_for_its_overrides(
 def test_a_profile_times_the_candidates_it_covers_in_seconds() -> None:
     pytest.importorskip("torchtitan")
     data = _json([*DEBUG, "--training.seq_len", "32", "--gpus", "2", "--gpus-per-node", "1", "--memory-cap",
-                  "1GiB", "--time-limit", "8", "--profile", str(DATA / "llama3_debugmodel_s32.profile.json")])
+                  "1GiB", "--time-limit", "60", "--profile", str(DATA / "llama3_debugmodel_s32.profile.json")])
     best = data["candidates"][data["best"]]
     assert best["step_s"] > 0 and best["tokens_per_s_per_gpu"] > 0 and best["tp"] == 1
     assert "--training.seq_len 32" in " ".join(best["overrides"])
@@ -219,7 +382,7 @@ def test_a_profile_times_the_candidates_it_covers_in_seconds() -> None:
 
 @pytest.mark.torch
 @pytest.mark.parametrize(("extra", "message"), [
-    (["--gpus", "7"], "--gpus 7: no degrees make it up"),
+    (["--gpus", "7", "--training.global_batch_size", "8"], "--gpus 7: no degrees make it up"),
     (["--gpus", "4", "--memory-cap", "1MiB"], "no candidate fits; the smallest peak is"),
     (["--gpus", "4", "--parallelism.pipeline_parallel_degree", "3"], "pinned degrees pp 3 multiply to 3"),
     (["--gpus", "4", "--time-limit", "0"], "--time-limit '0': must be a positive finite number"),
@@ -260,8 +423,9 @@ def test_a_searched_order_that_beats_its_named_schedule_is_ranked_with_its_csv_i
         faster.append(build("1F1B", named.num_ranks, named.num_microbatches)[0])
         return faster[-1], "plan_pp2.csv"
 
-    def timer(schedule: Any, *args: Any) -> float:  # the searched order takes half its named schedule's time
-        return _unit_timer(schedule, *args) * (0.5 if any(schedule is f for f in faster) else 1.0)
+    def timer(schedule: Any, *args: Any) -> Any:  # the searched order takes half its named schedule's time
+        sim = _unit_timer(schedule, *args)
+        return dataclasses.replace(sim, makespan=sim.makespan * (0.5 if any(schedule is f for f in faster) else 1))
 
     request = _request(cap_bytes=10**7, activation_checkpoints=("none",), pinned={"pp": 2, "tp": 2})
 
@@ -270,7 +434,7 @@ def test_a_searched_order_that_beats_its_named_schedule_is_ranked_with_its_csv_i
             raise PlanError(f"{name}: not in this test's space")
         return _build(name, ranks, mb, v)
 
-    only_gpipe = plan(request, shapes_for=_shapes_for(2000), build=gpipe_only, timer=timer, searcher=searcher)
+    only_gpipe = plan(request, shapes_for=_shapes_for(2000), build=gpipe_only, simulate=timer, searcher=searcher)
     assert calls and only_gpipe.best.candidate.csv == "plan_pp2.csv"
     assert "--parallelism.pipeline_parallel_schedule_csv plan_pp2.csv" in only_gpipe.best.overrides
 
@@ -289,17 +453,18 @@ def test_plan_html_has_the_frontier_the_best_gantt_and_memory_and_why_the_others
 @pytest.mark.torch
 def test_ctrl_c_prints_the_best_so_far_and_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torchtitan")
-    import ppsim.cli.plan as cli_plan
+    from ppsim.plan_search import Simulations
 
-    real, calls = cli_plan._time, []
+    real, calls = Simulations.simulate, []
 
-    def interrupted_after_two(*args: Any) -> float:
+    def interrupted_after_two(*args: Any, **kw: Any) -> Any:
         calls.append(1)
         if len(calls) > 2:
             raise KeyboardInterrupt
-        return real(*args)
+        return real(*args, **kw)
 
-    monkeypatch.setattr(cli_plan, "_time", interrupted_after_two)
+    monkeypatch.setattr(Simulations, "simulate", interrupted_after_two)
     result = runner.invoke(app, [*DEBUG, "--gpus", "2", "--memory-cap", "1GiB"], env={"COLUMNS": "200"})
     assert result.exit_code == 130, result.output
-    assert "Interrupted: interrupted after 3 of" in result.stderr and "launch with:" in result.stdout
+    assert re.search(r"Interrupted: interrupted: memory of (\d+) of \1 candidates judged, 2 timed", result.stderr)
+    assert "launch with:" in result.stdout
