@@ -44,7 +44,7 @@ def degrees_of(parallelism: Any) -> Degrees:
 
 def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
                activation_checkpoint: str | None = None, profile: Any = None,
-               as_run: bool = False) -> tuple[JobShapes, Degrees]:
+               as_run: bool = False, microbatch_size: int | None = None) -> tuple[JobShapes, Degrees]:
     """The TP-local shapes of ``MODULE:CONFIG``'s model and the job's degrees, ``settings`` being its
     :class:`ppsim.job.settings.JobSettings` (overrides applied); ``activation_checkpoint`` (``none``/``full``) counts
     another checkpoint mode than the config's (``plan`` compares them). With a ``profile``, the training job with
@@ -61,6 +61,8 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
     training = dataclasses.replace(config.training, **{k: v for k, v in settings.training.items()
                                                        if hasattr(config.training, k)})
     config.parallelism, config.training = parallelism, training  # not replace(): its checks are the loader's
+    # sequences per microbatch: the job's (without a pipeline, the whole local batch: a gradient-accumulation step)
+    mb_size = microbatch_size or parallelism.pipeline_parallel_microbatch_size
     model_cfg = config.model_spec.model
     layers = list(model_cfg.layers)
     attn = layers[0].attention
@@ -71,7 +73,7 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
     ac = activation_checkpoint or _ac_mode(config.activation_checkpoint)
     if profile is not None:
         shapes = profile_shapes(profile, tp=degrees.tp, seq_len=training.seq_len,
-                                mb_size=_microbatch(parallelism, training), activation_checkpoint=ac)
+                                mb_size=mb_size, activation_checkpoint=ac)
         if not as_run:  # the training job: its dtypes, its optimizer, fully_shard as torchtitan applies it
             shapes = _as_trained(shapes, training, parallelism, profile)
         ep_note = ([f"expert_parallel_degree {degrees.ep}: with --profile the routed experts are counted as the "
@@ -84,7 +86,7 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
     local = _local_shapes(model_cfg, degrees.tp, buffers, ep=degrees.ep, dp_shard=degrees.fsdp)
     kinds: dict[tuple[tuple[str, tuple[int, ...]], ...], int] = {}
     kind_of = [kinds.setdefault(local[f"layers.{i}"], len(kinds)) for i in range(len(layers))]
-    tokens = training.seq_len * _microbatch(parallelism, training)
+    tokens = training.seq_len * mb_size
     sp = degrees.tp > 1 and parallelism.enable_sequence_parallel
     dim = model_cfg.dim
     act_bytes = torch.empty((), dtype=getattr(torch, training.mixed_precision_param)).element_size()
@@ -123,18 +125,9 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
         master_dtype=training.dtype, param_dtype=training.mixed_precision_param,
         reduce_dtype=training.mixed_precision_reduce, activation_checkpoint=ac,
         reshard_after_forward=parallelism.fsdp_reshard_after_forward == "always",
-        no_pipeline=parallelism.pipeline_parallel_degree == 1,
         notes=tuple(notes) + tuple(dict.fromkeys(set_aside)) + tuple(extra),
     )
     return shapes, degrees
-
-
-def _microbatch(parallelism: Any, training: Any) -> int:
-    """Sequences per microbatch: the pipeline's microbatch, or without a pipeline the whole local batch (torchtitan's
-    gradient accumulation step)."""
-    if parallelism.pipeline_parallel_degree == 1:
-        return int(training.local_batch_size)
-    return int(parallelism.pipeline_parallel_microbatch_size)
 
 
 def _ac_mode(ac_config: Any) -> str:
@@ -348,7 +341,7 @@ def _as_trained(shapes: JobShapes, training: Any, parallelism: Any, profile: Any
         shapes, master_dtype=training.dtype, param_dtype=training.mixed_precision_param,
         reduce_dtype=training.mixed_precision_reduce, optimizer_states=2, fsdp=True, fsdp_only_sharded=False,
         all_sends_held=False, reshard_after_forward=parallelism.fsdp_reshard_after_forward == "always",
-        no_pipeline=parallelism.pipeline_parallel_degree == 1, notes=tuple(notes))
+        notes=tuple(notes))
 
 
 def profile_shapes(profile: Any, *, tp: int, seq_len: int, mb_size: int, activation_checkpoint: str = "none"

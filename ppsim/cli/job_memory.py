@@ -52,11 +52,13 @@ class JobShapesOnce:
     overrides: tuple[str, ...]
     profile: Any = None
     cache: JobCache | None = None
+    microbatch_size: int | None = None
+    """Sequences per microbatch (the job's: without a pipeline, its local batch)."""
     _built: tuple[JobShapes, Degrees] | None = field(default=None, init=False, repr=False)
 
     def get(self) -> tuple[JobShapes, Degrees]:
         if self._built is None:
-            self._built = self._cached() or _build_shapes(self.value, self.overrides, profile=self.profile)
+            self._built = self._cached() or self._build()
         return self._built
 
     def _cached(self) -> tuple[JobShapes, Degrees] | None:
@@ -72,9 +74,12 @@ class JobShapesOnce:
             profile = hashlib.sha256(pickle.dumps(self.profile)).hexdigest()
         except Exception:  # noqa: BLE001 -- a profile that does not pickle is read without the cache
             return None
-        key = self.cache.key("shapes", job=self.value, overrides=list(self.overrides), profile=profile)
-        return self.cache.get_or_build("shapes", key, lambda: _build_shapes(self.value, self.overrides,
-                                                                             profile=self.profile))
+        key = self.cache.key("shapes", job=self.value, overrides=list(self.overrides), profile=profile,
+                             microbatch=self.microbatch_size)
+        return self.cache.get_or_build("shapes", key, self._build)
+
+    def _build(self) -> tuple[JobShapes, Degrees]:
+        return _build_shapes(self.value, self.overrides, profile=self.profile, microbatch_size=self.microbatch_size)
 
 
 def job_shapes_of(inputs: Inputs, torchtitan_config: object, overrides: Sequence[str]) -> JobShapesOnce | None:
@@ -84,7 +89,8 @@ def job_shapes_of(inputs: Inputs, torchtitan_config: object, overrides: Sequence
     job = inputs.job
     if job is None or job.stage_modules is None or not is_registry_name(str(torchtitan_config)):
         return None
-    return JobShapesOnce(str(torchtitan_config), tuple(overrides), inputs.cost_model.profile, inputs.job_cache)
+    return JobShapesOnce(str(torchtitan_config), tuple(overrides), inputs.cost_model.profile, inputs.job_cache,
+                         job.microbatch_size)
 
 
 def job_memory_of(inputs: Inputs, result: SimResult, shapes: JobShapesOnce | None, cap: int | None,
@@ -144,14 +150,15 @@ def with_job(results: list[SimResult], inputs: Inputs, shapes: JobShapesOnce | N
     return out, first
 
 
-def _build_shapes(value: str, overrides: tuple[str, ...], *, profile: Any) -> tuple[JobShapes, Degrees]:
+def _build_shapes(value: str, overrides: tuple[str, ...], *, profile: Any,
+                  microbatch_size: int | None = None) -> tuple[JobShapes, Degrees]:
     from ppsim.calibrate.torchtitan.config import read_job_settings
     from ppsim.calibrate.torchtitan.shapes import job_shapes
 
     with _quiet_converters():
         settings = read_job_settings(value, overrides)
     try:
-        return job_shapes(value, settings, profile=profile)
+        return job_shapes(value, settings, profile=profile, microbatch_size=microbatch_size)
     except (PPSimError, KeyboardInterrupt):
         raise
     except Exception as exc:  # torchtitan's own refusal of this model or these degrees

@@ -102,11 +102,6 @@ class JobShapes:
     reduce_dtype: str = "float32"
     activation_checkpoint: str = "none"
     reshard_after_forward: bool = False
-    no_pipeline: bool = False
-    """``pipeline_parallel_degree`` 1 (torchtitan's FSDP2 defaults then): each ``fully_shard`` unit (the embedding, each
-    layer) is gathered for its forward and again for its backward, then resharded (the norm and head stay gathered
-    from their forward to their backward), and each unit's gradient is reduce-scattered in its post-backward, so only
-    the sharded gradients accumulate (:func:`_no_pipeline_step`)."""
     notes: tuple[str, ...] = ()
     fsdp: bool = True
     """``fully_shard`` applied (torchtitan applies it even at ``dp_shard`` 1): each stage's parameters are gathered
@@ -342,7 +337,8 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
         if i == 0 or owner[i - 1] != pos:  # the action's first computation
             before, high = held(), 0
         _walk_one(shapes, stages, c, i, label, state=state, consider=consider, recompute=recompute,
-                  dtypes=(master, param, reduce), firsts=firsts, lasts=lasts, first_grads=first_grads)
+                  dtypes=(master, param, reduce), firsts=firsts, lasts=lasts, first_grads=first_grads,
+                  no_pipeline=degrees.pp == 1 and param > 0)
         over_time[pos] = [held() - before, max(high, held()) - before]
     consider(0, 0, "the step's end")
     end = ((2 + shapes.optimizer_states) * sharded * master + buffers + state["gathered"] + state["accum"]
@@ -356,13 +352,14 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
 
 def _walk_one(shapes: JobShapes, stages: list[_Stage], c: Any, i: int, label: str, *, state: dict[str, int],
               consider: Any, recompute: AbstractSet[tuple[int, int]], dtypes: tuple[int, int, int],
+              no_pipeline: bool,
               firsts: Mapping[tuple[int, ActionType], int], lasts: Mapping[tuple[int, ActionType], int],
               first_grads: Mapping[int, int]) -> None:
     """One computation ``c`` (the rank's ``i``-th) of the walk: its high points (``consider``), then what it keeps."""
     master, param, reduce = dtypes
     st, s, rc = stages[c.stage], c.stage, (c.stage, c.microbatch) in recompute
     saved = st.kept if rc else st.saved
-    if shapes.no_pipeline:
+    if no_pipeline:
         _no_pipeline_step(st, c.type, rc=rc, dtypes=dtypes, state=state, consider=consider, label=label,
                           first=i == firsts[(s, ActionType.F)], first_backward=i == first_grads.get(s),
                           last=i == lasts[(s, ActionType.B)])
@@ -383,7 +380,10 @@ def _walk_one(shapes: JobShapes, stages: list[_Stage], c: Any, i: int, label: st
 def _no_pipeline_step(st: _Stage, kind: ActionType, *, rc: bool, dtypes: tuple[int, int, int],
                       state: dict[str, int], consider: Any, label: str, first: bool, first_backward: bool,
                       last: bool) -> None:
-    """One F or B of a job without a pipeline (:attr:`JobShapes.no_pipeline`). A unit's gathered copy lives while it
+    """One F or B of a job without a pipeline (``pipeline_parallel_degree`` 1, FSDP applied), as torchtitan's FSDP2
+    defaults run it: each ``fully_shard`` unit (the embedding, each layer) is gathered for its forward and again for
+    its backward, then resharded (the norm and head stay gathered from their forward to their backward), and each
+    unit's gradient is reduce-scattered in its post-backward, so only the sharded gradients accumulate. A unit's gathered copy lives while it
     computes, with the next one's prefetched beside it (FSDP2's implicit prefetch): two of the largest unit. Its
     backward also holds that unit's unsharded gradient in the reduce dtype until the reduce-scatter; the sharded
     gradients (master dtype) are there from the first backward to the optimizer step, and later microbatches add

@@ -8,6 +8,7 @@ import multiprocessing
 from pathlib import Path
 
 import pytest
+from processes import alive, default_signals, descendants
 
 pytest.importorskip("torch")
 
@@ -447,37 +448,6 @@ def test_unbounded_or_absurd_runs_are_refused_with_one_line(args: list[str], exp
     assert stderr.startswith("Error: ") and stderr.count("\n") == 1 and expected in stderr
 
 
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in out:
-                out.add(child)
-                todo.append(child)
-    return out
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.add(pid)
-    return alive
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM", "SIGINT"])
 def test_killing_run_leaves_no_process_behind(sig: str, tmp_path: Path) -> None:
@@ -492,17 +462,17 @@ def test_killing_run_leaves_no_process_behind(sig: str, tmp_path: Path) -> None:
          "F=1,B=1", "--time-unit", "1", "--steps", "5", "--timeout", "300"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, "TMPDIR": str(tmp_path)},  # what SIGKILL leaves (multiprocessing's folder) stays in here
-        preexec_fn=_default_signals,  # SIGINT as a terminal leaves it (`nohup pytest &` starts with it ignored)
+        preexec_fn=default_signals,  # SIGINT as a terminal leaves it (`nohup pytest &` starts with it ignored)
     )
     seen: set[int] = set()
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            seen |= _descendants(proc.pid)
-            ranks = [p for p in _alive(seen) if b"ppsim-rank" in _cmdline(p) or _is_python(p)]
+            seen |= descendants(proc.pid)
+            ranks = [p for p in alive(seen) if b"ppsim-rank" in _cmdline(p) or _is_python(p)]
             if len(ranks) >= 4:  # the fork server and three ranks
                 time.sleep(1.0)
-                seen |= _descendants(proc.pid)
+                seen |= descendants(proc.pid)
                 break
             time.sleep(0.05)
         assert proc.poll() is None, "the run ended before it could be killed"
@@ -513,17 +483,9 @@ def test_killing_run_leaves_no_process_behind(sig: str, tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
     wait_until = time.monotonic() + 15
-    while _alive(seen) and time.monotonic() < wait_until:
+    while alive(seen) and time.monotonic() < wait_until:
         time.sleep(0.2)
-    assert len(seen) >= 4 and not _alive(seen), f"left behind: {_alive(seen)} of {seen}"
-
-
-def _default_signals() -> None:
-    """In the child: SIGINT and SIGHUP at their defaults, whatever the shell that started pytest left them at."""
-    import signal
-
-    for sig in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
+    assert len(seen) >= 4 and not alive(seen), f"left behind: {alive(seen)} of {seen}"
 
 
 def _cmdline(pid: int) -> bytes:

@@ -211,7 +211,9 @@ def test_a_rank_killed_mid_step_ends_every_process_leaves_no_file_and_is_named(t
     import sys
     import time
 
-    from test_run import _alive, _default_signals, _descendants
+    from processes import alive as _alive
+    from processes import default_signals as _default_signals
+    from processes import descendants as _descendants
 
     import shutil
     import tempfile

@@ -122,7 +122,7 @@ def test_a_job_without_a_pipeline_regathers_units_and_holds_only_sharded_gradien
     blocks = {"tok_embeddings": BlockShapes("embedding", (("weight", (10, 4)),), saved_bytes=8),
               "layers.0": layer, "layers.1": layer, "norm": BlockShapes("head", (("weight", (4,)),), saved_bytes=0),
               "lm_head": BlockShapes("head", (("weight", (10, 4)),), saved_bytes=0)}
-    shapes = JobShapes(source="t", blocks=blocks, tp=1, boundary_bytes=16, logits_bytes=40, no_pipeline=True)
+    shapes = JobShapes(source="t", blocks=blocks, tp=1, boundary_bytes=16, logits_bytes=40)
     (m,) = job_memory(shapes, degrees=Degrees(pp=1, dp_shard=4), schedule=load_schedule("1F1B", 1, 2),
                       stage_modules=[list(blocks)])
     sharded = 3 * 4 + 2 * (2 * 4 + 1) + 1 + 3 * 4  # dim 0 of each tensor padded to a multiple of 4: 43 elements
