@@ -97,7 +97,8 @@ def _say_what_is_counted(inputs: Inputs, result: SimResult, shapes: JobShapes, d
                + (f", ep {degrees.ep} carved out of dp_shard x cp x tp" if degrees.ep > 1 else "")
                + f" ({degrees.world_size} devices; the step time is the pipeline's, with FSDP's "
                "exposed collectives where a profile times it"
-               + ("; EP's all-to-alls are not in the step yet" if degrees.ep > 1 else "") + "); "
+               + ("; EP's all-to-alls in it, exposed where no overlapped F&B pair hides them" if degrees.ep > 1
+                  else "") + "); "
                f"parameters {shapes.master_dtype}, gathered {shapes.param_dtype}, gradients reduced in "
                f"{shapes.reduce_dtype}" + ("" if inputs.cost_model.profile is not None else
                                            "; activations from the formula (no --profile)"), err=True)

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
     from ppsim.cli.common import Inputs
     from ppsim.cli.job_memory import JobShapesOnce
+    from ppsim.costs import StageCosts
     from ppsim.fsdp import FsdpStep
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
@@ -93,7 +94,7 @@ def simulate_cmd(
     comparison = compare(
         names, builder=lambda name: inputs.schedule(name, directions, allow_large=allow_large),
         costs=cost_model, scope=cost_scope, memory_cap=cap, allow_large=allow_large,
-        recompute=recompute_for(recompute), fsdp=fsdp_of(inputs, shapes),
+        recompute=recompute_for(recompute), fsdp=fsdp_of(inputs, shapes), ep=ep_of(inputs, shapes),
     )
     warn_comparison(comparison, several=len(names) > 1)
     results, memory = with_job(list(comparison.results), inputs, shapes, None if cap is None else cap.bytes)
@@ -126,6 +127,30 @@ def fsdp_of(inputs: Inputs, shapes: JobShapesOnce | None) -> Callable[[Schedule]
     modules = job.stage_modules
     return lambda schedule: fsdp_step(schedule, shapes=job_shapes, stage_modules=modules, dp_shard=degrees.dp_shard,
                                       costs=costs)
+
+
+def ep_of(inputs: Inputs, shapes: JobShapesOnce | None) -> Callable[[FsdpStep, StageCosts], FsdpStep] | None:
+    """The step of a config function's MoE job at expert_parallel_degree > 1 with EP's exposed all-to-alls in it
+    (:func:`ppsim.ep.ep_step`: costed from the profile where it has them, else the stated default, so also without
+    a profile); ``None`` otherwise."""
+    from ppsim.errors import JobMemoryError
+
+    job, prof = inputs.job, inputs.cost_model.profile
+    if shapes is None or job is None or job.stage_modules is None:
+        return None
+    try:
+        job_shapes, degrees = shapes.get()
+    except JobMemoryError:
+        return None  # the memory table says why
+    if degrees.ep <= 1 or not job_shapes.moe_layers:
+        return None
+    from ppsim.ep import ep_step
+    from ppsim.fsdp import CollectiveCosts
+
+    costs = None if prof is None else CollectiveCosts.from_profile(prof)
+    modules = job.stage_modules
+    return lambda step, stage_costs: ep_step(step, stage_costs, shapes=job_shapes, stage_modules=modules,
+                                             ep=degrees.ep, costs=costs)
 
 
 def print_results(results: list[SimResult]) -> None:
