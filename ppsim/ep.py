@@ -200,10 +200,11 @@ def ep_step(step: FsdpStep, stage_costs: Any, *, shapes: Any, stage_modules: Seq
                 extra[(rank, pos)] = extra.get((rank, pos), 0.0) + e
     unit = "s" if stage_costs.unit == "s" else " units"
     nbytes = all_to_all_bytes(shapes)
+    how = ("overlapped F&B pairs hide one direction under the other" if _has_pairs(schedule)
+           else "no overlapped F&B pairs: eager actions wait for them")
     note = (f"EP (ep {ep}): a dispatch and a combine all-to-all per MoE layer in each F and each B/I, "
             f"{nbytes * (ep - 1) // ep / 2**20:.2f} MiB leaving a rank per all-to-all per microbatch; {count} in the "
-            f"step, {total:.4g}{unit} of which {exposed:.4g}{unit} exposed "
-            f"({'overlapped F&B pairs hide one direction under the other' if _has_pairs(schedule) else 'no overlapped F&B pairs: eager actions wait for them'}"
+            f"step, {total:.4g}{unit} of which {exposed:.4g}{unit} exposed ({how}"
             f"{', eager ones chunked as torchtitan' if overlap == 'chunked' else ''}); {describe(costs, ep)}")
     collectives = {**step.collectives, "all_to_all": CollectiveTotals(count, total, exposed)}
     return dataclasses.replace(step, extra_s=extra, notes=(*step.notes, note), collectives=collectives)

@@ -55,7 +55,8 @@ class CollectiveTotals:
 
 
 COLLECTIVE_KINDS = ("all_to_all", "all_gather", "reduce_scatter")
-"""The kinds a step model can put in :attr:`SimResult.collectives`: EP's (:mod:`ppsim.ep`), FSDP's (:mod:`ppsim.fsdp`)."""
+"""The kinds a step model can put in :attr:`SimResult.collectives`: EP's (:mod:`ppsim.ep`), FSDP's
+(:mod:`ppsim.fsdp`)."""
 
 
 @dataclass(frozen=True, eq=False)
