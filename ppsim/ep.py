@@ -189,6 +189,7 @@ def ep_step(step: FsdpStep, stage_costs: Any, *, shapes: Any, stage_modules: Seq
     schedule = step.schedule
     comms = stage_comms(schedule, stage_costs, shapes=shapes, stage_modules=stage_modules, ep=ep, costs=costs)
     extra = dict(step.extra_s)
+    spans = dict(step.comm_spans)
     count, total, exposed = 0, 0.0, 0.0
     for rank, row in enumerate(schedule.actions):
         for pos, action in enumerate(row):
@@ -198,6 +199,8 @@ def ep_step(step: FsdpStep, stage_costs: Any, *, shapes: Any, stage_modules: Seq
             count, total, exposed = count + n, total + t, exposed + e
             if e > 0:
                 extra[(rank, pos)] = extra.get((rank, pos), 0.0) + e
+            before = spans.get((rank, pos), (0.0, 0.0))
+            spans[(rank, pos)] = (before[0] + t, before[1] + e)
     unit = "s" if stage_costs.unit == "s" else " units"
     nbytes = all_to_all_bytes(shapes)
     how = ("overlapped F&B pairs hide one direction under the other" if _has_pairs(schedule)
@@ -207,7 +210,8 @@ def ep_step(step: FsdpStep, stage_costs: Any, *, shapes: Any, stage_modules: Seq
             f"step, {total:.4g}{unit} of which {exposed:.4g}{unit} exposed ({how}"
             f"{', eager ones chunked as torchtitan' if overlap == 'chunked' else ''}); {describe(costs, ep)}")
     collectives = {**step.collectives, "all_to_all": CollectiveTotals(count, total, exposed)}
-    return dataclasses.replace(step, extra_s=extra, notes=(*step.notes, note), collectives=collectives)
+    return dataclasses.replace(step, extra_s=extra, notes=(*step.notes, note), collectives=collectives,
+                               comm_spans=spans)
 
 
 def _has_pairs(schedule: Schedule) -> bool:

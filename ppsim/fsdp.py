@@ -164,6 +164,9 @@ class FsdpStep:
     """By kind, the collectives this step model placed (count, time, the part in ``extra_s``): FSDP's
     ``all_gather`` / ``reduce_scatter``, EP's ``all_to_all`` (:func:`ppsim.ep.ep_step` adds its time to this step's
     ``extra_s``); the result carries them (:attr:`ppsim.result.SimResult.collectives`)."""
+    comm_spans: Mapping[tuple[int, int], tuple[float, float]] = dataclasses.field(default_factory=dict)
+    """Per (rank, position): the collectives' time in that action and the part of it exposed (in ``extra_s``), for
+    the figure's communication lane (:attr:`ppsim.result.SimResult.comm_spans`)."""
 
     def simulate(self, simulate_with: Any) -> Any:
         """The step: ``simulate_with(extra_s)`` (a :class:`~ppsim.result.SimResult`), with the cores shared when
@@ -176,7 +179,9 @@ class FsdpStep:
             per_rank, cores = self.shared
             result = shared_cores_step(self.schedule, simulate_with, per_rank=per_rank, cores=cores,
                                        extra_s=self.extra_s)[0]
-        return dataclasses.replace(result, collectives=dict(self.collectives)) if self.collectives else result
+        if not self.collectives:
+            return result
+        return dataclasses.replace(result, collectives=dict(self.collectives), comm_spans=dict(self.comm_spans))
 
 
 def lower(schedule: Schedule, *, gather_s: Sequence[float], reduce_s: Sequence[float]) -> FsdpStep:
@@ -227,7 +232,8 @@ def fsdp_step(schedule: Schedule, *, shapes: Any, stage_modules: Sequence[Sequen
     exposed_gather = sum(s for (rank, pos), s in step.extra_s.items()
                          if step.schedule.actions[rank][pos].type is not ActionType.REDUCE_GRAD)
     exposed_reduce = sum(step.extra_s.values()) - exposed_gather
-    step = dataclasses.replace(step, collectives={  # each unit gathered once and reduce-scattered once a step
+    step = dataclasses.replace(step, comm_spans={key: (t, t) for key, t in step.extra_s.items()}, collectives={
+        # each unit gathered once and reduce-scattered once a step
         "all_gather": CollectiveTotals(units, sum(gather) / time_scale, exposed_gather),
         "reduce_scatter": CollectiveTotals(units, sum(reduce) / time_scale, exposed_reduce)})
     how = ("inside each stage's first forward" if schedule.name.lower() in INLINE_GATHER

@@ -143,10 +143,13 @@ class SimResult:
     trace: Trace = field(repr=False, compare=False)
     recompute: frozenset[tuple[int, int]] = frozenset()
     """The (stage, microbatch) pairs simulated with activation recomputation (:mod:`ppsim.recompute`)."""
-    collectives: Mapping[str, CollectiveTotals] | None = None
+    collectives: Mapping[str, CollectiveTotals] | None = field(default=None, compare=False)
     """By kind (:data:`COLLECTIVE_KINDS`), the collectives the step model put in this step: EP's all-to-alls
     (:func:`ppsim.ep.ep_step`), FSDP's all-gathers and reduce-scatters (:func:`ppsim.fsdp.fsdp_step`); a kind only
     where its model applies, ``None`` where none does."""
+    comm_spans: Mapping[tuple[int, int], tuple[float, float]] | None = field(default=None, compare=False)
+    """Per (rank, position) of an action holding collectives: their time and the part of it exposed (added to the
+    action); the figures' communication lane (``viz/gantt.py``)."""
 
     @property
     def unit(self) -> str:

@@ -255,11 +255,26 @@ def plot_cmd(
                          "it would be ignored; add --memory, or use `ppsim simulate` to flag ranks over it")
     warn_cap_without_bytes(cap, cost_model)
     name = one_schedule(inputs.names)
-    result = run_simulation(sched, cost_model, cost_scope, cap, recompute_for(recompute)(name, sched))
-    if memory or cap is not None:  # a job's figure draws its memory from the same count as simulate's verdict
-        from ppsim.cli.job_memory import job_shapes_of, with_job
+    shapes = None
+    if torchtitan_config is not None:  # a job's step holds its collectives, drawn as a lane under each rank's row
+        from ppsim.cli.job_memory import job_shapes_of
 
         shapes = job_shapes_of(inputs, torchtitan_config, job_overrides(ctx, torchtitan_config))
+    fsdp, ep = fsdp_of(inputs, shapes), ep_of(inputs, shapes)
+    if fsdp is None and ep is None:
+        result = run_simulation(sched, cost_model, cost_scope, cap, recompute_for(recompute)(name, sched))
+    else:  # the step simulate times (ppsim.compare), so figure and JSON agree
+        from ppsim.compare import compare
+
+        by_option = recompute_for(recompute)
+        comparison = compare([name], builder=lambda _: sched, costs=cost_model, scope=cost_scope, memory_cap=cap,
+                             figure=True, allow_large=allow_large, recompute=lambda _, s: by_option(name, s),
+                             fsdp=fsdp, ep=ep)
+        warn_comparison(comparison, several=False)
+        result = comparison.results[0]
+    if memory or cap is not None:  # a job's figure draws its memory from the same count as simulate's verdict
+        from ppsim.cli.job_memory import with_job
+
         result = with_job([result], inputs, shapes, None if cap is None or cap.bytes is None else cap.bytes)[0][0]
     if default_name:  # a name ppsim chose: created new, never over a file that appeared meanwhile
         reserve_new(output, refusal=default_taken(output))

@@ -77,3 +77,15 @@ def test_a_dense_job_has_no_all_to_all_and_without_a_profile_no_collectives_key(
 def test_ep_1_moe_job_has_no_all_to_all() -> None:
     doc, err = _simulate(*DEEPSEEK)
     assert "collectives" not in doc and "EP (ep" not in err
+
+
+def test_plot_of_the_moe_job_draws_the_communication_lane(tmp_path: Path) -> None:
+    pytest.importorskip("torchtitan")
+    out = tmp_path / "dpv.svg"
+    args = [a for a in DEEPSEEK if a != "--json"]
+    result = runner.invoke(app, ["plot", *args[1:], "--parallelism.expert_parallel_degree", "2",
+                                 "--parallelism.pipeline_parallel_schedule", "DualPipeV", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    svg = out.read_text()
+    assert 'id="comm-exposed"' in svg and 'id="comm-hidden"' in svg  # the eager ends expose, the pairs hide
+    assert sum(ln.startswith("EP (ep 2)") for ln in result.stderr.splitlines()) == 1
