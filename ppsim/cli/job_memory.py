@@ -81,7 +81,8 @@ def job_memory_of(inputs: Inputs, result: SimResult, shapes: JobShapesOnce | Non
     except JobMemoryError as exc:
         if cap is not None or isinstance(exc, DegreesError):  # a verdict was asked for, or a mistake: say why
             raise
-        typer.echo(f"memory: not counted: {exc}", err=True)
+        typer.echo(f"memory: not counted, and the step has no FSDP or EP collectives (they need the job's shapes): "
+                   f"{exc}", err=True)
         return None
     if say:
         _say_what_is_counted(inputs, result, job_shapes, degrees)

@@ -369,16 +369,17 @@ def report_cmd(
     def recomputed(name: str, schedule: Schedule) -> AbstractSet[tuple[int, int]]:
         return frozenset() if name in searched else by_option(name, schedule)
 
+    from ppsim.cli.job_memory import job_shapes_of, with_job
+
+    shapes = job_shapes_of(inputs, torchtitan_config, overrides)
     comparison = compare(list(names) + list(searched), builder=builder, costs=cost_model, scope=cost_scope,
-                         memory_cap=cap, figure=True, allow_large=allow_large, recompute=recomputed)
+                         memory_cap=cap, figure=True, allow_large=allow_large, recompute=recomputed,
+                         fsdp=fsdp_of(inputs, shapes), ep=ep_of(inputs, shapes))  # the step simulate times
     warn_comparison(comparison, several=len(names) > 1)
     from dataclasses import replace
 
-    from ppsim.cli.job_memory import job_shapes_of, with_job
-
     cap_bytes = None if cap is None else cap.bytes
-    job_results, _ = with_job(list(comparison.results), inputs, job_shapes_of(inputs, torchtitan_config, overrides),
-                              cap_bytes)
+    job_results, _ = with_job(list(comparison.results), inputs, shapes, cap_bytes)
     comparison = replace(comparison, results=tuple(job_results))  # a job's page draws the verdict's count
     path = write_report(comparison, output, memory_cap_bytes=cap_bytes)
     typer.echo(str(path))

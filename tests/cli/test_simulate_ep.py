@@ -89,3 +89,12 @@ def test_plot_of_the_moe_job_draws_the_communication_lane(tmp_path: Path) -> Non
     svg = out.read_text()
     assert 'id="comm-exposed"' in svg and 'id="comm-hidden"' in svg  # the eager ends expose, the pairs hide
     assert sum(ln.startswith("EP (ep 2)") for ln in result.stderr.splitlines()) == 1
+
+
+def test_without_the_shapes_the_moe_job_says_its_step_has_no_all_to_alls() -> None:
+    doc, err = _simulate("simulate", "--torchtitan-config", "deepseek_v3:deepseek_v3_debugmodel",  # dp_shard -1
+                         "--training.disable_cuda_graphs", "--parallelism.pipeline_parallel_degree", "2",
+                         "--parallelism.expert_parallel_degree", "2", "--json")
+    assert "collectives" not in doc
+    line = [ln for ln in err.splitlines() if ln.startswith("memory: not counted")]
+    assert len(line) == 1 and "no FSDP or EP collectives" in line[0] and "data_parallel_shard_degree" in line[0]
