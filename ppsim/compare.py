@@ -161,6 +161,7 @@ def compare(
     allow_large: bool = False,
     recompute: Callable[[str, Schedule], Set[tuple[int, int]]] | None = None,
     fsdp: Callable[[Schedule], FsdpStep] | None = None,
+    ep: Callable[[FsdpStep, StageCosts], FsdpStep] | None = None,
 ) -> Comparison:
     """Build each schedule in ``names``, skip those that cannot run or whose costs do not fit them (a ``--split`` of
     another chain length; reasons kept), simulate the rest, rank them.
@@ -173,7 +174,8 @@ def compare(
     (:data:`~ppsim.limits.MAX_COMPARE_ACTIONS`; with ``figure``, the report's limits) unless ``allow_large``.
     ``recompute(name, schedule)`` gives each built schedule's recomputed (stage, microbatch) pairs
     (:mod:`ppsim.recompute`); its errors are the schedule's, as for building. ``fsdp(schedule)``: the schedule with
-    FSDP's exposed collectives in it (:func:`ppsim.fsdp.fsdp_step`), simulated in its place.
+    FSDP's exposed collectives in it (:func:`ppsim.fsdp.fsdp_step`), simulated in its place. ``ep(step, costs)``: that
+    step (or the schedule's own) with EP's exposed all-to-alls added (:func:`ppsim.ep.ep_step`).
     """
     from ppsim import limits
     from ppsim.costs import as_spec
@@ -228,6 +230,10 @@ def compare(
         try:  # costs that do not fit this schedule (a --split of another length): skip it, keep the others
             costs = cost_model.for_schedule(schedule, scope=chosen.value)
             step = None if fsdp is None else fsdp(schedule)
+            if ep is not None:
+                from ppsim.fsdp import FsdpStep
+
+                step = ep(step if step is not None else FsdpStep(schedule=schedule, extra_s={}), costs)
             if step is not None:
                 notes.extend(n for n in step.notes if n not in notes)
             target = schedule if step is None else step.schedule

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppsim.ir import Action, ActionType, Schedule
+from ppsim.result import CollectiveTotals
 
 INLINE_GATHER = ("gpipe", "1f1b")
 """torch's single-stage schedules (``PipelineScheduleSingle``): the gathers run inside the first forward."""
@@ -159,17 +160,28 @@ class FsdpStep:
     shared: tuple[int, int] | None = None
     """``(processes per PP rank, cores)`` when the ranks run as local processes sharing one host's cores
     (``ppsim run`` on CPU): the step is simulated with processor sharing (:func:`ppsim.sharing.shared_cores_step`)."""
+    collectives: Mapping[str, CollectiveTotals] = dataclasses.field(default_factory=dict)
+    """By kind, the collectives this step model placed (count, time, the part in ``extra_s``): FSDP's
+    ``all_gather`` / ``reduce_scatter``, EP's ``all_to_all`` (:func:`ppsim.ep.ep_step` adds its time to this step's
+    ``extra_s``); the result carries them (:attr:`ppsim.result.SimResult.collectives`)."""
+    comm_spans: Mapping[tuple[int, int], tuple[float, float]] = dataclasses.field(default_factory=dict)
+    """Per (rank, position): the collectives' time in that action and the part of it exposed (in ``extra_s``), for
+    the figure's communication lane (:attr:`ppsim.result.SimResult.comm_spans`)."""
 
     def simulate(self, simulate_with: Any) -> Any:
         """The step: ``simulate_with(extra_s)`` (a :class:`~ppsim.result.SimResult`), with the cores shared when
-        :attr:`shared` says so."""
+        :attr:`shared` says so, and :attr:`collectives` on it."""
         if self.shared is None:
-            return simulate_with(self.extra_s)
-        from ppsim.sharing import shared_cores_step
+            result = simulate_with(self.extra_s)
+        else:
+            from ppsim.sharing import shared_cores_step
 
-        per_rank, cores = self.shared
-        return shared_cores_step(self.schedule, simulate_with, per_rank=per_rank, cores=cores,
-                                 extra_s=self.extra_s)[0]
+            per_rank, cores = self.shared
+            result = shared_cores_step(self.schedule, simulate_with, per_rank=per_rank, cores=cores,
+                                       extra_s=self.extra_s)[0]
+        if not self.collectives:
+            return result
+        return dataclasses.replace(result, collectives=dict(self.collectives), comm_spans=dict(self.comm_spans))
 
 
 def lower(schedule: Schedule, *, gather_s: Sequence[float], reduce_s: Sequence[float]) -> FsdpStep:
@@ -216,6 +228,14 @@ def fsdp_step(schedule: Schedule, *, shapes: Any, stage_modules: Sequence[Sequen
             "reduce-scatter and has no p2p alpha/beta; calibrate with p2p to include them",))
     gather, reduce = stage_collective_seconds(shapes, stage_modules, dp_shard=dp_shard, costs=costs)
     step = lower(schedule, gather_s=[g / time_scale for g in gather], reduce_s=[r / time_scale for r in reduce])
+    units = sum(len(fsdp_units(modules)) for modules in stage_modules)
+    exposed_gather = sum(s for (rank, pos), s in step.extra_s.items()
+                         if step.schedule.actions[rank][pos].type is not ActionType.REDUCE_GRAD)
+    exposed_reduce = sum(step.extra_s.values()) - exposed_gather
+    step = dataclasses.replace(step, comm_spans={key: (t, t) for key, t in step.extra_s.items()}, collectives={
+        # each unit gathered once and reduce-scattered once a step
+        "all_gather": CollectiveTotals(units, sum(gather) / time_scale, exposed_gather),
+        "reduce_scatter": CollectiveTotals(units, sum(reduce) / time_scale, exposed_reduce)})
     how = ("inside each stage's first forward" if schedule.name.lower() in INLINE_GATHER
            and schedule.num_stages_per_rank == 1 else "before each rank's first forward (the other stages' gathers "
            "overlap it)")

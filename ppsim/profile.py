@@ -384,13 +384,14 @@ class HostLoad(Record):
                 "with them, may be inflated; calibrate again on a quiet host")
 
 
-COLLECTIVE_OPS = ("all_gather", "reduce_scatter")
+COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "all_to_all")
 
 
 @dataclass(frozen=True)
 class CollectiveFit(Record):
-    """One collective FSDP issues, ``op`` (``all_gather`` / ``reduce_scatter``), on a group of ``group_size`` ranks:
-    ``alpha_s + bytes / beta_bytes_per_s``, ``bytes`` the full (unsharded) tensor gathered or reduce-scattered."""
+    """One collective FSDP issues, ``op`` (``all_gather`` / ``reduce_scatter``), or EP's ``all_to_all``, on a group of
+    ``group_size`` ranks: ``alpha_s + bytes / beta_bytes_per_s``, ``bytes`` the full (unsharded) tensor gathered or
+    reduce-scattered; for an all-to-all, each rank's whole send buffer ((g-1)/g of it leaves the rank)."""
 
     op: str = field(metadata=one_of(COLLECTIVE_OPS))
     group_size: int = field(metadata=at_least(2))

@@ -7,7 +7,7 @@ first use, so simulating a million actions does not pay for a million-row DataFr
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -34,6 +34,29 @@ class RankStats:
     """Activations held at once; a fraction only with recomputation (a recomputed one keeps its boundary)."""
     peak_memory_bytes: int | None
     over_memory_cap: bool
+
+
+@dataclass(frozen=True)
+class CollectiveTotals:
+    """One kind of collective over a simulated step (``simulate --json``'s ``collectives``): how many were issued,
+    their time, and the part of it a compute stream waited on (``total_s - exposed_s`` ran hidden behind compute).
+    Times in the step's cost unit (seconds with a profile)."""
+
+    count: int
+    total_s: float
+    exposed_s: float
+
+    def __add__(self, other: CollectiveTotals) -> CollectiveTotals:
+        return CollectiveTotals(self.count + other.count, self.total_s + other.total_s,
+                                self.exposed_s + other.exposed_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "total_s": self.total_s, "exposed_s": self.exposed_s}
+
+
+COLLECTIVE_KINDS = ("all_to_all", "all_gather", "reduce_scatter")
+"""The kinds a step model can put in :attr:`SimResult.collectives`: EP's (:mod:`ppsim.ep`), FSDP's
+(:mod:`ppsim.fsdp`)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,6 +143,13 @@ class SimResult:
     trace: Trace = field(repr=False, compare=False)
     recompute: frozenset[tuple[int, int]] = frozenset()
     """The (stage, microbatch) pairs simulated with activation recomputation (:mod:`ppsim.recompute`)."""
+    collectives: Mapping[str, CollectiveTotals] | None = field(default=None, compare=False)
+    """By kind (:data:`COLLECTIVE_KINDS`), the collectives the step model put in this step: EP's all-to-alls
+    (:func:`ppsim.ep.ep_step`), FSDP's all-gathers and reduce-scatters (:func:`ppsim.fsdp.fsdp_step`); a kind only
+    where its model applies, ``None`` where none does."""
+    comm_spans: Mapping[tuple[int, int], tuple[float, float]] | None = field(default=None, compare=False)
+    """Per (rank, position) of an action holding collectives: their time and the part of it exposed (added to the
+    action); the figures' communication lane (``viz/gantt.py``)."""
 
     @property
     def unit(self) -> str:
@@ -299,6 +329,8 @@ class SimResult:
             ],
             "costs": self.costs.to_dict(),
             **({"recompute": [list(p) for p in sorted(self.recompute)]} if self.recompute else {}),
+            **({"collectives": {k: self.collectives[k].to_dict() for k in COLLECTIVE_KINDS if k in self.collectives}}
+               if self.collectives else {}),
         }
 
 

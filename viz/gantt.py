@@ -152,6 +152,13 @@ def legend_entries(result: SimResult, cells: list[_data.Cell] | None = None) -> 
     if result.recompute and (cells is None or any(c.recomputed for c in cells)):
         handles.append(_Swatch((COLORS["B"],), width=1.0, hatch=RECOMPUTE_HATCH))
         labels.append(RECOMPUTE_LABEL)
+    if result.comm_spans and not (cells is None and is_dense(result)):  # the lane, where drawn
+        exposed = any(e > 0 for _, e in result.comm_spans.values())
+        hidden = any(t > e for t, e in result.comm_spans.values())
+        for shown, color, label in ((exposed, COMM_EXPOSED, COMM_LABELS[0]), (hidden, COMM_HIDDEN, COMM_LABELS[1])):
+            if shown:
+                handles.append(_Swatch((color,), width=0.5))
+                labels.append(label)
     key = _data.digit_key(result)
     if key.by is not None and not (cells is None and is_dense(result)):  # a dense chart has no digits
         handles.append(_Swatch((COLORS["F"],), width=0.5, digit="0", digit_color=DIGIT_COLORS[0]))
@@ -263,6 +270,8 @@ def draw_gantt(
                     label_fontsize=label_fontsize)
         if comm:
             _draw_comm(result, ax)
+        if result.comm_spans:
+            _draw_comm_lane(result, ax)
     _style_axes(result, ax, span=span, ts=ts, row_label=row_label)
 
 
@@ -419,6 +428,40 @@ def _draw_comm(result: SimResult, ax: Axes) -> None:
     colors = np.where(tr["kind"].to_numpy() == "F", "#8a5a00", "#2f6b12")
     ax.quiver(x, y, dx, dy, angles="xy", scale_units="xy", scale=1, color=list(colors), units="inches",
               width=0.01, headwidth=4, headlength=5, headaxislength=4.5, alpha=0.7, zorder=5, gid="comm")
+
+
+COMM_EXPOSED = "#6a1b9a"
+COMM_HIDDEN = "#e1bee7"
+COMM_LANE = (0.30, 0.46)
+"""The communication lane inside each rank's row (offsets below the row's centre, in rows): a thin strip at the
+bottom of the compute row, as the DualPipe figure draws the communication stream under the computation."""
+COMM_LABELS = ("Communication, exposed", "Communication, hidden")
+
+
+def _draw_comm_lane(result: SimResult, ax: Axes) -> None:
+    """Each action's collectives (EP's all-to-alls, FSDP's gathers and reduce-scatters: ``result.comm_spans``) as a
+    thin lane at the bottom of its rank's row: the exposed part (the compute waited on it, added to the action) in a
+    strong colour at the action's end, the hidden part (under the other direction's compute) light from its start.
+    The lane shows how much of the action is communication and how much was exposed, not each exchange's own time."""
+    assert result.comm_spans is not None
+    starts, ends = result.starts, result.ends
+    light, strong = [], []
+    for (rank, pos), (total, exposed) in result.comm_spans.items():
+        s, e = starts[rank][pos], ends[rank][pos]
+        if exposed > 0:
+            strong.append((rank, max(s, e - exposed), e))
+        hidden = min(total - exposed, max(0.0, e - exposed - s))
+        if hidden > 0:
+            light.append((rank, s, s + hidden))
+    top, bottom = COMM_LANE
+    for spans, color, gid in ((light, COMM_HIDDEN, "comm-hidden"), (strong, COMM_EXPOSED, "comm-exposed")):
+        if not spans:
+            continue
+        a = np.array(spans, dtype=float)
+        rects = _rects(a[:, 0], a[:, 1], a[:, 2])
+        rects[:, :2, 1] = a[:, :1] + top  # the strip's top edge ...
+        rects[:, 2:, 1] = a[:, :1] + bottom  # ... and its bottom edge
+        ax.add_collection(PolyCollection(rects, facecolors=color, edgecolors="none", zorder=4.5, gid=gid))
 
 
 def draw_memory(result: SimResult, ax: Axes, *, row_label: str = "Device", time_max: float | None = None) -> None:

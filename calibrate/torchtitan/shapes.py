@@ -71,6 +71,11 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
                   num_layers=len(layers), num_experts=experts,
                   fix="pass --parallelism.KEY VALUE with a degree that divides it")
     ac = activation_checkpoint or _ac_mode(config.activation_checkpoint)
+    moe_cfgs = [(i, cfg.moe) for i, cfg in enumerate(layers) if getattr(cfg, "moe", None) is not None]
+    moe_fields = dict(moe_layers=tuple(f"layers.{i}" for i, _ in moe_cfgs),
+                      moe_top_k=moe_cfgs[0][1].router.top_k if moe_cfgs else 0,
+                      moe_tokens=training.seq_len * parallelism.pipeline_parallel_microbatch_size // degrees.tp,
+                      dim=model_cfg.dim)
     if profile is not None:
         shapes = profile_shapes(profile, tp=degrees.tp, seq_len=training.seq_len,
                                 mb_size=mb_size, activation_checkpoint=ac)
@@ -80,7 +85,7 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
                     f"profile's model holds them, all {experts} a layer (an upper bound); without --profile they are "
                     "counted EP-local"] if degrees.ep > 1 else [])
         return dataclasses.replace(shapes, source=value, notes=(*notes, *dict.fromkeys(set_aside), *shapes.notes,
-                                                                *ep_note)), degrees
+                                                                *ep_note), **moe_fields), degrees
     model_cfg.update_from_config(config=config)
     buffers: dict[str, int] = {}
     local = _local_shapes(model_cfg, degrees.tp, buffers, ep=degrees.ep, dp_shard=degrees.fsdp)
@@ -125,7 +130,7 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
         master_dtype=training.dtype, param_dtype=training.mixed_precision_param,
         reduce_dtype=training.mixed_precision_reduce, activation_checkpoint=ac,
         reshard_after_forward=parallelism.fsdp_reshard_after_forward == "always",
-        notes=tuple(notes) + tuple(dict.fromkeys(set_aside)) + tuple(extra),
+        notes=tuple(notes) + tuple(dict.fromkeys(set_aside)) + tuple(extra), **moe_fields,
     )
     return shapes, degrees
 

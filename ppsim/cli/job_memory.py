@@ -106,7 +106,8 @@ def job_memory_of(inputs: Inputs, result: SimResult, shapes: JobShapesOnce | Non
     except JobMemoryError as exc:
         if cap is not None or isinstance(exc, DegreesError):  # a verdict was asked for, or a mistake: say why
             raise
-        typer.echo(f"memory: not counted: {exc}", err=True)
+        typer.echo(f"memory: not counted, and the step has no FSDP or EP collectives (they need the job's shapes): "
+                   f"{exc}", err=True)
         return None
     if say:
         _say_what_is_counted(inputs, result, job_shapes, degrees)
@@ -122,7 +123,8 @@ def _say_what_is_counted(inputs: Inputs, result: SimResult, shapes: JobShapes, d
                + (f", ep {degrees.ep} carved out of dp_shard x cp x tp" if degrees.ep > 1 else "")
                + f" ({degrees.world_size} devices; the step time is the pipeline's, with FSDP's "
                "exposed collectives where a profile times it"
-               + ("; EP's all-to-alls are not in the step yet" if degrees.ep > 1 else "") + "); "
+               + ("; EP's all-to-alls in it, exposed where no overlapped F&B pair hides them" if degrees.ep > 1
+                  else "") + "); "
                f"parameters {shapes.master_dtype}, gathered {shapes.param_dtype}, gradients reduced in "
                f"{shapes.reduce_dtype}" + ("" if inputs.cost_model.profile is not None else
                                            "; activations from the formula (no --profile)"), err=True)

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
     from ppsim.cli.common import Inputs
     from ppsim.cli.job_memory import JobShapesOnce
+    from ppsim.costs import StageCosts
     from ppsim.fsdp import FsdpStep
     from ppsim.io import MemoryCap
     from ppsim.ir import Schedule
@@ -93,7 +94,7 @@ def simulate_cmd(
     comparison = compare(
         names, builder=lambda name: inputs.schedule(name, directions, allow_large=allow_large),
         costs=cost_model, scope=cost_scope, memory_cap=cap, allow_large=allow_large,
-        recompute=recompute_for(recompute), fsdp=fsdp_of(inputs, shapes),
+        recompute=recompute_for(recompute), fsdp=fsdp_of(inputs, shapes), ep=ep_of(inputs, shapes),
     )
     warn_comparison(comparison, several=len(names) > 1)
     results, memory = with_job(list(comparison.results), inputs, shapes, None if cap is None else cap.bytes)
@@ -126,6 +127,30 @@ def fsdp_of(inputs: Inputs, shapes: JobShapesOnce | None) -> Callable[[Schedule]
     modules = job.stage_modules
     return lambda schedule: fsdp_step(schedule, shapes=job_shapes, stage_modules=modules, dp_shard=degrees.dp_shard,
                                       costs=costs)
+
+
+def ep_of(inputs: Inputs, shapes: JobShapesOnce | None) -> Callable[[FsdpStep, StageCosts], FsdpStep] | None:
+    """The step of a config function's MoE job at expert_parallel_degree > 1 with EP's exposed all-to-alls in it
+    (:func:`ppsim.ep.ep_step`: costed from the profile where it has them, else the stated default, so also without
+    a profile); ``None`` otherwise."""
+    from ppsim.errors import JobMemoryError
+
+    job, prof = inputs.job, inputs.cost_model.profile
+    if shapes is None or job is None or job.stage_modules is None:
+        return None
+    try:
+        job_shapes, degrees = shapes.get()
+    except JobMemoryError:
+        return None  # the memory table says why
+    if degrees.ep <= 1 or not job_shapes.moe_layers:
+        return None
+    from ppsim.ep import ep_step
+    from ppsim.fsdp import CollectiveCosts
+
+    costs = None if prof is None else CollectiveCosts.from_profile(prof)
+    modules = job.stage_modules
+    return lambda step, stage_costs: ep_step(step, stage_costs, shapes=job_shapes, stage_modules=modules,
+                                             ep=degrees.ep, costs=costs)
 
 
 def print_results(results: list[SimResult]) -> None:
@@ -230,11 +255,26 @@ def plot_cmd(
                          "it would be ignored; add --memory, or use `ppsim simulate` to flag ranks over it")
     warn_cap_without_bytes(cap, cost_model)
     name = one_schedule(inputs.names)
-    result = run_simulation(sched, cost_model, cost_scope, cap, recompute_for(recompute)(name, sched))
-    if memory or cap is not None:  # a job's figure draws its memory from the same count as simulate's verdict
-        from ppsim.cli.job_memory import job_shapes_of, with_job
+    shapes = None
+    if torchtitan_config is not None:  # a job's step holds its collectives, drawn as a lane under each rank's row
+        from ppsim.cli.job_memory import job_shapes_of
 
         shapes = job_shapes_of(inputs, torchtitan_config, job_overrides(ctx, torchtitan_config))
+    fsdp, ep = fsdp_of(inputs, shapes), ep_of(inputs, shapes)
+    if fsdp is None and ep is None:
+        result = run_simulation(sched, cost_model, cost_scope, cap, recompute_for(recompute)(name, sched))
+    else:  # the step simulate times (ppsim.compare), so figure and JSON agree
+        from ppsim.compare import compare
+
+        by_option = recompute_for(recompute)
+        comparison = compare([name], builder=lambda _: sched, costs=cost_model, scope=cost_scope, memory_cap=cap,
+                             figure=True, allow_large=allow_large, recompute=lambda _, s: by_option(name, s),
+                             fsdp=fsdp, ep=ep)
+        warn_comparison(comparison, several=False)
+        result = comparison.results[0]
+    if memory or cap is not None:  # a job's figure draws its memory from the same count as simulate's verdict
+        from ppsim.cli.job_memory import with_job
+
         result = with_job([result], inputs, shapes, None if cap is None or cap.bytes is None else cap.bytes)[0][0]
     if default_name:  # a name ppsim chose: created new, never over a file that appeared meanwhile
         reserve_new(output, refusal=default_taken(output))
@@ -330,16 +370,17 @@ def report_cmd(
     def recomputed(name: str, schedule: Schedule) -> AbstractSet[tuple[int, int]]:
         return frozenset() if name in searched else by_option(name, schedule)
 
+    from ppsim.cli.job_memory import job_shapes_of, with_job
+
+    shapes = job_shapes_of(inputs, torchtitan_config, overrides)
     comparison = compare(list(names) + list(searched), builder=builder, costs=cost_model, scope=cost_scope,
-                         memory_cap=cap, figure=True, allow_large=allow_large, recompute=recomputed)
+                         memory_cap=cap, figure=True, allow_large=allow_large, recompute=recomputed,
+                         fsdp=fsdp_of(inputs, shapes), ep=ep_of(inputs, shapes))  # the step simulate times
     warn_comparison(comparison, several=len(names) > 1)
     from dataclasses import replace
 
-    from ppsim.cli.job_memory import job_shapes_of, with_job
-
     cap_bytes = None if cap is None else cap.bytes
-    job_results, _ = with_job(list(comparison.results), inputs, job_shapes_of(inputs, torchtitan_config, overrides),
-                              cap_bytes)
+    job_results, _ = with_job(list(comparison.results), inputs, shapes, cap_bytes)
     comparison = replace(comparison, results=tuple(job_results))  # a job's page draws the verdict's count
     path = write_report(comparison, output, memory_cap_bytes=cap_bytes)
     typer.echo(str(path))

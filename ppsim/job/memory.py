@@ -123,6 +123,16 @@ class JobShapes:
     """What the device's libraries keep allocated through the step beyond any tensor (cuBLAS's workspace per thread
     that multiplies), as calibration measured it on the device (``method.workspace_bytes``); 0 where none is seen or
     no profile says (on CUDA torch's default is 32 MiB a thread on Hopper)."""
+    moe_layers: tuple[str, ...] = ()
+    """The MoE layers' module names (``layers.N``: those whose config has a ``moe``), for EP's all-to-alls
+    (:mod:`ppsim.ep`); empty for a dense model."""
+    moe_top_k: int = 0
+    """Experts each token is routed to (the router's ``top_k``)."""
+    moe_tokens: int = 0
+    """Tokens of one microbatch entering one rank's dispatch: the microbatch's tokens / tp (torchtitan's EP shards
+    the sequence over the TP ranks before it dispatches)."""
+    dim: int = 0
+    """The model's hidden size: what a dispatched or combined token carries, in ``param_dtype``."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,218 @@
+"""Expert parallelism's all-to-alls in a pipeline's simulated step: the one step model of EP's token exchange for
+``simulate --torchtitan-config`` (:func:`ep_step`), beside FSDP's (:mod:`ppsim.fsdp`), whose step it extends.
+
+**What is issued.** With EP degree ``E > 1`` each MoE layer's forward sends its tokens to their experts' ranks
+(*dispatch*) and brings the experts' outputs back (*combine*): two all-to-alls; its backward does the two again with
+the gradients. One all-to-all of one microbatch moves each rank's buffer of ``tokens x top_k x dim`` elements in
+``param_dtype`` (``tokens``: the microbatch's tokens / tp, as torchtitan shards the sequence before dispatching),
+of which ``(E - 1) / E`` leaves the rank at balanced routing. So a stage holding ``L`` MoE layers issues ``2L``
+all-to-alls in each F and ``2L`` in each B or I (the backward's input half carries them); W none.
+
+**What one costs** (:func:`all_to_all_seconds`), in this order, the notes saying which:
+
+1. the profile's measured ``all_to_all`` samples (its ``collectives``, by group size, interpolated over sizes and
+   scaled to ``E`` ranks as :class:`ppsim.fsdp.CollectiveCosts` does for FSDP's collectives);
+2. else the profile's p2p alpha/beta, as a pairwise exchange: ``(E - 1) * alpha + bytes leaving / beta``;
+3. else (unit costs, or a profile with neither) the stated default :data:`DEFAULT_COMM_RATIO`: a MoE layer's two
+   forward all-to-alls take as long as its forward compute, DeepSeek-V3's "computation-to-communication ratio of
+   approximately 1:1" for cross-node EP (technical report, section 3.2.1). A stage's compute in MoE layers is its
+   F times the MoE layers' share of its layers (the head counted as one layer, the embedding as none).
+
+**Where it is exposed** (:func:`exposed_seconds`).
+
+* An eager (single) F, B or I of a stage holding MoE layers waits for its all-to-alls: their whole time is added to
+  the action (``extra_s``, as FSDP's are). W issues none.
+* An overlapped pair ``OVERLAP_F_B`` (DualPipe, DualPipeV) is DeepSeek's F&B chunk (report, figure 4): the forward's
+  attention / MLP and the backward's run on the compute stream while the other direction's dispatch / combine run on
+  the communication stream, so **one direction's all-to-alls hide only under the other direction's compute**, and
+  only under compute in MoE layers (each all-to-all is paired with an attention or MLP segment of a MoE layer of the
+  other chunk; the pair's head and tail, the embedding, dense layers and the head's compute, have no all-to-all of
+  the other chunk beside them). Exposed::
+
+      max(0, comm_F - overlappable_B) + max(0, comm_B - overlappable_F)
+      overlappable_X = the pair's X-half compute x the MoE layers' share of X's stage
+
+  which is ``max(0, comm_F + comm_B - overlappable compute)`` whenever neither direction's all-to-alls outlast the
+  other's compute alone (both under it: nothing exposed; the figure's "both all-to-all and PP communication can be
+  fully hidden"), and larger when one does (one direction cannot borrow the other's slack: its own compute waits
+  for its own tokens). The pair's halves are the simulator's (``StageCosts.pair_split``).
+* ``overlap="chunked"``: torchtitan's chunked EP overlap (``experiments/graph_trainer/ep_overlap_pass.py``: each
+  MoE region cut into two chunks, both dispatches launched, then each chunk's experts run while the other chunk's
+  exchange is in flight; forward chunk order 0 then 1, backward 1 then 0). For an eager F, B or I, per MoE layer of
+  all-to-all time ``t`` (dispatch or combine) and expert compute ``e`` (half the layer's compute in that direction):
+  the first chunk's dispatch and the last chunk's combine are exposed, the other two halves hide under the other
+  chunk's experts: ``t + 2 * max(0, t/2 - e/2)`` instead of ``2t``. Overlapped pairs keep DeepSeek's rule.
+
+The all-to-alls' count, total and exposed time go on the step (``FsdpStep.collectives["all_to_all"]``) and from
+there on the result (``simulate --json``'s ``collectives``). Routing is taken as balanced (no hot experts), the
+all-to-alls of different microbatches never contend, and a recomputed backward's extra forward is not counted as
+overlappable. This module imports no torch."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ppsim.fsdp import CollectiveCosts, FsdpStep
+from ppsim.ir import Action, ActionType, Schedule
+from ppsim.result import CollectiveTotals
+
+DEFAULT_COMM_RATIO = 1.0
+"""Without measured costs: a MoE layer's forward all-to-alls (dispatch + combine) over its forward compute
+(DeepSeek-V3 technical report, section 3.2.1: about 1:1 for cross-node EP). The backward's move the same bytes, so
+they take the same time."""
+OVERLAPS = ("dualpipe", "chunked")
+"""``dualpipe``: eager actions expose all their all-to-alls, overlapped pairs DeepSeek's rule (module docstring);
+``chunked``: eager actions as torchtitan's two-chunk EP overlap, pairs as ``dualpipe``."""
+
+
+def all_to_all_bytes(shapes: Any) -> int:
+    """One rank's buffer for one all-to-all of one microbatch in one MoE layer (``tokens x top_k x dim`` in
+    ``param_dtype``); ``(E - 1) / E`` of it leaves the rank. ``shapes``: a :class:`ppsim.job.memory.JobShapes`."""
+    from ppsim.job.memory import DTYPE_BYTES
+
+    return shapes.moe_tokens * shapes.moe_top_k * shapes.dim * DTYPE_BYTES[shapes.param_dtype]
+
+
+def all_to_all_seconds(num_bytes: int, *, ep: int, costs: CollectiveCosts | None) -> float | None:
+    """One all-to-all of ``num_bytes`` a rank over ``ep`` ranks from the profile's measured ``all_to_all`` or its
+    p2p alpha/beta; ``None`` without either (the caller uses :data:`DEFAULT_COMM_RATIO`)."""
+    if costs is None or not (any(m.op == "all_to_all" for m in costs.measured)
+                             or (costs.p2p_alpha_s is not None and costs.p2p_bytes_per_s)):
+        return None
+    return costs.seconds("all_to_all", num_bytes, group_size=ep)
+
+
+def describe(costs: CollectiveCosts | None, ep: int) -> str:
+    """Where one all-to-all's cost comes from, for the notes."""
+    measured = [m for m in (costs.measured if costs is not None else ()) if m.op == "all_to_all"]
+    if measured:
+        fit = min(measured, key=lambda m: (abs(m.group_size - ep), -m.group_size))
+        scaled = "" if fit.group_size == ep else f", scaled to {ep} ranks"
+        return f"all-to-all measured on {fit.group_size} ranks{scaled}"
+    if costs is not None and costs.p2p_alpha_s is not None and costs.p2p_bytes_per_s:
+        return ("all-to-all as a pairwise exchange over the profile's p2p alpha/beta (the profile measured no "
+                "all_to_all)")
+    return (f"no measured all-to-all or p2p alpha/beta, so the stated default: a MoE layer's forward all-to-alls take "
+            f"{DEFAULT_COMM_RATIO:g}x its forward compute (DeepSeek-V3's ~1:1 for cross-node EP); calibrate with p2p "
+            "for a measured cost")
+
+
+def moe_share(modules: Sequence[str], moe_layers: frozenset[str]) -> tuple[int, float]:
+    """A stage's MoE layers and their share of its compute: each layer weighs one, the head (``lm_head``) one, the
+    embedding and the final norm none."""
+    moe = sum(1 for m in modules if m in moe_layers)
+    weight = sum(1 for m in modules if m.startswith("layers.") or m == "lm_head")
+    return moe, moe / weight if weight else 0.0
+
+
+@dataclass(frozen=True)
+class StageComm:
+    """One stage's all-to-alls per microbatch: ``layers`` MoE layers, each all-to-all ``each_s`` (in the step's cost
+    unit), ``share`` of the stage's compute in MoE layers."""
+
+    layers: int
+    each_s: float
+    share: float
+
+    @property
+    def per_direction(self) -> float:
+        """The all-to-alls of one F, or of one B/I: a dispatch and a combine per MoE layer."""
+        return 2 * self.layers * self.each_s
+
+
+def _stage_modules(schedule: Schedule, stage_modules: Sequence[Sequence[str]], stage: int) -> Sequence[str]:
+    """A stage's modules: by stage, or (a DualPipe's second chain, one list per chain position) by position."""
+    return stage_modules[stage] if len(stage_modules) == schedule.num_stages else stage_modules[
+        schedule.position(stage)]
+
+
+def stage_comms(schedule: Schedule, stage_costs: Any, *, shapes: Any, stage_modules: Sequence[Sequence[str]],
+                ep: int, costs: CollectiveCosts | None) -> list[StageComm]:
+    """Each stage's :class:`StageComm` (``stage_costs``: the schedule's :class:`ppsim.costs.StageCosts`)."""
+    moe_layers = frozenset(shapes.moe_layers)
+    measured = all_to_all_seconds(all_to_all_bytes(shapes), ep=ep, costs=costs)
+    out = []
+    for stage in range(schedule.num_stages):
+        layers, share = moe_share(_stage_modules(schedule, stage_modules, stage), moe_layers)
+        if not layers:
+            out.append(StageComm(0, 0.0, share))
+            continue
+        if measured is not None:
+            each = measured
+        else:
+            forward = stage_costs.op_cost(schedule, stage, ActionType.F) * stage_costs.compute_scale
+            each = DEFAULT_COMM_RATIO * forward * share / layers / 2
+        out.append(StageComm(layers, each, share))
+    return out
+
+
+def exposed_seconds(schedule: Schedule, stage_costs: Any, action: Action, comms: Sequence[StageComm],
+                    overlap: str = "dualpipe") -> tuple[int, float, float]:
+    """``(count, total, exposed)`` of one action's all-to-alls (module docstring's rule)."""
+    if action.type is ActionType.OVERLAP_F_B:
+        f, b = action.sub_actions
+        cf = comms[f.stage]
+        cb = comms[b.stage] if b.type in (ActionType.B, ActionType.I) else StageComm(0, 0.0, 0.0)
+        if not cf.layers and not cb.layers:
+            return 0, 0.0, 0.0
+        duration, share = stage_costs.pair_split(schedule, f.stage, b.stage, b.type)
+        duration *= stage_costs.compute_scale
+        hide_under_f, hide_under_b = duration * share * cf.share, duration * (1 - share) * cb.share
+        exposed = max(0.0, cf.per_direction - hide_under_b) + max(0.0, cb.per_direction - hide_under_f)
+        return 2 * (cf.layers + cb.layers), cf.per_direction + cb.per_direction, exposed
+    if action.type not in (ActionType.F, ActionType.B, ActionType.I):
+        return 0, 0.0, 0.0
+    c = comms[action.stage]
+    if not c.layers:
+        return 0, 0.0, 0.0
+    total = c.per_direction
+    if overlap != "chunked":
+        return 2 * c.layers, total, total
+    compute = stage_costs.op_cost(schedule, action.stage, action.type) * stage_costs.compute_scale
+    experts = compute * c.share / c.layers / 2  # half of one MoE layer's compute in this direction
+    t = c.each_s
+    return 2 * c.layers, total, c.layers * (t + 2 * max(0.0, t / 2 - experts / 2))
+
+
+def ep_step(step: FsdpStep, stage_costs: Any, *, shapes: Any, stage_modules: Sequence[Sequence[str]], ep: int,
+            costs: CollectiveCosts | None, overlap: str = "dualpipe") -> FsdpStep:
+    """``step`` (the schedule, FSDP's collectives in it or not: :func:`ppsim.fsdp.fsdp_step`) with EP's exposed
+    all-to-alls added to its actions' ``extra_s`` and their totals in its ``collectives``. At ``ep`` 1 or for a
+    dense model, ``step`` unchanged. ``stage_costs``: the :class:`ppsim.costs.StageCosts` the step is simulated
+    with (the pairs' halves, and the default cost's compute)."""
+    assert overlap in OVERLAPS, overlap
+    if ep <= 1 or not shapes.moe_layers:
+        return step
+    schedule = step.schedule
+    comms = stage_comms(schedule, stage_costs, shapes=shapes, stage_modules=stage_modules, ep=ep, costs=costs)
+    extra = dict(step.extra_s)
+    spans = dict(step.comm_spans)
+    count, total, exposed = 0, 0.0, 0.0
+    for rank, row in enumerate(schedule.actions):
+        for pos, action in enumerate(row):
+            n, t, e = exposed_seconds(schedule, stage_costs, action, comms, overlap)
+            if not n:
+                continue
+            count, total, exposed = count + n, total + t, exposed + e
+            if e > 0:
+                extra[(rank, pos)] = extra.get((rank, pos), 0.0) + e
+            before = spans.get((rank, pos), (0.0, 0.0))
+            spans[(rank, pos)] = (before[0] + t, before[1] + e)
+    unit = "s" if stage_costs.unit == "s" else " units"
+    nbytes = all_to_all_bytes(shapes)
+    how = ("overlapped F&B pairs hide one direction under the other" if _has_pairs(schedule)
+           else "no overlapped F&B pairs: eager actions wait for them")
+    note = (f"EP (ep {ep}): a dispatch and a combine all-to-all per MoE layer in each F and each B/I, "
+            f"{nbytes * (ep - 1) // ep / 2**20:.2f} MiB leaving a rank per all-to-all per microbatch; {count} in the "
+            f"step, {total:.4g}{unit} of which {exposed:.4g}{unit} exposed ({how}"
+            f"{', eager ones chunked as torchtitan' if overlap == 'chunked' else ''}); {describe(costs, ep)}")
+    collectives = {**step.collectives, "all_to_all": CollectiveTotals(count, total, exposed)}
+    return dataclasses.replace(step, extra_s=extra, notes=(*step.notes, note), collectives=collectives,
+                               comm_spans=spans)
+
+
+def _has_pairs(schedule: Schedule) -> bool:
+    return any(a.type is ActionType.OVERLAP_F_B for row in schedule.actions for a in row)
