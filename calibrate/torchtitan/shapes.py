@@ -125,7 +125,9 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
                      f" the dense weights on dp_shard x cp {degrees.fsdp}; all-to-all buffers at balanced routing "
                      "(tokens x top-k)")
     shapes = JobShapes(
-        source=value, blocks=blocks, tp=degrees.tp, boundary_bytes=tokens * dim * act_bytes,
+        # a stage's output is its last layer's: sequence-sharded under SP (torchtitan's trainer runs the pipeline
+        # inside its SPMD context, whose redistributions reduce-scatter each layer's output to seq / tp)
+        source=value, blocks=blocks, tp=degrees.tp, boundary_bytes=norm_tokens * dim * act_bytes,
         logits_bytes=tokens * vocab_local * act_bytes,
         master_dtype=training.dtype, param_dtype=training.mixed_precision_param,
         reduce_dtype=training.mixed_precision_reduce, activation_checkpoint=ac,

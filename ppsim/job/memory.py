@@ -96,7 +96,8 @@ class JobShapes:
     """By module name: ``tok_embeddings``, ``layers.N``, ``norm``, ``lm_head`` (torchtitan's stage module names)."""
     tp: int
     boundary_bytes: int
-    """One microbatch's hidden state as a stage sends it (a p2p buffer)."""
+    """One microbatch's hidden state as a stage sends it (a p2p buffer): ``tokens / tp`` x dim under sequence
+    parallelism, as torchtitan's trainer runs the pipeline (inside its SPMD context)."""
     master_dtype: str = "float32"
     param_dtype: str = "bfloat16"
     reduce_dtype: str = "float32"

@@ -340,3 +340,77 @@ def test_sends_the_runtime_waits_for_at_the_step_end_hold_their_tensors_until_th
     # rank 0 runs F0 F1 B0 F2 B1 F3 B2 B3: at B2 the outputs of microbatches 0 and 1 are still held by their sends
     assert held[0].during == "0B2" and held[0].peak_memory_bytes == plain[0].peak_memory_bytes + 2 * 16
     assert [m.end_bytes for m in held] == [m.end_bytes for m in plain]
+
+
+@pytest.mark.torch
+def test_a_stage_sends_its_sequence_parallel_share_as_torchtitans_trainer_runs_the_pipeline() -> None:
+    """The boundary (what a stage sends, keeps to its backward and what torch's stage receives into) is the last
+    layer's output as torchtitan's trainer computes it: inside its SPMD context (``trainer.py`` runs
+    ``pp_schedule.step`` under ``train_context``), each layer's output is reduce-scattered to ``seq / tp`` tokens
+    under sequence parallelism. Measured here by running a torchtitan-sharded stage under that context on a fake
+    process group of TP 2; without the context torchtitan's redistributions do nothing (no current SPMD mesh)."""
+    import torch
+    import torch.distributed as dist
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.distributed.utils import get_spmd_context
+
+    from ppsim.calibrate.measure.tensor_parallel import tp_stage
+    from ppsim.calibrate.models import parse_model_source
+    from ppsim.calibrate.torchtitan.config import read_job_settings
+    from ppsim.calibrate.torchtitan.shapes import job_shapes
+
+    tp = 2
+    settings = read_job_settings("llama3:llama3_debugmodel", [
+        "--parallelism.pipeline_parallel_degree", "2", "--parallelism.tensor_parallel_degree", str(tp),
+        "--parallelism.data_parallel_shard_degree", "1", "--training.seq_len", "128"])
+    shapes, _ = job_shapes("llama3:llama3_debugmodel", settings)
+    source = parse_model_source("torchtitan:llama3/debugmodel")
+    dist.init_process_group("fake", rank=0, world_size=tp)
+    try:
+        stage = tp_stage(source, (0,), has_embedding=True, has_head=False, tp=tp, seed=0, device="cpu")
+        dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, world_size=tp,
+                            spmd_backend="spmd_types")
+        dims.build_mesh()
+        tokens = torch.zeros((1, 128), dtype=torch.long)  # microbatch size 1 x seq_len 128
+        with torch.no_grad(), get_spmd_context(parallel_dims=dims)():
+            out = stage(tokens)
+    finally:
+        dist.destroy_process_group()
+    assert tuple(out.shape) == (1, 128 // tp, source.config.hidden)
+    assert shapes.boundary_bytes == out.numel() * 2  # bf16, the job's mixed_precision_param
+
+
+@pytest.mark.torch
+def test_p2p_buffers_are_torch_2_13s_one_receive_buffer_per_microbatch_and_direction_made_at_set_up() -> None:
+    """torch 2.13's ``PipelineStage`` makes, when its schedule prepares it, one activation receive buffer per
+    microbatch (``_setup_forward_recv_info``; none on the first stage) and one gradient receive buffer per
+    microbatch (``_setup_backward_recv_info``; none on the last), each of the boundary's shape, held for the whole
+    run. ppsim's ``p2p_buffers`` of a middle rank are those: ``m x boundary x 2``. (pytorch/pytorch#193872 and
+    #196463 would allocate them just in time; not in 2.13.)"""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    m, boundary = 6, (2, 8, 4)
+    dist.init_process_group("fake", rank=1, world_size=3)
+    try:
+        stage = PipelineStage(torch.nn.Linear(4, 4), stage_index=1, num_stages=3, device=torch.device("cpu"),
+                              input_args=torch.empty(boundary, requires_grad=True),
+                              output_args=torch.empty(boundary, requires_grad=True))
+        stage._inference_mode = InferenceMode.STATIC  # what the schedule's vote decides with shapes given
+        stage._prepare_forward_infra(m, None, has_backward=True)
+        stage._prepare_backward_infra(m)
+        held = [info.buffer for infos in (*stage.args_recv_info.values(), *stage.grad_recv_info.values())
+                for info in infos if info.buffer is not None]
+    finally:
+        dist.destroy_process_group()
+    assert len(held) == 2 * m and all(tuple(b.shape) == boundary for b in held)
+    torch_bytes = sum(b.numel() * 2 for b in held)  # at the job's bf16
+
+    sched = load_schedule("1F1B", 3, m)
+    shapes = _shapes(num_layers=3)
+    shapes = JobShapes(source="t", blocks=shapes.blocks, tp=1, boundary_bytes=math.prod(boundary) * 2)
+    mods = [["tok_embeddings", "layers.0"], ["layers.1"], ["layers.2", "norm", "lm_head"]]
+    middle = job_memory(shapes, degrees=Degrees(pp=3), schedule=sched, stage_modules=mods)[1]
+    assert middle.static_bytes["p2p_buffers"] == torch_bytes
