@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import PPSimError
-from ppsim.job.memory import GIB
+from ppsim.job.memory import GIB, with_job_memory
 from ppsim.plan import (
     V_SHAPE,
     Build,
@@ -227,8 +227,8 @@ class _Found:
 
     def add_timed(self, j: Judged, sim: Any) -> None:
         self.timed.append(j)
-        if min(self.timed, key=Judged.key) is j:
-            self.best_sim = sim
+        if min(self.timed, key=Judged.key) is j:  # its memory over time is the verdict's count (one model per page)
+            self.best_sim = sim if sim is None or not j.memory else with_job_memory(sim, j.memory)
 
 
 def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Build | None = None, simulate: Simulate | None = None,

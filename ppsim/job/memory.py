@@ -151,8 +151,9 @@ class RankMemory:
     start_bytes: int = 0
     """Held before the rank's first action (parameters, optimizer state, buffers, the device's workspace)."""
     over_time: tuple[tuple[int, int], ...] = ()
-    """Per action of the rank, in its order: (what it changes when it ends, its high point above what was held
-    before it): the same count as the peak, for the simulator's memory over time (:func:`with_job_memory`)."""
+    """Per action of the rank that computes, in its order: (what it changes when it ends, its high point above what
+    was held before it): the same count as the peak, for the simulator's memory over time (:func:`with_job_memory`;
+    actions that only communicate, such as FSDP's ``UNSHARD``, change nothing)."""
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -342,6 +343,7 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
 
     start = held()
     over_time = [[0, 0] for _ in schedule.actions[rank]]  # per action: (change when it ends, its high - before)
+    computes = [bool(a.computations) for a in schedule.actions[rank]]
     before = start
     for i, (c, label) in enumerate(comps):
         pos = owner[i]
@@ -358,7 +360,8 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
               "gathered_parameters": sum(stages[s].gathered for s in own) * param, "p2p_buffers": buffers - module_buffers,
               "module_buffers": module_buffers}
     return RankMemory(rank=rank, parts=best[1], during=best[2], cap_bytes=cap_bytes, static_bytes=static,
-                      end_bytes=end, start_bytes=start, over_time=tuple((d, p) for d, p in over_time))
+                      end_bytes=end, start_bytes=start,
+                      over_time=tuple((d, p) for (d, p), c in zip(over_time, computes) if c))
 
 
 def _walk_one(shapes: JobShapes, stages: list[_Stage], c: Any, i: int, label: str, *, state: dict[str, int],
@@ -464,11 +467,18 @@ def fmt_gib(num_bytes: int) -> str:
 
 def with_job_memory(result: SimResult, memory: Sequence[RankMemory]) -> SimResult:
     """``result`` with its memory over time, per-rank peaks and cap flags from ``memory`` (:func:`job_memory` of
-    the same schedule), so a job's figure, table and verdict read one count."""
+    the same order; the simulated step may hold communication actions besides, FSDP's ``UNSHARD``/``REDUCE_GRAD``,
+    which change nothing), so a job's figure, table and verdict read one count."""
     import numpy as np
 
-    delta = np.array([d for m in memory for d, _ in m.over_time], dtype=np.int64)
-    plus = np.array([p for m in memory for _, p in m.over_time], dtype=np.int64)
+    delta: list[int] = []
+    plus: list[int] = []
+    for m, row in zip(memory, result.schedule.actions):
+        entries = iter(m.over_time)
+        for action in row:
+            d, p = next(entries, (0, 0)) if action.computations else (0, 0)
+            delta.append(d)
+            plus.append(p)
     cap = next((m.cap_bytes for m in memory), None)
-    return result.with_memory(static_bytes=[m.start_bytes for m in memory], byte_delta=delta, byte_plus=plus,
-                              cap_bytes=cap)
+    return result.with_memory(static_bytes=[m.start_bytes for m in memory], byte_delta=np.array(delta, dtype=np.int64),
+                              byte_plus=np.array(plus, dtype=np.int64), cap_bytes=cap)

@@ -468,3 +468,19 @@ def test_ctrl_c_prints_the_best_so_far_and_exits_130(monkeypatch: pytest.MonkeyP
     assert result.exit_code == 130, result.output
     assert re.search(r"Interrupted: interrupted: memory of (\d+) of \1 candidates judged, 2 timed", result.stderr)
     assert "launch with:" in result.stdout
+
+
+def test_the_plan_pages_memory_over_time_peaks_at_the_plans_per_rank_verdict(tmp_path: Path) -> None:
+    """One memory model per page: the best candidate's memory over time (the page's panel) reaches exactly each
+    rank's peak in the plan's verdict, never the simulator's own activation count beside it."""
+    from ppsim.viz.plan_page import write_plan_page
+
+    result = _plan(_request(num_gpus=4, cap_bytes=10**7))
+    best = result.best
+    assert best is not None and result.best_timeline is not None and best.memory
+    frame = result.best_timeline.memory()
+    drawn = [int(frame[frame["rank"] == m.rank]["bytes"].max()) for m in best.memory]
+    assert drawn == [m.peak_memory_bytes for m in best.memory]
+    assert [s.peak_memory_bytes for s in result.best_timeline.per_rank] == drawn
+    page = write_plan_page(result, tmp_path / "plan.html", job="toy:job")
+    assert page.exists()
