@@ -1,0 +1,160 @@
+"""Hostile inputs, fifth pass (issue 34): the calibration estimate measures the dtype it will run, progress inside a
+block, output targets that cannot take bytes (a full disk, /dev/full) refused before any work in one line, and a
+fresh pass over ``run --dp-shard/--tp``, ``calibrate --tp`` and the profile's newer sections.
+
+Each test is named after the behaviour it pins.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from ppsim.cli import app, main
+from ppsim.errors import OutputPathError
+
+runner = CliRunner()
+
+
+def ppsim_main(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str, str]:
+    """The console entry point in this process (so monkeypatches apply): ``(exit code, stdout, stderr)``."""
+    monkeypatch.setattr(sys, "argv", ["ppsim", *args])
+    with pytest.raises(SystemExit) as info:
+        main()
+    out = capsys.readouterr()
+    return int(info.value.code or 0), out.out, out.err
+
+
+def only_error_line(code: int, stderr: str) -> str:
+    """Exit 2 and a stderr that is exactly one ``Error:`` line, no traceback; returns the line."""
+    lines = stderr.strip().splitlines()
+    assert code == 2, stderr
+    assert len(lines) == 1 and lines[0].startswith("Error:"), stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def fill_up(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """Make ``folder`` behave as a full file system: every ``os.write`` into a file under it fails with ENOSPC (what
+    a full disk says: files are created, bytes are refused)."""
+    real_write = os.write
+
+    def write(fd: int, data: Any) -> int:
+        try:
+            where = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            where = ""
+        if where.startswith(str(folder) + os.sep):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+
+
+# --- items 3 and 4: an output target that cannot take bytes is refused before any work ---------------------------
+def test_dev_full_is_refused_by_the_output_check_in_one_line() -> None:
+    from ppsim.io import check_writable, output_file
+
+    with pytest.raises(OutputPathError, match=r"^/dev/full: the device takes no bytes"):
+        output_file("/dev/full")
+    with pytest.raises(OutputPathError, match=r"^-o /dev/full: the device takes no bytes.*choose a file$"):
+        check_writable("/dev/full")
+    check_writable("/dev/null")  # a device that takes bytes is still written into
+    assert output_file("/dev/null") == Path("/dev/null")
+
+
+def test_a_full_folder_is_refused_by_the_output_check_and_leaves_nothing_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppsim.io import check_writable, output_file
+
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "c.json").write_text("{\"keep\": 1}\n")
+    fill_up(monkeypatch, full)
+    for target in (full / "new.json", full / "c.json"):
+        with pytest.raises(OutputPathError, match=r"^-o .*: no space left on the device; free some space"):
+            check_writable(target, option="-o")
+        with pytest.raises(OutputPathError, match="no space left"):
+            output_file(str(target))
+    assert sorted(p.name for p in full.iterdir()) == ["c.json"]  # the probe files are gone
+    assert (full / "c.json").read_text() == "{\"keep\": 1}\n"
+
+
+@pytest.mark.torch
+def test_calibrate_onto_a_full_disk_is_one_line_exit_2_and_keeps_the_existing_profile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    full = tmp_path / "full"
+    full.mkdir()
+    old = full / "c.json"
+    old.write_text("{\"keep\": 1}\n")
+    fill_up(monkeypatch, full)
+    small = ["--preset", "tiny", "--reps", "1", "--warmup", "0", "--no-p2p", "--no-probe"]
+    for target in (full / "new.json", old):
+        code, out, err = ppsim_main(capsys, monkeypatch, "calibrate", *small, "-o", str(target))
+        assert "no space left on the device" in only_error_line(code, err)
+        assert out == ""
+    assert old.read_text() == "{\"keep\": 1}\n"
+    assert sorted(p.name for p in full.iterdir()) == ["c.json"]  # no lock, no partial, no probe
+
+
+def test_the_one_writer_lock_on_a_full_disk_is_one_line_and_removed(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppsim.io import exclusive_writer
+
+    fill_up(monkeypatch, tmp_path)
+    with pytest.raises(OutputPathError, match=r"^-o .*c\.json: no space left on the device"):
+        with exclusive_writer(tmp_path / "c.json"):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_disk_filling_during_the_write_keeps_the_existing_file(tmp_path: Path) -> None:
+    from ppsim.io import write_atomic
+
+    old = tmp_path / "c.json"
+    old.write_text("old\n")
+
+    def fills(fh: Any) -> None:
+        fh.write(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OutputPathError, match=r"^-o .*c\.json: no space left on the device"):
+        write_atomic(old, fills)
+    assert old.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["c.json"]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("option", [["--json", "-o", "FULL/r.json"], ["--plot", "FULL/p.png"], ["-o", "/dev/full"],
+                                    ["--plot", "/dev/full"]])
+def test_run_with_an_output_target_that_takes_no_bytes_says_only_the_error_and_runs_nothing(
+        option: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import ppsim.calibrate.execute.run as run_module
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(run_module, "execute", never)
+    full = tmp_path / "full"
+    full.mkdir()
+    fill_up(monkeypatch, full)
+    args = [a.replace("FULL", str(full)) for a in option]
+    code, out, err = ppsim_main(capsys, monkeypatch, "run", "-s", "1F1B", "-r", "1", "-m", "2", "--preset", "tiny",
+                                *args)
+    line = only_error_line(code, err)
+    assert "no space left" in line or "takes no bytes" in line
+    assert out == "" and "parameters" not in err
+
+
+def test_plan_output_onto_dev_full_is_refused_before_the_plan_and_its_memory_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``plan -o`` is parsed by ``output_file``: /dev/full is refused there, before the memory line."""
+    code, out, err = ppsim_main(capsys, monkeypatch, "plan", "--torchtitan-config", "llama3:llama3_debugmodel",
+                                "--gpus", "2", "--memory-cap", "80GiB", "--time-limit", "5", "-o", "/dev/full")
+    assert "takes no bytes" in only_error_line(code, err) and out == ""
