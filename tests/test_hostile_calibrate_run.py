@@ -8,7 +8,6 @@ Each test is named after the behaviour it pins.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import sys
 from pathlib import Path
@@ -109,9 +108,9 @@ def test_the_one_writer_lock_on_a_full_disk_is_one_line_and_removed(tmp_path: Pa
     from ppsim.io import exclusive_writer
 
     fill_up(monkeypatch, tmp_path)
-    with pytest.raises(OutputPathError, match=r"^-o .*c\.json: no space left on the device"):
-        with exclusive_writer(tmp_path / "c.json"):
-            pass
+    with pytest.raises(OutputPathError, match=r"^-o .*c\.json: no space left on the device"), \
+            exclusive_writer(tmp_path / "c.json"):
+        pass
     assert list(tmp_path.iterdir()) == []
 
 
@@ -158,3 +157,97 @@ def test_plan_output_onto_dev_full_is_refused_before_the_plan_and_its_memory_lin
     code, out, err = ppsim_main(capsys, monkeypatch, "plan", "--torchtitan-config", "llama3:llama3_debugmodel",
                                 "--gpus", "2", "--memory-cap", "80GiB", "--time-limit", "5", "-o", "/dev/full")
     assert "takes no bytes" in only_error_line(code, err) and out == ""
+
+
+# --- item 1: the estimate measures the dtype it will run -----------------------------------------------------------
+EPYC = {"bfloat16": 0.29e9, "float32": 25e9}
+"""bfloat16 and float32 matmul speeds of an AMD EPYC without AVX512-BF16/AMX (one thread): 32 x 8192 @ 8192 x 8192
+took 15 s in bfloat16 against 0.17 s in float32."""
+
+
+def slow_bf16(monkeypatch: pytest.MonkeyPatch, speeds: dict[str, float] = EPYC) -> list[tuple[Any, ...]]:
+    """The probe returns ``speeds`` (a CPU without a fast bfloat16 path); returns the probes asked for."""
+    from ppsim.calibrate.measure import speed
+
+    asked: list[tuple[Any, ...]] = []
+
+    def probe(device: str, dtype: str, rows: int, inner: int, cols: int) -> float:
+        asked.append((device, dtype, rows, inner, cols))
+        return speeds[dtype]
+
+    monkeypatch.setattr(speed, "matmul_flops_per_s", probe)
+    return asked
+
+
+@pytest.mark.torch
+def test_the_probe_is_short_and_sized_from_the_model() -> None:
+    import time
+
+    import torch
+    from ppsim.calibrate.measure.speed import measure_speed, probe_shape
+
+    from ppsim.model_config import PRESETS
+
+    eight = PRESETS["8b"].replace(seq_len=32)
+    assert probe_shape(eight, "cpu") == (32, 4096, 4096)  # tokens x hidden @ hidden x (up to) the FFN, capped
+    assert probe_shape(PRESETS["tiny"], "cpu") == (256, 128, 352)
+    torch.ones(1)
+    started = time.perf_counter()
+    speed = measure_speed(eight.replace(mb_size=3), "cpu")  # a shape not probed before in this process
+    assert time.perf_counter() - started < 1.0
+    assert speed.dtype == "bfloat16" and speed.flops_per_s > 0 and (speed.float32_flops_per_s or 0) > 0
+    assert measure_speed(PRESETS["tiny"], "cpu").float32_flops_per_s is None  # float32: nothing to compare with
+
+
+@pytest.mark.torch
+def test_the_estimate_divides_by_the_measured_speed_of_the_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    from ppsim.calibrate.measure import calibration as cal
+
+    from ppsim.model_config import PRESETS
+
+    config = PRESETS["tiny"].replace(dtype="bfloat16")
+    opts = cal.CalibrationOptions(output=Path("unused.json"), config=config, reps=3, warmup=1, probe=False)
+
+    def minutes(speeds: dict[str, float]) -> float:
+        slow_bf16(monkeypatch, speeds)
+        line = cal.estimate_line(opts)
+        assert f"bfloat16 matmuls at {speeds['bfloat16'] / 1e9:.3g} GFLOP/s" in line, line
+        return float(re.search(r"about ([0-9.]+) min on cpu", line).group(1))
+
+    fast, slow = minutes({"bfloat16": 50e9, "float32": 50e9}), minutes(EPYC)
+    assert slow / max(fast, 0.05) > 50  # 172x slower in the probe; the fast one rounds to 0.0 min
+
+
+@pytest.mark.torch
+def test_a_slow_dtype_gets_one_warning_naming_both_speeds_and_the_faster_dtype(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ppsim.cli.calibrate as cli_calibrate
+
+    asked = slow_bf16(monkeypatch)
+    monkeypatch.setattr(cli_calibrate, "_calibrate", lambda request: None)  # the warning, not the measurement
+    result = runner.invoke(app, ["calibrate", "--preset", "tiny", "--dtype", "bfloat16", "--reps", "1", "--warmup",
+                                 "0", "--no-probe", "--no-p2p", "-o", str(tmp_path / "c.json")])
+    assert result.exit_code == 0, result.output
+    warnings = [ln for ln in result.stderr.splitlines() if "slower than float32" in ln]
+    assert len(warnings) == 1, result.stderr
+    assert "0.29 GFLOP/s" in warnings[0] and "25 GFLOP/s" in warnings[0] and "--dtype float32" in warnings[0]
+    assert {dtype for _, dtype, *_ in asked} == {"bfloat16", "float32"}
+    assert {shape for *_, shape in [(a[2:],) for a in asked]} == {(256, 128, 352)}
+
+
+@pytest.mark.torch
+def test_8b_in_a_slow_bfloat16_is_refused_with_the_estimate_and_the_speeds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torchtitan")
+    slow_bf16(monkeypatch)
+    out = tmp_path / "c.json"
+    result = runner.invoke(app, ["calibrate", "--model", "torchtitan:llama3/8B", "--dtype", "bfloat16", "--seq-len",
+                                 "32", "--reps", "1", "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:"), result.stderr
+    assert "would take about" in lines[0] and "(limit 1 h)" in lines[0] and "--allow-large" in lines[0]
+    assert "0.29 GFLOP/s" in lines[0] and "--dtype float32 would take about" in lines[0]
+    assert not out.exists()

@@ -47,6 +47,7 @@ from ppsim.profile import HostLoad, Stat, load_profile
 
 if TYPE_CHECKING:
     from ppsim.calibrate.execute.launch import World
+    from ppsim.calibrate.measure.speed import MatmulSpeed
     from ppsim.calibrate.models import ModelSource
     from ppsim.model_config import ModelConfig
 
@@ -55,6 +56,7 @@ OPS = ("F", "B", "I", "W", "FB")
 K_LAYERS = 4
 CPU_FLOPS = 2e10
 GPU_FLOPS = 1e14
+"""The FLOP rates an estimate falls back on where the device's speed is not measured (:mod:`.speed` measures it)."""
 PROBE_STEPS = 4
 PROBE_WARMUP = 2
 
@@ -81,6 +83,8 @@ class CalibrationOptions:
     at_size: bool | None = None
     """Measure one block at a time, each materialised alone from a meta-device build (calibration at size);
     ``None``: when a torchtitan model's whole-model calibration would not fit this device's memory."""
+    speed: MatmulSpeed | None = None
+    """The matmul speed of the dtype on the device (:func:`decide_speed`); ``None``: not measured yet."""
 
     @property
     def model_source(self) -> ModelSource:
@@ -93,16 +97,18 @@ class CalibrationOptions:
 
 # --- limits (no torch needed) -----------------------------------------------------------------------------------
 def estimate(config: ModelConfig | ModelSource, *, device: str, reps: int, warmup: int, probe: bool = False,
-             check_stages: bool = False, at_size: bool = False) -> tuple[float, int]:
+             check_stages: bool = False, at_size: bool = False, flops_per_s: float | None = None) -> tuple[float, int]:
     """``(seconds, bytes)``: a rough estimate of the calibration's work and of its memory (the units measured at
     once; a torchtitan or factory model is also built whole once, to cut the units from); with ``probe``, the
     runtime probe too (the whole model on two ranks, with its non-pipelined reference); with ``check_stages``, the
-    whole model measured stage by stage. ``at_size``: one block alive at a time (:func:`at_size_estimate`)."""
+    whole model measured stage by stage. ``at_size``: one block alive at a time (:func:`at_size_estimate`).
+    ``flops_per_s``: the device's measured speed in the dtype (:func:`flops_rate`); default a fixed rate."""
     if at_size:
         from ppsim.calibrate.models import ModelSource
 
         assert isinstance(config, ModelSource)
-        return at_size_estimate(config, device=device, reps=reps, warmup=warmup, probe=probe).total
+        return at_size_estimate(config, device=device, reps=reps, warmup=warmup, probe=probe,
+                                flops_per_s=flops_per_s).total
     from ppsim.calibrate.models import ModelSource
 
     if isinstance(config, ModelSource):
@@ -141,7 +147,52 @@ def estimate(config: ModelConfig | ModelSource, *, device: str, reps: int, warmu
         steps = PROBE_STEPS + PROBE_WARMUP + 1  # and the reference
         flops += steps * microbatches * 3 * model_flops
         need = max(need, source.run_bytes(num_ranks=ranks, num_microbatches=microbatches, synthetic=False))
-    return flops / (GPU_FLOPS if device == "cuda" else CPU_FLOPS), need
+    return flops / (flops_per_s or default_rate(device)), need
+
+
+def default_rate(device: str) -> float:
+    return GPU_FLOPS if device == "cuda" else CPU_FLOPS
+
+
+def flops_rate(opts: CalibrationOptions) -> float:
+    """The FLOP rate the estimates divide by: the measured one (:attr:`CalibrationOptions.speed`) or the default."""
+    return opts.speed.work_flops_per_s if opts.speed is not None else default_rate(opts.device)
+
+
+def decide_speed(opts: CalibrationOptions) -> CalibrationOptions:
+    """``opts`` with the dtype's matmul speed measured on the device (a fraction of a second; once per process and
+    shape), unless known already or the device is absent (CUDA without a GPU: refused later, in one line)."""
+    if opts.speed is not None:
+        return opts
+    import torch
+
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        return opts
+    from ppsim.calibrate.measure.speed import measure_speed
+
+    return dataclasses.replace(opts, speed=measure_speed(opts.config, opts.device))
+
+
+def speed_note(opts: CalibrationOptions, seconds: float) -> str:
+    """For a refusal over the time limit: the speed measured, and what float32 would take where it is far faster."""
+    speed = opts.speed
+    if speed is None:
+        return ""
+    note = f" (at the {speed.describe()} measured here"
+    if speed.warning() is not None:
+        note += (f", against {gflops(speed.float32_flops_per_s or 0)} in float32: --dtype float32 would take about "
+                 f"{_duration(seconds / speed.slowdown)}")
+    return note + ")"
+
+
+def gflops(flops_per_s: float) -> str:
+    from ppsim.calibrate.measure.speed import gflops as fmt
+
+    return fmt(flops_per_s)
+
+
+def _duration(seconds: float) -> str:
+    return _hours(seconds) if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 
 @dataclass(frozen=True)
@@ -166,7 +217,8 @@ class AtSizeEstimate:
         return self.seconds, self.need_bytes
 
 
-def at_size_estimate(source: ModelSource, *, device: str, reps: int, warmup: int, probe: bool) -> AtSizeEstimate:
+def at_size_estimate(source: ModelSource, *, device: str, reps: int, warmup: int, probe: bool,
+                     flops_per_s: float | None = None) -> AtSizeEstimate:
     """The blocks are measured one at a time: memory is the largest block's, time the sum of the blocks'."""
     config, est = source.config, source.estimate
     tokens, item = config.mb_size * config.seq_len, config.itemsize
@@ -200,7 +252,7 @@ def at_size_estimate(source: ModelSource, *, device: str, reps: int, warmup: int
         else:
             flops += (PROBE_STEPS + PROBE_WARMUP + 1) * microbatches * 3 * (small.num_layers * layer_flops + head_flops)
     return AtSizeEstimate(block=block, weight_bytes=weights, need_bytes=need(weights, acts, biggest), activation_bytes=acts,
-                          seconds=flops / (GPU_FLOPS if device == "cuda" else CPU_FLOPS), probe_bytes=probe_bytes)
+                          seconds=flops / (flops_per_s or default_rate(device)), probe_bytes=probe_bytes)
 
 
 def probe_source(source: ModelSource) -> ModelSource:
@@ -248,12 +300,14 @@ def decide_at_size(opts: CalibrationOptions) -> CalibrationOptions:
 
 def estimate_line(opts: CalibrationOptions) -> str:
     """The estimate ``calibrate`` prints first: memory alive at once, and time."""
-    opts = decide_at_size(opts)
+    opts = decide_speed(decide_at_size(opts))
     source = opts.model_source
     have = device_memory_bytes(opts.device)
     avail = "" if have is None else f"; {have / 2**30:.1f} GiB available"
+    rate = "" if opts.speed is None else f" ({opts.speed.describe()})"
     if opts.at_size:
-        est = at_size_estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe)
+        est = at_size_estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
+                               flops_per_s=flops_rate(opts))
         probe = "" if not est.probe_bytes else (
             f"; runtime probe on a {probe_source(source).num_layers}-layer copy: about "
             f"{abs(est.probe_bytes) / 2**30:.3g} GiB" + (" (too large here: skipped)" if est.probe_bytes < 0 else ""))
@@ -261,12 +315,10 @@ def estimate_line(opts: CalibrationOptions) -> str:
                 f"{source.estimate.param_bytes / 2**30:,.4g} GiB, is never materialised): the largest, the {est.block} "
                 f"({est.weight_bytes / 2**30:.3g} GiB of weights), needs about {est.need_bytes / 2**30:.3g} GiB with "
                 f"its gradients and activations (microbatch {opts.config.mb_size}x{opts.config.seq_len}){probe}; "
-                f"about {_hours(est.seconds) if est.seconds >= 3600 else f'{est.seconds / 60:.1f} min'} on "
-                f"{opts.device}{avail}")
+                f"about {_duration(est.seconds)} on {opts.device}{rate}{avail}")
     seconds, need = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
-                             check_stages=opts.check_stages)
-    took = _hours(seconds) if seconds >= 3600 else f"{seconds / 60:.1f} min"
-    return f"estimate: about {need / 2**30:.3g} GiB, about {took} on {opts.device}{avail}"
+                             check_stages=opts.check_stages, flops_per_s=flops_rate(opts))
+    return f"estimate: about {need / 2**30:.3g} GiB, about {_duration(seconds)} on {opts.device}{rate}{avail}"
 
 
 def check_limits(opts: CalibrationOptions) -> None:
@@ -279,8 +331,8 @@ def check_limits(opts: CalibrationOptions) -> None:
     source = opts.model_source
     if opts.at_size:
         return check_at_size(opts)
-    seconds, need = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
-                             check_stages=opts.check_stages)
+    _, need = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
+                       check_stages=opts.check_stages)
     shape = (f"{fmt_count(source.num_params)} parameters ({source.estimate.param_bytes / 2**30:.3g} GiB), "
              f"{opts.config.layers:,} layers, hidden {opts.config.hidden}, vocab {opts.config.vocab}, "
              f"microbatch {opts.config.mb_size}x{opts.config.seq_len}")
@@ -293,10 +345,14 @@ def check_limits(opts: CalibrationOptions) -> None:
             f"{have / 2**30:.1f} GiB is available{whole}; lower --layers, --seq-len or --mb-size, use a smaller "
             "model, or pass --allow-large"
         )
+    opts = decide_speed(opts)  # memory first: a refusal of it needs no torch
+    seconds, _ = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
+                          check_stages=opts.check_stages, flops_per_s=flops_rate(opts))
     if seconds > MAX_CALIBRATION_S:
         raise PPSimError(
             f"calibrating the {name} model ({shape}) on {opts.device} would take about "
-            f"{_hours(seconds)} (limit {MAX_CALIBRATION_S / 3600:g} h){whole}; lower --layers, --seq-len or --reps, "
+            f"{_hours(seconds)}{speed_note(opts, seconds)} (limit {MAX_CALIBRATION_S / 3600:g} h){whole}; lower "
+            "--layers, --seq-len or --reps, "
             "use a smaller model, calibrate on a GPU, or pass --allow-large"
         )
 
@@ -316,11 +372,14 @@ def check_at_size(opts: CalibrationOptions) -> None:
             f"{est.need_bytes / 2**30:.3g} GiB alone (weights, gradients, activations of microbatch "
             f"{cfg.mb_size}x{cfg.seq_len}) but {have / 2**30:.1f} GiB is available on {opts.device}; {fits}, "
             "or pass --allow-large")
+    opts = decide_speed(opts)  # memory first: a refusal of it needs no torch
+    est = at_size_estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
+                           flops_per_s=flops_rate(opts))
     if est.seconds > MAX_CALIBRATION_S:
         raise PPSimError(
-            f"calibrating {source.text} at size on {opts.device} would take about {_hours(est.seconds)} (limit "
-            f"{MAX_CALIBRATION_S / 3600:g} h); lower --reps, --warmup or --seq-len, calibrate on a GPU, or pass "
-            "--allow-large")
+            f"calibrating {source.text} at size on {opts.device} would take about {_hours(est.seconds)}"
+            f"{speed_note(opts, est.seconds)} (limit {MAX_CALIBRATION_S / 3600:g} h); lower --reps, --warmup or "
+            "--seq-len, calibrate on a GPU, or pass --allow-large")
 
 
 def _what_fits(source: ModelSource, *, budget: float) -> str:
@@ -479,6 +538,7 @@ def calibrate(opts: CalibrationOptions, *, log: Callable[[str], None] | None = N
 
     opts = decide_at_size(opts)
     check_limits(opts)
+    opts = decide_speed(opts)
     torch_adapter.check()
     started = time.perf_counter()
     distributed = launch.torchrun_world_size() >= 2

@@ -96,7 +96,7 @@ def calibrate_cmd(
 ) -> None:
     """Measure the model's blocks (embedding, layer, head), the per-stage overhead, p2p cost and the runtime's
     overheads on this machine; write a profile that serves any schedule and stage count."""
-    from ppsim.calibrate.measure.calibration import CalibrationOptions, check_limits
+    from ppsim.calibrate.measure.calibration import CalibrationOptions, check_limits, decide_speed
 
     notes: list[str] = []  # printed once every refusal is behind: a failing command's stderr is its error line
     stages = _checked_stages(stages, check_stages=check_stages, warmup=warmup, reps=reps, notes=notes)
@@ -122,7 +122,7 @@ def calibrate_cmd(
         override_limits=override_limits, source=source, tensor_parallel_degree=tp,
     )
     try:
-        check_limits(request)  # before torch: the estimate needs none
+        check_limits(request)  # memory before torch; then the dtype's speed here, which the time divides by (< 1 s)
     except PPSimError as exc:
         if torchtitan_config is None or seq_len is not None or config.seq_len <= 128:
             raise
@@ -132,7 +132,8 @@ def calibrate_cmd(
         from ppsim.split import default_split
 
         default_split(config.layers, stages)
-    warn(notes)
+    request = decide_speed(request)  # measured already by check_limits (unless --allow-large)
+    warn([*notes, *[line for line in [request.speed and request.speed.warning()] if line]])
     _calibrate(request)
 
 
