@@ -31,6 +31,7 @@ MAX_BYTES = 2**63 - 1
 """The largest size ``parse_bytes`` accepts (int64, what the simulator's memory arithmetic holds)."""
 
 _LIVE_TEMPS: set[str] = set()
+_HELD_LOCKS: set[str] = set()
 
 
 # --- writing ----------------------------------------------------------------------------------------------------
@@ -127,6 +128,7 @@ def exclusive_writer(path: str | os.PathLike[str], *, option: str = "-o") -> Ite
         if same:
             break
         os.close(fd)
+    _HELD_LOCKS.add(str(lock))
     try:
         try:
             os.ftruncate(fd, 0)
@@ -135,8 +137,16 @@ def exclusive_writer(path: str | os.PathLike[str], *, option: str = "-o") -> Ite
             raise _output_error(target, exc, option) from None
         yield
     finally:
+        _HELD_LOCKS.discard(str(lock))
         _unlink_quietly(str(lock))
         os.close(fd)
+
+
+def abandon_writes() -> None:
+    """Remove this process's temporary files and writer locks, for a process about to end without unwinding (a
+    Ctrl-C that cannot wait for the main thread): what was written whole stays, nothing half-written is left."""
+    for path in [*_LIVE_TEMPS, *_HELD_LOCKS]:
+        _unlink_quietly(path)
 
 
 def check_distinct(paths: Iterable[tuple[str, str | os.PathLike[str] | None]]) -> None:

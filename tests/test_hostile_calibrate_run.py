@@ -8,6 +8,7 @@ Each test is named after the behaviour it pins.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sys
 from pathlib import Path
@@ -251,3 +252,117 @@ def test_8b_in_a_slow_bfloat16_is_refused_with_the_estimate_and_the_speeds(
     assert "would take about" in lines[0] and "(limit 1 h)" in lines[0] and "--allow-large" in lines[0]
     assert "0.29 GFLOP/s" in lines[0] and "--dtype float32 would take about" in lines[0]
     assert not out.exists()
+
+
+# --- item 2: progress inside a block, and Ctrl-C during one ---------------------------------------------------------
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_slow_block_reports_each_pass_with_the_time_so_far_and_the_estimate_left() -> None:
+    from ppsim.calibrate.measure.harness import BlockProgress
+
+    clock, lines = FakeClock(), []
+    progress = BlockProgress(["layers1"], warmup=0, reps=2, log=lines.append, clock=clock)
+    progress.at("layers1", "the first forward")
+    clock.now = 1.0
+    progress.passed("F")  # 1 s into the block: quiet
+    assert lines == []
+    progress.at("layers1", "repetition 1/2")
+    for name, seconds in (("F", 1.0), ("B", 10.0), ("I", 5.0), ("W", 5.0), ("F&B", 11.0)):
+        clock.now += seconds
+        progress.passed(name)
+    assert [ln.split(":")[1].split(" of ")[0].strip() for ln in lines] == ["B", "I", "W", "F&B"]
+    assert lines[-1] == "  layers1: F&B of repetition 1/2 done in 11.0 s; 33.0 s so far, about 32.0 s left"
+
+
+@pytest.mark.torch
+def test_calibrate_prints_every_pass_of_a_block_that_takes_long(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppsim.calibrate.measure import harness
+
+    monkeypatch.setattr(harness, "PROGRESS_AFTER_S", 0.0)  # every block "takes long"
+    monkeypatch.setattr(harness, "PROGRESS_EVERY_S", 0.0)
+    result = runner.invoke(app, ["calibrate", "--preset", "tiny", "--layers", "2", "--reps", "1", "--warmup", "0",
+                                 "--no-p2p", "--no-probe", "-o", str(tmp_path / "c.json")])
+    assert result.exit_code == 0, result.output
+    passes = [ln for ln in result.stderr.splitlines() if ln.startswith("  layers1: ") and "so far, about" in ln]
+    assert [ln.split(": ")[1].split(" of ")[0] for ln in passes] == ["F", "F", "B", "I", "W", "F&B"], result.stderr
+    assert passes[-1].endswith("left") and "repetition 1/1" in passes[-1]
+
+
+@pytest.mark.torch
+def test_ctrl_c_inside_a_block_keeps_the_blocks_measured_says_so_and_resume_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import typer
+    from ppsim.calibrate.measure import calibration as cal
+    from ppsim.calibrate.measure import harness
+
+    from ppsim.cli.calibrate import _calibrate
+    from ppsim.io import progress_path
+    from ppsim.model_config import PRESETS
+
+    out = tmp_path / "c.json"
+    opts = cal.CalibrationOptions(output=out, config=PRESETS["tiny"].replace(layers=2), reps=1, warmup=0, p2p=False,
+                                  probe=False, at_size=True)  # one block at a time, each saved when measured
+    real = harness.StageBench.timing_rep
+
+    def interrupted_in_the_head(self: Any, *args: Any, **kwargs: Any) -> list[float]:
+        if self.unit.name == "head":
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(harness.StageBench, "timing_rep", interrupted_in_the_head)
+    with pytest.raises(typer.Exit) as info:
+        _calibrate(opts)
+    assert info.value.exit_code == 130
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.startswith("interrupted; finished measurements are in") and "--resume" in said
+    kept = json.loads(progress_path(out).read_text())["units"]
+    assert sorted(kept) == ["layers1"] and not out.exists()
+    monkeypatch.setattr(harness.StageBench, "timing_rep", real)
+    doc = cal.calibrate(opts.__class__(**{**opts.__dict__, "resume": True}), log=lambda line: None)
+    assert doc is not None and doc["complete"] and doc["units"]["layers1"] == kept["layers1"]  # not measured again
+    assert sorted(doc["units"]) == ["embed", "head", "layers1"] and not progress_path(out).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_ctrl_c_inside_one_long_torch_operation_ends_the_command_within_the_grace(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import time
+
+    code = ("import sys, torch\nfrom ppsim.calibrate.measure.interrupt import prompt_interrupt\n"
+            "torch.set_num_threads(1)\na = torch.ones(4096, 4096)\nb = torch.ones(4096, 16384)\n"
+            "print('ready', flush=True)\nwith prompt_interrupt('interrupted; one line', grace_s=0.3):\n"
+            "    for _ in range(20):\n        a @ b\nprint('finished', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - sent < 0.3 + 2.0, (out, err)
+    assert err.strip().splitlines()[-1] == "interrupted; one line" and "finished" not in out
+
+
+@pytest.mark.torch
+def test_ctrl_c_before_anything_is_measured_says_nothing_was_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppsim.calibrate.measure import calibration as cal
+
+    def interrupted(opts: Any) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cal, "estimate_line", interrupted)  # the first thing a calibration prints
+    out = tmp_path / "c.json"
+    result = runner.invoke(app, ["calibrate", "--preset", "tiny", "--no-p2p", "--no-probe", "-o", str(out)])
+    assert result.exit_code == 130
+    assert result.stderr.strip().splitlines()[-1] == (f"interrupted before anything was measured; nothing written "
+                                                      f"({out} is untouched)")
+    assert list(tmp_path.iterdir()) == []

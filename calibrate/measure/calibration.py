@@ -615,7 +615,7 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
         if opts.check_stages:
             todo += check_units(opts)
         log("measuring " + ", ".join(u.name for u in todo) + f" ({opts.reps} interleaved repetitions)")
-        for unit, fields in zip(todo, measure_units(opts, todo, device)):
+        for unit, fields in zip(todo, measure_units(opts, todo, device, log=log)):
             rec.add_unit(unit.name, fields)
         rec.compose(opts)
         rec.finish("units")
@@ -726,7 +726,7 @@ def measure_at_size(opts: CalibrationOptions, rec: Recorder, device: Any, *, log
 
             fields = measure_unit_tp(opts, unit)
         else:
-            (fields,) = measure_units(opts, [unit], device, random_weights=True, fresh_grads=fresh)
+            (fields,) = measure_units(opts, [unit], device, random_weights=True, fresh_grads=fresh, log=log)
         rec.add_unit(unit.name, fields)
         rec.save()
         gc.collect()
@@ -738,21 +738,26 @@ def measure_at_size(opts: CalibrationOptions, rec: Recorder, device: Any, *, log
             f"({time.perf_counter() - started:.0f} s)")
 
 
-def measure_units(opts: CalibrationOptions, units: list[Any], device: Any, *,
-                  random_weights: bool = False, fresh_grads: bool = False) -> list[dict[str, Any]]:
-    """Timings (F, B, I, W, FB samples, repetitions interleaved across units), memory and sizes of each unit."""
+def measure_units(opts: CalibrationOptions, units: list[Any], device: Any, *, random_weights: bool = False,
+                  fresh_grads: bool = False, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Timings (F, B, I, W, FB samples, repetitions interleaved across units), memory and sizes of each unit; a
+    measurement that takes more than a few seconds reports each pass on ``log``."""
     from ppsim.calibrate.measure import harness
+    from ppsim.calibrate.measure.interrupt import prompt_interrupt
 
     what = "the weights"
     source = opts.model_source
     try:
-        benches = [harness.StageBench(opts.config, opts.num_stages, 1, device=device, seed=opts.seed, unit=u,
-                                      source=source, random_weights=random_weights, fresh_grads=fresh_grads)
-                   for u in units]
-        what = "timings"
-        timings = harness.measure_interleaved(benches, warmup=opts.warmup, reps=opts.reps)
-        what = "memory"
-        memories = [bench.measure_memory() for bench in benches]
+        with prompt_interrupt(interrupted_line(opts.output)):  # a Ctrl-C inside one long torch operation too
+            benches = [harness.StageBench(opts.config, opts.num_stages, 1, device=device, seed=opts.seed, unit=u,
+                                          source=source, random_weights=random_weights, fresh_grads=fresh_grads)
+                       for u in units]
+            what = "timings"
+            progress = harness.BlockProgress([u.name for u in units], warmup=opts.warmup, reps=opts.reps,
+                                                  log=log)
+            timings = harness.measure_interleaved(benches, warmup=opts.warmup, reps=opts.reps, progress=progress)
+            what = "memory"
+            memories = [bench.measure_memory() for bench in benches]
     except Exception as exc:
         if harness.is_oom(exc):
             raise harness.oom_error(opts.config, 0, what) from None
@@ -1104,6 +1109,15 @@ class Recorder:
             self.doc["notes"] = [*self.doc["notes"], f"stage {st['stage']} ({n} layers) composed from blocks vs "
                                  f"measured whole: {', '.join(errs)}"]
         self.save()
+
+
+def interrupted_line(output: Path) -> str:
+    """What a Ctrl-C during a calibration says: where its finished measurements are and how to go on."""
+    partial = progress_path(output)
+    if not partial.exists():
+        return f"interrupted before anything was measured; nothing written ({output} is untouched)"
+    return (f"interrupted; finished measurements are in {partial} ({output} is untouched); continue with the same "
+            "command and --resume")
 
 
 def _stderr(line: str) -> None:

@@ -31,7 +31,7 @@ from ppsim.cli.options import (
     VocabOpt,
 )
 from ppsim.errors import PPSimError
-from ppsim.io import check_distinct, output_file, progress_path
+from ppsim.io import check_distinct, output_file
 from ppsim.limits import check_timeout
 
 if TYPE_CHECKING:
@@ -167,13 +167,12 @@ def _checked_stages(stages: int | None, *, check_stages: bool, warmup: int, reps
 
 def _calibrate(request: Any) -> None:
     """The library call and its output (a Ctrl-C keeps what was measured)."""
-    from ppsim.calibrate.measure.calibration import calibrate
+    from ppsim.calibrate.measure.calibration import calibrate, interrupted_line
 
     try:
         doc = calibrate(request)
     except KeyboardInterrupt:
-        typer.echo(f"interrupted; finished measurements are in {progress_path(request.output)} ({request.output} is "
-                   "untouched); continue with --resume", err=True)
+        typer.echo(interrupted_line(request.output), err=True)
         raise typer.Exit(code=130) from None
     if doc is not None:
         print_profile_summary(doc)
