@@ -366,3 +366,52 @@ def test_ctrl_c_before_anything_is_measured_says_nothing_was_written(
     assert result.stderr.strip().splitlines()[-1] == (f"interrupted before anything was measured; nothing written "
                                                       f"({out} is untouched)")
     assert list(tmp_path.iterdir()) == []
+
+
+# --- item 5: run --dp-shard/--tp ------------------------------------------------------------------------------------
+RUN_TITAN = ["run", "-s", "1F1B", "-r", "2", "-m", "2", "--model", "torchtitan:llama3/debugmodel", "--steps", "1",
+             "--warmup", "0"]
+
+
+def nothing_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calibrating or launching fails the test: a refusal must come first."""
+    import ppsim.calibrate.execute.run as run_module
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError("calibration or run started before the refusal")
+
+    monkeypatch.setattr(run_module, "calibrate_here", started)
+    monkeypatch.setattr(run_module, "costs_and_model", started)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("degrees", [["--dp-shard", "1000"], ["--tp", "2", "--dp-shard", "8"]])
+def test_run_with_more_fsdp_tp_processes_than_the_host_holds_is_refused_before_calibrating(
+        degrees: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torchtitan")
+    nothing_runs(monkeypatch)
+    monkeypatch.setattr("ppsim.sharing.host_cores", lambda: 2)
+    result = runner.invoke(app, [*RUN_TITAN, *degrees])
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: ") and "processes" in line and "CPU core" in line and "--allow-large" in line, line
+
+
+@pytest.mark.torch
+def test_run_with_an_absurd_fsdp_degree_is_refused_even_with_allow_large_instead_of_hanging(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torchtitan")
+    nothing_runs(monkeypatch)
+    result = runner.invoke(app, [*RUN_TITAN, "--dp-shard", "99999999999999999999", "--allow-large"])
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: --dp-shard 99999999999999999999") and "processes" in line, line
+
+
+@pytest.mark.torch
+def test_run_synthetic_with_tp_names_synthetic_not_the_model_as_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torchtitan")
+    result = runner.invoke(app, [*RUN_TITAN, "--tp", "2", "--synthetic"])
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip().splitlines()[-1]
+    assert "--synthetic" in line and "is not a torchtitan model" not in line, line
