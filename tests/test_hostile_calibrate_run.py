@@ -415,3 +415,33 @@ def test_run_synthetic_with_tp_names_synthetic_not_the_model_as_the_reason(monke
     assert result.exit_code == 2, result.output
     line = result.stderr.strip().splitlines()[-1]
     assert "--synthetic" in line and "is not a torchtitan model" not in line, line
+
+
+# --- item 5: calibrate --tp and calibration at size -----------------------------------------------------------------
+CAL_TITAN = ["calibrate", "--model", "torchtitan:llama3/debugmodel", "--reps", "1", "--warmup", "0", "--no-p2p",
+             "--no-probe"]
+
+
+@pytest.mark.torch
+def test_calibrate_tp_beyond_the_hosts_cores_is_refused_before_measuring(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torchtitan")
+    monkeypatch.setattr("ppsim.sharing.host_cores", lambda: 2)
+    out = tmp_path / "c.json"
+    result = runner.invoke(app, [*CAL_TITAN, "--tp", "16", "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: --tp 16") and "core" in lines[0], result.stderr
+    assert "--allow-large" in lines[0] and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.torch
+def test_calibrate_check_stages_at_size_is_refused_in_one_line_before_measuring(tmp_path: Path) -> None:
+    pytest.importorskip("torchtitan")
+    out = tmp_path / "c.json"
+    result = runner.invoke(app, [*CAL_TITAN, "--tp", "2", "--check-stages", "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    error = [ln for ln in result.stderr.strip().splitlines() if ln.startswith("Error:")]
+    assert len(error) == 1 and "--check-stages" in error[0] and "at size" in error[0], result.stderr
+    assert "Traceback" not in result.stderr and "measuring" not in result.stderr
+    assert list(tmp_path.iterdir()) == []

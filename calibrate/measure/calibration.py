@@ -42,7 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import PPSimError
 from ppsim.io import exclusive_writer, progress_path
-from ppsim.limits import MAX_CALIBRATION_S, MEMORY_SHARE  # work and memory limits (``--allow-large`` lifts them)
+from ppsim.limits import (  # work and memory limits (``--allow-large`` lifts them)
+    MAX_CALIBRATION_S,
+    MAX_REAL_RANKS_PER_CORE,
+    MEMORY_SHARE,
+)
 from ppsim.profile import HostLoad, Stat, load_profile
 
 if TYPE_CHECKING:
@@ -322,12 +326,24 @@ def estimate_line(opts: CalibrationOptions) -> str:
 
 
 def check_limits(opts: CalibrationOptions) -> None:
-    """Refuse, in one line with the estimate, a calibration this machine cannot hold or finish in an hour."""
+    """Refuse, in one line with the estimate, a calibration this machine cannot hold or finish in an hour (or
+    whose options cannot go together)."""
+    opts = decide_at_size(opts)
+    if opts.at_size and opts.check_stages:  # not liftable: nothing would measure the stages
+        why = (f"--tp {opts.tensor_parallel_degree} measures" if opts.tensor_parallel_degree > 1 else
+               "this model does not fit whole, so it is measured")
+        raise PPSimError(f"--check-stages: {why} at size, one block at a time, and never builds a stage whole to "
+                         "check the composition against; drop --check-stages")
     if opts.override_limits:
         return
     from ppsim.calibrate.models import fmt_count
+    from ppsim.sharing import host_cores
 
-    opts = decide_at_size(opts)
+    tp, cores = opts.tensor_parallel_degree, host_cores()
+    if opts.device == "cpu" and tp > MAX_REAL_RANKS_PER_CORE * cores:
+        raise PPSimError(f"--tp {tp}: {tp} computing processes on {cores} CPU core(s) (limit "
+                         f"{MAX_REAL_RANKS_PER_CORE} per core); timings would say little; use a smaller --tp, "
+                         "calibrate on a larger host, or pass --allow-large")
     source = opts.model_source
     if opts.at_size:
         return check_at_size(opts)
