@@ -445,3 +445,26 @@ def test_calibrate_check_stages_at_size_is_refused_in_one_line_before_measuring(
     assert len(error) == 1 and "--check-stages" in error[0] and "at size" in error[0], result.stderr
     assert "Traceback" not in result.stderr and "measuring" not in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# --- item 5: the profile's newer sections -------------------------------------------------------------------------
+DEBUG_PROFILE = Path(__file__).parent / "data" / "llama3_debugmodel_s32.profile.json"
+
+
+@pytest.mark.torch
+def test_run_with_a_profile_measured_at_another_tp_degree_is_refused_before_running(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A profile measured at --tp 2 holds one rank's layer costs of a two-way split: a --tp 1 run predicted from
+    them would be silently wrong (it was: exit 0, the prediction halved)."""
+    import ppsim.calibrate.execute.steps as steps
+
+    doc = json.loads(DEBUG_PROFILE.read_text())
+    doc["tensor_parallel_degree"] = 2
+    profile = tmp_path / "tp2.json"
+    profile.write_text(json.dumps(doc))
+    monkeypatch.setattr(steps, "launch_local", lambda *a, **k: pytest.fail("the run started"))
+    result = runner.invoke(app, ["run", "-s", "1F1B", "-r", "2", "-m", "2", "--profile", str(profile), "--steps", "1",
+                                 "--warmup", "0"])
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: --profile") and "tensor_parallel_degree 2" in line and "--tp 2" in line, line

@@ -512,6 +512,12 @@ def profile_costs(options: RunOptions, path: Path, schedule: Schedule, device: s
         model = profile_source(options, prof, path, device)
     if options.synthetic:
         costs = synthetic_runtime(costs, prof)
+    elif prof.tensor_parallel_degree != options.tp:  # layer costs of one rank of another split
+        raise PPSimError(
+            f"--profile {path}: measured at tensor_parallel_degree {prof.tensor_parallel_degree} but this run uses "
+            f"--tp {options.tp}; pass --tp {prof.tensor_parallel_degree}, or calibrate at the run's degree (`ppsim "
+            f"calibrate --tp {options.tp}`)"
+        )
     elif prof.device != device:
         raise PPSimError(
             f"--profile {path}: measured on {prof.device} but this run uses {device}; calibrate on "
