@@ -211,6 +211,12 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     check_predicted_time(options, predicted)
     if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:  # after every refusal: an error stands alone
         (log or _stderr)(model.summary())
+        if options.profile is not None:
+            from ppsim.profile import load_profile
+
+            note = tp_mismatch(options, load_profile(options.profile), options.profile)
+            if note is not None:
+                (log or _stderr)(f"warning: {note}")
     if world is None:
         measurement = runner.launch(spec)
     else:
@@ -512,18 +518,27 @@ def profile_costs(options: RunOptions, path: Path, schedule: Schedule, device: s
         model = profile_source(options, prof, path, device)
     if options.synthetic:
         costs = synthetic_runtime(costs, prof)
-    elif prof.tensor_parallel_degree != options.tp:  # layer costs of one rank of another split
-        raise PPSimError(
-            f"--profile {path}: measured at tensor_parallel_degree {prof.tensor_parallel_degree} but this run uses "
-            f"--tp {options.tp}; pass --tp {prof.tensor_parallel_degree}, or calibrate at the run's degree (`ppsim "
-            f"calibrate --tp {options.tp}`)"
-        )
     elif prof.device != device:
         raise PPSimError(
             f"--profile {path}: measured on {prof.device} but this run uses {device}; calibrate on "
             f"{device} (`ppsim calibrate --device {device}`) or pick the matching --backend"
         )
+    note = tp_mismatch(options, prof, path)
+    if note is not None:
+        costs = dataclasses.replace(costs, notes=(*costs.notes, note))
     return costs, 1.0, model, str(path)
+
+
+def tp_mismatch(options: RunOptions, prof: Any, path: Path) -> str | None:
+    """What a profile measured at another tensor-parallel degree than ``--tp`` makes of the predicted step (its layer
+    costs are one rank's of its own split), or ``None`` where the degrees agree (or the stages are synthetic)."""
+    measured = prof.tensor_parallel_degree
+    if options.synthetic or measured == options.tp:
+        return None
+    bound = "an upper bound" if measured < options.tp else "a lower bound"
+    return (f"{path} was measured at tensor_parallel_degree {measured} but this run uses --tp {options.tp}: the "
+            f"predicted step takes its layer costs as measured ({bound}); calibrate with --tp {options.tp} for a "
+            "prediction at the run's degree")
 
 
 def profile_source(options: RunOptions, prof: Any, path: Path, device: str) -> ModelSource:
