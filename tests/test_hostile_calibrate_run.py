@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ppsim.cli import app, main
-from ppsim.errors import OutputPathError
+from ppsim.errors import OutputPathError, PPSimError
 
 runner = CliRunner()
 
@@ -487,3 +487,22 @@ def test_run_with_a_profile_measured_at_another_tp_degree_says_what_its_predicti
     assert len(warnings) == 1 and warnings[0].startswith("warning: ") and "a lower bound" in warnings[0]
     assert "calibrate with --tp 1" in warnings[0]
     assert any("tensor_parallel_degree 2" in note for note in seen["notes"])
+
+
+@pytest.mark.torch
+def test_resume_at_another_tp_degree_is_refused_instead_of_mixing_the_degrees(tmp_path: Path) -> None:
+    """A --tp 2 calibration's finished blocks are one rank's of a two-way split: resuming it at --tp 1 mixed them with
+    unsharded blocks in one profile (it did, silently)."""
+    from ppsim.calibrate.measure import calibration as cal
+    from ppsim.io import progress_path
+    from ppsim.model_config import PRESETS
+
+    out = tmp_path / "c.json"
+    opts = cal.CalibrationOptions(output=out, config=PRESETS["tiny"].replace(layers=2), reps=1, warmup=0, p2p=False,
+                                  probe=False, at_size=True)
+    doc = cal.new_document(opts, device=__import__("torch").device("cpu"), world_size=1, backend=None)
+    doc["tensor_parallel_degree"] = 2  # as `calibrate --tp 2` writes it, killed before its first block finished
+    progress_path(out).write_text(json.dumps(doc))
+    with pytest.raises(PPSimError, match=r"^--resume: .* was measured with --tp 2, not 1; repeat the original"):
+        cal.calibrate(opts.__class__(**{**opts.__dict__, "resume": True}), log=lambda line: None)
+    assert json.loads(progress_path(out).read_text()) == doc and not out.exists()

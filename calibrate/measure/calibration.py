@@ -1032,13 +1032,14 @@ def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Cal
     method = old.get("method") or {}
     theirs = {"model": old.get("model"), "source": (old.get("source") or {}).get("source"),
               "stages": old.get("num_stages"), "device": old.get("device"),
-              "warmup": method.get("warmup"), "reps": method.get("reps")}
+              "warmup": method.get("warmup"), "reps": method.get("reps"),
+              "--tp": old.get("tensor_parallel_degree", 1)}
     if old.get("version") != 3 or "units" not in old:
         raise PPSimError(f"--resume: {path} is a profile of an older ppsim (version {old.get('version')}); "
                          "drop --resume to start over")
     ours = {"model": fresh["model"], "source": fresh["source"]["source"], "stages": fresh["num_stages"],
             "device": fresh["device"],
-            "warmup": opts.warmup, "reps": opts.reps}
+            "warmup": opts.warmup, "reps": opts.reps, "--tp": opts.tensor_parallel_degree}
     diff = [k for k in ours if theirs[k] != ours[k]]
     if diff:
         k = diff[0]
