@@ -182,7 +182,7 @@ def speed_note(opts: CalibrationOptions, seconds: float) -> str:
     speed = opts.speed
     if speed is None:
         return ""
-    note = f" (at the {speed.describe()} measured here"
+    note = f" (at the {gflops(speed.flops_per_s)} of {speed.dtype} matmuls measured on this {speed.device}"
     if speed.warning() is not None:
         note += (f", against {gflops(speed.float32_flops_per_s or 0)} in float32: --dtype float32 would take about "
                  f"{_duration(seconds / speed.slowdown)}")
@@ -381,7 +381,7 @@ def check_at_size(opts: CalibrationOptions) -> None:
     have = device_memory_bytes(opts.device)
     cfg = opts.config
     if have is not None and est.need_bytes > MEMORY_SHARE * have:
-        fits = _what_fits(source, budget=MEMORY_SHARE * have) if est.block == "layer" else (
+        fits = _what_fits(source, budget=MEMORY_SHARE * have, device=opts.device) if est.block == "layer" else (
             f"the {est.block} is measured whole (its vocab x hidden weight): use a device with more memory")
         raise PPSimError(
             f"one {est.block} of {source.text} ({est.weight_bytes / 2**30:.3g} GiB of weights) needs about "
@@ -398,9 +398,10 @@ def check_at_size(opts: CalibrationOptions) -> None:
             "--seq-len, calibrate on a GPU, or pass --allow-large")
 
 
-def _what_fits(source: ModelSource, *, budget: float) -> str:
-    """What would let one block fit in ``budget`` bytes: a shorter sequence (activations) or a tensor-parallel
-    degree (weights split over T ranks)."""
+def _what_fits(source: ModelSource, *, budget: float, device: str = "cuda") -> str:
+    """What would let one block fit in ``budget`` bytes: a shorter sequence (activations) or, on GPUs, a
+    tensor-parallel degree (weights split over T ranks, each on a GPU of its own; on CPU the T local ranks share
+    the host's memory, so no degree lowers it)."""
     est, cfg = source.estimate, source.config
     item = cfg.itemsize
     weights = 2 * est.largest_layer_param_bytes + min(est.largest_tensor_bytes or 0, est.largest_layer_param_bytes) * (
@@ -411,11 +412,14 @@ def _what_fits(source: ModelSource, *, budget: float) -> str:
         while seq > 1 and weights + acts * (seq / cfg.seq_len) ** 2 > budget:
             seq //= 2
         return f"--seq-len {seq} would fit"
+    if device == "cpu":
+        return ("its weights alone do not fit, and --tp does not lower that here (its local ranks share this host's "
+                "memory); use a host with more memory, or GPUs with --tp")
     heads = cfg.heads
     for tp in (2, 4, 8, 16, 32, 64):
         if heads % tp == 0 and weights / tp + acts < budget:
-            return (f"a tensor-parallel degree of {tp} would fit (its layer split over {tp} ranks: "
-                    f"--parallelism.tensor_parallel_degree {tp}), or a device with more memory")
+            return (f"a tensor-parallel degree of {tp} would fit (its layer split over {tp} GPUs: --tp {tp}), or "
+                    "a device with more memory")
     return "no tensor-parallel degree up to 64 fits; use a device with more memory"
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ppsim.model_config import ModelConfig
 
 BUDGET_S = 0.04
-"""How long the timed product should take (it is timed twice, after a short product that sizes it)."""
+"""How long the timed product should take (the best of three, after a short product that sizes it)."""
 ACHIEVED = 0.5
 """The share of the matmul speed a calibration achieves over its whole work (attention, element-wise ops, autograd;
 the builtin 1b model at 1x64 in bfloat16, 16 layers: measured 114 s where 3.5e12 FLOPs at the probe's 70 GFLOP/s
@@ -117,6 +117,6 @@ def matmul_flops_per_s(device: str, dtype: str, rows: int, inner: int, cols: int
         a @ b  # the first product pays the library's set-up
         n = int(min(cols, max(n, n * BUDGET_S / seconds(b, 1))))
         b = torch.full((inner, n), 0.25, device=dev, dtype=dt)
-        return 2.0 * rows * inner * n / seconds(b, 2)
+        return 2.0 * rows * inner * n / seconds(b, 3)  # the best of three: a busy host's bursts left out
     finally:
         torch.set_num_threads(threads)
