@@ -281,7 +281,8 @@ def test_a_slow_block_reports_each_pass_with_the_time_so_far_and_the_estimate_le
 
 
 @pytest.mark.torch
-def test_calibrate_prints_every_pass_of_a_block_that_takes_long(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_calibrate_prints_every_pass_of_a_block_that_takes_long(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from ppsim.calibrate.measure import harness
 
     monkeypatch.setattr(harness, "PROGRESS_AFTER_S", 0.0)  # every block "takes long"
@@ -494,6 +495,7 @@ def test_resume_at_another_tp_degree_is_refused_instead_of_mixing_the_degrees(tm
     """A --tp 2 calibration's finished blocks are one rank's of a two-way split: resuming it at --tp 1 mixed them with
     unsharded blocks in one profile (it did, silently)."""
     from ppsim.calibrate.measure import calibration as cal
+
     from ppsim.io import progress_path
     from ppsim.model_config import PRESETS
 
