@@ -31,6 +31,7 @@ MAX_BYTES = 2**63 - 1
 """The largest size ``parse_bytes`` accepts (int64, what the simulator's memory arithmetic holds)."""
 
 _LIVE_TEMPS: set[str] = set()
+_HELD_LOCKS: set[str] = set()
 
 
 # --- writing ----------------------------------------------------------------------------------------------------
@@ -86,7 +87,11 @@ def output_file(text: str | os.PathLike[str]) -> Path:
         raise OutputPathError(f"{text!r} ends in {text[-1]!r}, so it names a folder, and no such folder exists; give "
                               f"a file name (e.g. {text.rstrip(''.join(seps)) or 'out'}.json), or create the folder "
                               "and name a file in it")
-    return Path(text)
+    target = Path(text)
+    with contextlib.suppress(OSError):  # what else is wrong with the path is check_writable's (or the writer's)
+        real = Path(os.path.realpath(target))
+        _check_takes_bytes(target, real, _stat_or_none(real), option="")
+    return target
 
 
 def progress_path(path: str | os.PathLike[str]) -> Path:
@@ -123,13 +128,25 @@ def exclusive_writer(path: str | os.PathLike[str], *, option: str = "-o") -> Ite
         if same:
             break
         os.close(fd)
+    _HELD_LOCKS.add(str(lock))
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode("ascii"))
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode("ascii"))
+        except OSError as exc:  # a full disk: one line, and the lock goes with it
+            raise _output_error(target, exc, option) from None
         yield
     finally:
+        _HELD_LOCKS.discard(str(lock))
         _unlink_quietly(str(lock))
         os.close(fd)
+
+
+def abandon_writes() -> None:
+    """Remove this process's temporary files and writer locks, for a process about to end without unwinding (a
+    Ctrl-C that cannot wait for the main thread): what was written whole stays, nothing half-written is left."""
+    for path in [*_LIVE_TEMPS, *_HELD_LOCKS]:
+        _unlink_quietly(path)
 
 
 def check_distinct(paths: Iterable[tuple[str, str | os.PathLike[str] | None]]) -> None:
@@ -175,6 +192,7 @@ def check_writable(path: str | os.PathLike[str], *, option: str = "-o", example:
     target = Path(path)
     real, st = _inspect(target, option, example=example)
     if st is not None and not stat.S_ISREG(st.st_mode):
+        _check_takes_bytes(target, real, st, option=option)  # /dev/full
         return  # a device or FIFO is written into directly; its folder need not be writable
     if st is not None and not os.access(real, os.W_OK):
         raise OutputPathError(
@@ -196,6 +214,67 @@ def check_writable(path: str | os.PathLike[str], *, option: str = "-o", example:
             f"{option} {_show(target)}: the file name is longer than this file system allows ({name_max} bytes); "
             "choose a shorter name"
         )
+    _check_takes_bytes(target, real, st, option=option)
+
+
+PROBE_BYTES = 4096
+"""What the writability check writes into a temporary file beside the target (one file-system block): a full disk
+or an exceeded quota is refused before any work, not after it."""
+
+
+def _check_takes_bytes(target: Path, real: Path, st: os.stat_result | None, *, option: str) -> None:
+    """Refuse a target that cannot take bytes: a character device such as /dev/full (a write of no bytes, which
+    changes nothing on /dev/null or a terminal), or a folder whose file system is full (a small temporary file
+    beside the target, removed at once). A FIFO or socket is left alone (opening one may wait for its reader)."""
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISCHR(st.st_mode):
+            return
+        try:
+            fd = os.open(real, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return  # what opening it says is the writer's to report
+        try:
+            _write_probe(fd, b"")
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                where = f"{option} {_show(target)}" if option else _show(target)
+                raise OutputPathError(f"{where}: the device takes no bytes (it is always full, as /dev/full is); "
+                                      "choose a file") from None
+            _refuse_full(target, exc, option)
+        finally:
+            os.close(fd)
+        return
+    if not real.parent.is_dir():
+        return
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{real.name[:40]}.", suffix=".probe", dir=real.parent)
+    except OSError as exc:
+        _refuse_full(target, exc, option)
+        return
+    try:
+        _write_probe(fd, b"\0" * PROBE_BYTES)
+    except OSError as exc:
+        _refuse_full(target, exc, option)
+    finally:
+        os.close(fd)
+        _unlink_quietly(tmp)
+
+
+def _write_probe(fd: int, data: bytes) -> None:
+    os.write(fd, data)
+
+
+def _refuse_full(target: Path, exc: OSError, option: str) -> None:
+    """Raise the one-line error of a write that failed for want of space (or a read-only file system)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        raise _output_error(target, exc, option) from None
+
+
+def _stat_or_none(real: Path) -> os.stat_result | None:
+    try:
+        return os.stat(real)
+    except FileNotFoundError:
+        return None
 
 
 def _inspect(target: Path, option: str, *, example: str = "out.csv") -> tuple[Path, os.stat_result | None]:
@@ -280,7 +359,7 @@ def _show(path: Path | str, limit: int = 120) -> str:
 
 def _output_error(target: Path, exc: OSError, option: str) -> OSError | OutputPathError:
     """A one-line user error for the usual causes; any other OSError again, naming the user's path."""
-    where = f"{option} {_show(target)}"
+    where = f"{option} {_show(target)}" if option else _show(target)  # the option is prefixed by the caller
     parent = _show(target.parent if str(target.parent) else Path("."))
     reasons = {
         errno.ENAMETOOLONG: "the file name is longer than the file system allows; choose a shorter name",

@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ppsim.errors import PPSimError
 from ppsim.limits import MAX_REAL_RANKS_PER_CORE, MAX_SYNTHETIC_RANKS, MEMORY_SHARE  # --allow-large lifts them
+
+MAX_LOCAL_PROCESSES = 4096
+"""The most local processes one run may start (-r x --dp-shard x --tp), even with --allow-large."""
 from ppsim.limits import MAX_RUN_ACTIONS as MAX_ACTIONS
 
 if TYPE_CHECKING:
@@ -179,11 +182,10 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     if world is None and options.profile is None and not options.synthetic:
         early = run_source(options)
         check_split(options, schedule, early)
+        check_run_degrees(options, schedule, early, world=None)
         check_machine(options, schedule, early)  # before calibrating
         runner = choose_runner(options.executor, early, schedule, synthetic=False)
     chosen = _recompute_set(options, schedule)
-    if world is None and options.profile is None and not options.synthetic:
-        check_run_degrees(options, schedule, run_source(options), world=None)
     costs, time_scale, model, source = costs_and_model(options, schedule, device)
     spec = dataclasses.replace(exec_spec(options, schedule, costs, time_scale, model, device), recompute=chosen,
                                dp_shard=options.dp_shard, tp=options.tp)
@@ -210,6 +212,12 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     check_predicted_time(options, predicted)
     if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:  # after every refusal: an error stands alone
         (log or _stderr)(model.summary())
+        if options.profile is not None:
+            from ppsim.profile import load_profile
+
+            note = tp_mismatch(options, load_profile(options.profile), options.profile)
+            if note is not None:
+                (log or _stderr)(f"warning: {note}")
     if world is None:
         measurement = runner.launch(spec)
     else:
@@ -231,10 +239,16 @@ def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSour
         raise PPSimError(f"--dp-shard {options.dp_shard} --tp {options.tp}: degrees must be at least 1")
     if options.dp_shard * options.tp == 1 and world in (None, schedule.num_ranks):
         return
+    processes = schedule.num_ranks * options.dp_shard * options.tp
+    if world is None and processes > MAX_LOCAL_PROCESSES:  # not liftable: no host starts them (and no hang trying)
+        raise PPSimError(f"--dp-shard {options.dp_shard} --tp {options.tp}: {processes:,} local processes (-r "
+                         f"{schedule.num_ranks} x {options.dp_shard} x {options.tp}), more than any host starts "
+                         f"(limit {MAX_LOCAL_PROCESSES:,}); use degrees whose product with -r fits the host's cores")
     if options.dp_shard * options.tp > 1 and (options.synthetic or source.scheme != "torchtitan"
                                              or options.executor == "ppsim"):
-        why = ("--executor ppsim does not shard" if options.executor == "ppsim" and not options.synthetic
-               and source.scheme == "torchtitan" else f"{source.text} is not a torchtitan model")
+        why = ("--synthetic stages are not torchtitan modules" if options.synthetic else
+               "--executor ppsim does not shard" if source.scheme == "torchtitan"
+               else f"{source.text} is not a torchtitan model")
         raise PPSimError(f"--dp-shard {options.dp_shard} --tp {options.tp}: FSDP and TP runs go through torchtitan's "
                          f"own parallelize function, so they need a torchtitan model (--model torchtitan:FAMILY/"
                          f"FLAVOR) and the torchtitan executor; {why}: use the torchtitan executor or drop the degrees")
@@ -420,6 +434,12 @@ def check_machine(options: RunOptions, schedule: Schedule, model: ModelSource) -
 
     ranks = schedule.num_ranks
     cores = host_cores()
+    per_rank = 1 if options.synthetic else options.dp_shard * options.tp
+    if options.backend == "gloo" and per_rank > 1 and ranks * per_rank > MAX_REAL_RANKS_PER_CORE * cores:
+        raise PPSimError(
+            f"-r {ranks} --dp-shard {options.dp_shard} --tp {options.tp}: {ranks * per_rank:,} computing processes "
+            f"on {cores} CPU core(s) (limit {MAX_REAL_RANKS_PER_CORE} per core); timings would say little; use "
+            "smaller degrees or fewer ranks, torchrun across hosts, or --allow-large")
     if options.synthetic:
         if ranks > MAX_SYNTHETIC_RANKS:
             raise PPSimError(f"-r {ranks}: {ranks} synthetic rank processes on this host (limit "
@@ -504,7 +524,22 @@ def profile_costs(options: RunOptions, path: Path, schedule: Schedule, device: s
             f"--profile {path}: measured on {prof.device} but this run uses {device}; calibrate on "
             f"{device} (`ppsim calibrate --device {device}`) or pick the matching --backend"
         )
+    note = tp_mismatch(options, prof, path)
+    if note is not None:
+        costs = dataclasses.replace(costs, notes=(*costs.notes, note))
     return costs, 1.0, model, str(path)
+
+
+def tp_mismatch(options: RunOptions, prof: Any, path: Path) -> str | None:
+    """What a profile measured at another tensor-parallel degree than ``--tp`` makes of the predicted step (its layer
+    costs are one rank's of its own split), or ``None`` where the degrees agree (or the stages are synthetic)."""
+    measured = prof.tensor_parallel_degree
+    if options.synthetic or measured == options.tp:
+        return None
+    bound = "an upper bound" if measured < options.tp else "a lower bound"
+    return (f"{path} was measured at tensor_parallel_degree {measured} but this run uses --tp {options.tp}: the "
+            f"predicted step takes its layer costs as measured ({bound}); calibrate with --tp {options.tp} for a "
+            "prediction at the run's degree")
 
 
 def profile_source(options: RunOptions, prof: Any, path: Path, device: str) -> ModelSource:

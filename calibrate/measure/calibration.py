@@ -42,11 +42,16 @@ from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import PPSimError
 from ppsim.io import exclusive_writer, progress_path
-from ppsim.limits import MAX_CALIBRATION_S, MEMORY_SHARE  # work and memory limits (``--allow-large`` lifts them)
+from ppsim.limits import (  # work and memory limits (``--allow-large`` lifts them)
+    MAX_CALIBRATION_S,
+    MAX_REAL_RANKS_PER_CORE,
+    MEMORY_SHARE,
+)
 from ppsim.profile import HostLoad, Stat, load_profile
 
 if TYPE_CHECKING:
     from ppsim.calibrate.execute.launch import World
+    from ppsim.calibrate.measure.speed import MatmulSpeed
     from ppsim.calibrate.models import ModelSource
     from ppsim.model_config import ModelConfig
 
@@ -55,6 +60,7 @@ OPS = ("F", "B", "I", "W", "FB")
 K_LAYERS = 4
 CPU_FLOPS = 2e10
 GPU_FLOPS = 1e14
+"""The FLOP rates an estimate falls back on where the device's speed is not measured (:mod:`.speed` measures it)."""
 PROBE_STEPS = 4
 PROBE_WARMUP = 2
 
@@ -81,6 +87,8 @@ class CalibrationOptions:
     at_size: bool | None = None
     """Measure one block at a time, each materialised alone from a meta-device build (calibration at size);
     ``None``: when a torchtitan model's whole-model calibration would not fit this device's memory."""
+    speed: MatmulSpeed | None = None
+    """The matmul speed of the dtype on the device (:func:`decide_speed`); ``None``: not measured yet."""
 
     @property
     def model_source(self) -> ModelSource:
@@ -93,16 +101,18 @@ class CalibrationOptions:
 
 # --- limits (no torch needed) -----------------------------------------------------------------------------------
 def estimate(config: ModelConfig | ModelSource, *, device: str, reps: int, warmup: int, probe: bool = False,
-             check_stages: bool = False, at_size: bool = False) -> tuple[float, int]:
+             check_stages: bool = False, at_size: bool = False, flops_per_s: float | None = None) -> tuple[float, int]:
     """``(seconds, bytes)``: a rough estimate of the calibration's work and of its memory (the units measured at
     once; a torchtitan or factory model is also built whole once, to cut the units from); with ``probe``, the
     runtime probe too (the whole model on two ranks, with its non-pipelined reference); with ``check_stages``, the
-    whole model measured stage by stage. ``at_size``: one block alive at a time (:func:`at_size_estimate`)."""
+    whole model measured stage by stage. ``at_size``: one block alive at a time (:func:`at_size_estimate`).
+    ``flops_per_s``: the device's measured speed in the dtype (:func:`flops_rate`); default a fixed rate."""
     if at_size:
         from ppsim.calibrate.models import ModelSource
 
         assert isinstance(config, ModelSource)
-        return at_size_estimate(config, device=device, reps=reps, warmup=warmup, probe=probe).total
+        return at_size_estimate(config, device=device, reps=reps, warmup=warmup, probe=probe,
+                                flops_per_s=flops_per_s).total
     from ppsim.calibrate.models import ModelSource
 
     if isinstance(config, ModelSource):
@@ -141,7 +151,52 @@ def estimate(config: ModelConfig | ModelSource, *, device: str, reps: int, warmu
         steps = PROBE_STEPS + PROBE_WARMUP + 1  # and the reference
         flops += steps * microbatches * 3 * model_flops
         need = max(need, source.run_bytes(num_ranks=ranks, num_microbatches=microbatches, synthetic=False))
-    return flops / (GPU_FLOPS if device == "cuda" else CPU_FLOPS), need
+    return flops / (flops_per_s or default_rate(device)), need
+
+
+def default_rate(device: str) -> float:
+    return GPU_FLOPS if device == "cuda" else CPU_FLOPS
+
+
+def flops_rate(opts: CalibrationOptions) -> float:
+    """The FLOP rate the estimates divide by: the measured one (:attr:`CalibrationOptions.speed`) or the default."""
+    return opts.speed.work_flops_per_s if opts.speed is not None else default_rate(opts.device)
+
+
+def decide_speed(opts: CalibrationOptions) -> CalibrationOptions:
+    """``opts`` with the dtype's matmul speed measured on the device (a fraction of a second; once per process and
+    shape), unless known already or the device is absent (CUDA without a GPU: refused later, in one line)."""
+    if opts.speed is not None:
+        return opts
+    import torch
+
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        return opts
+    from ppsim.calibrate.measure.speed import measure_speed
+
+    return dataclasses.replace(opts, speed=measure_speed(opts.config, opts.device))
+
+
+def speed_note(opts: CalibrationOptions, seconds: float) -> str:
+    """For a refusal over the time limit: the speed measured, and what float32 would take where it is far faster."""
+    speed = opts.speed
+    if speed is None:
+        return ""
+    note = f" (at the {gflops(speed.flops_per_s)} of {speed.dtype} matmuls measured on this {speed.device}"
+    if speed.warning() is not None:
+        note += (f", against {gflops(speed.float32_flops_per_s or 0)} in float32: --dtype float32 would take about "
+                 f"{_duration(seconds / speed.slowdown)}")
+    return note + ")"
+
+
+def gflops(flops_per_s: float) -> str:
+    from ppsim.calibrate.measure.speed import gflops as fmt
+
+    return fmt(flops_per_s)
+
+
+def _duration(seconds: float) -> str:
+    return _hours(seconds) if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 
 @dataclass(frozen=True)
@@ -166,7 +221,8 @@ class AtSizeEstimate:
         return self.seconds, self.need_bytes
 
 
-def at_size_estimate(source: ModelSource, *, device: str, reps: int, warmup: int, probe: bool) -> AtSizeEstimate:
+def at_size_estimate(source: ModelSource, *, device: str, reps: int, warmup: int, probe: bool,
+                     flops_per_s: float | None = None) -> AtSizeEstimate:
     """The blocks are measured one at a time: memory is the largest block's, time the sum of the blocks'."""
     config, est = source.config, source.estimate
     tokens, item = config.mb_size * config.seq_len, config.itemsize
@@ -200,7 +256,7 @@ def at_size_estimate(source: ModelSource, *, device: str, reps: int, warmup: int
         else:
             flops += (PROBE_STEPS + PROBE_WARMUP + 1) * microbatches * 3 * (small.num_layers * layer_flops + head_flops)
     return AtSizeEstimate(block=block, weight_bytes=weights, need_bytes=need(weights, acts, biggest), activation_bytes=acts,
-                          seconds=flops / (GPU_FLOPS if device == "cuda" else CPU_FLOPS), probe_bytes=probe_bytes)
+                          seconds=flops / (flops_per_s or default_rate(device)), probe_bytes=probe_bytes)
 
 
 def probe_source(source: ModelSource) -> ModelSource:
@@ -248,12 +304,14 @@ def decide_at_size(opts: CalibrationOptions) -> CalibrationOptions:
 
 def estimate_line(opts: CalibrationOptions) -> str:
     """The estimate ``calibrate`` prints first: memory alive at once, and time."""
-    opts = decide_at_size(opts)
+    opts = decide_speed(decide_at_size(opts))
     source = opts.model_source
     have = device_memory_bytes(opts.device)
     avail = "" if have is None else f"; {have / 2**30:.1f} GiB available"
+    rate = "" if opts.speed is None else f" ({opts.speed.describe()})"
     if opts.at_size:
-        est = at_size_estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe)
+        est = at_size_estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
+                               flops_per_s=flops_rate(opts))
         probe = "" if not est.probe_bytes else (
             f"; runtime probe on a {probe_source(source).num_layers}-layer copy: about "
             f"{abs(est.probe_bytes) / 2**30:.3g} GiB" + (" (too large here: skipped)" if est.probe_bytes < 0 else ""))
@@ -261,26 +319,36 @@ def estimate_line(opts: CalibrationOptions) -> str:
                 f"{source.estimate.param_bytes / 2**30:,.4g} GiB, is never materialised): the largest, the {est.block} "
                 f"({est.weight_bytes / 2**30:.3g} GiB of weights), needs about {est.need_bytes / 2**30:.3g} GiB with "
                 f"its gradients and activations (microbatch {opts.config.mb_size}x{opts.config.seq_len}){probe}; "
-                f"about {_hours(est.seconds) if est.seconds >= 3600 else f'{est.seconds / 60:.1f} min'} on "
-                f"{opts.device}{avail}")
+                f"about {_duration(est.seconds)} on {opts.device}{rate}{avail}")
     seconds, need = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
-                             check_stages=opts.check_stages)
-    took = _hours(seconds) if seconds >= 3600 else f"{seconds / 60:.1f} min"
-    return f"estimate: about {need / 2**30:.3g} GiB, about {took} on {opts.device}{avail}"
+                             check_stages=opts.check_stages, flops_per_s=flops_rate(opts))
+    return f"estimate: about {need / 2**30:.3g} GiB, about {_duration(seconds)} on {opts.device}{rate}{avail}"
 
 
 def check_limits(opts: CalibrationOptions) -> None:
-    """Refuse, in one line with the estimate, a calibration this machine cannot hold or finish in an hour."""
+    """Refuse, in one line with the estimate, a calibration this machine cannot hold or finish in an hour (or
+    whose options cannot go together)."""
+    opts = decide_at_size(opts)
+    if opts.at_size and opts.check_stages:  # not liftable: nothing would measure the stages
+        why = (f"--tp {opts.tensor_parallel_degree} measures" if opts.tensor_parallel_degree > 1 else
+               "this model does not fit whole, so it is measured")
+        raise PPSimError(f"--check-stages: {why} at size, one block at a time, and never builds a stage whole to "
+                         "check the composition against; drop --check-stages")
     if opts.override_limits:
         return
     from ppsim.calibrate.models import fmt_count
+    from ppsim.sharing import host_cores
 
-    opts = decide_at_size(opts)
+    tp, cores = opts.tensor_parallel_degree, host_cores()
+    if opts.device == "cpu" and tp > MAX_REAL_RANKS_PER_CORE * cores:
+        raise PPSimError(f"--tp {tp}: {tp} computing processes on {cores} CPU core(s) (limit "
+                         f"{MAX_REAL_RANKS_PER_CORE} per core); timings would say little; use a smaller --tp, "
+                         "calibrate on a larger host, or pass --allow-large")
     source = opts.model_source
     if opts.at_size:
         return check_at_size(opts)
-    seconds, need = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
-                             check_stages=opts.check_stages)
+    _, need = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
+                       check_stages=opts.check_stages)
     shape = (f"{fmt_count(source.num_params)} parameters ({source.estimate.param_bytes / 2**30:.3g} GiB), "
              f"{opts.config.layers:,} layers, hidden {opts.config.hidden}, vocab {opts.config.vocab}, "
              f"microbatch {opts.config.mb_size}x{opts.config.seq_len}")
@@ -293,10 +361,14 @@ def check_limits(opts: CalibrationOptions) -> None:
             f"{have / 2**30:.1f} GiB is available{whole}; lower --layers, --seq-len or --mb-size, use a smaller "
             "model, or pass --allow-large"
         )
+    opts = decide_speed(opts)  # memory first: a refusal of it needs no torch
+    seconds, _ = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
+                          check_stages=opts.check_stages, flops_per_s=flops_rate(opts))
     if seconds > MAX_CALIBRATION_S:
         raise PPSimError(
             f"calibrating the {name} model ({shape}) on {opts.device} would take about "
-            f"{_hours(seconds)} (limit {MAX_CALIBRATION_S / 3600:g} h){whole}; lower --layers, --seq-len or --reps, "
+            f"{_hours(seconds)}{speed_note(opts, seconds)} (limit {MAX_CALIBRATION_S / 3600:g} h){whole}; lower "
+            "--layers, --seq-len or --reps, "
             "use a smaller model, calibrate on a GPU, or pass --allow-large"
         )
 
@@ -309,23 +381,27 @@ def check_at_size(opts: CalibrationOptions) -> None:
     have = device_memory_bytes(opts.device)
     cfg = opts.config
     if have is not None and est.need_bytes > MEMORY_SHARE * have:
-        fits = _what_fits(source, budget=MEMORY_SHARE * have) if est.block == "layer" else (
+        fits = _what_fits(source, budget=MEMORY_SHARE * have, device=opts.device) if est.block == "layer" else (
             f"the {est.block} is measured whole (its vocab x hidden weight): use a device with more memory")
         raise PPSimError(
             f"one {est.block} of {source.text} ({est.weight_bytes / 2**30:.3g} GiB of weights) needs about "
             f"{est.need_bytes / 2**30:.3g} GiB alone (weights, gradients, activations of microbatch "
             f"{cfg.mb_size}x{cfg.seq_len}) but {have / 2**30:.1f} GiB is available on {opts.device}; {fits}, "
             "or pass --allow-large")
+    opts = decide_speed(opts)  # memory first: a refusal of it needs no torch
+    est = at_size_estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
+                           flops_per_s=flops_rate(opts))
     if est.seconds > MAX_CALIBRATION_S:
         raise PPSimError(
-            f"calibrating {source.text} at size on {opts.device} would take about {_hours(est.seconds)} (limit "
-            f"{MAX_CALIBRATION_S / 3600:g} h); lower --reps, --warmup or --seq-len, calibrate on a GPU, or pass "
-            "--allow-large")
+            f"calibrating {source.text} at size on {opts.device} would take about {_hours(est.seconds)}"
+            f"{speed_note(opts, est.seconds)} (limit {MAX_CALIBRATION_S / 3600:g} h); lower --reps, --warmup or "
+            "--seq-len, calibrate on a GPU, or pass --allow-large")
 
 
-def _what_fits(source: ModelSource, *, budget: float) -> str:
-    """What would let one block fit in ``budget`` bytes: a shorter sequence (activations) or a tensor-parallel
-    degree (weights split over T ranks)."""
+def _what_fits(source: ModelSource, *, budget: float, device: str = "cuda") -> str:
+    """What would let one block fit in ``budget`` bytes: a shorter sequence (activations) or, on GPUs, a
+    tensor-parallel degree (weights split over T ranks, each on a GPU of its own; on CPU the T local ranks share
+    the host's memory, so no degree lowers it)."""
     est, cfg = source.estimate, source.config
     item = cfg.itemsize
     weights = 2 * est.largest_layer_param_bytes + min(est.largest_tensor_bytes or 0, est.largest_layer_param_bytes) * (
@@ -336,11 +412,14 @@ def _what_fits(source: ModelSource, *, budget: float) -> str:
         while seq > 1 and weights + acts * (seq / cfg.seq_len) ** 2 > budget:
             seq //= 2
         return f"--seq-len {seq} would fit"
+    if device == "cpu":
+        return ("its weights alone do not fit, and --tp does not lower that here (its local ranks share this host's "
+                "memory); use a host with more memory, or GPUs with --tp")
     heads = cfg.heads
     for tp in (2, 4, 8, 16, 32, 64):
         if heads % tp == 0 and weights / tp + acts < budget:
-            return (f"a tensor-parallel degree of {tp} would fit (its layer split over {tp} ranks: "
-                    f"--parallelism.tensor_parallel_degree {tp}), or a device with more memory")
+            return (f"a tensor-parallel degree of {tp} would fit (its layer split over {tp} GPUs: --tp {tp}), or "
+                    "a device with more memory")
     return "no tensor-parallel degree up to 64 fits; use a device with more memory"
 
 
@@ -479,6 +558,7 @@ def calibrate(opts: CalibrationOptions, *, log: Callable[[str], None] | None = N
 
     opts = decide_at_size(opts)
     check_limits(opts)
+    opts = decide_speed(opts)
     torch_adapter.check()
     started = time.perf_counter()
     distributed = launch.torchrun_world_size() >= 2
@@ -555,7 +635,7 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
         if opts.check_stages:
             todo += check_units(opts)
         log("measuring " + ", ".join(u.name for u in todo) + f" ({opts.reps} interleaved repetitions)")
-        for unit, fields in zip(todo, measure_units(opts, todo, device)):
+        for unit, fields in zip(todo, measure_units(opts, todo, device, log=log)):
             rec.add_unit(unit.name, fields)
         rec.compose(opts)
         rec.finish("units")
@@ -666,7 +746,7 @@ def measure_at_size(opts: CalibrationOptions, rec: Recorder, device: Any, *, log
 
             fields = measure_unit_tp(opts, unit)
         else:
-            (fields,) = measure_units(opts, [unit], device, random_weights=True, fresh_grads=fresh)
+            (fields,) = measure_units(opts, [unit], device, random_weights=True, fresh_grads=fresh, log=log)
         rec.add_unit(unit.name, fields)
         rec.save()
         gc.collect()
@@ -678,21 +758,26 @@ def measure_at_size(opts: CalibrationOptions, rec: Recorder, device: Any, *, log
             f"({time.perf_counter() - started:.0f} s)")
 
 
-def measure_units(opts: CalibrationOptions, units: list[Any], device: Any, *,
-                  random_weights: bool = False, fresh_grads: bool = False) -> list[dict[str, Any]]:
-    """Timings (F, B, I, W, FB samples, repetitions interleaved across units), memory and sizes of each unit."""
+def measure_units(opts: CalibrationOptions, units: list[Any], device: Any, *, random_weights: bool = False,
+                  fresh_grads: bool = False, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Timings (F, B, I, W, FB samples, repetitions interleaved across units), memory and sizes of each unit; a
+    measurement that takes more than a few seconds reports each pass on ``log``."""
     from ppsim.calibrate.measure import harness
+    from ppsim.calibrate.measure.interrupt import prompt_interrupt
 
     what = "the weights"
     source = opts.model_source
     try:
-        benches = [harness.StageBench(opts.config, opts.num_stages, 1, device=device, seed=opts.seed, unit=u,
-                                      source=source, random_weights=random_weights, fresh_grads=fresh_grads)
-                   for u in units]
-        what = "timings"
-        timings = harness.measure_interleaved(benches, warmup=opts.warmup, reps=opts.reps)
-        what = "memory"
-        memories = [bench.measure_memory() for bench in benches]
+        with prompt_interrupt(interrupted_line(opts.output)):  # a Ctrl-C inside one long torch operation too
+            benches = [harness.StageBench(opts.config, opts.num_stages, 1, device=device, seed=opts.seed, unit=u,
+                                          source=source, random_weights=random_weights, fresh_grads=fresh_grads)
+                       for u in units]
+            what = "timings"
+            progress = harness.BlockProgress([u.name for u in units], warmup=opts.warmup, reps=opts.reps,
+                                                  log=log)
+            timings = harness.measure_interleaved(benches, warmup=opts.warmup, reps=opts.reps, progress=progress)
+            what = "memory"
+            memories = [bench.measure_memory() for bench in benches]
     except Exception as exc:
         if harness.is_oom(exc):
             raise harness.oom_error(opts.config, 0, what) from None
@@ -951,13 +1036,14 @@ def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Cal
     method = old.get("method") or {}
     theirs = {"model": old.get("model"), "source": (old.get("source") or {}).get("source"),
               "stages": old.get("num_stages"), "device": old.get("device"),
-              "warmup": method.get("warmup"), "reps": method.get("reps")}
+              "warmup": method.get("warmup"), "reps": method.get("reps"),
+              "--tp": old.get("tensor_parallel_degree", 1)}
     if old.get("version") != 3 or "units" not in old:
         raise PPSimError(f"--resume: {path} is a profile of an older ppsim (version {old.get('version')}); "
                          "drop --resume to start over")
     ours = {"model": fresh["model"], "source": fresh["source"]["source"], "stages": fresh["num_stages"],
             "device": fresh["device"],
-            "warmup": opts.warmup, "reps": opts.reps}
+            "warmup": opts.warmup, "reps": opts.reps, "--tp": opts.tensor_parallel_degree}
     diff = [k for k in ours if theirs[k] != ours[k]]
     if diff:
         k = diff[0]
@@ -1044,6 +1130,15 @@ class Recorder:
             self.doc["notes"] = [*self.doc["notes"], f"stage {st['stage']} ({n} layers) composed from blocks vs "
                                  f"measured whole: {', '.join(errs)}"]
         self.save()
+
+
+def interrupted_line(output: Path) -> str:
+    """What a Ctrl-C during a calibration says: where its finished measurements are and how to go on."""
+    partial = progress_path(output)
+    if not partial.exists():
+        return f"interrupted before anything was measured; nothing written ({output} is untouched)"
+    return (f"interrupted; finished measurements are in {partial} ({output} is untouched); continue with the same "
+            "command and --resume")
 
 
 def _stderr(line: str) -> None:

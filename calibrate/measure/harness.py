@@ -35,9 +35,15 @@ from ppsim.errors import PPSimError
 from ppsim.profile import MEASURED, Block, Stat
 
 Tick = Callable[[], None]
+PassHook = Callable[[str], None]
+"""Called with a pass's name (``F``, ``B``, ``I``, ``W``, ``F&B``) as it finishes, outside every timed interval."""
 
 
 def _noop() -> None:
+    return None
+
+
+def _no_pass(name: str) -> None:
     return None
 
 
@@ -55,31 +61,40 @@ class Clock:
         if self.cuda:
             torch.cuda.synchronize()
 
-    def sections(self, fn: Callable[[Callable[[], None]], None]) -> list[float]:
-        """Run ``fn(mark)``; return the seconds between consecutive marks (start and end are marked here)."""
+    def sections(self, fn: Callable[[Callable[[], None]], None],
+                 finished: Callable[[int], None] | None = None) -> list[float]:
+        """Run ``fn(mark)``; return the seconds of each section between marks (start and end are marked here).
+        ``finished(k)`` runs once section ``k`` has ended, outside every timed interval (on CUDA: once it is
+        queued, and the last once it has run)."""
+        starts: list[Any] = []
+        ends: list[Any] = []
         if self.cuda:
-            events: list[Any] = []
-
-            def mark_cuda() -> None:
+            def stamp() -> Any:
                 event = torch.cuda.Event(enable_timing=True)
                 event.record()
-                events.append(event)
+                return event
 
             self.sync()
-            mark_cuda()
-            fn(mark_cuda)
-            mark_cuda()
-            events[-1].synchronize()
-            return [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
-        stamps: list[float] = []
+        else:
+            stamp = time.perf_counter
 
-        def mark_cpu() -> None:
-            stamps.append(time.perf_counter())
+        def mark() -> None:
+            ends.append(stamp())
+            if finished is not None:
+                finished(len(ends) - 1)
+            starts.append(stamp())
 
-        mark_cpu()
-        fn(mark_cpu)
-        mark_cpu()
-        return [b - a for a, b in zip(stamps, stamps[1:])]
+        starts.append(stamp())
+        fn(mark)
+        ends.append(stamp())
+        if self.cuda:
+            ends[-1].synchronize()
+            times = [a.elapsed_time(b) / 1e3 for a, b in zip(starts, ends)]
+        else:
+            times = [b - a for a, b in zip(starts, ends)]
+        if finished is not None:
+            finished(len(ends) - 1)
+        return times
 
 
 @dataclass
@@ -253,16 +268,17 @@ class StageBench:
         """F, B, I, W and FB samples taken in turn within every repetition (see :meth:`timing_rep`)."""
         return measure_interleaved([self], warmup=warmup, reps=reps, tick=tick)[0]
 
-    def start_timings(self) -> None:
+    def start_timings(self, on_pass: PassHook = _no_pass) -> None:
         self.module.zero_grad(set_to_none=True)
         gc.collect()
         self._pending: _Forward | None = self.forward()
+        on_pass("F")
 
     def stop_timings(self) -> None:
         self._pending = None
         self.clock.sync()
 
-    def timing_rep(self) -> list[float]:
+    def timing_rep(self, on_pass: PassHook = _no_pass) -> list[float]:
         """One repetition: F(a), B(a); an untimed F(b), then I(b), W(b); then the pair F(c) + B(pending), after
         which c is pending (one microbatch's activations stay alive across repetitions, as in a pipeline's steady
         state). Taking the five in turn means a burst of load elsewhere on the machine lands on all of them alike,
@@ -274,7 +290,7 @@ class StageBench:
             mark()
             self.backward(fwd[0])
 
-        f, b = self.clock.sections(forward_backward)
+        f, b = self.clock.sections(forward_backward, lambda k: on_pass(("F", "B")[k]))
         split = self.forward()
 
         def input_weight(mark: Callable[[], None]) -> None:
@@ -282,7 +298,7 @@ class StageBench:
             mark()
             self.backward_weight(split, groups)
 
-        i, w = self.clock.sections(input_weight)
+        i, w = self.clock.sections(input_weight, lambda k: on_pass(("I", "W")[k]))
 
         def pair(mark: Callable[[], None]) -> None:
             new = self.forward()
@@ -290,7 +306,7 @@ class StageBench:
             self.backward(self._pending)
             self._pending = new
 
-        (fb,) = self.clock.sections(pair)
+        (fb,) = self.clock.sections(pair, lambda k: on_pass("F&B"))
         return [f, b, i, w, fb]
 
     def measure_memory(self) -> MemoryResult:
@@ -366,24 +382,81 @@ class _SavedTracker:
         return sum(self.nbytes[p] for p, n in self.refs.items() if n > 0)
 
 
-def measure_interleaved(benches: list[StageBench], *, warmup: int, reps: int,
-                        tick: Tick = _noop) -> list[dict[str, list[float]]]:
+def measure_interleaved(benches: list[StageBench], *, warmup: int, reps: int, tick: Tick = _noop,
+                        progress: BlockProgress | None = None) -> list[dict[str, list[float]]]:
     """Time several benches with their repetitions interleaved (rep 1 of each, then rep 2 of each, ...), so that
     load elsewhere on the machine lands on all of them alike and differences between them (a K-layer unit against a
-    1-layer one) stay meaningful. Returns each bench's F, B, I, W and FB samples."""
+    1-layer one) stay meaningful. Returns each bench's F, B, I, W and FB samples. ``progress`` hears every pass."""
+    progress = progress or BlockProgress([b.unit.name for b in benches], warmup=warmup, reps=reps)
     for bench in benches:
-        bench.start_timings()
-    for _ in range(warmup):
+        progress.at(bench.unit.name, "the first forward")
+        bench.start_timings(progress.passed)
+    for w in range(warmup):
         for bench in benches:
-            bench.timing_rep()
+            progress.at(bench.unit.name, f"warm-up {w + 1}/{warmup}")
+            bench.timing_rep(progress.passed)
     results: list[list[list[float]]] = [[] for _ in benches]
-    for _ in range(reps):
+    for r in range(reps):
         for k, bench in enumerate(benches):
-            results[k].append(bench.timing_rep())
+            progress.at(bench.unit.name, f"repetition {r + 1}/{reps}")
+            results[k].append(bench.timing_rep(progress.passed))
         tick()
     for bench in benches:
         bench.stop_timings()
     return [{op: [r[j] for r in res] for j, op in enumerate(("F", "B", "I", "W", "FB"))} for res in results]
+
+
+PROGRESS_AFTER_S = 5.0
+"""A block measured for longer than this reports its passes."""
+PROGRESS_EVERY_S = 2.0
+"""At most one progress line this often (a pass that takes longer gets its own line)."""
+PASS_WEIGHT = {"F": 1.0, "B": 2.0, "I": 2.0, "W": 1.0, "F&B": 3.0}
+"""A pass's share of a repetition's time, for the estimate left (a backward costs two forwards; I follows an
+untimed forward)."""
+
+
+class BlockProgress:
+    """Once a block's measurement has run :data:`PROGRESS_AFTER_S`, one line per finished pass on ``log`` (at most
+    one each :data:`PROGRESS_EVERY_S`): the unit, the pass and its repetition, the time so far and the estimate left
+    (each pass left at the time it took last; one not seen yet at the time so far per :data:`PASS_WEIGHT`)."""
+
+    def __init__(self, units: list[str], *, warmup: int, reps: int, log: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.log, self.clock = log, clock
+        self.left = {(unit, name): warmup + reps + (name == "F") for unit in units for name in PASS_WEIGHT}
+        self.took: dict[tuple[str, str], float] = {}
+        self.done = 0.0
+        self.started = self.last = self.pass_started = clock()
+        self.where = ("", "")
+
+    def at(self, unit: str, phase: str) -> None:
+        self.where = (unit, phase)
+
+    def passed(self, name: str) -> None:
+        now = self.clock()
+        took, self.pass_started = now - self.pass_started, now
+        key = (self.where[0], name)
+        self.took[key] = took
+        self.left[key] = max(0, self.left.get(key, 1) - 1)
+        self.done += PASS_WEIGHT[name]
+        elapsed = now - self.started
+        if self.log is None or elapsed < PROGRESS_AFTER_S or (now - self.last < PROGRESS_EVERY_S
+                                                              and took < PROGRESS_EVERY_S):
+            return
+        self.last = now
+        unit, phase = self.where
+        self.log(f"  {unit}: {name} of {phase} done in {_span(took)}; {_span(elapsed)} so far, about "
+                 f"{_span(self.seconds_left(elapsed))} left")
+
+    def seconds_left(self, elapsed: float) -> float:
+        per_weight = elapsed / self.done if self.done else 0.0
+        return sum(n * self.took.get(key, per_weight * PASS_WEIGHT[key[1]]) for key, n in self.left.items())
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def oom_error(config: ModelConfig, stage: int, what: str) -> PPSimError:

@@ -31,7 +31,7 @@ from ppsim.cli.options import (
     VocabOpt,
 )
 from ppsim.errors import PPSimError
-from ppsim.io import check_distinct, output_file, progress_path
+from ppsim.io import check_distinct, output_file
 from ppsim.limits import check_timeout
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def calibrate_cmd(
 ) -> None:
     """Measure the model's blocks (embedding, layer, head), the per-stage overhead, p2p cost and the runtime's
     overheads on this machine; write a profile that serves any schedule and stage count."""
-    from ppsim.calibrate.measure.calibration import CalibrationOptions, check_limits
+    from ppsim.calibrate.measure.calibration import CalibrationOptions, check_limits, decide_speed
 
     notes: list[str] = []  # printed once every refusal is behind: a failing command's stderr is its error line
     stages = _checked_stages(stages, check_stages=check_stages, warmup=warmup, reps=reps, notes=notes)
@@ -122,7 +122,7 @@ def calibrate_cmd(
         override_limits=override_limits, source=source, tensor_parallel_degree=tp,
     )
     try:
-        check_limits(request)  # before torch: the estimate needs none
+        check_limits(request)  # memory before torch; then the dtype's speed here, which the time divides by (< 1 s)
     except PPSimError as exc:
         if torchtitan_config is None or seq_len is not None or config.seq_len <= 128:
             raise
@@ -132,7 +132,8 @@ def calibrate_cmd(
         from ppsim.split import default_split
 
         default_split(config.layers, stages)
-    warn(notes)
+    request = decide_speed(request)  # measured already by check_limits (unless --allow-large)
+    warn([*notes, *[line for line in [request.speed and request.speed.warning()] if line]])
     _calibrate(request)
 
 
@@ -166,13 +167,12 @@ def _checked_stages(stages: int | None, *, check_stages: bool, warmup: int, reps
 
 def _calibrate(request: Any) -> None:
     """The library call and its output (a Ctrl-C keeps what was measured)."""
-    from ppsim.calibrate.measure.calibration import calibrate
+    from ppsim.calibrate.measure.calibration import calibrate, interrupted_line
 
     try:
         doc = calibrate(request)
     except KeyboardInterrupt:
-        typer.echo(f"interrupted; finished measurements are in {progress_path(request.output)} ({request.output} is "
-                   "untouched); continue with --resume", err=True)
+        typer.echo(interrupted_line(request.output), err=True)
         raise typer.Exit(code=130) from None
     if doc is not None:
         print_profile_summary(doc)

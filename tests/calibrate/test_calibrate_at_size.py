@@ -103,20 +103,22 @@ def test_70b_at_a_short_sequence_goes_at_size_and_counts_one_block(monkeypatch: 
     cal.check_limits(opts)  # fits: nothing raised
 
 
-@pytest.mark.parametrize(("text", "opts_", "fits"), [
-    ("torchtitan:llama3/70B", ModelOptions(), r"one layer of .* --seq-len \d+ would fit"),
+@pytest.mark.parametrize(("text", "opts_", "fits", "device"), [
+    ("torchtitan:llama3/70B", ModelOptions(), r"one layer of .* --seq-len \d+ would fit", "cpu"),
     ("torchtitan:deepseek_v3/671B", ModelOptions(seq_len=128, dtype="bfloat16"),
-     r"one layer of .* a tensor-parallel degree of \d+ would fit"),
+     r"one layer of .* a tensor-parallel degree of \d+ would fit .*: --tp \d+", "cuda"),
+    ("torchtitan:deepseek_v3/671B", ModelOptions(seq_len=128, dtype="bfloat16"),  # local --tp ranks share the host
+     r"one layer of .* --tp does not lower that here", "cpu"),
     ("torchtitan:llama3/405B", ModelOptions(seq_len=128, dtype="bfloat16"),
-     "one head of .* the head is measured whole"),
+     "one head of .* the head is measured whole", "cpu"),
 ])
 def test_a_block_too_large_is_refused_naming_what_would_fit(monkeypatch: pytest.MonkeyPatch, text: str,
-                                                            opts_: ModelOptions, fits: str) -> None:
+                                                            opts_: ModelOptions, fits: str, device: str) -> None:
     from ppsim.calibrate.measure import calibration as cal
 
     monkeypatch.setattr(cal, "device_memory_bytes", lambda device: 16 * GIB)
     source = parse_model_source(text, opts_)
-    opts = cal.CalibrationOptions(output=Path("unused.json"), config=source.config, source=source)
+    opts = cal.CalibrationOptions(output=Path("unused.json"), config=source.config, source=source, device=device)
     with pytest.raises(PPSimError, match="--allow-large") as info:
         cal.check_limits(opts)
     assert re.search(fits, str(info.value)), str(info.value)

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ppsim.cli import app, main
+from ppsim.errors import OutputPathError
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[2]
@@ -281,11 +282,15 @@ def test_run_json_reaches_stdout_when_the_output_file_cannot_be_written(tmp_path
         def to_dict(self) -> dict:
             return {"schedule": "1F1B", "measured_step_s": 1.25}
 
+    def disk_filled_meanwhile(path: object, content: object, **kwargs: object) -> None:
+        raise OutputPathError(f"-o {path}: no space left on the device; free some space or choose another folder")
+
     monkeypatch.setattr(run_module, "execute", lambda options: Report())
     monkeypatch.setattr("ppsim.cli.run.print_run_summary", lambda report: None)
+    monkeypatch.setattr("ppsim.io.write_atomic", disk_filled_meanwhile)  # /dev/full itself is refused up front
     for extra in (["--json"], []):
         result = runner.invoke(app, ["run", "-s", "1F1B", "-r", "2", "-m", "2", "--synthetic", "--costs", "F=1,B=1",
-                                     "-o", "/dev/full", *extra])
+                                     "-o", str(tmp_path / "r.json"), *extra])
         assert result.exit_code == 2, result.output
         assert json.loads(result.stdout)["measured_step_s"] == 1.25
         assert "no space left" in result.stderr and "stdout" in result.stderr
