@@ -449,7 +449,7 @@ def test_calibrate_check_stages_at_size_is_refused_in_one_line_before_measuring(
 
 
 # --- item 5: the profile's newer sections -------------------------------------------------------------------------
-DEBUG_PROFILE = Path(__file__).parent / "data" / "llama3_debugmodel_s32.profile.json"
+DEBUG_PROFILE = Path(__file__).parents[1] / "data" / "llama3_debugmodel_s32.profile.json"
 
 
 @pytest.mark.torch
