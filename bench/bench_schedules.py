@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import gc
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ppsim.ir import Action, ActionType
-from ppsim.schedules import get_schedule
-from ppsim.schedules import paused_gc
+from ppsim.schedules import get_schedule, paused_gc
 
 CASES = [
     ("Interleaved1F1B", 64, 256, 2),

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import importlib.util
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 import tracemalloc
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ppsim import get_schedule, simulate
 

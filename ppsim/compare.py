@@ -9,10 +9,10 @@ with a warning. A profile is measured per stage and is used as it is.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 from enum import Enum
-from collections.abc import Set
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import CostError, PPSimError
 

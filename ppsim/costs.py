@@ -23,10 +23,10 @@ exactly ``FB``; with uniform costs and a full B it is ``FB`` for every pair.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import CostError
 from ppsim.ir import Action, ActionType, Schedule

@@ -22,7 +22,6 @@ from ppsim.errors import ScheduleFormatError
 from ppsim.io import write_atomic  # noqa: F401  (re-exported: the one atomic writer lives in ppsim.io)
 from ppsim.ir import Action, Schedule, parse_action
 
-
 _COMPUTE_TOKEN = re.compile(r"(?<![0-9A-Za-z_])[0-9]+[FBIW][0-9]*(?![0-9A-Za-z_])", re.ASCII)
 
 

@@ -17,10 +17,11 @@ import signal
 import stat
 import tempfile
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator, Union
+from typing import BinaryIO, Union
 
 from ppsim.errors import OutputPathError, SizeError
 

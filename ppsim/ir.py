@@ -8,10 +8,10 @@ The leading number is always the *global stage*, never the rank.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
-from typing import Callable, Iterator, Sequence
 
 from ppsim.errors import ScheduleConfigError, ScheduleFormatError
 

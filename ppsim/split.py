@@ -24,7 +24,6 @@ from ppsim.errors import CostError
 from ppsim.limits import MAX_STAGES
 
 
-
 class SplitError(CostError):
     """A split does not cover the model, or does not fit the schedule."""
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from ppsim.model_config import ModelConfig
 from ppsim.profile import (
-    Block, Method, P2PProfile, Probe, Profile, RuntimeOverheads, StageOverhead, StageProfile, Stat,
+    Block,
+    Method,
+    P2PProfile,
+    Probe,
+    Profile,
+    RuntimeOverheads,
+    StageOverhead,
+    StageProfile,
+    Stat,
 )
 
 LAYER = {"F": 1e-3, "B": 2e-3, "I": 1.2e-3, "W": 0.8e-3, "FB": 2.7e-3}

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppsim.ir import ActionType, Schedule
 from replay import replay as reference_replay
 from replay import unit_costs
+
+from ppsim.ir import ActionType, Schedule
 
 UNIT = {ActionType.F: 1.0, ActionType.B: 2.0, ActionType.I: 1.0, ActionType.W: 1.0}
 

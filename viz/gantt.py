@@ -20,8 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import matplotlib as mpl
 import numpy as np
-
-from ppsim.viz import _mpl  # noqa: F401  (first: imports matplotlib's figure modules quickly)
 from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
@@ -36,7 +34,11 @@ from matplotlib.transforms import Affine2D, ScaledTranslation
 
 from ppsim.io import write_atomic
 from ppsim.result import COMP_TYPES
-from ppsim.viz import _data, _text
+from ppsim.viz import (
+    _data,
+    _mpl,  # noqa: F401  (first: imports matplotlib's figure modules quickly)
+    _text,
+)
 from ppsim.viz._data import (
     COLORS,
     DIGIT_COLORS,

@@ -10,10 +10,11 @@ from __future__ import annotations
 import html
 import os
 import platform
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ppsim.io import fmt_bytes, write_atomic
 from ppsim.viz import _data

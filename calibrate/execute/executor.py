@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ppsim.errors import PPSimError
-
 from ppsim.calibrate.execute.steps import (
     Clock,
     ExecSpec,
@@ -26,6 +24,7 @@ from ppsim.calibrate.execute.steps import (
     measure_rank,
     run_in_group,
 )
+from ppsim.errors import PPSimError
 
 if TYPE_CHECKING:
     from ppsim.ir import Schedule
@@ -83,8 +82,8 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     import torch
 
     from ppsim.calibrate.execute import torch_adapter
-    from ppsim.calibrate.models.transformer import loss_fn, make_batch
     from ppsim.calibrate.execute.numerics import build_modules, reference_name
+    from ppsim.calibrate.models.transformer import loss_fn, make_batch
 
     schedule = spec.schedule
     cuda = spec.device == "cuda"

@@ -62,8 +62,8 @@ def build_modules(model: ModelConfig, num_stages: int, stages: Sequence[int], *,
                   source: ModelSource | None = None) -> dict[int, Any]:
     """The stage modules one rank holds (same weights as :func:`build_reference`), built by the model source."""
     if synthetic:
-        from ppsim.calibrate.models.transformer import DTYPES
         from ppsim.calibrate.execute.synthetic import stage_class
+        from ppsim.calibrate.models.transformer import DTYPES
 
         cls = stage_class()
         return {s: cls(model, s, num_stages, seed=seed).to(device=device, dtype=DTYPES[model.dtype]) for s in stages}
@@ -81,8 +81,8 @@ def build_reference(model: ModelConfig, num_stages: int, *, synthetic: bool, see
     if synthetic:
         import torch
 
-        from ppsim.calibrate.models.transformer import DTYPES
         from ppsim.calibrate.execute.synthetic import stage_class
+        from ppsim.calibrate.models.transformer import DTYPES
 
         cls = stage_class()
         return torch.nn.Sequential(*(cls(model, s, num_stages, seed=seed) for s in range(num_stages))).to(

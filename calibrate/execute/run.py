@@ -17,24 +17,25 @@ import os
 import shutil
 import statistics
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import PPSimError
 from ppsim.limits import MAX_REAL_RANKS_PER_CORE, MAX_SYNTHETIC_RANKS, MEMORY_SHARE  # --allow-large lifts them
+from ppsim.limits import MAX_RUN_ACTIONS as MAX_ACTIONS
 
 MAX_LOCAL_PROCESSES = 4096
 """The most local processes one run may start (-r x --dp-shard x --tp), even with --allow-large."""
-from ppsim.limits import MAX_RUN_ACTIONS as MAX_ACTIONS
 
 if TYPE_CHECKING:
     from ppsim.calibrate.execute.steps import ExecSpec, Measurement
-    from ppsim.calibrate.models import ModelSource
     from ppsim.calibrate.measure.runtime_model import RuntimeModel
+    from ppsim.calibrate.models import ModelSource
     from ppsim.costs import StageCosts
-    from ppsim.job.memory import JobShapes
     from ppsim.ir import Schedule
+    from ppsim.job.memory import JobShapes
     from ppsim.result import SimResult
 
 DEFAULT_STEPS = 5

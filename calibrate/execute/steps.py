@@ -24,8 +24,9 @@ import dataclasses
 import socket
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ppsim.calibrate.execute.numerics import GRAD_RTOL, LOSS_RTOL
 from ppsim.errors import PPSimError
@@ -33,9 +34,9 @@ from ppsim.ir import Schedule
 
 if TYPE_CHECKING:
     from ppsim.calibrate.execute.launch import RankContext
-    from ppsim.calibrate.models.transformer import ModelConfig
-    from ppsim.calibrate.models import ModelSource
     from ppsim.calibrate.execute.numerics import ReferenceCheck
+    from ppsim.calibrate.models import ModelSource
+    from ppsim.calibrate.models.transformer import ModelConfig
 
 DEFAULT_TIMEOUT_S = 600.0
 RankBody = Callable[["ExecSpec", int, int, int], "Measurement | None"]

@@ -4,7 +4,8 @@ write the profile as it goes; resume a killed calibration.
 What is measured (docs/calibration.md):
 
 1. **Units**, each built alone as a stage would be and timed the way torch's runtime runs each action
-   (:mod:`ppsim.calibrate.measure.harness`): the embedding alone, 1 layer, ``K`` layers (``K = min(4, layers)``), the head
+   (:mod:`ppsim.calibrate.measure.harness`): the embedding alone, 1 layer, ``K`` layers (``K = min(4, layers)``), the
+   head
    alone (final norm, LM head, loss). From them: a layer's cost ``L = (T_K - T_1) / (K - 1)``, the fixed per-stage
    overhead ``O = T_1 - L`` (what a stage costs beyond its blocks: hooks, the receive buffer, the output detach;
    clamped at 0), the embedding ``T_embed - O`` and the head ``T_head - O``. Per-repetition samples are combined,
@@ -17,7 +18,8 @@ What is measured (docs/calibration.md):
    sleeping the same costs; fitted into the profile's ``runtime`` section (compute scale, dispatch per
    computation, hand-off time, the receive-posting rule; ``runtime.synthetic`` for synthetic stages).
 
-The profile is a version-3 ``ppsim.profile`` (``source``, ``blocks``, ``layout``, ``stage_overhead``, ``runtime``, ``p2p``,
+The profile is a version-3 ``ppsim.profile`` (``source``, ``blocks``, ``layout``, ``stage_overhead``, ``runtime``,
+``p2p``,
 docs/profile.md) plus ``units`` (the raw unit measurements); it is rewritten atomically after every finished
 measurement and ``done`` lists what is finished (``units``, ``p2p``, ``runtime.real``, ``runtime.synthetic``), so
 ``--resume`` skips it.
@@ -255,8 +257,9 @@ def at_size_estimate(source: ModelSource, *, device: str, reps: int, warmup: int
             probe_bytes = -probe_bytes  # skipped (run_probes says so): no time
         else:
             flops += (PROBE_STEPS + PROBE_WARMUP + 1) * microbatches * 3 * (small.num_layers * layer_flops + head_flops)
-    return AtSizeEstimate(block=block, weight_bytes=weights, need_bytes=need(weights, acts, biggest), activation_bytes=acts,
-                          seconds=flops / (flops_per_s or default_rate(device)), probe_bytes=probe_bytes)
+    return AtSizeEstimate(block=block, weight_bytes=weights, need_bytes=need(weights, acts, biggest),
+                          activation_bytes=acts, seconds=flops / (flops_per_s or default_rate(device)),
+                          probe_bytes=probe_bytes)
 
 
 def probe_source(source: ModelSource) -> ModelSource:
@@ -910,7 +913,8 @@ def probe(opts: CalibrationOptions, doc: dict[str, Any], *,
     returns the fit and the (ranks, microbatches) it ran. The op costs it is compared with are the blocks just
     measured, composed by ``ppsim.costs`` as for any schedule (runtime overheads left out). A model too small to
     cut into the synthetic probe's stages is probed on the real probe's shape."""
-    from ppsim.calibrate.execute import steps, synthetic as syn
+    from ppsim.calibrate.execute import steps
+    from ppsim.calibrate.execute import synthetic as syn
     from ppsim.calibrate.measure import runtime_model as rm
     from ppsim.calibrate.torchtitan import runner as titan_run
     from ppsim.costs import CostSpec
@@ -973,9 +977,7 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
     import torch
 
     from ppsim.calibrate.execute.launch import cpu_name
-    from ppsim.calibrate.measure.harness import unit_static
-
-    from ppsim.calibrate.measure.harness import unit_of
+    from ppsim.calibrate.measure.harness import unit_of, unit_static
     from ppsim.calibrate.models import block_name_of
 
     cuda = device.type == "cuda"

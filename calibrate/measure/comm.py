@@ -5,7 +5,8 @@ round trip, so no clock needs to agree across hosts. Sizes run from a few bytes 
 ``t(n) = alpha + n / beta`` is fitted by least squares on relative errors (small and large messages count alike),
 and ``fit_rel_error`` is the root-mean-square relative residual.
 
-Without ``torchrun``, :func:`measure_local_pair` starts two local processes (:mod:`ppsim.calibrate.execute.launch`) that talk
+Without ``torchrun``, :func:`measure_local_pair` starts two local processes (:mod:`ppsim.calibrate.execute.launch`)
+that talk
 over gloo on 127.0.0.1 (or NCCL between two visible GPUs).
 """
 
@@ -66,7 +67,7 @@ def fit_alpha_beta(sizes: Sequence[int], times: Sequence[float]) -> tuple[float,
     return a, 1.0 / b, math.sqrt(sum(r * r for r in rel) / len(rel))
 
 
-# --- process groups: see ppsim.calibrate.execute.launch (re-exported here for callers of this module) -------------------------
+# --- process groups: see ppsim.calibrate.execute.launch (re-exported here for callers of this module) ----------------
 from ppsim.calibrate.execute.launch import World, free_port, init_world, torchrun_world_size  # noqa: E402,F401
 
 

@@ -11,7 +11,8 @@
   excluded) and which of them are gone once I has run; on CUDA also the caching allocator's view.
 
 Every timed sample is one action; ``warmup`` untimed repetitions come first. :meth:`StageBench.measure_timings`
-(what `ppsim calibrate` uses) takes F, B, I, W and FB in turn within each repetition. CPU times use ``time.perf_counter``; CUDA
+(what `ppsim calibrate` uses) takes F, B, I, W and FB in turn within each repetition. CPU times use
+``time.perf_counter``; CUDA
 times use events recorded around the action on the current stream, read after a synchronisation.
 """
 
@@ -29,8 +30,8 @@ import torch
 
 from ppsim.calibrate.execute.torch_adapter import backward_functions
 from ppsim.calibrate.models import ModelSource
-from ppsim.calibrate.models.transformer import DTYPES, ModelConfig, loss_fn, split_layers
 from ppsim.calibrate.models.builtin import source_for
+from ppsim.calibrate.models.transformer import DTYPES, ModelConfig, loss_fn, split_layers
 from ppsim.errors import PPSimError
 from ppsim.profile import MEASURED, Block, Stat
 

@@ -2,7 +2,8 @@
 
 Each rank (started by :func:`ppsim.calibrate.execute.launch.run_local`, gloo on CPU, nccl on GPUs) cuts the unit
 from the model built on the meta device, fills torchtitan's sharding plan with the model config's own
-``update_from_config`` (a ``ParallelismConfig`` with ``tensor_parallel_degree = T``), shards it with the model's own ``parallelize`` on a ``ParallelDims`` mesh of ``T`` ranks (what
+``update_from_config`` (a ``ParallelismConfig`` with ``tensor_parallel_degree = T``), shards it with the model's own
+``parallelize`` on a ``ParallelDims`` mesh of ``T`` ranks (what
 torchtitan's ``parallelize_llama`` calls), then allocates and initialises only its local shards (random values:
 ``normal(0, 0.02)`` weights, the model's own buffers). Every rank runs the same actions on the same microbatch, so
 the timings include the layer's TP collectives; rank 0's are recorded, with the bytes one rank holds.
@@ -73,7 +74,7 @@ def tp_stage(source: ModelSource, layer_ids: tuple[int, ...], *, has_embedding: 
 
 def _plain_init(module: Any) -> Any:
     def init() -> None:
-        for name, p in module._parameters.items():
+        for p in module._parameters.values():
             if p is not None:
                 local = getattr(p, "_local_tensor", p)
                 local.fill_(1.0) if "norm" in type(module).__name__.lower() else local.normal_(0.0, 0.02)

@@ -30,7 +30,13 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from ppsim.calibrate.models import (
-    SDPA_ON_CPU, TORCHTITAN_EXTRA, Estimate, ModelOptions, ModelSource, ModelSourceError, kinds_of,
+    SDPA_ON_CPU,
+    TORCHTITAN_EXTRA,
+    Estimate,
+    ModelOptions,
+    ModelSource,
+    ModelSourceError,
+    kinds_of,
 )
 
 if TYPE_CHECKING:

@@ -19,7 +19,12 @@ from torch.nn import functional as F
 
 from ppsim.errors import PPSimError
 from ppsim.model_config import (  # noqa: F401 - re-exported: one model config for core and calibrate
-    MODEL_FIELDS, PRESETS, TINY_VALUES, ModelConfig, get_preset, split_layers,
+    MODEL_FIELDS,
+    PRESETS,
+    TINY_VALUES,
+    ModelConfig,
+    get_preset,
+    split_layers,
 )
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

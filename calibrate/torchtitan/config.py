@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import io
 import inspect
+import io
 import logging
 import os
 import re
@@ -38,19 +38,20 @@ from ppsim.calibrate.torchtitan.split import (
     stage_module_names,
     torch_schedule_names,
 )
-from ppsim.split import SplitError, SplitSpec, resolve_split
-from ppsim.job.settings import JobSettings, is_registry_name, read_toml_settings
 from ppsim.errors import TorchtitanConfigError
-from ppsim.job.pipeline import TorchtitanJob, job_from_settings
 from ppsim.job.cache import JobCache, torchtitan_owns
 from ppsim.job.overrides import check_override_names, close_matches, override_fields_of
+from ppsim.job.pipeline import TorchtitanJob, job_from_settings
+from ppsim.job.settings import JobSettings, is_registry_name, read_toml_settings
+from ppsim.split import SplitError, SplitSpec, resolve_split
 
 _PREFIXES = ("torchtitan.models", "torchtitan.experiments", "torchtitan.experiments.rl.examples")
 __all__ = ["TorchtitanMissingError", "job_of_settings", "load_job", "load_registry_job", "read_job_settings",
            "read_registry_settings"]
 
 
-def load_job(value: str, overrides: Sequence[str] = (), *, cache: JobCache | None = None, **kwargs: Any) -> TorchtitanJob:
+def load_job(value: str, overrides: Sequence[str] = (), *, cache: JobCache | None = None,
+             **kwargs: Any) -> TorchtitanJob:
     """The pipeline of ``--torchtitan-config VALUE`` with its overrides: ``MODULE:CONFIG`` (torchtitan's config
     registry) or an older release's TOML file (read as :func:`ppsim.job.pipeline.load_torchtitan_job` reads it);
     ``kwargs`` are the command-line values that must agree (:func:`ppsim.job.pipeline.job_from_settings`).
@@ -118,7 +119,8 @@ def settings_of_config(value: str, config: Any, overrides: Sequence[str] = ()) -
     torchtitan's own command line parses them (:func:`parse_with_tyro`). Either generation of torchtitan's batch
     keys is read (:func:`ppsim.job.settings.batch_shape`)."""
     parallelism, training = _sections(value, config)
-    check_override_names(overrides, _override_fields(value, config), source=value)  # ppsim's rules: these two sections, each key once
+    # ppsim's rules: these two sections, each key once
+    check_override_names(overrides, _override_fields(value, config), source=value)
     parallelism, training = parse_with_tyro(value, parallelism, training, overrides)
     notes = _whole_config_check(config, parallelism, training) if overrides else ()
     spec = getattr(config, "model_spec", None)

@@ -23,10 +23,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ppsim.errors import PPSimError
-from ppsim.job.settings import JobSettings, OLD_KEYS, batch_keys_of, job_sizes
-from ppsim.errors import TorchtitanConfigError
+from ppsim.errors import PPSimError, TorchtitanConfigError
 from ppsim.job.pipeline import TorchtitanJob
+from ppsim.job.settings import OLD_KEYS, JobSettings, batch_keys_of, job_sizes
 
 if TYPE_CHECKING:
     from ppsim.calibrate.models import ModelOptions, ModelSource

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 from ppsim.errors import PPSimError
 
 if TYPE_CHECKING:
+    from ppsim.calibrate.execute.numerics import ReferenceCheck
     from ppsim.calibrate.execute.steps import ExecSpec, Measurement, Runner
     from ppsim.calibrate.models import ModelSource
-    from ppsim.calibrate.execute.numerics import ReferenceCheck
     from ppsim.ir import Schedule
 
 TITAN_NOTE = "stages and schedule built by torchtitan's pipeline helpers"

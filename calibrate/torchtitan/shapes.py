@@ -16,10 +16,11 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from ppsim.job.memory import BlockShapes, JobShapes
-from ppsim.job.degrees import Degrees, check_degrees
 from ppsim.calibrate.torchtitan.config import converters_set_aside
 from ppsim.errors import JobMemoryError
+from ppsim.job.degrees import Degrees, check_degrees
+from ppsim.job.memory import BlockShapes, JobShapes
+
 
 def trainer_config(value: str) -> Any:
     """The ``Trainer.Config`` of ``MODULE:CONFIG`` (converters set aside by the caller)."""

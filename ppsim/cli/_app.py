@@ -9,7 +9,6 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption, _click
 
-
 _PYDANTIC = object()
 """What :func:`plain_value` returns for a value only typer's pydantic adapter can convert."""
 

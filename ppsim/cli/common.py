@@ -5,11 +5,11 @@ from __future__ import annotations
 import errno
 import functools
 import gc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from ppsim.costs import CostSpec
     from ppsim.io import MemoryCap
     from ppsim.ir import Schedule
-    from ppsim.result import SimResult
     from ppsim.job.cache import JobCache
     from ppsim.job.pipeline import TorchtitanJob
+    from ppsim.result import SimResult
 
 F = TypeVar("F", bound=Callable[..., Any])
 

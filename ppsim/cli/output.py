@@ -32,7 +32,7 @@ def print_schedules(*, json_out: bool) -> None:
     """`ppsim list`: every schedule with its stages per rank, constraints and description, as a table or JSON."""
     from ppsim.schedules import all_specs
 
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "name": s.name,
             "aliases": list(s.aliases),

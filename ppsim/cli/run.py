@@ -73,8 +73,9 @@ RunProfileOpt = Annotated[
 ]
 ProfileOutOpt = Annotated[
     Optional[Path],
-    typer.Option("--profile-out", parser=output_file, help="Without --profile: keep the calibration made first here (default: "
-                 "next to -o as NAME.profile.json; an existing file is never replaced)."),
+    typer.Option("--profile-out", parser=output_file,
+                 help="Without --profile: keep the calibration made first here (default: next to -o as "
+                 "NAME.profile.json; an existing file is never replaced)."),
 ]
 RunSplitOpt = Annotated[
     Optional[str],
@@ -95,7 +96,8 @@ RunOutputOpt = Annotated[
     Optional[Path], typer.Option("--output", "-o", parser=output_file, help="Write the run JSON here.")
 ]
 PlotOpt = Annotated[
-    Optional[Path], typer.Option("--plot", parser=output_file, help="Measured timeline above the predicted one: .png/.svg/.pdf/.html.")
+    Optional[Path], typer.Option("--plot", parser=output_file,
+                                 help="Measured timeline above the predicted one: .png/.svg/.pdf/.html.")
 ]
 SyntheticOpt = Annotated[
     bool, typer.Option("--synthetic", help="Stages sleep their cost instead of computing (exact gradients).")
@@ -250,6 +252,10 @@ def job_request(request: RunOptions, torchtitan_config: str, overrides: list[str
                      split=request.split, layers_per_stage=request.layers_per_stage, device=device,
                      allow_large=request.override_limits)
     warn(job.notes)
+    job_tp = job.job.tensor_parallel_degree
+    if job_tp != request.tp:  # run executes its own --tp/--dp-shard, never silently the job's degree
+        warn([f"warning: the job's tensor_parallel_degree is {job_tp}; this run executes --tp {request.tp} (pass "
+              f"--tp {job_tp} to run the job's)"])
     return job, replace(
         request, schedule=job.schedule, num_ranks=job.num_ranks, num_microbatches=job.num_microbatches,
         num_stages_per_rank=job.stages_per_rank, source=job.source, layers_per_stage=None,

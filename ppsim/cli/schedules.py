@@ -16,10 +16,8 @@ from ppsim.cli.common import (
     run_simulation,
     user_errors,
 )
-from ppsim.cli.output import print_schedules
 from ppsim.cli.options import (
     AllowLargeOpt,
-    output_file,
     CostScopeOpt,
     CostsOpt,
     DirectionsOpt,
@@ -32,9 +30,12 @@ from ppsim.cli.options import (
     ScheduleOpt,
     SplitOpt,
     VOpt,
+    output_file,
 )
+from ppsim.cli.output import print_schedules
 from ppsim.errors import PPSimError
 from ppsim.io import check_writable
+
 
 # --- list / show / validate / export ----------------------------------------------------------------------------
 @app.command("list")

@@ -9,8 +9,7 @@ import typer
 
 from ppsim.cli._app import app
 from ppsim.cli.common import build_costs, check_outputs_apart, console, echo_json, user_errors
-from ppsim.cli.options import (AllowLargeOpt, CostScopeOpt, CostsOpt, JsonOpt, ProfileOpt, RecomputeOpt,
-                               output_file)
+from ppsim.cli.options import AllowLargeOpt, CostScopeOpt, CostsOpt, JsonOpt, ProfileOpt, RecomputeOpt, output_file
 from ppsim.errors import PPSimError
 from ppsim.io import MemoryCap, check_writable, fmt_bytes
 from ppsim.search.choices import SEARCH_NAME, Placement, Solver

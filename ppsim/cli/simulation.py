@@ -26,7 +26,6 @@ from ppsim.cli.common import (
 from ppsim.cli.options import (
     JOB_CONTEXT,
     AllowLargeOpt,
-    output_file,
     CostScopeOpt,
     CostsOpt,
     DirectionsOpt,
@@ -42,6 +41,7 @@ from ppsim.cli.options import (
     SplitOpt,
     TorchtitanConfigOpt,
     VOpt,
+    output_file,
 )
 from ppsim.errors import PPSimError
 from ppsim.io import check_writable, fmt_bytes, parse_memory_cap, release_unused, reserve_new

@@ -1,5 +1,6 @@
 """Each pipeline rank's memory for a whole torchtitan job (PP x FSDP x TP), from the model's shapes, and the verdict
-against a device's capacity. Plain data and arithmetic: the shapes come from ``ppsim.calibrate.torchtitan.shapes`` (which
+against a device's capacity. Plain data and arithmetic: the shapes come from ``ppsim.calibrate.torchtitan.shapes``
+(which
 builds the model on the meta device and shards it with torchtitan's own parallelize on a fake process group).
 
 What a rank holds, as torchtitan 0.3.0 trains under PP (``parallelize_llama`` / ``apply_fsdp_to_decoder``, torch
@@ -34,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import JobMemoryError
-from ppsim.job.degrees import Degrees
 from ppsim.ir import ActionType, Schedule
+from ppsim.job.degrees import Degrees
 
 if TYPE_CHECKING:
     from ppsim.result import SimResult
@@ -305,8 +306,8 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
     sharded = sum(stages[s].sharded for s in own)
     m = schedule.num_microbatches
     module_buffers = sum(stages[s].buffers for s in own)
-    buffers = module_buffers + sum(m * shapes.boundary_bytes * ((schedule.prev_stage(s) is not None) + (schedule.next_stage(s)
-                                                                                      is not None)) for s in own)
+    directions = [(schedule.prev_stage(s) is not None) + (schedule.next_stage(s) is not None) for s in own]
+    buffers = module_buffers + sum(m * shapes.boundary_bytes * d for d in directions)
     # a first stage's I does nothing (torch skips it; its W is the whole backward)
     comps = [(c, str(a)) for a in schedule.actions[rank] for c in a.computations
              if not (c.type is ActionType.I and stages[c.stage].first)]
@@ -356,9 +357,9 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
     consider(0, 0, "the step's end")
     end = ((2 + shapes.optimizer_states) * sharded * master + buffers + state["gathered"] + state["accum"]
            + state["act"] - state["sent"])
-    static = {"parameters": sharded * master, "optimizer": shapes.optimizer_states * sharded * master, "gradients": sharded * master,
-              "gathered_parameters": sum(stages[s].gathered for s in own) * param, "p2p_buffers": buffers - module_buffers,
-              "module_buffers": module_buffers}
+    static = {"parameters": sharded * master, "optimizer": shapes.optimizer_states * sharded * master,
+              "gradients": sharded * master, "gathered_parameters": sum(stages[s].gathered for s in own) * param,
+              "p2p_buffers": buffers - module_buffers, "module_buffers": module_buffers}
     return RankMemory(rank=rank, parts=best[1], during=best[2], cap_bytes=cap_bytes, static_bytes=static,
                       end_bytes=end, start_bytes=start,
                       over_time=tuple((d, p) for (d, p), c in zip(over_time, computes) if c))
@@ -397,7 +398,8 @@ def _no_pipeline_step(st: _Stage, kind: ActionType, *, rc: bool, dtypes: tuple[i
     """One F or B of a job without a pipeline (``pipeline_parallel_degree`` 1, FSDP applied), as torchtitan's FSDP2
     defaults run it: each ``fully_shard`` unit (the embedding, each layer) is gathered for its forward and again for
     its backward, then resharded (the norm and head stay gathered from their forward to their backward), and each
-    unit's gradient is reduce-scattered in its post-backward, so only the sharded gradients accumulate. A unit's gathered copy lives while it
+    unit's gradient is reduce-scattered in its post-backward, so only the sharded gradients accumulate. A unit's
+    gathered copy lives while it
     computes, with the next one's prefetched beside it (FSDP2's implicit prefetch): two of the largest unit. Its
     backward also holds that unit's unsharded gradient in the reduce dtype until the reduce-scatter; the sharded
     gradients (master dtype) are there from the first backward to the optimizer step, and later microbatches add

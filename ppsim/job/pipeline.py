@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from collections.abc import Sequence
 
-from ppsim.job.overrides import close_matches, shown_value
 from ppsim.errors import TorchtitanConfigError
+from ppsim.job.overrides import close_matches, shown_value
 from ppsim.job.settings import (
     DEFAULTS,
     OLD_KEYS,
@@ -248,8 +248,8 @@ def _no_pipeline(settings: JobSettings, layers: int | None, warnings: list[str])
         per_step = batch * dp[0] * dp[1]
         if given % per_step:
             raise TorchtitanConfigError(
-                f"--torchtitan-config {source}: training.global_batch_size {given} is not a multiple of local_batch_size "
-                f"{batch} x data-parallel degree {dp[0] * dp[1]} (torchtitan refuses it too); "
+                f"--torchtitan-config {source}: training.global_batch_size {given} is not a multiple of "
+                f"local_batch_size {batch} x data-parallel degree {dp[0] * dp[1]} (torchtitan refuses it too); "
                 + settings.fix("training.global_batch_size", "training.local_batch_size"))
         steps = given // per_step
     warnings.append(f"parallelism.pipeline_parallel_degree = 1: no pipeline; the step is {steps} gradient "

@@ -9,8 +9,9 @@ from __future__ import annotations
 import difflib
 import functools
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from ppsim.errors import ScheduleConfigError
 from ppsim.ir import Schedule
@@ -150,17 +151,17 @@ def _load_modules() -> None:
         return
     _LOADED = True
     from ppsim.schedules import (  # noqa: F401  (import registers)
-        gpipe,
-        one_f_one_b,
-        interleaved_1f1b,
-        looped_bfs,
-        interleaved_zero_bubble,
-        zbv,
-        dualpipev,
-        zbh,
         dualpipe,
-        v_min,
+        dualpipev,
+        gpipe,
+        interleaved_1f1b,
+        interleaved_zero_bubble,
+        looped_bfs,
+        one_f_one_b,
         v_half,
+        v_min,
+        zbh,
+        zbv,
     )
 
 

@@ -27,7 +27,7 @@ def lower_bound(problem: Problem) -> float:
     # earliest forward start and earliest backward start of every stage (microbatch 0 alone)
     ef: dict[int, float] = {}
     t = 0.0
-    for k, s in enumerate(chain):
+    for s in chain:
         ef[s] = t
         t += f[s] + problem.fwd_delay[s]
     last = chain[-1]

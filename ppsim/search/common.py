@@ -10,9 +10,10 @@ from ppsim.io import MemoryCap
 from ppsim.io import parse_memory_cap as parse
 from ppsim.ir import Schedule
 from ppsim.result import SimResult
+from ppsim.schedules._phases import v_placement
 from ppsim.search.choices import SEARCH_NAME, Placement, Solver
 from ppsim.search.listsched import Problem, make_problem
-from ppsim.schedules._phases import v_placement
+
 
 class MemoryCapError(PPSimError):
     """A memory cap is malformed, needs a profile, or is too small for any order."""

@@ -19,16 +19,15 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import chain
-from typing import Callable
 
 from ppsim.compare import resolve_scope
 from ppsim.costs import CostSpec, StageCosts, as_spec
 from ppsim.errors import PPSimError
 from ppsim.ir import Action, Schedule
 from ppsim.result import SimResult
-from ppsim.search.listsched import Problem, Rule, list_schedule
 from ppsim.schedules._phases import loop_placement, make_schedule, v_placement
 from ppsim.search import cpsat
 from ppsim.search.bounds import lower_bound, pair_saving, smallest_cap
@@ -47,6 +46,7 @@ from ppsim.search.common import (
     peak_of,
     problem_for,
 )
+from ppsim.search.listsched import Problem, Rule, list_schedule
 from ppsim.search.local import local_search
 from ppsim.search.rules import fixed_rules, mutate, pairs_help, random_rule
 from ppsim.search.seeds import loop_greedy_seeds, v_auto_seeds, v_block_seeds, v_greedy_seeds

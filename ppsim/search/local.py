@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Callable
+from collections.abc import Callable
 
+from ppsim import deps
 from ppsim.costs import StageCosts
 from ppsim.errors import PPSimError
-from ppsim import deps
 from ppsim.ir import Schedule
 from ppsim.result import SimResult
 from ppsim.search.common import MemoryCap, fits

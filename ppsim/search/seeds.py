@@ -20,10 +20,9 @@ from itertools import chain
 from ppsim.costs import StageCosts
 from ppsim.ir import Schedule
 from ppsim.result import SimResult
-from ppsim.search.listsched import Problem
 from ppsim.schedules._vshape import block_schedule, building_blocks, plain_peak
 from ppsim.search.common import MemoryCap, fits, is_v
-
+from ppsim.search.listsched import Problem
 
 MAX_SEED_RANKS = 32
 """Beyond this many ranks the family (about 60 R blocks, each reordered in O(R M)) is not tried."""

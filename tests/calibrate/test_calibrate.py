@@ -62,7 +62,12 @@ pytestmark = pytest.mark.torch
 
 from ppsim.calibrate.measure import harness  # noqa: E402
 from ppsim.calibrate.models.transformer import (  # noqa: E402
-    ModelConfig, build_full_model, build_stage_modules, loss_fn, make_batch, split_layers,
+    ModelConfig,
+    build_full_model,
+    build_stage_modules,
+    loss_fn,
+    make_batch,
+    split_layers,
 )
 
 

@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("torch")
 
+from test_run import FAST, check_run_json, invoke, write_profile  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from ppsim.cli import app  # noqa: E402
-from test_run import FAST, check_run_json, invoke, write_profile  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

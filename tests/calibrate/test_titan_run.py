@@ -125,8 +125,8 @@ def test_llama3_zbh1_runs_through_torchtitans_helpers_and_matches_the_reference(
 @pytest.mark.slow
 def test_deepseek_v3_1f1b_runs_through_torchtitans_helpers_and_matches_the_reference() -> None:
     """Dense first layer and MoE layers: every gradient, router and experts included, matches."""
-    from ppsim.calibrate.torchtitan import runner as titan_run
     from ppsim.calibrate.execute.steps import ExecSpec
+    from ppsim.calibrate.torchtitan import runner as titan_run
 
     source = small_source("torchtitan:deepseek_v3/debugmodel")
     schedule = get_schedule("1F1B", 2, 2)
@@ -184,9 +184,9 @@ def test_nccl_run_through_torchtitans_helpers(tmp_path: Path) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (the nccl path of torchtitan's helpers: one rank per GPU)")
     num_ranks = min(2, torch.cuda.device_count())
-    from ppsim.calibrate.torchtitan import runner as titan_run
     from ppsim.calibrate.execute.steps import ExecSpec
     from ppsim.calibrate.models import ModelOptions, parse_model_source
+    from ppsim.calibrate.torchtitan import runner as titan_run
 
     source = parse_model_source("torchtitan:llama3/debugmodel", ModelOptions(seq_len=64, mb_size=1), device="cuda")
     schedule = get_schedule("ZBH1", num_ranks, 4)

@@ -120,9 +120,9 @@ def test_a_command_run_alone_behaves_as_in_the_whole_app() -> None:
 def _options() -> list[tuple[Any, Any]]:
     """(context, option) for every option of every command."""
     import typer
+    from typer.core import _click
 
     from ppsim.cli import app
-    from typer.core import _click
 
     group = typer.main.get_command(app)
     pairs = []

@@ -190,7 +190,7 @@ def test_profile_freeing_more_at_i_than_held_is_refused() -> None:
     bad = make_profile(2)
     bad["stages"][1]["activation_bytes_freed_by_I"] = 10**9
     with pytest.raises(CostError, match="freed_by_I"):
-        CostSpec.from_profile(bad).tables
+        _ = CostSpec.from_profile(bad).tables
 
 
 def test_non_compute_actions_take_no_time() -> None:

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_costs import make_profile
+from test_simulate_properties import library_schedules, pair_schedules, uniform_costs
 
 from ppsim import get_schedule, parse_costs, simulate
 from ppsim.costs import CostSpec
 from ppsim.export import chrome_trace, write_chrome_trace, write_json_timeline
-from test_costs import make_profile
-from test_simulate_properties import library_schedules, pair_schedules, uniform_costs
 
 
 def _ns(x: float) -> int:

@@ -15,8 +15,17 @@ from profile_v2 import make_v2_profile, make_v3_profile
 from ppsim.costs import CostSpec, load_costs
 from ppsim.errors import CostError
 from ppsim.profile import (
-    Method, ModelInfo, P2PPair, P2PProfile, P2PSample, Profile, StageProfile, Stat, load_profile,
-    percentile, save_profile,
+    Method,
+    ModelInfo,
+    P2PPair,
+    P2PProfile,
+    P2PSample,
+    Profile,
+    StageProfile,
+    Stat,
+    load_profile,
+    percentile,
+    save_profile,
 )
 
 

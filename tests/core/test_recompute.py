@@ -10,9 +10,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from replay import replay
+from test_costs import make_profile
+from test_simulate_properties import library_schedules, pair_schedules, random_orders, runtime_costs, times
 
 from ppsim import get_schedule, simulate
-from ppsim.costs import CostSpec, ACTIVATION_PARTS, StageCosts, parse_costs
+from ppsim.costs import ACTIVATION_PARTS, CostSpec, StageCosts, parse_costs
 from ppsim.errors import CostError
 from ppsim.ir import Schedule
 from ppsim.recompute import (
@@ -24,9 +27,6 @@ from ppsim.recompute import (
     sidecar_path,
     write_sidecar,
 )
-from replay import replay
-from test_costs import make_profile
-from test_simulate_properties import library_schedules, pair_schedules, random_orders, runtime_costs, times
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -186,7 +186,7 @@ def test_interleaved_1f1b_warmup_matches_megatron(R: int, v: int, k: int) -> Non
 @given(st.integers(1, 8), st.integers(1, 4), st.integers(1, 12))
 def test_looped_bfs_runs_each_chunk_over_the_whole_batch(R: int, v: int, m: int) -> None:
     schedule = get_schedule("LoopedBFS", R, m, v)
-    for r, row in enumerate(schedule.actions):
+    for row in schedule.actions:
         forwards = [a.stage for a in row if a.type is F]
         assert forwards == sorted(forwards)  # chunk by chunk
         assert forwards_before_first_backward(row) == m * v

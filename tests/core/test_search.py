@@ -16,9 +16,9 @@ from ppsim.cli import app
 from ppsim.costs import CostSpec
 from ppsim.errors import PPSimError
 from ppsim.formats import read_csv
+from ppsim.schedules._phases import loop_placement, make_schedule, v_placement
 from ppsim.search import MemoryCap, MemoryCapError, lower_bound, parse_memory_cap, search
 from ppsim.search.listsched import Rule, list_schedule, make_problem
-from ppsim.schedules._phases import loop_placement, make_schedule, v_placement
 from ppsim.validate import validate
 
 runner = CliRunner()
@@ -263,7 +263,7 @@ def test_cpsat_polish_reaches_the_bound_on_the_zero_bubble_papers_case() -> None
 
 
 def _profile(path, num_stages: int):  # type: ignore[no-untyped-def]
-    from ppsim.profile import ModelInfo, P2PProfile, Profile, Stat, StageProfile, save_profile
+    from ppsim.profile import ModelInfo, P2PProfile, Profile, StageProfile, Stat, save_profile
 
     def stat(x: float) -> Stat:
         return Stat.from_samples([x, x, x])

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+from test_costs import make_profile
 
 import ppsim
 from ppsim import DeadlockError, get_schedule, parse_costs, simulate
@@ -14,7 +15,6 @@ from ppsim.costs import CostSpec
 from ppsim.errors import CostError, ScheduleFormatError
 from ppsim.formats import read_csv
 from ppsim.ir import Schedule, parse_action
-from test_costs import make_profile
 
 DEFAULT = dict(F=1.0, B=2.0, I=1.0, W=1.0, FB=3.0)
 

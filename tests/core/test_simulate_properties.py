@@ -13,14 +13,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from replay import replay
+from test_costs import make_profile
 
-from ppsim import DeadlockError, get_schedule, simulate
-from ppsim import deps
+from ppsim import DeadlockError, deps, get_schedule, simulate
 from ppsim.costs import CostSpec, StageCosts
 from ppsim.errors import ScheduleConfigError
 from ppsim.ir import Action, ActionType, Schedule
-from replay import replay
-from test_costs import make_profile
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from replay import replay
 from typer.testing import CliRunner
 
 from ppsim import get_schedule, simulate
@@ -14,7 +15,6 @@ from ppsim.costs import parse_costs
 from ppsim.errors import CostError
 from ppsim.ir import Action, ActionType, Schedule
 from ppsim.validate import validate
-from replay import replay
 
 F, B = ActionType.F, ActionType.B
 

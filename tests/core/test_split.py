@@ -9,10 +9,15 @@ import pytest
 from typer.testing import CliRunner
 
 from ppsim.cli import app
-
 from ppsim.errors import PPSimError
 from ppsim.split import (
-    SplitError, SplitSpec, default_split, parse_split, resolve_split, stage_blocks, stages_for_layers_per_stage,
+    SplitError,
+    SplitSpec,
+    default_split,
+    parse_split,
+    resolve_split,
+    stage_blocks,
+    stages_for_layers_per_stage,
 )
 
 

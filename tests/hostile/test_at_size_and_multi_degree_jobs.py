@@ -206,17 +206,16 @@ def test_a_rank_killed_mid_step_ends_every_process_leaves_no_file_and_is_named(t
     """The cheapest multi-process run (synthetic, 3 ranks) goes through the same launcher as PP x FSDP: one rank is
     SIGKILLed mid-step; the run ends with one line naming that rank, no process and no temporary file behind."""
     import os
+    import shutil
     import signal
     import subprocess
     import sys
+    import tempfile
     import time
 
     from processes import alive as _alive
     from processes import default_signals as _default_signals
     from processes import descendants as _descendants
-
-    import shutil
-    import tempfile
 
     # A short TMPDIR of its own: the fork server's socket path must fit AF_UNIX's 108 bytes, which pytest's
     # tmp_path under xdist (/tmp/pytest-of-USER/pytest-N/popen-gwK/<test name>0/) can exceed.

@@ -546,10 +546,10 @@ def test_run_without_a_profile_never_replaces_a_users_file(tmp_path: Path) -> No
 
 def test_the_automatic_calibration_file_is_created_new_or_refused(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from ppsim.calibrate.measure import calibration
     from ppsim.calibrate.execute import run
-    from ppsim.errors import OutputPathError
+    from ppsim.calibrate.measure import calibration
     from ppsim.calibrate.models.builtin import source_for
+    from ppsim.errors import OutputPathError
     from ppsim.model_config import get_preset
 
     def fail(*args: object, **kwargs: object) -> None:
@@ -581,8 +581,8 @@ def test_plot_without_o_never_replaces_a_file_of_its_default_name(tmp_path: Path
 def test_an_unsaved_calibration_leaves_no_temporary_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import tempfile
 
-    from ppsim.calibrate.measure import calibration
     from ppsim.calibrate.execute import run
+    from ppsim.calibrate.measure import calibration
     from ppsim.calibrate.models.builtin import source_for
     from ppsim.model_config import get_preset
 
@@ -598,10 +598,10 @@ def test_an_unsaved_calibration_leaves_no_temporary_folder(tmp_path: Path, monke
 
 def test_under_torchrun_only_rank_0_creates_the_calibration_file(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from ppsim.calibrate.measure import calibration
     from ppsim.calibrate.execute import run
-    from ppsim.cli.run import calibration_path
+    from ppsim.calibrate.measure import calibration
     from ppsim.calibrate.models.builtin import source_for
+    from ppsim.cli.run import calibration_path
     from ppsim.model_config import get_preset
 
     shared = tmp_path / "r.profile.json"

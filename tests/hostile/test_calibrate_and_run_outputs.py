@@ -185,8 +185,8 @@ def test_the_probe_is_short_and_sized_from_the_model() -> None:
     import time
 
     import torch
-    from ppsim.calibrate.measure.speed import measure_speed, probe_shape
 
+    from ppsim.calibrate.measure.speed import measure_speed, probe_shape
     from ppsim.model_config import PRESETS
 
     eight = PRESETS["8b"].replace(seq_len=32)
@@ -205,7 +205,6 @@ def test_the_estimate_divides_by_the_measured_speed_of_the_dtype(monkeypatch: py
     import re
 
     from ppsim.calibrate.measure import calibration as cal
-
     from ppsim.model_config import PRESETS
 
     config = PRESETS["tiny"].replace(dtype="bfloat16")
@@ -299,9 +298,9 @@ def test_calibrate_prints_every_pass_of_a_block_that_takes_long(tmp_path: Path,
 def test_ctrl_c_inside_a_block_keeps_the_blocks_measured_says_so_and_resume_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import typer
+
     from ppsim.calibrate.measure import calibration as cal
     from ppsim.calibrate.measure import harness
-
     from ppsim.cli.calibrate import _calibrate
     from ppsim.io import progress_path
     from ppsim.model_config import PRESETS
@@ -495,7 +494,6 @@ def test_resume_at_another_tp_degree_is_refused_instead_of_mixing_the_degrees(tm
     """A --tp 2 calibration's finished blocks are one rank's of a two-way split: resuming it at --tp 1 mixed them with
     unsharded blocks in one profile (it did, silently)."""
     from ppsim.calibrate.measure import calibration as cal
-
     from ppsim.io import progress_path
     from ppsim.model_config import PRESETS
 

@@ -323,8 +323,9 @@ def test_a_cpu_probe_whose_ranks_ran_much_slower_together_than_alone_warns_of_a_
     (seen: a 2-rank probe at 1.33-1.47 x between two quiet ones at 1.0)."""
     import dataclasses
 
-    from ppsim.profile import HostLoad
     from profile_v2 import make_v2_profile
+
+    from ppsim.profile import HostLoad
 
     base = make_v2_profile()  # compute_scale {1: 1.0, 2: 1.5}
     assert base.method is not None and base.runtime is not None

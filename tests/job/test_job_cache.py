@@ -69,7 +69,8 @@ def test_a_repeated_job_answers_from_the_cache_with_the_same_answer(tmp_path: Pa
     refused = _ppsim(typo, tmp_path)
     assert refused.returncode == 2 and "did you mean --parallelism.pipeline_parallel_degree?" in refused.stderr
     probe = ("import sys\nfrom ppsim.cli import main\nsys.argv = ['ppsim', *sys.argv[1:]]\ntry:\n    main()\n"
-             "except SystemExit:\n    pass\nprint('torchtitan' in sys.modules, 'torch' in sys.modules, file=sys.stderr)")
+             "except SystemExit:\n    pass\n"
+             "print('torchtitan' in sys.modules, 'torch' in sys.modules, file=sys.stderr)")
     env = {**os.environ, "PPSIM_CACHE_DIR": str(tmp_path)}
     loaded = subprocess.run([sys.executable, "-c", probe, *typo], capture_output=True, text=True, env=env, timeout=300)
     assert loaded.stderr.strip().splitlines()[-1] == "False False"  # refused from the kept names: nothing imported

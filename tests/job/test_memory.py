@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ppsim.cli import app
-from ppsim.job.memory import BlockShapes, JobShapes, PARTS, job_memory
-from ppsim.job.degrees import Degrees, check_degrees
 from ppsim.errors import JobMemoryError
+from ppsim.job.degrees import Degrees, check_degrees
+from ppsim.job.memory import PARTS, BlockShapes, JobShapes, job_memory
 from ppsim.schedules import load_schedule
 
 runner = CliRunner()
@@ -183,8 +183,8 @@ def test_sharded_count_equals_fsdp2_padded_shard_on_a_fake_process_group() -> No
 
 @pytest.mark.torch
 def test_tensor_parallel_shapes_are_torchtitans_colwise_and_rowwise() -> None:
-    from ppsim.calibrate.torchtitan.shapes import job_shapes
     from ppsim.calibrate.torchtitan.config import read_job_settings
+    from ppsim.calibrate.torchtitan.shapes import job_shapes
 
     settings = read_job_settings("llama3:llama3_debugmodel", [
         "--parallelism.pipeline_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",

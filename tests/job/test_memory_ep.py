@@ -11,9 +11,9 @@ from typer.testing import CliRunner, Result
 
 from ppsim.calibrate.torchtitan.shapes import _forward_linears, _layer_block, _Moe
 from ppsim.cli import app
-from ppsim.job.memory import BlockShapes
-from ppsim.job.degrees import Degrees, check_degrees
 from ppsim.errors import JobMemoryError
+from ppsim.job.degrees import Degrees, check_degrees
+from ppsim.job.memory import BlockShapes
 
 runner = CliRunner()
 

@@ -18,12 +18,12 @@ from profile_v2 import make_v2_profile
 from typer.testing import CliRunner
 
 from ppsim.cli import app
+from ppsim.errors import TorchtitanConfigError
+from ppsim.job.overrides import parse_overrides
+from ppsim.job.pipeline import job_from_settings, load_torchtitan_job
+from ppsim.job.settings import FIELD_TYPES, JobSettings, is_registry_name
 from ppsim.profile import save_profile
 from ppsim.split import SplitSpec
-from ppsim.job.settings import FIELD_TYPES, JobSettings, is_registry_name
-from ppsim.errors import TorchtitanConfigError
-from ppsim.job.pipeline import job_from_settings, load_torchtitan_job
-from ppsim.job.overrides import parse_overrides
 
 runner = CliRunner()
 LLAMA = "llama3:llama3_debugmodel"

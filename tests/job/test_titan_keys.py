@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ppsim.cli import app
-from ppsim.job.settings import JobSettings, NEW_KEYS, OLD_KEYS
 from ppsim.errors import TorchtitanConfigError
 from ppsim.job.pipeline import job_from_settings
+from ppsim.job.settings import NEW_KEYS, OLD_KEYS, JobSettings
 
 runner = CliRunner()
 

@@ -20,7 +20,7 @@ from ppsim.calibrate.torchtitan.split import (  # noqa: E402
     stage_module_names,
 )
 from ppsim.schedules import get_schedule  # noqa: E402
-from ppsim.split import SplitError, default_split, stages_for_layers_per_stage, stage_blocks  # noqa: E402
+from ppsim.split import SplitError, default_split, stage_blocks, stages_for_layers_per_stage  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

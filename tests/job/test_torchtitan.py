@@ -10,10 +10,10 @@ from profile_v2 import make_v2_profile
 from typer.testing import CliRunner
 
 from ppsim.cli import app
-from ppsim.profile import save_profile
-from ppsim.split import SplitSpec
 from ppsim.errors import TorchtitanConfigError
 from ppsim.job.pipeline import load_torchtitan_job
+from ppsim.profile import save_profile
+from ppsim.split import SplitSpec
 
 
 def toml(tmp_path: Path, parallelism: str, training: str = "local_batch_size = 8", name: str = "job.toml") -> Path:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
+from viz_helpers import profile_like_costs
 
 from ppsim.costs import StageCosts, parse_costs
 from ppsim.formats import read_csv
@@ -19,7 +20,6 @@ from ppsim.schedules import get_schedule
 from ppsim.simulator import simulate
 from ppsim.viz import gantt, plot_to_file
 from ppsim.viz._data import cells as cells_of
-from viz_helpers import profile_like_costs
 
 ORANGE, GREEN, BLUE = "#f1b238", "#7fd650", "#77befa"
 KIND_COLOR = {"F": ORANGE, "B": GREEN, "I": GREEN, "W": BLUE}
@@ -388,7 +388,7 @@ def test_profile_costs_give_a_bytes_panel_with_the_cap():
     assert peaks == pytest.approx([p.peak_memory_bytes / 2**30 for p in result.per_rank])
     assert any(ln.get_label() == "cap" and ln.get_ydata()[0] == pytest.approx(9) for ln in mem_ax.lines)
     widths = Counter()
-    for x0, x1, y in rect_bounds(collection(fig, "cells:F")):
+    for x0, x1, _ in rect_bounds(collection(fig, "cells:F")):
         widths[round(x1 - x0, 6)] += 1
     assert len(widths) > 1  # forward cells as wide as their stage's cost, not one size
 

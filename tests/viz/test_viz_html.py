@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from viz_helpers import profile_like_costs
 
 from ppsim.costs import parse_costs
 from ppsim.formats import read_csv
@@ -17,7 +18,6 @@ from ppsim.ir import ActionType
 from ppsim.schedules import get_schedule
 from ppsim.simulator import simulate
 from ppsim.viz import interactive, plot_to_file, report
-from viz_helpers import profile_like_costs
 
 ORANGE, GREEN, BLUE = "#F1B238", "#7FD650", "#77BEFA"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_viz import collection, rect_bounds
 
 from ppsim.costs import parse_costs
 from ppsim.recompute import RecomputeSet
@@ -11,7 +12,6 @@ from ppsim.schedules import get_schedule
 from ppsim.simulator import simulate
 from ppsim.viz import gantt, interactive
 from ppsim.viz._data import RECOMPUTE_LABEL, cells
-from test_viz import collection, rect_bounds
 
 CHOSEN = RecomputeSet.of([(0, 0), (1, 3), (2, 2), (3, 5)])
 
