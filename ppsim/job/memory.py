@@ -309,9 +309,10 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
     directions = [(schedule.prev_stage(s) is not None) + (schedule.next_stage(s) is not None) for s in own]
     buffers = module_buffers + sum(m * shapes.boundary_bytes * d for d in directions)
     # a first stage's I does nothing (torch skips it; its W is the whole backward)
-    comps = [(c, str(a)) for a in schedule.actions[rank] for c in a.computations
+    # communication actions (FSDP's UNSHARD/REDUCE_GRAD in a lowered step) hold nothing of their own here
+    comps = [(c, str(a)) for a in schedule.actions[rank] if a.is_compute for c in a.computations
              if not (c.type is ActionType.I and stages[c.stage].first)]
-    owner = [pos for pos, a in enumerate(schedule.actions[rank]) for c in a.computations
+    owner = [pos for pos, a in enumerate(schedule.actions[rank]) if a.is_compute for c in a.computations
              if not (c.type is ActionType.I and stages[c.stage].first)]
     backward = (ActionType.B, ActionType.W)
     firsts: dict[tuple[int, ActionType], int] = {}
@@ -344,7 +345,7 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
 
     start = held()
     over_time = [[0, 0] for _ in schedule.actions[rank]]  # per action: (change when it ends, its high - before)
-    computes = [bool(a.computations) for a in schedule.actions[rank]]
+    computes = [a.is_compute for a in schedule.actions[rank]]
     before = start
     for i, (c, label) in enumerate(comps):
         pos = owner[i]
@@ -413,7 +414,7 @@ def _no_pipeline_step(st: _Stage, kind: ActionType, *, rc: bool, dtypes: tuple[i
         consider(st.fwd_transient + units, saved, label)
         state["act"] += saved + st.output
         return
-    assert kind is ActionType.B, "a job without a pipeline runs full backwards (1F1B on one rank)"
+    assert kind is ActionType.B, f"a job without a pipeline runs full backwards (1F1B on one rank), not {kind}"
     grads = st.sharded * master if first_backward else 0
     held, _, transient = st.backward_high
     recomputed = st.saved - st.kept if rc else 0
@@ -478,7 +479,7 @@ def with_job_memory(result: SimResult, memory: Sequence[RankMemory]) -> SimResul
     for m, row in zip(memory, result.schedule.actions):
         entries = iter(m.over_time)
         for action in row:
-            d, p = next(entries, (0, 0)) if action.computations else (0, 0)
+            d, p = next(entries, (0, 0)) if action.is_compute else (0, 0)
             delta.append(d)
             plus.append(p)
     cap = next((m.cap_bytes for m in memory), None)

@@ -133,3 +133,23 @@ def test_a_job_without_a_pipeline_regathers_units_and_holds_only_sharded_gradien
                        "other": head + units + 40 * 4}  # and one unit's unsharded float32 gradient
     assert m.during == "0B0" and m.peak_memory_bytes == 1144
     assert m.end_bytes == 16 * sharded  # parameters, AdamW's two states and the sharded gradients
+
+
+@pytest.mark.parametrize("name", ["1F1B", "Interleaved1F1B", "ZBH1", "DualPipeV"])
+def test_fsdps_communication_actions_hold_nothing_in_the_count(name: str) -> None:
+    """A step lowered with FSDP's UNSHARD / REDUCE_GRAD actions (what `simulate --torchtitan-config --profile` judges
+    at dp_shard > 1) has the count of the plain order: a REDUCE_GRAD is not a weight backward freeing activations
+    (plan, which judges the plain order, and simulate once disagreed by up to 1 % on a 64-GPU job)."""
+    from ppsim.fsdp import lower
+
+    schedule = load_schedule(name, 2, 4)
+    modules = _modules(schedule.num_stages, 2)
+    shapes = _shapes(2 * schedule.num_stages, 1000, sends_held=False)
+    lowered = lower(schedule, gather_s=[1.0] * schedule.num_stages, reduce_s=[1.0] * schedule.num_stages).schedule
+    assert sum(map(len, lowered.actions)) > sum(map(len, schedule.actions))  # it holds communication actions
+    plain = job_memory(shapes, degrees=Degrees(pp=2, dp_shard=4), schedule=schedule, stage_modules=modules)
+    step = job_memory(shapes, degrees=Degrees(pp=2, dp_shard=4), schedule=lowered, stage_modules=modules)
+    assert [m.parts for m in step] == [m.parts for m in plain] and [m.end_bytes for m in step] == \
+        [m.end_bytes for m in plain]
+    result = with_job_memory(simulate(lowered), step)
+    assert [s.peak_memory_bytes for s in result.per_rank] == [m.peak_memory_bytes for m in plain]
