@@ -83,9 +83,24 @@ def command_started() -> float:
     return _STARTED[0] if _STARTED else time.monotonic()
 
 
+_MAIN_CALLS = [0]
+"""How many times :func:`main` ran in this process: only the first counts from the process's start (a test runner's
+process calls it again and again)."""
+
+
 def main() -> None:
     """Console entry point: parse errors, OS errors, an unencodable terminal and Ctrl-C each become one line."""
-    _STARTED[:] = [process_started()]
+    import time
+
+    _STARTED[:] = [process_started() if _MAIN_CALLS[0] == 0 else time.monotonic()]
+    _MAIN_CALLS[0] += 1
+    try:
+        _main()
+    finally:
+        _STARTED.clear()  # a command called in-process afterwards counts from its own start
+
+
+def _main() -> None:
     _tolerate_any_encoding()
     if len(sys.argv) == 1:
         sys.argv.append("--help")

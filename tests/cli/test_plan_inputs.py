@@ -99,3 +99,17 @@ def test_plan_counts_its_time_limit_from_when_the_process_started(monkeypatch: p
     assert "Error: --time-limit 50: ran out after " in result.stderr
     assert "before any candidate was judged (start-up and reading the job took that long)" in result.stderr
     assert "the limit, not the memory cap, stopped the plan" in result.stderr and "Traceback" not in result.output
+
+
+def test_a_command_run_in_process_after_main_counts_from_its_own_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`main()` counts the first command from the process's start; once it returns, a command called in-process (a
+    test runner's worker, long started) counts from its own start, so its time limit is not spent before it begins."""
+    import sys
+    import time
+
+    from ppsim.cli import command_started, main
+
+    monkeypatch.setattr(sys, "argv", ["ppsim", "--version"])
+    with pytest.raises(SystemExit):
+        main()
+    assert abs(command_started() - time.monotonic()) < 1.0
