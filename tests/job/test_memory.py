@@ -251,7 +251,7 @@ def test_plan_with_a_profile_counts_the_training_job_and_with_memory_as_run_equa
 
     path = DATA / "llama3_debugmodel_s32_mem.profile.json"
     job = ["plan", "--torchtitan-config", "llama3:llama3_debugmodel", "--training.seq_len", "32", "--gpus", "2",
-           "--profile", str(path), "--time-limit", "60", "--json"]
+           "--profile", str(path), "--time-limit", "25", "--json"]
     trained = runner.invoke(app, [*job, "--memory-cap", "1GiB"])
     assert trained.exit_code == 0, trained.output
     data = json.loads(trained.stdout)

@@ -374,7 +374,7 @@ def test_the_best_candidates_memory_per_rank_equals_simulates_for_its_overrides(
 def test_a_profile_times_the_candidates_it_covers_in_seconds() -> None:
     pytest.importorskip("torchtitan")
     data = _json([*DEBUG, "--training.seq_len", "32", "--gpus", "2", "--gpus-per-node", "1", "--memory-cap",
-                  "1GiB", "--time-limit", "60", "--profile", str(DATA / "llama3_debugmodel_s32.profile.json")])
+                  "1GiB", "--time-limit", "25", "--profile", str(DATA / "llama3_debugmodel_s32.profile.json")])
     best = data["candidates"][data["best"]]
     assert best["step_s"] > 0 and best["tokens_per_s_per_gpu"] > 0 and best["tp"] == 1
     assert "--training.seq_len 32" in " ".join(best["overrides"])
