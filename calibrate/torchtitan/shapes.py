@@ -19,7 +19,7 @@ from typing import Any
 from ppsim.calibrate.torchtitan.config import converters_set_aside
 from ppsim.errors import JobMemoryError
 from ppsim.job.degrees import Degrees, check_degrees
-from ppsim.job.memory import BlockShapes, JobShapes
+from ppsim.job.memory import BlockShapes, JobShapes, receives_just_in_time
 
 
 def trainer_config(value: str) -> Any:
@@ -133,6 +133,7 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
         master_dtype=training.dtype, param_dtype=training.mixed_precision_param,
         reduce_dtype=training.mixed_precision_reduce, activation_checkpoint=ac,
         reshard_after_forward=parallelism.fsdp_reshard_after_forward == "always",
+        receives_just_in_time=receives_just_in_time(torch.__version__),
         notes=tuple(notes) + tuple(dict.fromkeys(set_aside)) + tuple(extra), **moe_fields,
     )
     return shapes, degrees
@@ -441,6 +442,7 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
              *([f"device workspace {workspace / 2**20:.1f} MiB (cuBLAS, as calibrated)"] if workspace else []))
     return JobShapes(source=source.text, blocks=blocks, tp=tp, boundary_bytes=tokens * dim * act_bytes,
                      logits_bytes=tokens * vocab_local * act_bytes, all_sends_held=True, master_dtype=cfg.dtype,
+                     receives_just_in_time=receives_just_in_time(torch.__version__),
                      param_dtype=cfg.dtype, reduce_dtype=cfg.dtype, fsdp=fsdp, optimizer_states=0, notes=notes,
                      workspace_bytes=workspace)
 

@@ -15,7 +15,8 @@ What a rank holds, as torchtitan 0.3.0 trains under PP (``parallelize_llama`` / 
   backward, which reduce-scatters them into sharded master-dtype gradients held to the step's end;
 - **other**: the gathered parameters (``mixed_precision_param``, bf16) of each stage, held from its first forward
   to its last backward (``reshard_after_forward`` is False under PP by default; ``"always"`` regathers per action),
-  torch's p2p receive buffers (one per microbatch and direction, made at set-up), and the transient inside the
+  torch's p2p receive buffers (torch <= 2.14: one per microbatch and direction, made at set-up; torch >= 2.15
+  allocates each just before its receive, :attr:`JobShapes.receives_just_in_time`), and the transient inside the
   action at the high point (a checkpointed layer's recomputed activations and the gradient workspace);
 - **activations**: saved per (stage, microbatch) from its F to its backward, per layer kind from the shapes under
   the job's activation-checkpoint mode (``none``: every saved tensor; ``full``: each layer's input only), or only
@@ -125,6 +126,12 @@ class JobShapes:
     """What the device's libraries keep allocated through the step beyond any tensor (cuBLAS's workspace per thread
     that multiplies), as calibration measured it on the device (``method.workspace_bytes``); 0 where none is seen or
     no profile says (on CUDA torch's default is 32 MiB a thread on Hopper)."""
+    receives_just_in_time: bool = False
+    """torch >= 2.15's ``PipelineStage`` (pytorch/pytorch#193872): each receive buffer is allocated just before its
+    receive and handed to the computation that consumes it, so nothing is held for the step: a received activation
+    is the stage's input, held with the microbatch's activations from its F to its backward; a received gradient
+    lives through the backward that consumes it. False: torch 2.13/2.14, which make one receive buffer per
+    microbatch and direction when the schedule prepares the stage and keep them for the whole run."""
     moe_layers: tuple[str, ...] = ()
     """The MoE layers' module names (``layers.N``: those whose config has a ``moe``), for EP's all-to-alls
     (:mod:`ppsim.ep`); empty for a dense model."""
@@ -198,6 +205,10 @@ class _Stage:
     """Its output goes to another rank by a send held to the step's end (it outlives the backward)."""
     sent_grad: int
     """Bytes of its input gradient sent to another rank by a send held to the step's end, per backward."""
+    recv_input: int
+    """A received input held from the microbatch's F to its backward (just-in-time receives; 0 at set-up)."""
+    recv_grad: int
+    """A received output gradient held through the backward that consumes it (just-in-time receives; 0 at set-up)."""
     first: bool
     """No stage before it: its input needs no gradient, so torch's ``backward_one_chunk`` skips the split backward's
     I and its W runs the whole backward."""
@@ -220,6 +231,17 @@ class _Stage:
     kept_gathered: int = 0
     """Elements of the stage's units that stay gathered from their forward to their backward without a pipeline
     (the norm and the head: torchtitan does not reshard them after forward)."""
+
+
+def receives_just_in_time(torch_version: str) -> bool:
+    """Whether torch ``torch_version``'s ``PipelineStage`` allocates each receive buffer just before its receive
+    (2.15 on, pytorch/pytorch#193872) rather than one per microbatch and direction at set-up (2.13, 2.14):
+    :attr:`JobShapes.receives_just_in_time`."""
+    release = torch_version.split("+")[0].split(".")[:2]
+    try:
+        return (int(release[0]), int("".join(ch for ch in release[1] if ch.isdigit()) or 0)) >= (2, 15)
+    except (IndexError, ValueError):
+        return False
 
 
 def _backward_high(blocks: Sequence[BlockShapes], grads: Sequence[int],
@@ -253,6 +275,8 @@ def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int, *, first
         buffers=sum(b.buffer_bytes for b in blocks), stash=sum(b.weight_grad_stash_bytes for b in blocks),
         output=shapes.logits_bytes if last and shapes.logits_bytes else shapes.boundary_bytes, first=first,
         sent_output=sent[0], sent_grad=shapes.boundary_bytes if sent[1] else 0,
+        recv_input=shapes.boundary_bytes if shapes.receives_just_in_time and not first else 0,
+        recv_grad=shapes.boundary_bytes if shapes.receives_just_in_time and not last else 0,
         backward_high=_backward_high(blocks, held, none), accumulating_high=_backward_high(blocks, none, new),
         input_high=max((sum(b.weight_grad_stash_bytes for b in blocks[j:]) + blocks[j].backward_transient_bytes
                         for j in range(len(blocks))), default=0),
@@ -307,7 +331,8 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
     m = schedule.num_microbatches
     module_buffers = sum(stages[s].buffers for s in own)
     directions = [(schedule.prev_stage(s) is not None) + (schedule.next_stage(s) is not None) for s in own]
-    buffers = module_buffers + sum(m * shapes.boundary_bytes * d for d in directions)
+    buffers = module_buffers + (0 if shapes.receives_just_in_time else
+                                sum(m * shapes.boundary_bytes * d for d in directions))
     # a first stage's I does nothing (torch skips it; its W is the whole backward)
     # communication actions (FSDP's UNSHARD/REDUCE_GRAD in a lowered step) hold nothing of their own here
     comps = [(c, str(a)) for a in schedule.actions[rank] if a.is_compute for c in a.computations
@@ -383,8 +408,9 @@ def _walk_one(shapes: JobShapes, stages: list[_Stage], c: Any, i: int, label: st
     if c.type is ActionType.F:
         if i == firsts[(s, ActionType.F)] or shapes.reshard_after_forward:
             state["gathered"] += st.gathered * param
-        consider(st.fwd_transient, saved, label)
-        state["act"] += saved + st.output
+        received = 0 if rc else st.recv_input  # a recomputed pair's kept input is the received one
+        consider(st.fwd_transient, saved + received, label)
+        state["act"] += saved + received + st.output
         if shapes.reshard_after_forward:
             state["gathered"] -= st.gathered * param
         return
@@ -442,20 +468,22 @@ def _backward_step(shapes: JobShapes, st: _Stage, kind: ActionType, *, rc: bool,
         state["gathered"] += st.gathered * param
     saved = st.kept if rc else st.saved
     recomputed = st.saved - st.kept if rc else 0
+    received = 0 if rc else st.recv_input
     if kind is ActionType.B or (kind is ActionType.W and st.first):
         held, grads, transient = st.accumulating_high if accumulating else st.backward_high
-        consider(transient, held - saved, label, grads)  # the first one's gradients counted as they come
-        state["act"] -= saved + (0 if st.sent_output else st.output) - st.sent_grad
+        # the first one's gradients counted as they come; a just-in-time received gradient lives through it
+        consider(transient + st.recv_grad, held - saved, label, grads)
+        state["act"] -= saved + received + (0 if st.sent_output else st.output) - st.sent_grad
         state["sent"] += (st.output if st.sent_output else 0) + st.sent_grad
         state["accum"] += st.gathered * reduce if first else 0
     elif kind is ActionType.I:
-        consider(st.input_high - st.stash + recomputed, st.stash, label)
+        consider(st.input_high - st.stash + recomputed + st.recv_grad, st.stash, label)
         state["act"] += st.stash + recomputed - (0 if st.sent_output else st.output) + st.sent_grad
         state["sent"] += (st.output if st.sent_output else 0) + st.sent_grad
     else:  # W: autograd.grad makes a parameter group's gradients, then each is added into the held one
         state["accum"] += st.gathered * reduce if first else 0
         consider(st.weight_grad if accumulating else 0, 0, label)
-        state["act"] -= saved + st.stash + recomputed
+        state["act"] -= saved + received + st.stash + recomputed
     if kind is not ActionType.I and last:
         state["accum"] -= st.gathered * reduce
         state["grads"] += st.sharded * master

@@ -3,6 +3,7 @@ wiring)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -381,18 +382,22 @@ def test_a_stage_sends_its_sequence_parallel_share_as_torchtitans_trainer_runs_t
 
 
 @pytest.mark.torch
-def test_p2p_buffers_are_torch_2_13s_one_receive_buffer_per_microbatch_and_direction_made_at_set_up() -> None:
-    """torch 2.13's ``PipelineStage`` makes, when its schedule prepares it, one activation receive buffer per
+def test_p2p_buffers_are_the_installed_torchs_receive_buffers() -> None:
+    """torch 2.13/2.14's ``PipelineStage`` makes, when its schedule prepares it, one activation receive buffer per
     microbatch (``_setup_forward_recv_info``; none on the first stage) and one gradient receive buffer per
     microbatch (``_setup_backward_recv_info``; none on the last), each of the boundary's shape, held for the whole
-    run. ppsim's ``p2p_buffers`` of a middle rank are those: ``m x boundary x 2``. (pytorch/pytorch#193872 and
-    #196463 would allocate them just in time; not in 2.13.)"""
+    run: ppsim's ``p2p_buffers`` of a middle rank are ``m x boundary x 2``. torch 2.15 (pytorch/pytorch#193872)
+    keeps only each receive's metadata at set-up and allocates the buffer just before the receive: nothing is held
+    for the step, and ppsim's count for that torch (``receives_just_in_time``) holds none either."""
     import torch
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining._utils import InferenceMode
 
+    from ppsim.job.memory import receives_just_in_time
+
     m, boundary = 6, (2, 8, 4)
+    just_in_time = receives_just_in_time(torch.__version__)
     dist.init_process_group("fake", rank=1, world_size=3)
     try:
         stage = PipelineStage(torch.nn.Linear(4, 4), stage_index=1, num_stages=3, device=torch.device("cpu"),
@@ -401,16 +406,46 @@ def test_p2p_buffers_are_torch_2_13s_one_receive_buffer_per_microbatch_and_direc
         stage._inference_mode = InferenceMode.STATIC  # what the schedule's vote decides with shapes given
         stage._prepare_forward_infra(m, None, has_backward=True)
         stage._prepare_backward_infra(m)
-        held = [info.buffer for infos in (*stage.args_recv_info.values(), *stage.grad_recv_info.values())
-                for info in infos if info.buffer is not None]
+        infos = [info for infos in (*stage.args_recv_info.values(), *stage.grad_recv_info.values())
+                 for info in infos]
+        held = [info.buffer for info in infos if info.buffer is not None]
+        on_demand = [info.allocate_buffer(torch.device("cpu")) for info in infos] if just_in_time else []
     finally:
         dist.destroy_process_group()
-    assert len(held) == 2 * m and all(tuple(b.shape) == boundary for b in held)
+    if just_in_time:  # 2.15: metadata for every receive, no storage until the receive is posted
+        assert held == [] and len(on_demand) == 2 * m and all(tuple(b.shape) == boundary for b in on_demand)
+    else:
+        assert len(held) == 2 * m and all(tuple(b.shape) == boundary for b in held)
     torch_bytes = sum(b.numel() * 2 for b in held)  # at the job's bf16
 
     sched = load_schedule("1F1B", 3, m)
     shapes = _shapes(num_layers=3)
-    shapes = JobShapes(source="t", blocks=shapes.blocks, tp=1, boundary_bytes=math.prod(boundary) * 2)
+    shapes = JobShapes(source="t", blocks=shapes.blocks, tp=1, boundary_bytes=math.prod(boundary) * 2,
+                       receives_just_in_time=just_in_time)
     mods = [["tok_embeddings", "layers.0"], ["layers.1"], ["layers.2", "norm", "lm_head"]]
     middle = job_memory(shapes, degrees=Degrees(pp=3), schedule=sched, stage_modules=mods)[1]
     assert middle.static_bytes["p2p_buffers"] == torch_bytes
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B", "ZBVZeroBubble", "GPipe"])
+def test_just_in_time_receives_hold_only_the_microbatches_in_flight(schedule: str) -> None:
+    """torch 2.15's receives (``receives_just_in_time``): a rank holds no receive buffer between steps, and at its
+    high point at most one received input per microbatch it holds activations for plus one received gradient, never
+    more than the 2 x m buffers per stage that 2.13 keeps; the step's end is lower by exactly those buffers."""
+    m, boundary = 8, 1000
+    stages = 2 * 2 if schedule in ("Interleaved1F1B", "ZBVZeroBubble") else 2
+    sched = load_schedule(schedule, 2, m)
+    base = _shapes(num_layers=stages)
+    setup = JobShapes(source="t", blocks=base.blocks, tp=1, boundary_bytes=boundary)
+    jit = dataclasses.replace(setup, receives_just_in_time=True)
+    names = [f"layers.{i}" for i in range(stages)]
+    mods = [[n] for n in names]
+    mods[0] = ["tok_embeddings", *mods[0]]
+    mods[-1] = [*mods[-1], "norm", "lm_head"]
+    for a, b in zip(job_memory(setup, degrees=Degrees(pp=2), schedule=sched, stage_modules=mods),
+                    job_memory(jit, degrees=Degrees(pp=2), schedule=sched, stage_modules=mods)):
+        held = a.static_bytes["p2p_buffers"]
+        assert held > 0 and b.static_bytes["p2p_buffers"] == 0
+        assert b.end_bytes == a.end_bytes - held and b.start_bytes == a.start_bytes - held
+        low = a.peak_memory_bytes - held
+        assert low <= b.peak_memory_bytes <= low + (stages // 2 * m + 1) * boundary
