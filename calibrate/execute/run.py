@@ -83,6 +83,9 @@ class RunOptions:
     """FSDP degree (``--dp-shard``): each pipeline rank runs as ``dp_shard x tp`` processes (torchtitan models)."""
     tp: int = 1
     """Tensor-parallel degree (``--tp``)."""
+    ep: int = 1
+    """Expert-parallel degree (``--ep``): a MoE model's routed experts split over ``ep`` of the ``dp_shard x tp``
+    processes of each pipeline rank (torchtitan carves EP out of them), their tokens exchanged by all-to-alls."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,7 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     chosen = _recompute_set(options, schedule)
     costs, time_scale, model, source = costs_and_model(options, schedule, device)
     spec = dataclasses.replace(exec_spec(options, schedule, costs, time_scale, model, device), recompute=chosen,
-                               dp_shard=options.dp_shard, tp=options.tp)
+                               dp_shard=options.dp_shard, tp=options.tp, ep=options.ep)
     check_run_degrees(options, schedule, model, world=world)
     if runner is None:
         runner = choose_runner(options.executor, model, schedule, synthetic=options.synthetic)
@@ -200,7 +203,8 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
 
     costs = dataclasses.replace(costs, outputs_held_to_backward=torch_adapter.keeps_forward_outputs())
     shapes = None if options.synthetic else run_memory_inputs(options, schedule, model, spec)
-    fsdp = fsdp_collectives(schedule, options, shapes, spec)
+    fsdp = ep_collectives(fsdp_collectives(schedule, options, shapes, spec), prediction_costs(costs, time_scale),
+                          options, shapes, spec)
     if fsdp.notes:
         costs = dataclasses.replace(costs, notes=(*costs.notes, *fsdp.notes))
     # before anything runs: the step (FSDP's collectives in it; local processes sharing the cores) and each rank's
@@ -208,7 +212,8 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     predicted, costs = predict_step(fsdp, costs, time_scale, recompute=chosen, per_rank=options.dp_shard * options.tp,
                                     shared=world is None and device == "cpu" and not options.synthetic)
     memory = None if shapes is None else job_memory(shapes[0], degrees=Degrees(
-        pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard), schedule=schedule, stage_modules=shapes[1],
+        pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard, ep=spec.ep), schedule=schedule,
+        stage_modules=shapes[1],
         recompute=spec.recompute)
     check_predicted_time(options, predicted)
     if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:  # after every refusal: an error stands alone
@@ -236,8 +241,13 @@ def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSour
     PP x FSDP x TP (under torchrun)."""
     from ppsim.job.degrees import Degrees, check_degrees
 
-    if options.dp_shard < 1 or options.tp < 1:
-        raise PPSimError(f"--dp-shard {options.dp_shard} --tp {options.tp}: degrees must be at least 1")
+    if options.dp_shard < 1 or options.tp < 1 or options.ep < 1:
+        raise PPSimError(f"--dp-shard {options.dp_shard} --tp {options.tp} --ep {options.ep}: degrees must be at "
+                         "least 1")
+    if options.ep > 1 and options.dp_shard * options.tp % options.ep:
+        raise PPSimError(f"--ep {options.ep}: torchtitan carves EP out of the dp_shard x tp = "
+                         f"{options.dp_shard * options.tp} processes of each pipeline rank, so it must divide them; "
+                         f"pass --dp-shard {options.ep} (or a multiple) with --ep {options.ep}")
     if options.dp_shard * options.tp == 1 and world in (None, schedule.num_ranks):
         return
     processes = schedule.num_ranks * options.dp_shard * options.tp
@@ -254,7 +264,16 @@ def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSour
                          f"own parallelize function, so they need a torchtitan model (--model torchtitan:FAMILY/"
                          f"FLAVOR) and the torchtitan executor; {why}: use the torchtitan executor or drop the degrees")
     cfg = source.config
-    check_degrees(Degrees(pp=schedule.num_ranks, tp=options.tp, dp_shard=options.dp_shard), num_heads=cfg.heads,
+    experts = None
+    if source.scheme == "torchtitan":
+        from ppsim.calibrate.models.torchtitan import num_experts
+
+        experts = num_experts(source)
+    if options.ep > 1 and experts is None:
+        raise PPSimError(f"--ep {options.ep}: {source.text} is a dense model (no routed experts); drop --ep, or run a "
+                         "MoE model (e.g. --model torchtitan:deepseek_v3/debugmodel)")
+    check_degrees(Degrees(pp=schedule.num_ranks, tp=options.tp, dp_shard=options.dp_shard, ep=options.ep),
+                  num_heads=cfg.heads, num_experts=experts,
                   num_kv_heads=cfg.heads, num_layers=source.num_layers, world_size=world,
                   fix="pass --dp-shard/--tp whose product with -r is the process count and that divide the heads")
 
@@ -275,7 +294,8 @@ def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSour
 
         prof = load_profile(options.profile)
     try:
-        shapes = run_shapes(source, tp=spec.tp, fsdp=spec.dp_shard * spec.tp > 1, profile=prof)
+        shapes = run_shapes(source, tp=spec.tp, fsdp=spec.dp_shard * spec.tp > 1, profile=prof, ep=spec.ep,
+                            dp_shard=spec.dp_shard)
         return shapes, module_names_per_stage(source, schedule.num_stages, spec.layer_counts)
     except (PPSimError, KeyError, IndexError) as exc:
         _stderr(f"note: no memory prediction for {source.text} ({type(exc).__name__}: {exc})")
@@ -324,6 +344,23 @@ def fsdp_collectives(schedule: Schedule, options: RunOptions, shapes: tuple[JobS
 
         costs = CollectiveCosts.from_profile(load_profile(options.profile))
     return fsdp_step(schedule, shapes=shapes[0], stage_modules=shapes[1], dp_shard=spec.dp_shard, costs=costs)
+
+
+def ep_collectives(step: Any, stage_costs: Any, options: RunOptions,
+                   shapes: tuple[JobShapes, list[list[str]]] | None, spec: ExecSpec) -> Any:
+    """``step`` with EP's all-to-alls for ``--ep`` above 1 (:func:`ppsim.ep.ep_step`: exposed in eager actions),
+    costed from the profile's measured all-to-alls or p2p alpha/beta, else the stated default ratio."""
+    from ppsim.ep import ep_step
+    from ppsim.fsdp import CollectiveCosts
+
+    if spec.ep <= 1 or shapes is None:
+        return step
+    costs = None
+    if options.profile is not None:
+        from ppsim.profile import load_profile
+
+        costs = CollectiveCosts.from_profile(load_profile(options.profile))
+    return ep_step(step, stage_costs, shapes=shapes[0], stage_modules=shapes[1], ep=spec.ep, costs=costs)
 
 
 def _recompute_set(options: RunOptions, schedule: Schedule) -> frozenset[tuple[int, int]]:

@@ -72,6 +72,9 @@ class ExecSpec:
     """FSDP degree (torchtitan runner): each pipeline rank is ``dp_shard x tp`` processes."""
     tp: int = 1
     """Tensor-parallel degree (torchtitan runner)."""
+    ep: int = 1
+    """Expert-parallel degree (torchtitan runner), carved out of ``dp_shard x tp`` as torchtitan does: no
+    processes of its own."""
 
     @property
     def world_size(self) -> int:
@@ -367,9 +370,9 @@ class _PeakSaved:
             self._release(ptr)
         ptrs = []
         for tensor in tensors:
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in self.param_storages and storage.nbytes() > 0:
-                ptrs.append(self._hold(storage))
+            for storage in _storages(tensor):
+                if storage.data_ptr() not in self.param_storages and storage.nbytes() > 0:
+                    ptrs.append(self._hold(storage))
         if ptrs:
             self.kept[key] = ptrs
 
@@ -383,13 +386,12 @@ class _PeakSaved:
         return ptr
 
     def pack(self, tensor: Any) -> Any:
-        storage = tensor.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr in self.param_storages or storage.nbytes() == 0:
+        held = [st for st in _storages(tensor) if st.data_ptr() not in self.param_storages and st.nbytes() > 0]
+        if not held:
             return tensor
         box = _Box(tensor.detach())
-        self._hold(storage)
-        weakref.finalize(box, self._release, ptr)
+        for storage in held:
+            weakref.finalize(box, self._release, self._hold(storage))
         return box
 
     @staticmethod
@@ -400,6 +402,18 @@ class _PeakSaved:
         self.refs[ptr] -= 1
         if self.refs[ptr] == 0:
             self.held -= self.nbytes[ptr]
+
+
+def _storages(tensor: Any) -> list[Any]:
+    """The storages holding ``tensor``'s data: its own, or, for a wrapper subclass that has none (a functional
+    collective's ``AsyncCollectiveTensor``, a DTensor: what an expert-parallel all-to-all saves), its inner
+    tensors'."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(tensor):
+        names, _ = tensor.__tensor_flatten__()
+        return [st for name in names for st in _storages(getattr(tensor, name))]
+    return [tensor.untyped_storage()]
 
 
 class _Box:

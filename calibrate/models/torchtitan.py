@@ -206,14 +206,31 @@ def model_spec(source: ModelSource) -> Any:
     return _family_module(source.family, source.text).model_registry(source.flavor)
 
 
-def prepared_config(source: ModelSource) -> Any:
-    """The flavor's config as this source builds it (layer count, attention backend)."""
+def num_experts(source: ModelSource) -> int | None:
+    """The routed experts of the model's MoE layers (``None``: a dense model)."""
+    found = [layer.moe.num_experts for layer in prepared_config(source).layers if getattr(layer, "moe", None)]
+    return found[0] if found else None
+
+
+def prepared_config(source: ModelSource, parallelism: Any = None) -> Any:
+    """The flavor's config as this source builds it (layer count, attention backend). ``parallelism``: a torchtitan
+    ``ParallelismConfig`` whose sharding plan the config takes (``update_from_config``, as torchtitan does when it
+    reads a job: e.g. DeepSeek-V3's routed experts laid out for EP)."""
     assert source.family is not None and source.flavor is not None
     config = _model_config(source.family, source.flavor, source.text)
     _set_layers(config, source.options.layers, source.text)
     if source.device != "cuda":
         _use_sdpa(config)
+    if parallelism is not None:
+        config.update_from_config(config=_Parallelism(parallelism))
     return config
+
+
+def ep_parallelism(ep: int) -> Any:
+    """torchtitan's ``ParallelismConfig`` with expert-parallel degree ``ep`` (what the sharding plan reads)."""
+    from torchtitan.config import ParallelismConfig
+
+    return ParallelismConfig(expert_parallel_degree=ep)
 
 
 # --- resolve -----------------------------------------------------------------------------------------------------
@@ -337,23 +354,34 @@ def _meta_counts(config: Any, text: str) -> dict[str, Any]:
 
 
 # --- torch -------------------------------------------------------------------------------------------------------
-def _cache_key(source: ModelSource, seed: int, device: Any) -> Any:
-    return (source.text, source.options, source.device, seed, str(device))
+def _cache_key(source: ModelSource, seed: int, device: Any, parallelism: Any = None) -> Any:
+    plan = None if parallelism is None else (parallelism.expert_parallel_degree,
+                                             parallelism.enable_sequence_parallel)
+    return (source.text, source.options, source.device, seed, str(device), plan)
 
 
-def _full_model(source: ModelSource, *, seed: int, device: Any) -> nn.Module:
-    """The unsplit model, built once per process for (source, seed, device)."""
+class _Parallelism:
+    """What a model config's ``update_from_config`` reads from a non-trainer caller: the ``parallelism`` field."""
+
+    def __init__(self, parallelism: Any) -> None:
+        self.parallelism = parallelism
+
+
+def _full_model(source: ModelSource, *, seed: int, device: Any, parallelism: Any = None) -> nn.Module:
+    """The unsplit model, built once per process for (source, seed, device[, parallelism]). ``parallelism``: a
+    torchtitan ``ParallelismConfig`` whose sharding plan the model's config takes first (``update_from_config``:
+    e.g. DeepSeek-V3's routed experts sharded over EP); the weights are the same as without it."""
     import torch
 
     from ppsim.calibrate.models import place
     from ppsim.calibrate.models.transformer import DTYPES
 
-    key = _cache_key(source, seed, device)
+    key = _cache_key(source, seed, device, parallelism)
     cached = _CACHE.get(key)
     if cached is not None:
         return cached
     _CACHE.clear()  # one model at a time
-    config = prepared_config(source)
+    config = prepared_config(source, parallelism)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         with torch.device("cpu"):
@@ -371,6 +399,14 @@ def full_module(source: ModelSource, *, seed: int = 0, device: str | torch.devic
         return stage_module(source, tuple(range(source.num_layers)), has_embedding=True, has_head=True,
                            seed=seed, device=device)
     return _with_masks(source, copy.deepcopy(_full_model(source, seed=seed, device=device)))
+
+
+def sharded_full_module(source: ModelSource, parallelism: Any, *, seed: int = 0,
+                        device: str | torch.device = "cpu") -> nn.Module:
+    """:func:`full_module` with the sharding plan of ``parallelism`` (a torchtitan ``ParallelismConfig``) in its
+    modules, ready for the model's parallelize function: what an expert-parallel run needs (torchtitan sets the
+    routed experts' EP layout from ``expert_parallel_degree`` when it reads the job)."""
+    return _with_masks(source, copy.deepcopy(_full_model(source, seed=seed, device=device, parallelism=parallelism)))
 
 
 def stage_module(source: ModelSource, layer_ids: tuple[int, ...], *, has_embedding: bool, has_head: bool,

@@ -192,18 +192,27 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
     names = module_names_per_stage(source, schedule.num_stages, spec.layer_counts)
     degrees = {} if spec.dp_shard * spec.tp == 1 else {  # a plain PP run keeps the generation's defaults
         "data_parallel_shard_degree": spec.dp_shard, "tensor_parallel_degree": spec.tp,
-        "spmd_backend": "partial_dtensor"}
+        "expert_parallel_degree": spec.ep, "spmd_backend": "partial_dtensor"}
     parallelism, count = schedule_arguments(pp, ParallelismConfig, num_microbatches=schedule.num_microbatches,
                                             mb_size=source.config.mb_size,
                                             pipeline_parallel_degree=schedule.num_ranks,
                                             pipeline_parallel_schedule=name, pipeline_parallel_schedule_csv=csv_path,
                                             module_fqns_per_model_part=names, **degrees)
-    whole = source.build_full(seed=spec.seed, device=device)
+    if spec.ep > 1:  # the routed experts' EP layout is in the model's sharding plan, set from the job's degrees
+        from ppsim.calibrate.models.torchtitan import sharded_full_module
+
+        whole = sharded_full_module(source, parallelism, seed=spec.seed, device=device)
+    else:
+        whole = source.build_full(seed=spec.seed, device=device)
     if spec.dp_shard * spec.tp == 1:
         mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("pp",))
         stages, parts = pp._pipeline_module_split(whole, mesh, name, device, names)
         pp_rank = rank
     else:
+        from torchtitan.distributed import utils as dist_utils
+
+        # as torchtitan's trainer does before it builds: the model's collectives (EP's token dispatch) read it
+        dist_utils.set_spmd_backend(parallelism.spmd_backend)
         dims = _parallel_dims(parallelism, world, device.type)
         mesh = dims.get_mesh("pp")
         stages, parts = pp._pipeline_module_split(whole, mesh, name, device, names,

@@ -382,7 +382,8 @@ def profile_shapes(profile: Any, *, tp: int, seq_len: int, mb_size: int, activat
     return dataclasses.replace(shapes, fsdp_only_sharded=True, notes=(*shapes.notes, note))
 
 
-def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = None, ac: str = "none") -> JobShapes:
+def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = None, ac: str = "none", ep: int = 1,
+               dp_shard: int = 1) -> JobShapes:
     """The shapes of what ``ppsim run`` executes (a :class:`~ppsim.calibrate.models.ModelSource` at its microbatch
     shape and dtype, no mixed precision, no optimizer step), for :func:`ppsim.job.memory.job_memory`.
 
@@ -390,17 +391,22 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
     as :func:`job_shapes`). Saved activations per block: the profile's ``activation_bytes`` (what this device's
     kernels save, measured by ``ppsim calibrate`` before the run) when ``profile`` has blocks of this shape, else
     the formula of :func:`_layer_block` (which counts what flash attention saves, not CPU math attention), under
-    checkpoint mode ``ac`` (``none``/``full``)."""
+    checkpoint mode ``ac`` (``none``/``full``). ``ep`` > 1 (a MoE model, EP carved out of ``dp_shard`` x ``tp``): the
+    routed experts EP-local and FSDP-sharded on ``efsdp``, each MoE layer's routing and all-to-all buffers counted
+    as :func:`job_shapes` counts them."""
     import torch
 
     cfg = source.config
     tokens, dim = cfg.seq_len * cfg.mb_size, cfg.hidden
     act_bytes = torch.empty((), dtype=getattr(torch, cfg.dtype)).element_size()
-    if tp > 1:
-        from ppsim.calibrate.models.torchtitan import prepared_config
+    layer_cfgs: list[Any] = []
+    if tp > 1 or ep > 1:
+        from ppsim.calibrate.models.torchtitan import ep_parallelism, prepared_config
 
         buffers: dict[str, int] = {}
-        local = _local_shapes(prepared_config(source), tp, buffers)
+        model_cfg = prepared_config(source, ep_parallelism(ep) if ep > 1 else None)
+        layer_cfgs = list(model_cfg.layers)
+        local = _local_shapes(model_cfg, tp, buffers, ep=ep, dp_shard=dp_shard)
     else:
         local, buffers = _meta_shapes(source), _buffer_bytes(source)
     local = {_CANONICAL.get(k, k): v for k, v in local.items()}
@@ -411,8 +417,12 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
     layer_extra = max(3 * tokens * (cfg.ffn // tp), probs) * act_bytes
     blocks: dict[str, BlockShapes] = {}
     for i in range(source.num_layers):
-        block = _layer_block("layer", local[f"layers.{i}"], tokens=tokens, dim=dim, tp=tp, sp=tp > 1, ac=ac,
-                             act_bytes=act_bytes, heads=cfg.heads // tp)
+        tensors = local[f"layers.{i}"]
+        moe = _moe_of(layer_cfgs[i], tensors, ep=ep, tp=tp, sp=tp > 1) if ep > 1 else None
+        block = _layer_block("layer", tensors, tokens=tokens, dim=dim, tp=tp, sp=tp > 1, ac=ac,
+                             act_bytes=act_bytes, heads=cfg.heads // tp, moe=moe)
+        if moe is not None:
+            block = dataclasses.replace(block, sparse=frozenset(n for n, _ in tensors if n.startswith(_EXPERTS)))
         block = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0),
                                     backward_transient_bytes=block.backward_transient_bytes + layer_extra,
                                     weight_grad_stash_bytes=_output_grad_bytes(local[f"layers.{i}"], tokens,
@@ -444,7 +454,17 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
                      logits_bytes=tokens * vocab_local * act_bytes, all_sends_held=True, master_dtype=cfg.dtype,
                      receives_just_in_time=receives_just_in_time(torch.__version__),
                      param_dtype=cfg.dtype, reduce_dtype=cfg.dtype, fsdp=fsdp, optimizer_states=0, notes=notes,
-                     workspace_bytes=workspace)
+                     workspace_bytes=workspace, **_moe_fields(layer_cfgs, tokens=tokens, tp=tp, dim=dim, ep=ep))
+
+
+def _moe_fields(layer_cfgs: Sequence[Any], *, tokens: int, tp: int, dim: int, ep: int) -> dict[str, Any]:
+    """The MoE layers' names, top-k and per-rank dispatch tokens for EP's all-to-alls (:mod:`ppsim.ep`); none at
+    ``ep`` 1."""
+    moe_cfgs = [(i, cfg.moe) for i, cfg in enumerate(layer_cfgs) if getattr(cfg, "moe", None) is not None]
+    if ep <= 1 or not moe_cfgs:
+        return {}
+    return dict(moe_layers=tuple(f"layers.{i}" for i, _ in moe_cfgs), moe_top_k=moe_cfgs[0][1].router.top_k,
+                moe_tokens=tokens // tp, dim=dim)
 
 
 def _workspace_bytes(profile: Any) -> int:

@@ -123,6 +123,9 @@ RunAllowLargeOpt = Annotated[
 DpShardOpt = Annotated[int, typer.Option("--dp-shard", help="FSDP degree: each pipeline rank runs as dp-shard x tp "
                                          "processes, sharded by torchtitan's own parallelize (torchtitan models).")]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (torchtitan models), as --dp-shard.")]
+EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (torchtitan MoE models): the routed "
+                                    "experts split over ep of each pipeline rank's dp-shard x tp processes "
+                                    "(torchtitan carves EP out of them), tokens exchanged by all-to-alls.")]
 RunJsonOpt = Annotated[bool, typer.Option("--json", help="Print the run JSON instead of the table.")]
 RunRecomputeOpt = Annotated[
     Optional[str],
@@ -168,6 +171,7 @@ def run_cmd(
     torchtitan_config: TorchtitanConfigOpt = None,
     dp_shard: DpShardOpt = 1,
     tp: TpOpt = 1,
+    ep: EpOpt = 1,
 ) -> None:
     """Execute the schedule on R processes with torch's pipeline runtime; check gradients; compare with ppsim's
     before-run prediction."""
@@ -202,7 +206,7 @@ def run_cmd(
         time_unit_s=0.01 if time_unit is None else time_unit, num_steps=steps, num_warmup=warmup, num_probes=probes,
         seed=seed, timeout_s=timeout, save_calibration=save_calibration, override_limits=override_limits,
         split=split, layers_per_stage=layers_per_stage, recompute=recompute, executor=executor.value,
-        dp_shard=dp_shard, tp=tp,
+        dp_shard=dp_shard, tp=tp, ep=ep,
     )
     job = None
     if torchtitan_config is not None:
