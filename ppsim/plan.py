@@ -217,7 +217,9 @@ class Judged:
     memory: tuple[RankMemory, ...] = ()
     step_s: float | None = None
     relative_step: float | None = None
-    """The step in unit costs (F=1 per weighted layer and token / TP): comparable between candidates only."""
+    """The step in unit costs (:func:`unit_costs`: F=1 per weighted layer and token / TP, plus TP's and FSDP's
+    collectives at the request's :class:`UnitRates`): comparable with other unit-cost candidates only, never with
+    a step in seconds."""
     reason: str = ""
     """Why it does not fit, could not run, or was not timed."""
 
@@ -229,8 +231,13 @@ class Judged:
     def peak_bytes(self) -> int:
         return max((m.peak_memory_bytes for m in self.memory), default=0)
 
+    @property
+    def step_unit(self) -> str | None:
+        """``"s"`` (timed with a profile), ``"unit"`` (unit costs), or ``None`` (not timed)."""
+        return "s" if self.step_s is not None else "unit" if self.relative_step is not None else None
+
     def key(self) -> tuple[float, float]:
-        """Sort key: timed with a profile first (by seconds), then by unit-cost step."""
+        """Sort key: timed with a profile first (by seconds), then by unit-cost step (two groups, never compared)."""
         if self.step_s is not None:
             return (0, self.step_s)
         return (1, self.relative_step if self.relative_step is not None else math.inf)
@@ -264,10 +271,22 @@ class Plan:
                 f"{len(self.ranked)} timed" + (f", {self.pruned} pruned by their lower bound" if self.pruned else "")
                 + (f"; stopped: {self.stopped}" if self.stopped else ""))
 
-    def frontier(self) -> list[Judged]:
-        """The timed candidates no other beats on both step and peak memory, fastest first."""
+    def ranked_in(self, unit: str) -> tuple[Judged, ...]:
+        """The ranked candidates whose step is in ``unit`` (``"s"`` or ``"unit"``), fastest first: seconds and unit
+        costs are two rankings, never one list."""
+        return tuple(j for j in self.ranked if j.step_unit == unit)
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The step units among the ranked candidates, the best's first."""
+        return tuple(dict.fromkeys(j.step_unit for j in self.ranked if j.step_unit is not None))
+
+    def frontier(self, unit: str | None = None) -> list[Judged]:
+        """The candidates timed in ``unit`` (default: the best's) no other of them beats on both step and peak
+        memory, fastest first."""
+        unit = unit or (self.best.step_unit if self.best is not None else None)
         out: list[Judged] = []
-        for j in self.ranked:
+        for j in self.ranked_in(unit or "s"):
             if not out or j.peak_bytes < out[-1].peak_bytes:
                 out.append(j)
         return out
@@ -453,7 +472,7 @@ def layer_flops_per_token(shapes: JobShapes, seq_len: int) -> float:
     for block in layers:
         params = 0.0
         for name, shape in block.tensors:
-            numel = math.prod(shape)
+            numel: float = math.prod(shape)
             if name in block.sparse and shape and shapes.moe_top_k:
                 numel = numel * shapes.moe_top_k / shape[0]  # one expert's share (dim 0: the local experts)
             params += numel
@@ -678,7 +697,8 @@ def describe(c: Candidate) -> str:
 
 
 def to_dict(result: Plan, *, job: str) -> dict[str, Any]:
-    """``plan --json`` (the contract's keys, plus ``reason``, ``relative_step`` and ``memory_parts`` per rank)."""
+    """``plan --json`` (the contract's keys, plus ``reason``, ``relative_step``, ``step_unit`` and ``memory_parts``
+    per rank). The ranked come first: those timed in seconds fastest first, then those in unit costs fastest first."""
     seq = batch_shape(result.request.settings).seq_len
     rows = []
     shown = {id(j) for j in result.ranked}
@@ -697,6 +717,7 @@ def to_dict(result: Plan, *, job: str) -> dict[str, Any]:
             "peak_memory_bytes": [m.peak_memory_bytes for m in j.memory],
             "memory_parts": [dict(m.parts) for m in j.memory],
             "step_s": j.step_s, "tokens_per_s_per_gpu": tps, "relative_step": j.relative_step,
+            "step_unit": j.step_unit,  # "s" | "unit" | null: the two are ranked apart, never against each other
             "reason": j.reason or None, "overrides": list(j.overrides),
         })
     return {"job": job, "gpus": result.request.num_gpus, "memory_cap_bytes": result.request.cap_bytes,
