@@ -56,6 +56,62 @@ class PlanError(PPSimError):
     """A plan that cannot be made from these inputs (one line)."""
 
 
+# --- unit costs: the step without a profile, communication included --------------------------------------------
+H100_BF16_DENSE_FLOPS = 989e12
+"""NVIDIA H100 SXM5 dense BF16 Tensor Core peak (NVIDIA's H100 datasheet: 1,979 TFLOP/s with sparsity, half of it
+dense; torchtitan's ``get_peak_flops`` uses the same 989e12)."""
+DEFAULT_MFU = 0.40
+"""The share of that peak a layer's forward achieves: torchtitan's published H100 runs of Llama 3.1 8B with FSDP,
+no Float8, reach 33-39 % MFU (pytorch/torchtitan ``benchmarks/llama3_h100_202412_torchtitan.md``); 40 %, about 400
+TFLOP/s."""
+NVLINK_BYTES_PER_S = 450e9
+"""Intra-node link per GPU and direction: NVLink 4 on H100 SXM5, 900 GB/s bidirectional (NVIDIA's datasheet)."""
+INTER_NODE_BYTES_PER_S = 50e9
+"""Inter-node link per GPU and direction: one 400 Gb/s NDR InfiniBand (ConnectX-7) NIC per GPU, as on DGX H100 and
+on the hosts of torchtitan's published H100 runs ("400 Gb/s per GPU")."""
+TP_COLLECTIVES_PER_LAYER = 4
+"""Sequence-parallel TP collectives per transformer layer and direction, as torchtitan shards a layer: an
+all-gather of the sequence-sharded input before attention and before the feed-forward, a reduce-scatter of each
+one's output; the backward runs the same four (reduce-scatter for each all-gather and the reverse)."""
+
+
+@dataclass(frozen=True)
+class UnitRates:
+    """What unit costs charge communication at: a layer's compute rate and the links' bandwidths (bytes/s per GPU
+    and direction). Only the ratios matter; the defaults are an H100 node's (the constants above)."""
+
+    flops_per_s: float = H100_BF16_DENSE_FLOPS * DEFAULT_MFU
+    intra_node_bytes_per_s: float = NVLINK_BYTES_PER_S
+    inter_node_bytes_per_s: float = INTER_NODE_BYTES_PER_S
+
+    def fsdp_bytes_per_s(self, degrees: Degrees, gpus_per_node: int) -> float:
+        """FSDP's ring over ``dp_shard`` ranks (stride ``cp x tp``, torchtitan's mesh order ``pp, dp_replicate,
+        dp_shard, cp, tp``): the intra-node link when the group stays in a node, else the inter-node one."""
+        within = degrees.dp_shard * degrees.cp * degrees.tp <= gpus_per_node
+        return self.intra_node_bytes_per_s if within else self.inter_node_bytes_per_s
+
+    def describe(self) -> str:
+        return (f"TP and FSDP collectives charged at {self.intra_node_bytes_per_s / 1e9:g} GB/s within a node and "
+                f"{self.inter_node_bytes_per_s / 1e9:g} GB/s across nodes per GPU, against a layer's compute at "
+                f"{self.flops_per_s / 1e12:.0f} TFLOP/s")
+
+
+def link_rates(text: str) -> UnitRates:
+    """``--link-bandwidth INTRA[,INTER]`` in GB/s (10^9 bytes/s) per GPU and direction; one value for both."""
+    values: list[float] = []
+    for item in text.split(","):
+        try:
+            value = float(item) if item.strip().isascii() and "_" not in item else math.nan
+        except ValueError:
+            value = math.nan
+        values.append(value)
+    if not 1 <= len(values) <= 2 or not all(math.isfinite(v) and v > 0 for v in values):
+        raise PlanError(f"--link-bandwidth {text!r}: give GB/s per GPU and direction within a node and across nodes, "
+                        "two positive finite numbers, e.g. --link-bandwidth 450,50 (one value: both)")
+    intra, inter = values if len(values) == 2 else values * 2
+    return UnitRates(intra_node_bytes_per_s=intra * 1e9, inter_node_bytes_per_s=inter * 1e9)
+
+
 @dataclass(frozen=True)
 class ModelFacts:
     """What the degrees must divide: the model's layers and attention heads."""
@@ -94,6 +150,8 @@ class PlanRequest:
     top: int = 5
     activation_checkpoints: tuple[str, ...] = ("none",)
     microbatch_sizes: tuple[int, ...] = (1, 2, 4)
+    unit_rates: UnitRates = UnitRates()
+    """What unit costs (candidates no profile times) charge TP's and FSDP's collectives at (``--link-bandwidth``)."""
     shared_cores: int | None = None
     """Judging candidates as ``ppsim run`` executes them on this CPU host (``plan --memory-as-run`` with a CPU
     profile): its cores, which a candidate's local processes share (:class:`ppsim.fsdp.FsdpStep` ``shared``)."""
@@ -159,7 +217,9 @@ class Judged:
     memory: tuple[RankMemory, ...] = ()
     step_s: float | None = None
     relative_step: float | None = None
-    """The step in unit costs (F=1 per weighted layer and token / TP): comparable between candidates only."""
+    """The step in unit costs (:func:`unit_costs`: F=1 per weighted layer and token / TP, plus TP's and FSDP's
+    collectives at the request's :class:`UnitRates`): comparable with other unit-cost candidates only, never with
+    a step in seconds."""
     reason: str = ""
     """Why it does not fit, could not run, or was not timed."""
 
@@ -171,8 +231,13 @@ class Judged:
     def peak_bytes(self) -> int:
         return max((m.peak_memory_bytes for m in self.memory), default=0)
 
+    @property
+    def step_unit(self) -> str | None:
+        """``"s"`` (timed with a profile), ``"unit"`` (unit costs), or ``None`` (not timed)."""
+        return "s" if self.step_s is not None else "unit" if self.relative_step is not None else None
+
     def key(self) -> tuple[float, float]:
-        """Sort key: timed with a profile first (by seconds), then by unit-cost step."""
+        """Sort key: timed with a profile first (by seconds), then by unit-cost step (two groups, never compared)."""
         if self.step_s is not None:
             return (0, self.step_s)
         return (1, self.relative_step if self.relative_step is not None else math.inf)
@@ -206,10 +271,22 @@ class Plan:
                 f"{len(self.ranked)} timed" + (f", {self.pruned} pruned by their lower bound" if self.pruned else "")
                 + (f"; stopped: {self.stopped}" if self.stopped else ""))
 
-    def frontier(self) -> list[Judged]:
-        """The timed candidates no other beats on both step and peak memory, fastest first."""
+    def ranked_in(self, unit: str) -> tuple[Judged, ...]:
+        """The ranked candidates whose step is in ``unit`` (``"s"`` or ``"unit"``), fastest first: seconds and unit
+        costs are two rankings, never one list."""
+        return tuple(j for j in self.ranked if j.step_unit == unit)
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The step units among the ranked candidates, the best's first."""
+        return tuple(dict.fromkeys(j.step_unit for j in self.ranked if j.step_unit is not None))
+
+    def frontier(self, unit: str | None = None) -> list[Judged]:
+        """The candidates timed in ``unit`` (default: the best's) no other of them beats on both step and peak
+        memory, fastest first."""
+        unit = unit or (self.best.step_unit if self.best is not None else None)
         out: list[Judged] = []
-        for j in self.ranked:
+        for j in self.ranked_in(unit or "s"):
             if not out or j.peak_bytes < out[-1].peak_bytes:
                 out.append(j)
         return out
@@ -354,27 +431,86 @@ def candidates(request: PlanRequest, batch: int) -> list[Candidate]:
     return out
 
 
-# --- bounds ----------------------------------------------------------------------------------------------------
-def _chunk_work(c: Candidate, request: PlanRequest) -> float:
-    """One stage chunk's forward in unit costs: weighted layers x tokens / TP."""
-    weighted = request.model.num_layers + 2
+# --- unit costs and bounds -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class UnitCosts:
+    """A candidate's costs without a profile, one stage chunk's share, in layer-token units: 1 is one transformer
+    layer's forward for one token at TP 1 (the embedding and the head each weighted as one layer)."""
+
+    work: float
+    """One chunk's forward compute: weighted layers x tokens / TP."""
+    tp_comm: float = 0.0
+    """One chunk's TP collectives in one direction (forward, or the backward's input gradient)."""
+    seconds_per_unit: float = 0.0
+    """Seconds one unit takes at the :class:`UnitRates` (0: unknown, no communication charged)."""
+    activation_checkpoint: str = "none"
+
+    @property
+    def time_scale(self) -> float:
+        """Seconds per unit of the simulation, whose chunk forward computes in 1 (FSDP's collectives are divided by
+        it)."""
+        return self.work * self.seconds_per_unit
+
+    def text(self) -> str:
+        """The ``--costs`` string per chunk, normalised to its forward compute: F=1, B=2 (I=W=1) plus the TP
+        collectives on F and on I; full checkpointing runs the forward again, collectives included, inside I."""
+        r = self.tp_comm / self.work if self.work > 0 else 0.0
+        if self.activation_checkpoint == "full":
+            return f"F={1 + r!r},B={3 + 2 * r!r},I={2 + 2 * r!r},W=1"
+        return f"F={1 + r!r},B={2 + r!r},I={1 + r!r},W=1"
+
+
+def layer_flops_per_token(shapes: JobShapes, seq_len: int) -> float:
+    """One transformer layer's forward FLOPs per token at TP 1, as torchtitan counts them for MFU
+    (``2 x parameters + 4 x dim x seq_len``; a MoE layer's routed experts count the ``top_k`` a token uses), the
+    mean over the model's layers; its TP-local parameters times TP (the replicated norms counted TP times: a few
+    parts in 10^4)."""
+    layers = [b for name, b in shapes.blocks.items() if name.startswith("layers.")]
+    if not layers:
+        return 0.0
+    total = 0.0
+    for block in layers:
+        params = 0.0
+        for name, shape in block.tensors:
+            numel: float = math.prod(shape)
+            if name in block.sparse and shape and shapes.moe_top_k:
+                numel = numel * shapes.moe_top_k / shape[0]  # one expert's share (dim 0: the local experts)
+            params += numel
+        total += 2 * params * shapes.tp + 4 * shapes.dim * seq_len
+    return total / len(layers)
+
+
+def unit_costs(c: Candidate, request: PlanRequest, shapes: JobShapes | None = None) -> UnitCosts:
+    """The unit-cost model, the one for every candidate no profile times: F=1 and B=2 per weighted layer and token /
+    TP, full checkpointing adding a forward to the backward, plus TP's sequence-parallel collectives
+    (:data:`TP_COLLECTIVES_PER_LAYER` a layer and direction, each moving ``(tp - 1) / tp`` of the microbatch's
+    ``tokens x dim`` activations over the node's link) at the request's :class:`UnitRates`. FSDP's all-gathers and
+    reduce-scatters go into the step by :func:`step_collectives` at :attr:`UnitCosts.time_scale`. ``shapes``
+    (``None``: compute only) give the dim, the activation dtype and the layer's FLOPs."""
     tokens = c.microbatch_size * batch_shape(request.settings).seq_len
-    return weighted / (c.degrees.pp * c.num_stages_per_rank) * tokens / c.degrees.tp
+    chunks = c.degrees.pp * c.num_stages_per_rank
+    work = (request.model.num_layers + 2) / chunks * tokens / c.degrees.tp
+    if shapes is None:
+        return UnitCosts(work=work, activation_checkpoint=c.activation_checkpoint)
+    from ppsim.job.memory import DTYPE_BYTES
 
-
-def unit_costs(activation_checkpoint: str) -> str:
-    """F=1, B=2 (I=W=1); full checkpointing runs the forward again inside the backward's input gradient."""
-    return "F=1,B=3,I=2,W=1" if activation_checkpoint == "full" else "F=1,B=2,I=1,W=1"
+    flops = layer_flops_per_token(shapes, batch_shape(request.settings).seq_len)
+    seconds = flops / request.unit_rates.flops_per_s
+    tp = c.degrees.tp
+    per_token = (TP_COLLECTIVES_PER_LAYER * (tp - 1) / tp * shapes.dim * DTYPE_BYTES[shapes.param_dtype]
+                 / request.unit_rates.intra_node_bytes_per_s)
+    comm = request.model.num_layers / chunks * tokens * per_token / seconds if seconds > 0 else 0.0
+    return UnitCosts(work=work, tp_comm=comm, seconds_per_unit=seconds, activation_checkpoint=c.activation_checkpoint)
 
 
 def lower_bound(c: Candidate, request: PlanRequest) -> float:
     """No order beats the larger of a rank's compute and one microbatch's critical path (every stage's F, then
-    every stage's input gradient), in unit costs."""
+    every stage's input gradient), in unit costs (compute only: communication only adds to a step)."""
     f, b = (1.0, 3.0) if c.activation_checkpoint == "full" else (1.0, 2.0)
     chunks = c.degrees.pp * c.num_stages_per_rank
     rank_work = c.num_microbatches * c.num_stages_per_rank * (f + b)
     chain = chunks * (f + b / 2)
-    return max(rank_work, chain) * _chunk_work(c, request)
+    return max(rank_work, chain) * unit_costs(c, request).work
 
 
 # --- judging one candidate ------------------------------------------------------------------------------------
@@ -483,15 +619,17 @@ class Judge:
         """A candidate that fits, timed: with its step and the simulated step (``None`` where it could not be)."""
         c, request = j.candidate, self.request
         cover = covering_profile(c, request)
-        fsdp = step_collectives(c, prepared.shapes, prepared.modules, cover, shared_cores=request.shared_cores)
+        unit = unit_costs(c, request, prepared.shapes)
+        fsdp = step_collectives(c, prepared.shapes, prepared.modules, cover, shared_cores=request.shared_cores,
+                                unit=unit, request=request)
         try:
             sim = self.simulate(prepared.schedule, prepared.job, None if cover is None else cover.path,
-                                unit_costs(c.activation_checkpoint), **({} if fsdp is None else {"fsdp": fsdp}))
+                                unit.text(), **({} if fsdp is None else {"fsdp": fsdp}))
         except PPSimError as exc:
             return dataclasses.replace(j, reason=f"not timed: {exc}"), None
         if cover is not None:
             return dataclasses.replace(j, step_s=float(sim.makespan)), sim
-        return dataclasses.replace(j, relative_step=float(sim.makespan) * _chunk_work(c, request)), sim
+        return dataclasses.replace(j, relative_step=float(sim.makespan) * unit.work), sim
 
     def __call__(self, c: Candidate, *, order: Any = None) -> tuple[Judged, Any]:
         """Memory, then the step where it fits: the verdict and the simulated step (or ``None``)."""
@@ -500,22 +638,31 @@ class Judge:
 
 
 def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence[str]],
-                     cover: ProfileCover | None, *, shared_cores: int | None = None) -> Callable[[Any], Any] | None:
+                     cover: ProfileCover | None, *, shared_cores: int | None = None, unit: UnitCosts | None = None,
+                     request: PlanRequest | None = None) -> Callable[[Any], Any] | None:
     """The candidate's step with FSDP's exposed all-gathers and reduce-scatters (:func:`ppsim.fsdp.fsdp_step`, the
-    step-time model ``run`` and ``simulate`` use), costed from the covering profile's measured collectives; ``None``
-    at dp_shard 1 or without a profile (unit costs have no seconds to cost them in). ``shared_cores``: the
-    candidate's dp_shard x tp processes per PP rank share this many cores, as ``ppsim run`` runs them here."""
-    from ppsim.fsdp import FsdpStep, fsdp_step
+    step-time model ``run`` and ``simulate`` use): costed from the covering profile's measured collectives, or
+    without a profile as rings over the link of ``request``'s :class:`UnitRates` (``(n - 1) / n`` of the bytes),
+    in ``unit``'s simulation units; ``None`` at dp_shard 1, or without a profile where no ``unit`` (with its
+    seconds) is given. ``shared_cores``: the candidate's dp_shard x tp processes per PP rank share this many cores,
+    as ``ppsim run`` runs them here."""
+    from ppsim.fsdp import CollectiveCosts, FsdpStep, fsdp_step
 
     per_rank = c.degrees.dp_shard * c.degrees.tp
     shared = None if shared_cores is None or c.degrees.pp * per_rank <= shared_cores else (per_rank, shared_cores)
-    costs = None if c.degrees.dp_shard <= 1 or cover is None else cover.collectives
+    costs, scale = None, 1.0
+    if c.degrees.dp_shard > 1 and cover is not None:
+        costs = cover.collectives
+    elif c.degrees.dp_shard > 1 and unit is not None and request is not None and unit.time_scale > 0:
+        link = request.unit_rates.fsdp_bytes_per_s(c.degrees, request.gpus_per_node)
+        costs, scale = CollectiveCosts(p2p_alpha_s=0.0, p2p_bytes_per_s=link), unit.time_scale
     if costs is None and shared is None:
         return None
 
     def step(schedule: Any) -> Any:
         found = (fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=c.degrees.dp_shard,
-                           costs=costs) if costs is not None else FsdpStep(schedule=schedule, extra_s={}))
+                           costs=costs, time_scale=scale) if costs is not None
+                 else FsdpStep(schedule=schedule, extra_s={}))
         return found if shared is None else dataclasses.replace(found, shared=shared)
 
     return step
@@ -550,7 +697,8 @@ def describe(c: Candidate) -> str:
 
 
 def to_dict(result: Plan, *, job: str) -> dict[str, Any]:
-    """``plan --json`` (the contract's keys, plus ``reason``, ``relative_step`` and ``memory_parts`` per rank)."""
+    """``plan --json`` (the contract's keys, plus ``reason``, ``relative_step``, ``step_unit`` and ``memory_parts``
+    per rank). The ranked come first: those timed in seconds fastest first, then those in unit costs fastest first."""
     seq = batch_shape(result.request.settings).seq_len
     rows = []
     shown = {id(j) for j in result.ranked}
@@ -569,6 +717,7 @@ def to_dict(result: Plan, *, job: str) -> dict[str, Any]:
             "peak_memory_bytes": [m.peak_memory_bytes for m in j.memory],
             "memory_parts": [dict(m.parts) for m in j.memory],
             "step_s": j.step_s, "tokens_per_s_per_gpu": tps, "relative_step": j.relative_step,
+            "step_unit": j.step_unit,  # "s" | "unit" | null: the two are ranked apart, never against each other
             "reason": j.reason or None, "overrides": list(j.overrides),
         })
     return {"job": job, "gpus": result.request.num_gpus, "memory_cap_bytes": result.request.cap_bytes,

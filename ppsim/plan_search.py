@@ -382,8 +382,9 @@ def searched(timed: Sequence[Judged], judge: Judge, *, searcher: Searcher,
         seen.add(config)
         named = judge.build(c.schedule, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
         cover = covering_profile(c, request)
-        found = searcher(named, job_of(c, request), None if cover is None else cover.path,
-                         unit_costs(c.activation_checkpoint), SEARCH_SHARE * left / (NUM_SEARCHED - len(seen) + 1), c)
+        unit = unit_costs(c, request, judge.shapes_for(*c.shape_key)).text()
+        found = searcher(named, job_of(c, request), None if cover is None else cover.path, unit,
+                         SEARCH_SHARE * left / (NUM_SEARCHED - len(seen) + 1), c)
         if found is None:
             continue
         order, csv = found

@@ -20,22 +20,43 @@ def _step(j: Judged) -> float | None:
     return j.step_s if j.step_s is not None else j.relative_step
 
 
-def frontier_figure(result: Plan) -> Any:
-    """Every timed candidate as a point (peak GiB, step), the frontier joined by a line."""
+AXIS_TITLES = {"s": "step (s)", "unit": "relative step (unit costs, not seconds)"}
+"""Each frontier panel's step axis: seconds (a profile timed them) or unit costs, never both on one axis."""
+
+
+def frontier_figure(result: Plan, unit: str | None = None) -> Any:
+    """The candidates timed in ``unit`` (``"s"`` or ``"unit"``; default: the best's) as points (peak GiB, step),
+    their frontier joined by a line, on an axis of that unit only."""
     import plotly.graph_objects as go
 
     from ppsim.plan import describe
 
+    unit = unit or (result.best.step_unit if result.best is not None else None) or "unit"
     fig = go.Figure()
-    points = list(result.ranked)
+    points = list(result.ranked_in(unit))
     fig.add_trace(go.Scatter(x=[j.peak_bytes / GIB for j in points], y=[_step(j) for j in points], mode="markers",
                              name="fits", text=[describe(j.candidate) for j in points], marker={"color": "#9ab"}))
-    front = result.frontier()
+    front = result.frontier(unit)
     fig.add_trace(go.Scatter(x=[j.peak_bytes / GIB for j in front], y=[_step(j) for j in front],
                              mode="lines+markers", name="frontier", text=[describe(j.candidate) for j in front]))
-    unit = "step (s)" if result.best is not None and result.best.step_s is not None else "step (unit costs)"
-    fig.update_layout(xaxis_title="peak memory of the fullest rank (GiB)", yaxis_title=unit, height=420)
+    fig.update_layout(xaxis_title="peak memory of the fullest rank (GiB)", yaxis_title=AXIS_TITLES[unit], height=420)
     return fig
+
+
+def frontier_figures(result: Plan) -> list[tuple[str, Any]]:
+    """One frontier panel per step unit among the ranked (the best's first): ``(unit, figure)``."""
+    return [(unit, frontier_figure(result, unit)) for unit in result.units]
+
+
+def _frontier_section(result: Plan) -> str:
+    panels = frontier_figures(result)
+    out = []
+    for n, (unit, fig) in enumerate(panels):
+        if len(panels) > 1:
+            out.append("<h3>Timed in seconds (a profile covers them)</h3>" if unit == "s" else
+                       "<h3>Ranked by unit costs (no profile covers them; not comparable with seconds)</h3>")
+        out.append(_div(fig, "frontier" if n == 0 else f"frontier-{unit}"))
+    return "\n".join(out)
 
 
 def memory_figure(best: Judged) -> Any:
@@ -66,7 +87,11 @@ def _why_lost(result: Plan) -> list[tuple[str, str]]:
     best = result.best
     rows = []
     for j in result.ranked[1:result.request.top]:
-        slower = (_step(j) or 0) / (_step(best) or 1) - 1 if best is not None else 0
+        if best is None or j.step_unit != best.step_unit:  # seconds and unit costs are never compared
+            rows.append((describe(j.candidate), "not timed in seconds: no profile covers it (ranked by unit costs "
+                         "among its kind only)"))
+            continue
+        slower = (_step(j) or 0) / (_step(best) or 1) - 1
         rows.append((describe(j.candidate), f"{100 * slower:.1f} % slower"))
     for j in [j for j in result.judged if j.memory and not j.fits][:result.request.top]:
         rows.append((describe(j.candidate), j.reason))
@@ -88,7 +113,7 @@ def render_plan_page(result: Plan, *, job: str) -> str:
              f"{result.global_batch}; {html.escape(result.counts())}.</p>",
              f"<h2>Best: {html.escape(describe(best.candidate))}</h2>",
              f"<pre>{html.escape(' '.join(best.overrides))}</pre>",
-             "<h2>Time-memory frontier</h2>", _div(frontier_figure(result), "frontier"),
+             "<h2>Time-memory frontier</h2>", _frontier_section(result),
              "<h2>The best candidate's order</h2>",
              _div(gantt_figures([(best.candidate.schedule, result.best_timeline)])[0], "gantt-best"),
              "<h2>The best candidate's memory per rank</h2>", _div(memory_figure(best), "memory-best"),

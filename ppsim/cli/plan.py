@@ -4,6 +4,7 @@ process group), passed to the plan's :class:`ppsim.plan_search.ShapeCache`."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -47,6 +48,10 @@ def plan_cmd(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=output_file,
                                                    help="Write one offline HTML page.")] = None,
     json_out: JsonOpt = False,
+    link_bandwidth: Annotated[Optional[str], typer.Option(
+        "--link-bandwidth", metavar="INTRA[,INTER]", help="GB/s per GPU and direction within a node and across "
+        "nodes that unit costs (candidates no profile times) charge TP's and FSDP's collectives at (default 450,50: "
+        "H100 NVLink, 400 Gb/s InfiniBand; one value: both).")] = None,
     memory_as_run: Annotated[bool, typer.Option(
         "--memory-as-run", help="With --profile: judge memory as `ppsim run` executes each candidate on the "
         "profile's device (its dtype, no optimizer step), to check the plan against runs; default: the training "
@@ -55,14 +60,17 @@ def plan_cmd(
     """The fastest configuration of a torchtitan job that fits each device's memory, with the overrides to launch
     it."""
     from ppsim.cli import command_started
+    from ppsim.plan import UnitRates, link_rates
     from ppsim.plan_search import OrderSearch, PlanStopped, ShapeCache, Simulations, plan
 
     started = command_started()  # the time limit counts the whole command: start-up and reading the job
     if output is not None and output.suffix.lower() != ".html":
         raise PPSimError(f"-o {output}: plan writes one offline HTML page; use a name ending in .html, e.g. "
                          "-o plan.html")
+    rates = UnitRates() if link_bandwidth is None else link_rates(link_bandwidth)
     request = _request(torchtitan_config, list(ctx.args), gpus=gpus, gpus_per_node=gpus_per_node,
                        memory_cap=memory_cap, profiles=profile or [], time_limit=time_limit, top=top)
+    request = dataclasses.replace(request, unit_rates=rates)
     if memory_as_run and not request.profiles:
         raise PPSimError("--memory-as-run: needs --profile (the device and dtype `ppsim run` would execute on); "
                          "add --profile P.json, or drop --memory-as-run")
@@ -80,6 +88,8 @@ def plan_cmd(
         raise typer.Exit(1) from None
     typer.echo("", err=True)
     typer.echo("memory: " + _memory_rule(bool(request.profiles), as_run=memory_as_run), err=True)
+    if any(j.relative_step is not None for j in result.ranked):
+        typer.echo("unit costs: " + _unit_rule(request.unit_rates, given=link_bandwidth is not None), err=True)
     _print_result(result, orders, output, job=torchtitan_config, json_out=json_out)
 
 
@@ -246,6 +256,13 @@ def _memory_rule(profiled: bool, *, as_run: bool) -> str:
             "--profile)")
 
 
+def _unit_rule(rates: Any, *, given: bool) -> str:
+    """What unit costs assumed (one stderr line after the plan, where a candidate was ranked by them)."""
+    source = ("--link-bandwidth" if given else "defaults: an H100 node, 989 TFLOP/s bf16 x 40 % MFU, NVLink 450 GB/s, "
+              "400 Gb/s InfiniBand per GPU; --link-bandwidth INTRA,INTER to override")
+    return f"{rates.describe()} ({source}; docs/plan.md)"
+
+
 def _shapes(value: str, request: PlanRequest, *, as_run: bool = False) -> Callable[[int, int, str], JobShapes]:
     """The model's TP-local shapes for (TP degree, microbatch size, checkpoint mode), from torchtitan's own
     parallelize on the meta device (the expensive call: :class:`ppsim.plan_search.ShapeCache` makes it once per key)."""
@@ -314,36 +331,47 @@ def _progress_line() -> Callable[[PlanProgress], None]:
 
 # --- printing --------------------------------------------------------------------------------------------------
 def print_plan(result: Plan) -> None:
+    """The ranking: one table per step unit (seconds with a profile, unit costs without), never one list."""
+    from ppsim.job.memory import GIB
+
+    head = (f"plan for {result.request.num_gpus} GPUs, cap {result.request.cap_bytes / GIB:.2f} GiB, global batch "
+            f"{result.global_batch}: {result.counts()}")
+    units = result.units or ("unit",)
+    for n, unit in enumerate(units):
+        _print_table(result, unit, title=head if n == 0 else "")
+    if "unit" in units:
+        other = " (not comparable with the seconds above: a profile covers none of them)" if "s" in units else ""
+        typer.echo("ranked by unit costs" + other + ": rel. step, the first = 1.000; F=1, B=2 per weighted layer "
+                   "and token / TP, plus TP's and FSDP's collectives at the stated link speeds (stderr); memory "
+                   "from the model's shapes; `ppsim calibrate` a profile for seconds")
+    _print_tail(result)
+
+
+def _print_table(result: Plan, unit: str, *, title: str) -> None:
     from rich.table import Table
 
     from ppsim.job.memory import GIB
 
-    best = result.best
-    timed = best is not None and best.step_s is not None
-    title = (f"plan for {result.request.num_gpus} GPUs, cap {result.request.cap_bytes / GIB:.2f} GiB, global batch "
-             f"{result.global_batch}: {result.counts()}")
-    table = Table(title=title)
+    ranked = result.ranked_in(unit)
+    what = "timed in seconds (--profile)" if unit == "s" else "ranked by unit costs (no profile covers them)"
+    table = Table(title=f"{title}\n{what}" if title else what)
     for col in ("#", "pp", "tp", "dp", "schedule", "m", "size", "v", "AC", "peak GiB",
-                *(("step s", "tok/s/GPU") if timed else ("rel. step",))):
+                *(("step s", "tok/s/GPU") if unit == "s" else ("rel. step",))):
         table.add_column(col)
-    base = best.relative_step if best is not None and best.relative_step else 1.0
-    for i, j in enumerate(result.ranked[:result.request.top]):
+    base = ranked[0].relative_step if ranked and ranked[0].relative_step else 1.0
+    for i, j in enumerate(ranked[:result.request.top]):
         c, d = j.candidate, j.candidate.degrees
-        if j.step_s is not None:
-            tps = result.global_batch * _seq(result) / (j.step_s * result.request.num_gpus)
-            step: tuple[str, ...] = (f"{j.step_s:.4g}", f"{tps:.1f}")
+        if unit == "s":
+            step_s = j.step_s or 0.0
+            tps = result.global_batch * _seq(result) / (step_s * result.request.num_gpus)
+            step: tuple[str, ...] = (f"{step_s:.4g}", f"{tps:.1f}")
         else:
-            step = (f"{(j.relative_step or 0) / base:.3f}",) + (("-",) if timed else ())
+            step = (f"{(j.relative_step or 0) / base:.3f}",)
         name = f"{c.schedule} searched" if c.csv else c.schedule
         table.add_row(str(i + 1), str(d.pp), str(d.tp), str(d.dp_shard * d.dp_replicate), name,
                       str(c.num_microbatches), str(c.microbatch_size), str(c.num_stages_per_rank),
                       c.activation_checkpoint, f"{j.peak_bytes / GIB:.2f}", *step)
     console().print(table)
-    if not timed:
-        typer.echo("no --profile covers these candidates: ranked by unit costs (rel. step, the best = 1.000; F=1, "
-                   "B=2 per weighted layer and token / TP), memory from the model's shapes; `ppsim calibrate` a "
-                   "profile for seconds")
-    _print_tail(result)
 
 
 def _seq(result: Plan) -> int:
@@ -356,9 +384,10 @@ def _print_tail(result: Plan) -> None:
     from ppsim.job.memory import GIB
     from ppsim.plan import describe
 
-    frontier = result.frontier()
-    typer.echo("time-memory frontier: " + "; ".join(
-        f"{describe(j.candidate)} -> {j.peak_bytes / GIB:.2f} GiB" for j in frontier[:5]))
+    for unit in result.units or ("unit",):
+        label = "" if len(result.units) < 2 else " (seconds)" if unit == "s" else " (unit costs)"
+        typer.echo(f"time-memory frontier{label}: " + "; ".join(
+            f"{describe(j.candidate)} -> {j.peak_bytes / GIB:.2f} GiB" for j in result.frontier(unit)[:5]))
     best = result.best
     if best is None:
         return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,14 @@ from ppsim.cli import app
 from ppsim.compare import build
 from ppsim.job.memory import BlockShapes, JobShapes
 from ppsim.job.settings import JobSettings
-from ppsim.plan import ModelFacts, PlanError, PlanRequest, candidates, global_batch
+from ppsim.plan import ModelFacts, PlanError, PlanRequest, UnitRates, candidates, global_batch
 from ppsim.plan_search import PlanStopped, plan
 
 runner = CliRunner()
 DATA = Path(__file__).parents[1] / "data"
 DEBUG = ["plan", "--torchtitan-config", "llama3:llama3_debugmodel"]
+FREE_LINKS = UnitRates(intra_node_bytes_per_s=math.inf, inter_node_bytes_per_s=math.inf)
+"""Communication that costs nothing: unit costs as compute alone."""
 CANDIDATE_KEYS = {"pp", "tp", "dp_shard", "dp_replicate", "schedule", "microbatches", "layers_per_stage", "recompute",
                   "fits", "peak_memory_bytes", "step_s", "tokens_per_s_per_gpu", "overrides"}
 
@@ -60,12 +63,12 @@ def _request(**kw: Any) -> PlanRequest:
     return PlanRequest(**base)
 
 
-def _unit_timer(schedule: Any, job: Any, profile: str | None, unit: str) -> Any:
+def _unit_timer(schedule: Any, job: Any, profile: str | None, unit: str, fsdp: Any = None) -> Any:
     from ppsim.compare import compare
     from ppsim.costs import load_costs
 
     costs = load_costs(costs=unit)
-    return compare([schedule.name], builder=lambda _: schedule, costs=costs, scope="stage").best
+    return compare([schedule.name], builder=lambda _: schedule, costs=costs, scope="stage", fsdp=fsdp).best
 
 
 def _build(name: str, ranks: int, mb: int, v: int) -> Any:
@@ -131,11 +134,11 @@ def test_pinned_degrees_are_kept_in_every_candidate() -> None:
 def test_ctrl_c_keeps_the_best_judged_so_far() -> None:
     calls = []
 
-    def timer(*args: Any) -> Any:
+    def timer(*args: Any, **kw: Any) -> Any:
         calls.append(1)
         if len(calls) > 3:
             raise KeyboardInterrupt
-        return _unit_timer(*args)
+        return _unit_timer(*args, **kw)
 
     result = _plan(_request(), timer=timer)
     assert result.stopped.startswith("interrupted") and len(result.ranked) == 3
@@ -273,7 +276,7 @@ def test_pp_1_candidates_are_fsdp_alone_tp_without_a_pipeline_and_hsdp_across_no
 def test_a_pp_1_candidate_launches_with_gradient_accumulation_and_is_timed_without_a_bubble() -> None:
     from ppsim.plan import NO_PIPELINE, lower_bound
 
-    result = _plan(_request(num_gpus=4, cap_bytes=10**7, top=10**6))
+    result = _plan(_request(num_gpus=4, cap_bytes=10**7, top=10**6, unit_rates=FREE_LINKS))  # compute alone
     fsdp = [j for j in result.ranked if j.candidate.schedule == NO_PIPELINE]
     assert fsdp
     for j in fsdp:
@@ -423,8 +426,8 @@ def test_a_searched_order_that_beats_its_named_schedule_is_ranked_with_its_csv_i
         faster.append(build("1F1B", named.num_ranks, named.num_microbatches)[0])
         return faster[-1], "plan_pp2.csv"
 
-    def timer(schedule: Any, *args: Any) -> Any:  # the searched order takes half its named schedule's time
-        sim = _unit_timer(schedule, *args)
+    def timer(schedule: Any, *args: Any, **kw: Any) -> Any:  # the searched order takes half its named schedule's time
+        sim = _unit_timer(schedule, *args, **kw)
         return dataclasses.replace(sim, makespan=sim.makespan * (0.5 if any(schedule is f for f in faster) else 1))
 
     request = _request(cap_bytes=10**7, activation_checkpoints=("none",), pinned={"pp": 2, "tp": 2})
