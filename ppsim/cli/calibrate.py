@@ -173,10 +173,13 @@ def _check_tp(degrees: tuple[int, ...], text: str, source: ModelSource) -> None:
         raise PPSimError(f"--tp {text} with --model {source.text}: tensor-parallel measurement uses torchtitan's own "
                          "sharding plan; use a torchtitan:FAMILY/FLAVOR model or --tp 1")
     for tp in degrees:
+        which = "" if len(degrees) == 1 else f"degree {tp} "
         if source.config.heads % tp:
-            which = "" if len(degrees) == 1 else f"degree {tp} "
             raise PPSimError(f"--tp {text}: {which}does not divide the {source.config.heads} attention heads of "
                              f"{source.text}; use a divisor of the head count")
+        if source.config.seq_len % tp:  # sequence parallelism shards each layer's tokens over the TP ranks
+            raise PPSimError(f"--tp {text}: {which}does not divide the sequence length {source.config.seq_len} "
+                             "(sequence parallelism shards it); use a --seq-len that each degree divides")
 
 
 def _checked_stages(stages: int | None, *, check_stages: bool, warmup: int, reps: int, notes: list[str]) -> int:

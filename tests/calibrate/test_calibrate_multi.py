@@ -143,3 +143,18 @@ def test_one_calibration_at_tp_1_and_2_times_both_degrees_in_plan(tmp_path: Path
     assert plan.exit_code == 0, plan.output
     timed = {c["tp"] for c in json.loads(plan.stdout)["candidates"] if c["step_s"] is not None}
     assert timed == {1, 2}, plan.output
+
+
+@pytest.mark.torch
+def test_tensor_parallel_units_run_their_collectives_in_torchtitans_spmd_context() -> None:
+    """torchtitan's default spmd_types layers run no collective outside the trainer's SPMD context: a TP unit timed
+    there would leave its communication out. Inside it, forward and backward gather and scatter the sequence."""
+    pytest.importorskip("torchtitan.models")
+    from tp_collectives import forward_collectives
+
+    from ppsim.calibrate.execute.launch import run_local
+
+    seen = run_local(forward_collectives, (), world_size=2, timeout_s=120, what="the TP unit check")
+    assert seen["outside"] == 0, seen  # what calibration measured before
+    assert seen["inside"] >= 4, seen  # all-gather and reduce-scatter, forward and backward
+    assert seen["inside_tokens"] == 16 // 2  # sequence parallel: each rank's shard of the tokens
