@@ -16,7 +16,7 @@ def forward_collectives(ctx: Any) -> dict[str, Any] | None:
 
     from ppsim.calibrate.execute.launch import init_world
     from ppsim.calibrate.measure import harness
-    from ppsim.calibrate.measure.tensor_parallel import rank_source, spmd_context, tp_dims, tp_stage
+    from ppsim.calibrate.measure.tensor_parallel import rank_source, spmd_context, tp_stage_and_dims
     from ppsim.calibrate.models import ModelOptions, parse_model_source
 
     torch.set_num_threads(1)
@@ -31,9 +31,8 @@ def forward_collectives(ctx: Any) -> dict[str, Any] | None:
 
     try:
         source = parse_model_source("torchtitan:llama3/debugmodel", ModelOptions(seq_len=16, mb_size=1))
-        dims = tp_dims(ctx.world_size)
-        module = tp_stage(source, (0,), has_embedding=False, has_head=False, tp=ctx.world_size, seed=0, device="cpu",
-                          dims=dims)
+        module, dims = tp_stage_and_dims(source, (0,), has_embedding=False, has_head=False, tp=ctx.world_size,
+                                         seed=0, device="cpu")
         local = rank_source(source, ctx.world_size)
         unit = harness.unit_of("layers1", (0,))
         bench = harness.StageBench(local.config, 4, 1, device=torch.device("cpu"), unit=unit, source=local,

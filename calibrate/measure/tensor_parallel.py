@@ -61,10 +61,17 @@ def sequence_parallel() -> bool:
 
 
 def tp_stage(source: ModelSource, layer_ids: tuple[int, ...], *, has_embedding: bool, has_head: bool, tp: int,
-             seed: int, device: Any, dims: Any = None) -> nn.Module:
+             seed: int, device: Any) -> nn.Module:
     """The stage holding ``layer_ids`` (and the embedding / head), sharded by torchtitan over the ``tp`` ranks of
-    the running process group (``dims``: their :func:`tp_dims`, built here when not given), only this rank's shards
-    allocated."""
+    the running process group, only this rank's shards allocated."""
+    return tp_stage_and_dims(source, layer_ids, has_embedding=has_embedding, has_head=has_head, tp=tp, seed=seed,
+                             device=device)[0]
+
+
+def tp_stage_and_dims(source: ModelSource, layer_ids: tuple[int, ...], *, has_embedding: bool, has_head: bool,
+                      tp: int, seed: int, device: Any) -> tuple[nn.Module, Any]:
+    """:func:`tp_stage` and the ``ParallelDims`` it was sharded on (:func:`tp_dims`, built after the model, as
+    torchtitan's trainer does), which :func:`spmd_context` runs it in."""
     import types
 
     import torch
@@ -89,7 +96,7 @@ def tp_stage(source: ModelSource, layer_ids: tuple[int, ...], *, has_embedding: 
             keep = (name == "tok_embeddings" and has_embedding) or (name in ("norm", "lm_head") and has_head)
             stage._modules[name] = child if keep else None
     stage._modules["layers"] = torch.nn.ModuleDict({str(i): full.layers[str(i)] for i in layer_ids})
-    dims = tp_dims(tp) if dims is None else dims
+    dims = tp_dims(tp)
     stage.parallelize(dims)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed + 1)
@@ -99,7 +106,7 @@ def tp_stage(source: ModelSource, layer_ids: tuple[int, ...], *, has_embedding: 
                 module._init_self_parameters = _plain_init(module)  # torchtitan's init copies unsharded tensors
         with torch.no_grad():
             stage.init_states(buffer_device=torch.device(device))
-    return stage
+    return stage, dims
 
 
 def _plain_init(module: Any) -> Any:
@@ -135,9 +142,8 @@ def _unit_rank(ctx: Any, opts: CalibrationOptions, unit: Any) -> dict[str, Any] 
                world_size=ctx.world_size)
     try:
         source = opts.model_source
-        dims = tp_dims(ctx.world_size)
-        module = tp_stage(source, unit.layer_ids, has_embedding=unit.has_embedding, has_head=unit.has_head,
-                          tp=ctx.world_size, seed=opts.seed, device=device, dims=dims)
+        module, dims = tp_stage_and_dims(source, unit.layer_ids, has_embedding=unit.has_embedding,
+                                         has_head=unit.has_head, tp=ctx.world_size, seed=opts.seed, device=device)
         local = rank_source(source, ctx.world_size)
         bench = harness.StageBench(local.config, opts.num_stages, 1, device=torch.device(device), seed=opts.seed,
                                    unit=unit, source=local, module=module)
