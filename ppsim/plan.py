@@ -125,13 +125,27 @@ class ModelFacts:
 
 @dataclass(frozen=True)
 class ProfileCover:
-    """A profile and what it covers: its TP degree (1 unless it records one) and tokens per microbatch."""
+    """One pass of a profile and what it covers: its TP degree and tokens per microbatch (a profile of several
+    passes, ``calibrate --tp 1,2 --mb-size 1,2``, gives one cover each)."""
 
     path: str
     tp: int
     tokens_per_microbatch: int
     collectives: Any = None
     """Its FSDP all-gather / reduce-scatter costs (:class:`ppsim.fsdp.CollectiveCosts`); ``None``: not costed."""
+    mb_size: int | None = None
+    """The pass's microbatch size (:meth:`ppsim.profile.Profile.entry`); ``None``: the first pass at ``tp``."""
+
+    @property
+    def key(self) -> tuple[str, int, int | None]:
+        """What its costs are loaded by: the file and the pass."""
+        return (self.path, self.tp, self.mb_size)
+
+    def profile(self) -> Any:
+        """The :class:`ppsim.profile.Profile` as this pass measured it."""
+        from ppsim.profile import load_profile
+
+        return load_profile(self.path).entry(tp=self.tp, mb_size=self.mb_size, source=self.path)
 
 
 @dataclass(frozen=True)
@@ -623,7 +637,7 @@ class Judge:
         fsdp = step_collectives(c, prepared.shapes, prepared.modules, cover, shared_cores=request.shared_cores,
                                 unit=unit, request=request)
         try:
-            sim = self.simulate(prepared.schedule, prepared.job, None if cover is None else cover.path,
+            sim = self.simulate(prepared.schedule, prepared.job, cover,
                                 unit.text(), **({} if fsdp is None else {"fsdp": fsdp}))
         except PPSimError as exc:
             return dataclasses.replace(j, reason=f"not timed: {exc}"), None

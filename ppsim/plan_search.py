@@ -34,6 +34,7 @@ from ppsim.plan import (
     PlanError,
     PlanRequest,
     Prepared,
+    ProfileCover,
     ShapesFor,
     Simulate,
     candidates,
@@ -64,18 +65,19 @@ def build_named(name: str, ranks: int, microbatches: int, stages_per_rank: int) 
 class Simulations:
     """Simulating candidates' orders for one plan: each cost table loaded once."""
 
-    _costs: dict[tuple[str, Any], CostSpec] = field(default_factory=dict, repr=False)
+    _costs: dict[tuple[Any, Any], CostSpec] = field(default_factory=dict, repr=False)
 
-    def costs(self, job: Any, profile: str | None, unit: str) -> CostSpec:
-        """The profile's costs cut at the job's split, or the unit costs (``F=1,B=2,...``)."""
-        from ppsim.costs import load_costs
+    def costs(self, job: Any, profile: ProfileCover | None, unit: str) -> CostSpec:
+        """The profile pass's costs cut at the job's split, or the unit costs (``F=1,B=2,...``)."""
+        from ppsim.costs import CostSpec, load_costs
 
-        key = (profile or unit, job.split if profile else None)
+        key = (unit if profile is None else profile.key, None if profile is None else job.split)
         if key not in self._costs:
-            self._costs[key] = load_costs(profile=profile, split=job.split) if profile else load_costs(costs=unit)
+            self._costs[key] = load_costs(costs=unit) if profile is None else CostSpec.from_profile(
+                profile.profile(), source=profile.path, split=job.split)
         return self._costs[key]
 
-    def simulate(self, schedule: Schedule, job: Any, profile: str | None, unit: str, *,
+    def simulate(self, schedule: Schedule, job: Any, profile: ProfileCover | None, unit: str, *,
                  fsdp: Callable[[Any], Any] | None = None) -> SimResult:
         """The order's simulated step (seconds with a profile, else unit costs at stage scope), with FSDP's
         collectives where ``fsdp`` places them."""
@@ -112,7 +114,7 @@ class OrderSearch:
     stem: str = "plan"
     orders: dict[str, Schedule] = field(default_factory=dict, repr=False)
 
-    def __call__(self, named: Schedule, job: Any, profile: str | None, unit: str, seconds: float,
+    def __call__(self, named: Schedule, job: Any, profile: ProfileCover | None, unit: str, seconds: float,
                  c: Any) -> tuple[Schedule, str] | None:
         from ppsim.search import search
 
@@ -197,7 +199,7 @@ class PlanProgress:
 
 
 Progress = Callable[[PlanProgress], None]
-Searcher = Callable[[Any, Any, "str | None", str, float, Candidate], "tuple[Any, str] | None"]
+Searcher = Callable[[Any, Any, "ProfileCover | None", str, float, Candidate], "tuple[Any, str] | None"]
 """``searcher(named_schedule, job, profile, unit_costs, seconds, candidate) -> (order, csv path) | None``: a faster
 order than the named one for the same configuration, at no more activations per rank, and where its CSV goes
 (:class:`ppsim.plan_search.OrderSearch`)."""
@@ -383,7 +385,7 @@ def searched(timed: Sequence[Judged], judge: Judge, *, searcher: Searcher,
         named = judge.build(c.schedule, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
         cover = covering_profile(c, request)
         unit = unit_costs(c, request, judge.shapes_for(*c.shape_key)).text()
-        found = searcher(named, job_of(c, request), None if cover is None else cover.path, unit,
+        found = searcher(named, job_of(c, request), cover, unit,
                          SEARCH_SHARE * left / (NUM_SEARCHED - len(seen) + 1), c)
         if found is None:
             continue

@@ -10,6 +10,11 @@ so one profile serves any stage count (:mod:`ppsim.split` composes stages from b
 ``source`` (``--model``: source, family, flavor, parameter count, attention backend, each layer's kind) and one
 block per layer kind. Version 1 (fixed stages) and 2 files still load. This module is the only place the schema is
 validated.
+
+A calibration of several tensor-parallel degrees and microbatch sizes (``calibrate --tp 1,2 --mb-size 1,2``) writes
+one profile: its first pass is the profile's own ``blocks`` / ``stage_overhead`` / ``tensor_parallel_degree`` /
+``model.mb_size`` (what a profile of one pass holds, so every reader and older ppsims read it as before), the others
+are ``entries`` (:class:`ProfileEntry`); :meth:`Profile.entry` is the profile as one pass measured it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -214,6 +219,32 @@ class StageOverhead:
 
     def to_dict(self) -> dict[str, Any]:
         return {op: None if getattr(self, op) is None else getattr(self, op).to_dict() for op in OPS}
+
+
+@dataclass(frozen=True)
+class ProfileEntry:
+    """One more pass of a calibration: the blocks and per-stage overhead measured at another tensor-parallel degree
+    or microbatch size (the runtime, p2p and collectives are the profile's, measured once)."""
+
+    tensor_parallel_degree: int
+    mb_size: int
+    blocks: Mapping[str, Block]
+    stage_overhead: StageOverhead | None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.tensor_parallel_degree, self.mb_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tensor_parallel_degree": self.tensor_parallel_degree, "mb_size": self.mb_size,
+                "blocks": {name: block.to_dict() for name, block in self.blocks.items()},
+                "stage_overhead": None if self.stage_overhead is None else self.stage_overhead.to_dict()}
+
+
+def degrees_text(degrees: Sequence[int]) -> str:
+    """``1``, ``1 and 2``, ``1, 2 and 4``."""
+    shown = [str(d) for d in degrees]
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
 
 
 @dataclass(frozen=True)
@@ -453,15 +484,47 @@ class Profile:
     """The tensor-parallel degree the blocks were measured at (1: unsharded layers)."""
     collectives: tuple[CollectiveFit, ...] = ()
     """FSDP's collectives (all-gather, reduce-scatter) per group size, measured beside p2p."""
+    entries: tuple[ProfileEntry, ...] = ()
+    """The calibration's other passes (``--tp 1,2 --mb-size 1,2``): each (TP degree, microbatch size) but the
+    first, which is this profile's own blocks."""
+
+    @property
+    def covers(self) -> tuple[tuple[int, int], ...]:
+        """Every (tensor-parallel degree, microbatch size) measured, the profile's own first."""
+        return ((self.tensor_parallel_degree, self.model.mb_size), *(e.key for e in self.entries))
+
+    @property
+    def tensor_parallel_degrees(self) -> tuple[int, ...]:
+        """The tensor-parallel degrees measured, in increasing order."""
+        return tuple(sorted({tp for tp, _ in self.covers}))
 
     def check_tensor_parallel(self, degree: int, *, source: str = "profile") -> None:
-        """One line when a job at tensor-parallel ``degree`` would be simulated with blocks measured at another."""
-        if degree != self.tensor_parallel_degree:
+        """One line when a job at tensor-parallel ``degree`` would be simulated with blocks measured at others."""
+        have = self.tensor_parallel_degrees
+        if degree not in have:
             raise CostError(
-                f"profile {source}: measured at tensor_parallel_degree {self.tensor_parallel_degree}, the job runs "
-                f"{degree}; calibrate at the job's degree (`ppsim calibrate --torchtitan-config ... "
-                f"--parallelism.tensor_parallel_degree {degree}`) or set the job's degree to "
-                f"{self.tensor_parallel_degree}")
+                f"profile {source}: measured at tensor_parallel_degree {degrees_text(have)}, the job runs "
+                f"{degree}; calibrate at the job's degree (`ppsim calibrate --tp {degree}` with the job's "
+                f"--torchtitan-config, or --tp {','.join(map(str, [*have, degree]))}) or set the job's degree to "
+                f"{' or '.join(map(str, have))}")
+
+    def entry(self, *, tp: int, mb_size: int | None = None, source: str = "profile") -> Profile:
+        """This profile as the pass at tensor-parallel degree ``tp`` and microbatch size ``mb_size`` measured it
+        (``None``: the job's size if measured, else the first measured at ``tp``); one line naming the degrees it
+        has when it has not ``tp``. A profile of one pass at ``tp`` is itself."""
+        self.check_tensor_parallel(tp, source=source)
+        at_tp = [key for key in self.covers if key[0] == tp]
+        key = (tp, mb_size) if (tp, mb_size) in at_tp else at_tp[0]
+        if key == self.covers[0]:
+            return self if not self.entries else replace(self, entries=())
+        chosen = next(e for e in self.entries if e.key == key)
+        info = self.source
+        if info is not None and "mb_size" in info.options:
+            info = replace(info, options={**info.options, "mb_size": chosen.mb_size})
+        return replace(self, blocks=chosen.blocks, stage_overhead=chosen.stage_overhead,
+                       tensor_parallel_degree=chosen.tensor_parallel_degree,
+                       model=replace(self.model, mb_size=chosen.mb_size), source=info, stages=(), num_stages=0,
+                       entries=())
 
     @property
     def version(self) -> int:
@@ -517,6 +580,8 @@ class Profile:
             out["tensor_parallel_degree"] = self.tensor_parallel_degree
         if self.collectives:
             out["collectives"] = [c.to_dict() for c in self.collectives]
+        if self.entries:
+            out["entries"] = [e.to_dict() for e in self.entries]
         return out
 
     @classmethod
@@ -919,8 +984,45 @@ class _Reader:
             notes=tuple(self.str_(n, f"notes[{i}]") for i, n in enumerate(self.list_(d.get("notes") or [], "notes"))),
             tensor_parallel_degree=self.int_(d.get("tensor_parallel_degree", 1), "tensor_parallel_degree", minimum=1),
             collectives=self.records(CollectiveFit, d.get("collectives"), "collectives"),
+            entries=self.entries(d.get("entries"), extra.get("blocks"), model=model,
+                                 tp=self.int_(d.get("tensor_parallel_degree", 1), "tensor_parallel_degree", minimum=1),
+                                 complete=complete, allow_incomplete=partial_ok),
             **extra,
         )
+
+    def entries(self, value: Any, blocks: Mapping[str, Block] | None, *, model: ModelConfig, tp: int, complete: bool,
+                allow_incomplete: bool) -> tuple[ProfileEntry, ...]:
+        """The other passes: each a distinct (TP degree, microbatch size), with the same blocks as the first."""
+        if value is None:
+            return ()
+        if blocks is None:
+            raise self.fail("entries", "needs a per-block profile (version 2 or 3)")
+        seen = {(tp, model.mb_size): "the profile's own blocks"}
+        out = []
+        for i, raw in enumerate(self.list_(value, "entries")):
+            where = f"entries[{i}]"
+            d = self.obj(raw, where)
+            entry = ProfileEntry(
+                tensor_parallel_degree=self.int_(self.get(d, "tensor_parallel_degree", f"{where}."),
+                                                 f"{where}.tensor_parallel_degree", minimum=1),
+                mb_size=self.int_(self.get(d, "mb_size", f"{where}."), f"{where}.mb_size", minimum=1),
+                blocks={name: self.block(b, f"{name} of {where}", allow_incomplete=allow_incomplete)
+                        for name, b in self.obj(self.get(d, "blocks", f"{where}."), f"{where}.blocks").items()},
+                stage_overhead=self.stage_overhead(self.get(d, "stage_overhead", f"{where}."),
+                                                   allow_incomplete=allow_incomplete),
+            )
+            if entry.key in seen:
+                raise self.fail(where, f"measures tensor_parallel_degree {entry.key[0]} and mb_size {entry.key[1]} "
+                                       f"again (as {seen[entry.key]}); each pass once")
+            seen[entry.key] = where
+            if set(entry.blocks) != set(blocks):
+                raise self.fail(f"{where}.blocks", f"are {', '.join(sorted(entry.blocks))}, not the profile's "
+                                                   f"{', '.join(sorted(blocks))}")
+            if complete and not (all(b.is_measured for b in entry.blocks.values())
+                                 and entry.stage_overhead is not None and entry.stage_overhead.is_measured):
+                raise self.fail("complete", f"is true but some measurement of {where} is null")
+            out.append(entry)
+        return tuple(out)
 
 
 _RECORDS: dict[str, type] = {cls.__name__: cls for cls in Record.__subclasses__()}

@@ -68,6 +68,23 @@ PROBE_WARMUP = 2
 
 
 @dataclass(frozen=True)
+class CalibrationPass:
+    """One (tensor-parallel degree, microbatch size) the blocks are measured at (``--tp 1,2 --mb-size 1,2``: each
+    pair, the first the profile's own blocks, the others its ``entries``)."""
+
+    tensor_parallel_degree: int
+    mb_size: int
+
+    @property
+    def done_key(self) -> str:
+        """Its key in the profile's ``done`` (the first pass's is ``units``)."""
+        return f"units.tp{self.tensor_parallel_degree}.mb{self.mb_size}"
+
+    def describe(self) -> str:
+        return f"tp {self.tensor_parallel_degree}, microbatch size {self.mb_size}"
+
+
+@dataclass(frozen=True)
 class CalibrationOptions:
     output: Path
     config: ModelConfig
@@ -91,6 +108,29 @@ class CalibrationOptions:
     ``None``: when a torchtitan model's whole-model calibration would not fit this device's memory."""
     speed: MatmulSpeed | None = None
     """The matmul speed of the dtype on the device (:func:`decide_speed`); ``None``: not measured yet."""
+    passes: tuple[CalibrationPass, ...] = ()
+    """Every pass (``--tp`` x ``--mb-size``), the first at ``tensor_parallel_degree`` and ``config.mb_size``;
+    empty: that one alone."""
+
+    @property
+    def all_passes(self) -> tuple[CalibrationPass, ...]:
+        return self.passes or (CalibrationPass(self.tensor_parallel_degree, self.config.mb_size),)
+
+    def for_pass(self, chosen: CalibrationPass) -> CalibrationOptions:
+        """The options of one pass beyond the first: its degree and microbatch size, the blocks only (p2p, the
+        collectives, the runtime probe and ``--check-stages`` are the first pass's)."""
+        if chosen == self.all_passes[0]:
+            return self
+        config, source = dataclasses.replace(self.config, mb_size=chosen.mb_size), self.source
+        if source is not None and chosen.mb_size != self.config.mb_size:
+            from ppsim.calibrate.models import parse_model_source
+
+            source = parse_model_source(source.text, dataclasses.replace(source.options, mb_size=chosen.mb_size),
+                                        device=source.device)
+            config = source.config
+        return dataclasses.replace(self, config=config, source=source,
+                                   tensor_parallel_degree=chosen.tensor_parallel_degree, passes=(), p2p=False,
+                                   probe=False, check_stages=False, at_size=None)
 
     @property
     def model_source(self) -> ModelSource:
@@ -328,6 +368,44 @@ def estimate_line(opts: CalibrationOptions) -> str:
     return f"estimate: about {need / 2**30:.3g} GiB, about {_duration(seconds)} on {opts.device}{rate}{avail}"
 
 
+def pass_seconds(opts: CalibrationOptions) -> float:
+    """The estimated time of one pass (its runtime probe too, where it runs one)."""
+    opts = decide_at_size(opts)
+    if opts.at_size:
+        return at_size_estimate(opts.model_source, device=opts.device, reps=opts.reps, warmup=opts.warmup,
+                                probe=opts.probe, flops_per_s=flops_rate(opts)).seconds
+    return estimate(opts.model_source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
+                    check_stages=opts.check_stages, flops_per_s=flops_rate(opts))[0]
+
+
+def estimate_lines(opts: CalibrationOptions) -> list[str]:
+    """What ``calibrate`` prints first: the estimate, and with several passes, each pass's and their total."""
+    passes = opts.all_passes
+    if len(passes) == 1:
+        return [estimate_line(opts)]
+    opts = decide_speed(opts)
+    total = sum(pass_seconds(opts.for_pass(p)) for p in passes)
+    return [f"estimate: {len(passes)} passes (--tp x --mb-size), about {_duration(total)} in all",
+            *(f"  pass {i}/{len(passes)} ({p.describe()}): {estimate_line(opts.for_pass(p))}"
+              for i, p in enumerate(passes, start=1))]
+
+
+def check_all_limits(opts: CalibrationOptions) -> None:
+    """Every pass's limits (:func:`check_limits`), then the passes' time together."""
+    passes = opts.all_passes
+    for chosen in passes:
+        check_limits(opts.for_pass(chosen))
+    if len(passes) == 1 or opts.override_limits:
+        return
+    opts = decide_speed(opts)
+    seconds = sum(pass_seconds(opts.for_pass(p)) for p in passes)
+    if seconds > MAX_CALIBRATION_S:
+        raise PPSimError(
+            f"calibrating {len(passes)} passes (--tp x --mb-size) of {opts.model_source.text} on {opts.device} would "
+            f"take about {_hours(seconds)}{speed_note(opts, seconds)} (limit {MAX_CALIBRATION_S / 3600:g} h); measure "
+            "fewer degrees or sizes per job, lower --reps, calibrate on a GPU, or pass --allow-large")
+
+
 def check_limits(opts: CalibrationOptions) -> None:
     """Refuse, in one line with the estimate, a calibration this machine cannot hold or finish in an hour (or
     whose options cannot go together)."""
@@ -560,7 +638,7 @@ def calibrate(opts: CalibrationOptions, *, log: Callable[[str], None] | None = N
     from ppsim.calibrate.execute import launch, torch_adapter
 
     opts = decide_at_size(opts)
-    check_limits(opts)
+    check_all_limits(opts)
     opts = decide_speed(opts)
     torch_adapter.check()
     started = time.perf_counter()
@@ -615,7 +693,8 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
     if writer and opts.resume:
         doc = resume_document(opts, doc, log=log)
     if writer:  # once the lock is held and a resume agrees: a refused calibration's stderr is its error line
-        log(estimate_line(opts))  # what is alive at once (a refusal of the estimate carries it)
+        for line in estimate_lines(opts):  # what is alive at once (a refusal of the estimate carries it)
+            log(line)
         log(opts.model_source.summary())
     rec = Recorder(doc, opts.output, writer=writer)
     if world is not None:
@@ -628,22 +707,21 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
     load_at_start = _load_avg()
     rec.save()
 
-    # 1. units, their repetitions interleaved (the writing rank; under torchrun the others wait for p2p)
-    if "units" not in rec.done and writer and opts.at_size:
-        measure_at_size(opts, rec, device, log=log)
-        rec.compose(opts)
-        rec.finish("units")
-    if "units" not in rec.done and writer:
-        todo: list[Any] = units_of(opts.model_source)
-        if opts.check_stages:
-            todo += check_units(opts)
-        log("measuring " + ", ".join(u.name for u in todo) + f" ({opts.reps} interleaved repetitions)")
-        for unit, fields in zip(todo, measure_units(opts, todo, device, log=log)):
-            rec.add_unit(unit.name, fields)
-        rec.compose(opts)
-        rec.finish("units")
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    # 1. units, their repetitions interleaved (the writing rank; under torchrun the others wait for p2p); one pass
+    # per (--tp, --mb-size), the first into the profile's own blocks, the others into its entries
+    passes = opts.all_passes
+    for i, chosen in enumerate(passes):
+        key = "units" if i == 0 else chosen.done_key
+        if key in rec.done or not writer:
+            continue
+        if len(passes) > 1:
+            log(f"pass {i + 1}/{len(passes)}: {chosen.describe()}")
+        started_pass = time.perf_counter()
+        pass_rec = rec if i == 0 else EntryRecorder(rec, i - 1)
+        measure_blocks(decide_at_size(opts.for_pass(chosen)), pass_rec, device, log=log)
+        pass_rec.finish(key)
+        if len(passes) > 1:
+            log(f"pass {i + 1}/{len(passes)} done ({time.perf_counter() - started_pass:.0f} s)")
     if world is not None:
         rec.doc = _broadcast(rec.doc)
 
@@ -706,6 +784,25 @@ def host_load(doc: dict[str, Any], *, load_at_start: float) -> HostLoad:
                      for stat in [block.get(op)] if isinstance(stat, dict) and (stat.get("median") or 0) > 0)
     spread = spreads[len(spreads) // 2] if spreads else 0.0
     return HostLoad(load_avg=max(load_at_start, _load_avg()), num_cpus=os.cpu_count() or 1, spread=spread)
+
+
+def measure_blocks(opts: CalibrationOptions, rec: Recorder, device: Any, *, log: Callable[[str], None]) -> None:
+    """One pass's units, measured (at size one at a time, else their repetitions interleaved) and composed into
+    blocks and the per-stage overhead."""
+    if opts.at_size:
+        measure_at_size(opts, rec, device, log=log)
+    else:
+        todo: list[Any] = units_of(opts.model_source)
+        if opts.check_stages:
+            todo += check_units(opts)
+        log("measuring " + ", ".join(u.name for u in todo) + f" ({opts.reps} interleaved repetitions)")
+        for unit, fields in zip(todo, measure_units(opts, todo, device, log=log)):
+            rec.add_unit(unit.name, fields)
+    rec.compose(opts)
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def at_size_units(source: ModelSource) -> list[Any]:
@@ -977,20 +1074,11 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
     import torch
 
     from ppsim.calibrate.execute.launch import cpu_name
-    from ppsim.calibrate.measure.harness import unit_of, unit_static
-    from ppsim.calibrate.models import block_name_of
+    from ppsim.calibrate.measure.harness import unit_static
 
     cuda = device.type == "cuda"
     source = opts.model_source
-    units = units_of(source)
-    per_block = [("embed", units[0])]
-    single = len(source.kinds) == 1
-    for kind in source.kinds:
-        per_block.append((block_name_of(kind, single=single), unit_of(kind, (source.layer_kinds.index(kind),))))
-    per_block.append(("head", units[-1]))
-    blocks: dict[str, Any] = {}
-    for name, unit in per_block:
-        blocks[name] = unit_static(opts.config, unit, source).to_dict()
+    blocks = static_blocks(opts)
     stages = []
     if opts.check_stages:
         for s, unit in enumerate(check_units(opts)):
@@ -1022,7 +1110,31 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
         "notes": [*source.notes],
         "units": {},
         **({"tensor_parallel_degree": opts.tensor_parallel_degree} if opts.tensor_parallel_degree > 1 else {}),
+        **({"entries": [entry_document(opts.for_pass(p)) for p in opts.all_passes[1:]]}
+           if len(opts.all_passes) > 1 else {}),
     }
+
+
+def static_blocks(opts: CalibrationOptions) -> dict[str, Any]:
+    """The profile's blocks with the sizes known without running (the measured fields ``null``)."""
+    from ppsim.calibrate.measure.harness import unit_of, unit_static
+    from ppsim.calibrate.models import block_name_of
+
+    source = opts.model_source
+    units = units_of(source)
+    per_block = [("embed", units[0])]
+    single = len(source.kinds) == 1
+    for kind in source.kinds:
+        per_block.append((block_name_of(kind, single=single), unit_of(kind, (source.layer_kinds.index(kind),))))
+    per_block.append(("head", units[-1]))
+    return {name: unit_static(opts.config, unit, source).to_dict() for name, unit in per_block}
+
+
+def entry_document(opts: CalibrationOptions) -> dict[str, Any]:
+    """A pass beyond the first with nothing measured yet: the profile's ``entries`` item (``units``, ``stages``
+    and ``notes`` are the recorder's while it is measured)."""
+    return {"tensor_parallel_degree": opts.tensor_parallel_degree, "mb_size": opts.config.mb_size,
+            "blocks": static_blocks(opts), "stage_overhead": None, "units": {}, "stages": [], "notes": []}
 
 
 def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Callable[[str], None]) -> dict:
@@ -1039,13 +1151,16 @@ def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Cal
     theirs = {"model": old.get("model"), "source": (old.get("source") or {}).get("source"),
               "stages": old.get("num_stages"), "device": old.get("device"),
               "warmup": method.get("warmup"), "reps": method.get("reps"),
-              "--tp": old.get("tensor_parallel_degree", 1)}
+              "--tp x --mb-size": [(old.get("tensor_parallel_degree", 1), (old.get("model") or {}).get("mb_size")),
+                                   *((e.get("tensor_parallel_degree"), e.get("mb_size"))
+                                     for e in old.get("entries") or [])]}
     if old.get("version") != 3 or "units" not in old:
         raise PPSimError(f"--resume: {path} is a profile of an older ppsim (version {old.get('version')}); "
                          "drop --resume to start over")
     ours = {"model": fresh["model"], "source": fresh["source"]["source"], "stages": fresh["num_stages"],
             "device": fresh["device"],
-            "warmup": opts.warmup, "reps": opts.reps, "--tp": opts.tensor_parallel_degree}
+            "warmup": opts.warmup, "reps": opts.reps,
+            "--tp x --mb-size": [(p.tensor_parallel_degree, p.mb_size) for p in opts.all_passes]}
     diff = [k for k in ours if theirs[k] != ours[k]]
     if diff:
         k = diff[0]
@@ -1059,6 +1174,8 @@ def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Cal
 def _show(value: Any) -> str:
     if isinstance(value, dict):
         return ",".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, list):
+        return ", ".join(f"tp {tp} x mb {mb}" for tp, mb in value)
     return str(value)
 
 
@@ -1132,6 +1249,33 @@ class Recorder:
             self.doc["notes"] = [*self.doc["notes"], f"stage {st['stage']} ({n} layers) composed from blocks vs "
                                  f"measured whole: {', '.join(errs)}"]
         self.save()
+
+
+class EntryRecorder(Recorder):
+    """A pass beyond the first: its units and blocks go to the profile's ``entries[index]``, saved with the
+    profile; its notes join the profile's when it finishes."""
+
+    def __init__(self, parent: Recorder, index: int) -> None:
+        super().__init__(parent.doc["entries"][index], parent.path, writer=parent.writer)
+        self.parent, self.index = parent, index
+
+    @property
+    def done(self) -> list[str]:
+        return self.parent.done
+
+    def save(self) -> None:
+        entries = list(self.parent.doc["entries"])
+        entries[self.index] = self.doc
+        self.parent.doc["entries"] = entries
+        self.parent.save()
+
+    def finish(self, key: str) -> None:
+        said = f"tp {self.doc['tensor_parallel_degree']} x microbatch size {self.doc['mb_size']}: "
+        notes = [said + n for n in self.doc.pop("notes", [])]
+        self.doc.pop("stages", None)
+        self.parent.doc["notes"] = [*self.parent.doc["notes"], *(n for n in notes if n not in self.parent.doc["notes"])]
+        self.save()
+        self.parent.finish(key)
 
 
 def interrupted_line(output: Path) -> str:

@@ -5,8 +5,11 @@ from the model built on the meta device, fills torchtitan's sharding plan with t
 ``update_from_config`` (a ``ParallelismConfig`` with ``tensor_parallel_degree = T``), shards it with the model's own
 ``parallelize`` on a ``ParallelDims`` mesh of ``T`` ranks (what
 torchtitan's ``parallelize_llama`` calls), then allocates and initialises only its local shards (random values:
-``normal(0, 0.02)`` weights, the model's own buffers). Every rank runs the same actions on the same microbatch, so
-the timings include the layer's TP collectives; rank 0's are recorded, with the bytes one rank holds.
+``normal(0, 0.02)`` weights, the model's own buffers). Every rank runs the same actions inside torchtitan's SPMD
+context (:func:`spmd_context`: the trainer's ``set_spmd_backend`` and ``get_spmd_context``; outside it the
+``spmd_types`` layers run no collective at all), on its sequence shard of the microbatch (sequence parallelism, on by
+default: a layer's input and output hold ``seq_len / T`` tokens per rank), so the timings include the layer's TP
+collectives; rank 0's are recorded, with the bytes one rank holds.
 
 Layers only: the embedding and the head are measured unsharded (the sharded head's vocab-parallel loss is
 torchtitan's trainer's, not the model's), an upper bound the profile's notes state.
@@ -28,15 +31,51 @@ if TYPE_CHECKING:
     from ppsim.calibrate.models import ModelSource
 
 
+SPMD_BACKEND = "spmd_types"
+"""torchtitan 0.3.0's default ``parallelism.spmd_backend``, which the units are sharded and run with."""
+
+
+def tp_dims(tp: int) -> Any:
+    """torchtitan's ``ParallelDims`` of ``tp`` tensor-parallel ranks (the running process group), its mesh built."""
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, world_size=tp, spmd_backend=SPMD_BACKEND)
+    dims.build_mesh()
+    return dims
+
+
+def spmd_context(dims: Any) -> Any:
+    """The context torchtitan's trainer runs a step in (``set_spmd_backend``, then ``get_spmd_context``): without
+    it the ``spmd_types`` layers skip their collectives."""
+    from torchtitan.distributed import utils as dist_utils
+
+    dist_utils.set_spmd_backend(SPMD_BACKEND)
+    return dist_utils.get_spmd_context(parallel_dims=dims)()
+
+
+def sequence_parallel() -> bool:
+    """Whether torchtitan shards a TP layer's input and output along the sequence (its default)."""
+    from torchtitan.config import ParallelismConfig
+
+    return bool(ParallelismConfig().enable_sequence_parallel)
+
+
 def tp_stage(source: ModelSource, layer_ids: tuple[int, ...], *, has_embedding: bool, has_head: bool, tp: int,
              seed: int, device: Any) -> nn.Module:
     """The stage holding ``layer_ids`` (and the embedding / head), sharded by torchtitan over the ``tp`` ranks of
     the running process group, only this rank's shards allocated."""
+    return tp_stage_and_dims(source, layer_ids, has_embedding=has_embedding, has_head=has_head, tp=tp, seed=seed,
+                             device=device)[0]
+
+
+def tp_stage_and_dims(source: ModelSource, layer_ids: tuple[int, ...], *, has_embedding: bool, has_head: bool,
+                      tp: int, seed: int, device: Any) -> tuple[nn.Module, Any]:
+    """:func:`tp_stage` and the ``ParallelDims`` it was sharded on (:func:`tp_dims`, built after the model, as
+    torchtitan's trainer does), which :func:`spmd_context` runs it in."""
     import types
 
     import torch
     from torchtitan.config import ParallelismConfig
-    from torchtitan.distributed.parallel_dims import ParallelDims
 
     from ppsim.calibrate.models import place
     from ppsim.calibrate.models.torchtitan import prepared_config
@@ -57,9 +96,7 @@ def tp_stage(source: ModelSource, layer_ids: tuple[int, ...], *, has_embedding: 
             keep = (name == "tok_embeddings" and has_embedding) or (name in ("norm", "lm_head") and has_head)
             stage._modules[name] = child if keep else None
     stage._modules["layers"] = torch.nn.ModuleDict({str(i): full.layers[str(i)] for i in layer_ids})
-    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, world_size=tp,
-                        spmd_backend="spmd_types")
-    dims.build_mesh()
+    dims = tp_dims(tp)
     stage.parallelize(dims)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed + 1)
@@ -69,7 +106,7 @@ def tp_stage(source: ModelSource, layer_ids: tuple[int, ...], *, has_embedding: 
                 module._init_self_parameters = _plain_init(module)  # torchtitan's init copies unsharded tensors
         with torch.no_grad():
             stage.init_states(buffer_device=torch.device(device))
-    return stage
+    return stage, dims
 
 
 def _plain_init(module: Any) -> Any:
@@ -105,18 +142,31 @@ def _unit_rank(ctx: Any, opts: CalibrationOptions, unit: Any) -> dict[str, Any] 
                world_size=ctx.world_size)
     try:
         source = opts.model_source
-        module = tp_stage(source, unit.layer_ids, has_embedding=unit.has_embedding, has_head=unit.has_head,
-                          tp=ctx.world_size, seed=opts.seed, device=device)
-        bench = harness.StageBench(opts.config, opts.num_stages, 1, device=torch.device(device), seed=opts.seed,
-                                   unit=unit, source=source, module=module)
-        (samples,) = harness.measure_interleaved([bench], warmup=opts.warmup, reps=opts.reps)
-        mem = bench.measure_memory()
+        module, dims = tp_stage_and_dims(source, unit.layer_ids, has_embedding=unit.has_embedding,
+                                         has_head=unit.has_head, tp=ctx.world_size, seed=opts.seed, device=device)
+        local = rank_source(source, ctx.world_size)
+        bench = harness.StageBench(local.config, opts.num_stages, 1, device=torch.device(device), seed=opts.seed,
+                                   unit=unit, source=local, module=module)
+        with spmd_context(dims):
+            (samples,) = harness.measure_interleaved([bench], warmup=opts.warmup, reps=opts.reps)
+            mem = bench.measure_memory()
         dist.barrier()
         if ctx.rank != 0:
             return None
         return unit_fields(opts, unit, samples, mem, param_bytes=local_param_bytes(module))
     finally:
         dist.destroy_process_group()
+
+
+def rank_source(source: ModelSource, tp: int) -> ModelSource:
+    """The model as one TP rank's layers see their microbatch: ``seq_len / tp`` tokens under sequence parallelism
+    (the layers gather the rest), else the whole (the bench's input and output gradient; the module is built from
+    the model itself)."""
+    import dataclasses
+
+    if tp == 1 or not sequence_parallel():
+        return source
+    return dataclasses.replace(source, config=dataclasses.replace(source.config, seq_len=source.config.seq_len // tp))
 
 
 def measure_unit_tp(opts: CalibrationOptions, unit: Any) -> dict[str, Any]:

@@ -23,7 +23,6 @@ from ppsim.cli.options import (
     HeadsOpt,
     HiddenOpt,
     LayersOpt,
-    MbSizeOpt,
     ModelOpt,
     PresetOpt,
     SeqLenOpt,
@@ -58,7 +57,9 @@ def calibrate_cmd(
     layers: LayersOpt = None,
     vocab: VocabOpt = None,
     seq_len: SeqLenOpt = None,
-    mb_size: MbSizeOpt = None,
+    mb_size: Annotated[Optional[str], typer.Option(
+        "--mb-size", metavar="B[,B2...]", help="Sequences per microbatch; a list measures each (one profile: "
+        "`plan` times every size it covers).")] = None,
     dtype: DTypeOpt = None,
     stages: Annotated[
         Optional[int],
@@ -89,14 +90,20 @@ def calibrate_cmd(
         bool, typer.Option("--allow-large", help="Run even when the memory or time estimate exceeds the limits.")
     ] = False,
     tp: Annotated[
-        int, typer.Option("--tp", help="Tensor-parallel degree: measure each layer as torchtitan shards it, on T "
-                          "local ranks (torchtitan models; the profile records T).")
-    ] = 1,
+        str, typer.Option("--tp", metavar="T[,T2...]", help="Tensor-parallel degree: measure each layer as "
+                          "torchtitan shards it, on T local ranks (torchtitan models; the profile records T); a list "
+                          "measures each degree into one profile.")
+    ] = "1",
     torchtitan_config: TorchtitanConfigOpt = None,
 ) -> None:
     """Measure the model's blocks (embedding, layer, head), the per-stage overhead, p2p cost and the runtime's
     overheads on this machine; write a profile that serves any schedule and stage count."""
-    from ppsim.calibrate.measure.calibration import CalibrationOptions, check_limits, decide_speed
+    from ppsim.calibrate.measure.calibration import (
+        CalibrationOptions,
+        CalibrationPass,
+        check_all_limits,
+        decide_speed,
+    )
 
     notes: list[str] = []  # printed once every refusal is behind: a failing command's stderr is its error line
     stages = _checked_stages(stages, check_stages=check_stages, warmup=warmup, reps=reps, notes=notes)
@@ -104,8 +111,10 @@ def calibrate_cmd(
     overrides = job_overrides(ctx, torchtitan_config)
     check_output(output, "-o", suffix=".json")
     check_distinct((("--torchtitan-config", torchtitan_config), ("-o", output)))  # an output never replaces an input
+    degrees = int_list("--tp", tp, example="--tp 1,2")
+    mb_sizes = None if mb_size is None else int_list("--mb-size", mb_size, example="--mb-size 1,2")
     sizes = model_options(hidden=hidden, heads=heads, ffn=ffn, layers=layers, vocab=vocab, seq_len=seq_len,
-                          mb_size=mb_size, dtype=dtype)
+                          mb_size=None if mb_sizes is None else mb_sizes[0], dtype=dtype)
     if torchtitan_config is None:
         source = resolve_model(model, preset, sizes, device=device.value)
     else:
@@ -115,14 +124,16 @@ def calibrate_cmd(
                                                options=sizes, device=device.value)
         notes += job_notes
     config = source.config
-    _check_tp(tp, source)
+    _check_tp(degrees, tp, source)
+    passes = tuple(CalibrationPass(t, b) for t in degrees for b in (mb_sizes or (config.mb_size,)))
     request = CalibrationOptions(
         output=output, config=config, num_stages=stages, device=device.value, warmup=warmup, reps=reps,
         resume=resume, p2p=p2p, probe=probe, check_stages=check_stages, init_timeout_s=init_timeout,
-        override_limits=override_limits, source=source, tensor_parallel_degree=tp,
+        override_limits=override_limits, source=source, tensor_parallel_degree=degrees[0],
+        passes=passes if len(passes) > 1 else (),
     )
     try:
-        check_limits(request)  # memory before torch; then the dtype's speed here, which the time divides by (< 1 s)
+        check_all_limits(request)  # memory before torch; then the dtype's speed here, which the time divides by
     except PPSimError as exc:
         if torchtitan_config is None or seq_len is not None or config.seq_len <= 128:
             raise
@@ -137,18 +148,38 @@ def calibrate_cmd(
     _calibrate(request)
 
 
-def _check_tp(tp: int, source: ModelSource) -> None:
-    """``--tp``: at least 1; above 1 a torchtitan model whose heads it divides."""
-    if tp < 1:
-        raise PPSimError(f"--tp {tp}: must be at least 1; e.g. --tp 2")
-    if tp == 1:
+def int_list(option: str, text: str, *, example: str) -> tuple[int, ...]:
+    """``1,2,4``: positive integers, each once (one line naming the value otherwise)."""
+    values: list[int] = []
+    for part in text.split(","):
+        try:
+            value = int(part.strip())
+        except ValueError:
+            raise PPSimError(f"{option} {text}: {part.strip()!r} is not an integer; e.g. {example}") from None
+        if value < 1:
+            raise PPSimError(f"{option} {text}: must be at least 1 (got {value}); e.g. {example}" if "," in text
+                             else f"{option} {value}: must be at least 1; e.g. {example.split(',')[0]}")
+        if value in values:
+            raise PPSimError(f"{option} {text}: {value} is given twice; list each value once, e.g. {example}")
+        values.append(value)
+    return tuple(values)
+
+
+def _check_tp(degrees: tuple[int, ...], text: str, source: ModelSource) -> None:
+    """``--tp``: above 1 a torchtitan model whose heads each degree divides."""
+    if degrees == (1,):
         return
     if source.scheme != "torchtitan":
-        raise PPSimError(f"--tp {tp} with --model {source.text}: tensor-parallel measurement uses torchtitan's own "
+        raise PPSimError(f"--tp {text} with --model {source.text}: tensor-parallel measurement uses torchtitan's own "
                          "sharding plan; use a torchtitan:FAMILY/FLAVOR model or --tp 1")
-    if source.config.heads % tp:
-        raise PPSimError(f"--tp {tp}: does not divide the {source.config.heads} attention heads of {source.text}; "
-                         "use a divisor of the head count")
+    for tp in degrees:
+        which = "" if len(degrees) == 1 else f"degree {tp} "
+        if source.config.heads % tp:
+            raise PPSimError(f"--tp {text}: {which}does not divide the {source.config.heads} attention heads of "
+                             f"{source.text}; use a divisor of the head count")
+        if source.config.seq_len % tp:  # sequence parallelism shards each layer's tokens over the TP ranks
+            raise PPSimError(f"--tp {text}: {which}does not divide the sequence length {source.config.seq_len} "
+                             "(sequence parallelism shards it); use a --seq-len that each degree divides")
 
 
 def _checked_stages(stages: int | None, *, check_stages: bool, warmup: int, reps: int, notes: list[str]) -> int:
@@ -241,6 +272,11 @@ def print_profile_summary(doc: dict[str, Any]) -> None:
         if syn:
             handoff = "-" if syn.get("handoff_s") is None else f"{syn['handoff_s'] * 1e6:.0f} us"
             console.print(f"runtime, synthetic stages: dispatch {syn['dispatch_s'] * 1e6:.0f} us, hand-off {handoff}")
+    for entry in doc.get("entries") or []:  # the other passes (--tp x --mb-size): their layers in a line
+        layers = ", ".join(f"{name} F {cell(block.get('F'))}, B {cell(block.get('B'))}"
+                           for name, block in (entry.get("blocks") or {}).items() if name.startswith("layer"))
+        console.print(f"tp {entry['tensor_parallel_degree']} x microbatch size {entry['mb_size']}: {layers} "
+                      "(ms: median \\[p10-p90])")
     for note in doc.get("notes") or []:
         console.print(f"note: {note}")
 

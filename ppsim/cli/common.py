@@ -7,7 +7,7 @@ import functools
 import gc
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -245,11 +245,17 @@ def build_inputs(
         stages_per_rank=stages_per_rank, layers_per_stage=layers_per_stage,
         split=None if split is None else parse_split(split),
     )
-    warn(f"warning: {line}" for line in job.warnings)
-    if profile is not None:
+    warnings = job.warnings
+    if profile is not None and blocks is not None:  # the pass measured at the job's TP degree and microbatch size
+        chosen = blocks.entry(tp=job.tensor_parallel_degree, mb_size=job.microbatch_size, source=str(profile))
+        if chosen.model.mb_size != blocks.model.mb_size and chosen.model.mb_size == job.microbatch_size:
+            warnings = tuple(w for w in warnings if not w.startswith("the profile was measured with seq_len"))
+        cost_model = replace(cost_model, profile=chosen)
+    elif profile is not None:
         from ppsim.profile import load_profile
 
         load_profile(profile).check_tensor_parallel(job.tensor_parallel_degree, source=str(profile))
+    warn(f"warning: {line}" for line in warnings)
     if blocks is not None:
         cost_model = cost_model.with_split(job.split)
     return Inputs([job.schedule], job.num_ranks, job.num_microbatches, job.stages_per_rank, cost_model, job, cache)

@@ -41,8 +41,9 @@ def plan_cmd(
     memory_cap: Annotated[str, typer.Option("--memory-cap", help="Each device's memory: 80GiB (2^30) or 80GB.")],
     gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node (TP stays within one).")] = 8,
     profile: Annotated[Optional[list[Path]], typer.Option(
-        "--profile", help="Profile JSON from `ppsim calibrate` (repeatable): times the candidates it covers (its TP "
-        "degree, 1 if it records none, and its tokens per microbatch).")] = None,
+        "--profile", help="Profile JSON from `ppsim calibrate` (repeatable): times the candidates it covers: each "
+        "(TP degree, tokens per microbatch) it measured (`calibrate --tp 1,2 --mb-size 1,2` measures several)."
+    )] = None,
     time_limit: Annotated[str, typer.Option("--time-limit", help="Seconds to plan (default 60).")] = "60",
     top: Annotated[int, typer.Option("--top", min=1, help="Candidates to show.")] = 5,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=output_file,
@@ -172,10 +173,12 @@ def _request(value: str, args: list[str], *, gpus: int, gpus_per_node: int, memo
         settings = read_job_settings(value, args)
     facts = _model_facts(value, settings)
     ac = _checkpoint_modes(value)
+    pins = _pins(pairs)
+    covers = tuple(c for p in profiles for c in _covers(p, facts, value))
+    _check_pinned_tp(covers, pins)
     return PlanRequest(settings=settings, user_overrides=tuple(kept), model=facts, num_gpus=gpus,
-                       gpus_per_node=gpus_per_node, cap_bytes=cap.bytes, pinned=_pins(pairs),
-                       profiles=tuple(_cover(p, facts, value) for p in profiles), time_limit_s=limit, top=top,
-                       activation_checkpoints=ac)
+                       gpus_per_node=gpus_per_node, cap_bytes=cap.bytes, pinned=pins, profiles=covers,
+                       time_limit_s=limit, top=top, activation_checkpoints=ac)
 
 
 def _model_facts(value: str, settings: Any) -> ModelFacts:
@@ -199,7 +202,8 @@ def _checkpoint_modes(value: str) -> tuple[str, ...]:
     return (own,) if own == "full" else (own, "full")
 
 
-def _cover(path: Path, facts: ModelFacts, value: str) -> ProfileCover:
+def _covers(path: Path, facts: ModelFacts, value: str) -> tuple[ProfileCover, ...]:
+    """Every pass the profile holds (its TP degree and microbatch size), each a cover of its own."""
     from ppsim.plan import PlanError, ProfileCover
     from ppsim.profile import load_profile
 
@@ -208,10 +212,23 @@ def _cover(path: Path, facts: ModelFacts, value: str) -> ProfileCover:
     if measured.lower() != facts.source.lower():
         raise PlanError(f"--profile {path}: measured {measured}, but the job {value} trains {facts.source}; "
                         f"calibrate with --model {facts.source}")
-    options = prof.source.options if prof.source is not None else {}
-    tp = int(options.get("tensor_parallel_degree", options.get("tp", 1)) or 1)
-    return ProfileCover(path=str(path), tp=tp, tokens_per_microbatch=prof.model.seq_len * prof.model.mb_size,
-                        collectives=_collective_costs(path, prof))
+    collectives = _collective_costs(path, prof)
+    return tuple(ProfileCover(path=str(path), tp=tp, tokens_per_microbatch=prof.model.seq_len * mb_size,
+                              collectives=collectives, mb_size=mb_size) for tp, mb_size in prof.covers)
+
+
+def _check_pinned_tp(covers: tuple[ProfileCover, ...], pins: dict[str, int]) -> None:
+    """A pinned TP degree that no ``--profile`` measured: one line naming the degrees they have."""
+    from ppsim.plan import PlanError
+    from ppsim.profile import degrees_text
+
+    tp = pins.get("tp")
+    have = sorted({c.tp for c in covers})
+    if tp is None or not covers or tp in have:
+        return
+    raise PlanError(f"--parallelism.tensor_parallel_degree {tp}: the --profile measured tensor_parallel_degree "
+                    f"{degrees_text(have)}, not {tp}; calibrate it (`ppsim calibrate --tp "
+                    f"{','.join(map(str, [*have, tp]))} ...`) or pin a degree the profile has")
 
 
 def _collective_costs(path: Path, prof: Any) -> Any:
@@ -290,13 +307,11 @@ def _memory_profile(request: PlanRequest, tp: int, tokens: int) -> Any:
     """The profile whose measured activations (and device) judge memory: the one
     measured at this TP degree and tokens per microbatch, else the first (its model, dtype and device; the formula's
     activations); ``None`` without ``--profile`` (torchtitan's training job, the formula's activations)."""
-    from ppsim.profile import load_profile
-
     if not request.profiles:
         return None
     cover = next((p for p in request.profiles if p.tp == tp and p.tokens_per_microbatch == tokens),
                  request.profiles[0])
-    return load_profile(cover.path)
+    return cover.profile()
 
 
 def _write_orders(result: Plan, orders: dict[str, Any]) -> None:
