@@ -63,9 +63,11 @@ DEFAULT_COMM_RATIO = 1.0
 """Without measured costs: a MoE layer's forward all-to-alls (dispatch + combine) over its forward compute
 (DeepSeek-V3 technical report, section 3.2.1: about 1:1 for cross-node EP). The backward's move the same bytes, so
 they take the same time."""
-OVERLAPS = ("dualpipe", "chunked")
+OVERLAPS = ("dualpipe", "chunked", "sequential")
 """``dualpipe``: eager actions expose all their all-to-alls, overlapped pairs DeepSeek's rule (module docstring);
-``chunked``: eager actions as torchtitan's two-chunk EP overlap, pairs as ``dualpipe``."""
+``chunked``: eager actions as torchtitan's two-chunk EP overlap, pairs as ``dualpipe``; ``sequential``: a runtime
+that runs an overlapped pair's two halves one after the other (torch 2.13's ``_PipelineScheduleRuntime``, which
+``ppsim run`` drives through torchtitan): every all-to-all exposed, the pairs' too."""
 
 
 def all_to_all_bytes(shapes: Any) -> int:
@@ -158,6 +160,9 @@ def exposed_seconds(schedule: Schedule, stage_costs: Any, action: Action, comms:
         cb = comms[b.stage] if b.type in (ActionType.B, ActionType.I) else StageComm(0, 0.0, 0.0)
         if not cf.layers and not cb.layers:
             return 0, 0.0, 0.0
+        if overlap == "sequential":
+            total = cf.per_direction + cb.per_direction
+            return 2 * (cf.layers + cb.layers), total, total
         duration, share = stage_costs.pair_split(schedule, f.stage, b.stage, b.type)
         duration *= stage_costs.compute_scale
         hide_under_f, hide_under_b = duration * share * cf.share, duration * (1 - share) * cb.share
@@ -203,7 +208,9 @@ def ep_step(step: FsdpStep, stage_costs: Any, *, shapes: Any, stage_modules: Seq
             spans[(rank, pos)] = (before[0] + t, before[1] + e)
     unit = "s" if stage_costs.unit == "s" else " units"
     nbytes = all_to_all_bytes(shapes)
-    how = ("overlapped F&B pairs hide one direction under the other" if _has_pairs(schedule)
+    how = ("overlapped F&B pairs run one half after the other in this runtime: every all-to-all waited for"
+           if _has_pairs(schedule) and overlap == "sequential" else
+           "overlapped F&B pairs hide one direction under the other" if _has_pairs(schedule)
            else "no overlapped F&B pairs: eager actions wait for them")
     note = (f"EP (ep {ep}): a dispatch and a combine all-to-all per MoE layer in each F and each B/I, "
             f"{nbytes * (ep - 1) // ep / 2**20:.2f} MiB leaving a rank per all-to-all per microbatch; {count} in the "

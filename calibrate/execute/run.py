@@ -83,6 +83,9 @@ class RunOptions:
     """FSDP degree (``--dp-shard``): each pipeline rank runs as ``dp_shard x tp`` processes (torchtitan models)."""
     tp: int = 1
     """Tensor-parallel degree (``--tp``)."""
+    activation_checkpoint: str = "none"
+    """torchtitan's activation checkpointing applied to each model part (``--activation-checkpoint``: ``none``,
+    ``selective`` (its per-op SAC policy) or ``full``), as its parallelize function applies it (torchtitan models)."""
     ep: int = 1
     """Expert-parallel degree (``--ep``): a MoE model's routed experts split over ``ep`` of the ``dp_shard x tp``
     processes of each pipeline rank (torchtitan carves EP out of them), their tokens exchanged by all-to-alls."""
@@ -192,7 +195,8 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     chosen = _recompute_set(options, schedule)
     costs, time_scale, model, source = costs_and_model(options, schedule, device)
     spec = dataclasses.replace(exec_spec(options, schedule, costs, time_scale, model, device), recompute=chosen,
-                               dp_shard=options.dp_shard, tp=options.tp, ep=options.ep)
+                               dp_shard=options.dp_shard, tp=options.tp, ep=options.ep,
+                               activation_checkpoint=options.activation_checkpoint)
     check_run_degrees(options, schedule, model, world=world)
     if runner is None:
         runner = choose_runner(options.executor, model, schedule, synthetic=options.synthetic)
@@ -205,11 +209,17 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     shapes = None if options.synthetic else run_memory_inputs(options, schedule, model, spec)
     fsdp = ep_collectives(fsdp_collectives(schedule, options, shapes, spec), prediction_costs(costs, time_scale),
                           options, shapes, spec)
+    if options.activation_checkpoint == "selective":
+        costs = dataclasses.replace(costs, notes=(*costs.notes, (
+            "activation checkpointing selective: the costs were measured without it, so the backward's rerun of "
+            "the ops its policy does not save (every second matmul, the elementwise ops) is not in the predicted "
+            "step (a lower bound); the memory prediction counts what the policy saves")))
     if fsdp.notes:
         costs = dataclasses.replace(costs, notes=(*costs.notes, *fsdp.notes))
     # before anything runs: the step (FSDP's collectives in it; local processes sharing the cores) and each rank's
     # memory
-    predicted, costs = predict_step(fsdp, costs, time_scale, recompute=chosen, per_rank=options.dp_shard * options.tp,
+    predicted, costs = predict_step(fsdp, costs, time_scale, recompute=_predicted_recompute(options, schedule, chosen),
+                                    per_rank=options.dp_shard * options.tp,
                                     shared=world is None and device == "cpu" and not options.synthetic)
     memory = None if shapes is None else job_memory(shapes[0], degrees=Degrees(
         pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard, ep=spec.ep), schedule=schedule,
@@ -244,6 +254,16 @@ def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSour
     if options.dp_shard < 1 or options.tp < 1 or options.ep < 1:
         raise PPSimError(f"--dp-shard {options.dp_shard} --tp {options.tp} --ep {options.ep}: degrees must be at "
                          "least 1")
+    if options.activation_checkpoint not in ("none", "selective", "full"):
+        raise PPSimError(f"--activation-checkpoint {options.activation_checkpoint}: one of none, selective, full")
+    if options.activation_checkpoint != "none" and (options.synthetic or source.scheme != "torchtitan"
+                                                    or options.executor == "ppsim"):
+        raise PPSimError(f"--activation-checkpoint {options.activation_checkpoint}: torchtitan's checkpointing is "
+                         "applied by its parallelize function, so it needs a torchtitan model and the torchtitan "
+                         "executor; for ppsim's own recomputation use --recompute full")
+    if options.activation_checkpoint != "none" and options.recompute not in (None, "none"):
+        raise PPSimError(f"--activation-checkpoint {options.activation_checkpoint} with --recompute "
+                         f"{options.recompute}: pick one way to recompute")
     if options.ep > 1 and options.dp_shard * options.tp % options.ep:
         raise PPSimError(f"--ep {options.ep}: torchtitan carves EP out of the dp_shard x tp = "
                          f"{options.dp_shard * options.tp} processes of each pipeline rank, so it must divide them; "
@@ -295,7 +315,7 @@ def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSour
         prof = load_profile(options.profile)
     try:
         shapes = run_shapes(source, tp=spec.tp, fsdp=spec.dp_shard * spec.tp > 1, profile=prof, ep=spec.ep,
-                            dp_shard=spec.dp_shard)
+                            dp_shard=spec.dp_shard, ac=spec.activation_checkpoint)
         return shapes, module_names_per_stage(source, schedule.num_stages, spec.layer_counts)
     except (PPSimError, KeyError, IndexError) as exc:
         _stderr(f"note: no memory prediction for {source.text} ({type(exc).__name__}: {exc})")
@@ -348,8 +368,10 @@ def fsdp_collectives(schedule: Schedule, options: RunOptions, shapes: tuple[JobS
 
 def ep_collectives(step: Any, stage_costs: Any, options: RunOptions,
                    shapes: tuple[JobShapes, list[list[str]]] | None, spec: ExecSpec) -> Any:
-    """``step`` with EP's all-to-alls for ``--ep`` above 1 (:func:`ppsim.ep.ep_step`: exposed in eager actions),
-    costed from the profile's measured all-to-alls or p2p alpha/beta, else the stated default ratio."""
+    """``step`` with EP's all-to-alls for ``--ep`` above 1 (:func:`ppsim.ep.ep_step`), costed from the profile's
+    measured all-to-alls or p2p alpha/beta, else the stated default ratio. EP runs go through torchtitan's helpers,
+    whose runtime (torch's) runs an overlapped F&B pair's halves one after the other: every all-to-all is exposed
+    (``overlap="sequential"``); ppsim's DualPipe executor does not shard."""
     from ppsim.ep import ep_step
     from ppsim.fsdp import CollectiveCosts
 
@@ -360,7 +382,18 @@ def ep_collectives(step: Any, stage_costs: Any, options: RunOptions,
         from ppsim.profile import load_profile
 
         costs = CollectiveCosts.from_profile(load_profile(options.profile))
-    return ep_step(step, stage_costs, shapes=shapes[0], stage_modules=shapes[1], ep=spec.ep, costs=costs)
+    return ep_step(step, stage_costs, shapes=shapes[0], stage_modules=shapes[1], ep=spec.ep, costs=costs,
+                   overlap="sequential")
+
+
+def _predicted_recompute(options: RunOptions, schedule: Schedule,
+                         chosen: frozenset[tuple[int, int]]) -> frozenset[tuple[int, int]]:
+    """The pairs the predicted step recomputes: ``--recompute``'s, or every pair under torchtitan's full
+    checkpointing (each backward first reruns its forward). Selective checkpointing reruns only what its policy
+    does not save: not in the step (said in the run's notes)."""
+    if options.activation_checkpoint != "full":
+        return chosen
+    return frozenset((s, m) for s in range(schedule.num_stages) for m in range(schedule.num_microbatches))
 
 
 def _recompute_set(options: RunOptions, schedule: Schedule) -> frozenset[tuple[int, int]]:

@@ -72,6 +72,8 @@ class ExecSpec:
     """FSDP degree (torchtitan runner): each pipeline rank is ``dp_shard x tp`` processes."""
     tp: int = 1
     """Tensor-parallel degree (torchtitan runner)."""
+    activation_checkpoint: str = "none"
+    """torchtitan's checkpointing of each model part (``none``, ``selective``, ``full``; torchtitan runner)."""
     ep: int = 1
     """Expert-parallel degree (torchtitan runner), carved out of ``dp_shard x tp`` as torchtitan does: no
     processes of its own."""

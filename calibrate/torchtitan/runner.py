@@ -207,6 +207,13 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
     if spec.dp_shard * spec.tp == 1:
         mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("pp",))
         stages, parts = pp._pipeline_module_split(whole, mesh, name, device, names)
+        ac = _ac_config(spec.activation_checkpoint)
+        if ac is not None:
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="ppsim-titan-") as dump:
+                for part in parts:
+                    ac.build(dump_folder=dump).apply(part)
         pp_rank = rank
     else:
         from torchtitan.distributed import utils as dist_utils
@@ -218,7 +225,7 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
         stages, parts = pp._pipeline_module_split(whole, mesh, name, device, names,
                                                   get_mesh=pp._build_get_mesh_callback(dims))
         for i, part in enumerate(parts):
-            parts[i] = _parallelize(source, part, dims, parallelism)
+            parts[i] = _parallelize(source, part, dims, parallelism, _ac_config(spec.activation_checkpoint))
             stages[i].submod = parts[i]
         pp_rank = mesh.get_local_rank()
     del whole
@@ -253,7 +260,16 @@ def _parallel_dims(parallelism: Any, world: int, device_type: str) -> Any:
     return dims
 
 
-def _parallelize(source: ModelSource, part: Any, dims: Any, parallelism: Any) -> Any:
+def _ac_config(mode: str) -> Any:
+    """torchtitan's activation-checkpointing config for ``mode`` (``none``: ``None``)."""
+    if mode == "none":
+        return None
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    return SelectiveAC.Config() if mode == "selective" else FullAC.Config()
+
+
+def _parallelize(source: ModelSource, part: Any, dims: Any, parallelism: Any, ac_config: Any = None) -> Any:
     """One model part through its model's own parallelize function (TP plan, then FSDP2's ``fully_shard`` with
     the run's dtype for parameters and reductions, so the numerics check holds), as ``pipeline_llm`` applies it."""
     import tempfile
@@ -267,7 +283,7 @@ def _parallelize(source: ModelSource, part: Any, dims: Any, parallelism: Any) ->
     with tempfile.TemporaryDirectory(prefix="ppsim-titan-") as dump:
         part = model_spec(source).parallelize_fn(part, parallel_dims=dims, training=training,
                                                  parallelism=parallelism, compile_config=CompileConfig(),
-                                                 ac_config=None, dump_folder=dump)
+                                                 ac_config=ac_config, dump_folder=dump)
     if dims.world_mesh.device_type == "cpu":  # gloo has no PREMUL_SUM/AVG: FSDP sums, then divides
         from torch.distributed.fsdp import FSDPModule
 

@@ -410,7 +410,8 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
     else:
         local, buffers = _meta_shapes(source), _buffer_bytes(source)
     local = {_CANONICAL.get(k, k): v for k, v in local.items()}
-    measured = _profile_activations(profile, source.num_layers) if profile is not None else None
+    # a profile measures activations without checkpointing: under it, the formula's count of what the policy saves
+    measured = _profile_activations(profile, source.num_layers) if profile is not None and ac == "none" else None
     # inside a layer's backward, beyond the formula's workspace: the FFN's three ffn-wide gradients, or (CPU math
     # attention) one gradient of the attention probabilities, whichever is larger
     probs = cfg.mb_size * (cfg.heads // tp) * cfg.seq_len ** 2 if source.device == "cpu" else 0
@@ -420,7 +421,8 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
         tensors = local[f"layers.{i}"]
         moe = _moe_of(layer_cfgs[i], tensors, ep=ep, tp=tp, sp=tp > 1) if ep > 1 else None
         block = _layer_block("layer", tensors, tokens=tokens, dim=dim, tp=tp, sp=tp > 1, ac=ac,
-                             act_bytes=act_bytes, heads=cfg.heads // tp, moe=moe)
+                             act_bytes=act_bytes, heads=cfg.heads // tp, moe=moe,
+                             functional_comm=tp > 1 or ep > 1)  # the runner's partial_dtensor collectives
         if moe is not None:
             block = dataclasses.replace(block, sparse=frozenset(n for n, _ in tensors if n.startswith(_EXPERTS)))
         block = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0),

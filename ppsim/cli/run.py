@@ -123,6 +123,10 @@ RunAllowLargeOpt = Annotated[
 DpShardOpt = Annotated[int, typer.Option("--dp-shard", help="FSDP degree: each pipeline rank runs as dp-shard x tp "
                                          "processes, sharded by torchtitan's own parallelize (torchtitan models).")]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (torchtitan models), as --dp-shard.")]
+RunAcOpt = Annotated[str, typer.Option(
+    "--activation-checkpoint", metavar="none|selective|full",
+    help="torchtitan's activation checkpointing of each model part (torchtitan models): selective is its per-op "
+    "SAC policy (the default of its 8B and DeepSeek-V3 jobs); the memory prediction counts what the policy saves.")]
 EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (torchtitan MoE models): the routed "
                                     "experts split over ep of each pipeline rank's dp-shard x tp processes "
                                     "(torchtitan carves EP out of them), tokens exchanged by all-to-alls.")]
@@ -172,6 +176,7 @@ def run_cmd(
     dp_shard: DpShardOpt = 1,
     tp: TpOpt = 1,
     ep: EpOpt = 1,
+    activation_checkpoint: RunAcOpt = "none",
 ) -> None:
     """Execute the schedule on R processes with torch's pipeline runtime; check gradients; compare with ppsim's
     before-run prediction."""
@@ -206,7 +211,7 @@ def run_cmd(
         time_unit_s=0.01 if time_unit is None else time_unit, num_steps=steps, num_warmup=warmup, num_probes=probes,
         seed=seed, timeout_s=timeout, save_calibration=save_calibration, override_limits=override_limits,
         split=split, layers_per_stage=layers_per_stage, recompute=recompute, executor=executor.value,
-        dp_shard=dp_shard, tp=tp, ep=ep,
+        dp_shard=dp_shard, tp=tp, ep=ep, activation_checkpoint=activation_checkpoint,
     )
     job = None
     if torchtitan_config is not None:

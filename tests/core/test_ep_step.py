@@ -127,6 +127,19 @@ def test_dualpipev_hides_more_of_the_same_jobs_all_to_alls_than_1f1b() -> None:
     assert 0 < ratios["DualPipeV"] < 0.5  # the warm-up and cool-down's eager actions still expose theirs
 
 
+def test_a_runtime_that_runs_a_pairs_halves_in_turn_exposes_every_all_to_all_and_a_longer_step() -> None:
+    """torch's runtime (``ppsim run`` through torchtitan) runs an OVERLAP_F_B's halves one after the other:
+    ``overlap="sequential"`` exposes all of DualPipeV's all-to-alls, the same total as DeepSeek's rule, a longer
+    step."""
+    costs = parse_costs("F=1,B=2,FB=3")
+    schedule = get_schedule("DualPipeV", 4, 16)
+    (_, hidden), (_, waited) = (_step(schedule, costs, _shapes(), overlap=o) for o in ("dualpipe", "sequential"))
+    a, b = hidden.collectives["all_to_all"], waited.collectives["all_to_all"]
+    assert (a.count, a.total_s) == (b.count, b.total_s)
+    assert b.exposed_s == b.total_s > a.exposed_s
+    assert waited.makespan > hidden.makespan
+
+
 def test_a_pair_under_enough_compute_exposes_nothing_so_dualpipev_exposes_exactly_its_eager_actions() -> None:
     schedule = get_schedule("DualPipeV", 4, 16)
     costs = parse_costs("F=1,B=2,FB=3")
