@@ -326,6 +326,11 @@ def _layer_block(kind: str, tensors: tuple[tuple[str, tuple[int, ...]], ...], *,
                                  forced_recompute=forced_recompute, attention_stats=attention_stats)
         return BlockShapes(kind, tensors, saved_bytes=saved, forward_transient_bytes=full + a2a,
                            backward_transient_bytes=full + workspace + a2a)
+    if moe is not None:  # the formula above is coarse for a MoE layer; without checkpointing autograd keeps at
+        # least every tensor SAC's policy saves (each saved op output is the next op's saved input)
+        full = max(full, _sac_saved_bytes(tensors, tokens=tokens, norm_tokens=norm_tokens, dim=dim, sp=sp, tp=tp,
+                                          act_bytes=act_bytes, heads=heads, moe=moe, functional_comm=functional_comm,
+                                          forced_recompute=forced_recompute, attention_stats=attention_stats))
     return BlockShapes(kind, tensors, saved_bytes=full, forward_transient_bytes=a2a,
                        backward_transient_bytes=workspace + a2a)
 

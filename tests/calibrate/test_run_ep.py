@@ -56,3 +56,34 @@ def test_pp2_by_ep2_on_four_ranks_matches_the_unsplit_model_and_its_predicted_pe
     for m in data["memory"]:
         measured, predicted = m["peak_allocated_bytes_measured"], m["peak_allocated_bytes_predicted"]
         assert abs(predicted - measured) <= 0.1 * measured, m
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    ([*MOE, "--dp-shard", "2", "--activation-checkpoint", "some"], "one of none, selective, full"),
+    (["--model", "builtin:tiny", "--activation-checkpoint", "selective"], "needs a torchtitan model"),
+    ([*MOE, "--activation-checkpoint", "full", "--recompute", "full"], "pick one way to recompute"),
+])
+def test_activation_checkpoint_refusals_are_one_line(extra: list[str], says: str) -> None:
+    result = invoke("-s", "1F1B", "-r", "2", "-m", "2", *FAST, *extra)
+    assert result.exit_code == 2, result.output
+    assert says in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_run_shapes_under_ep_hold_half_the_experts_and_sac_saves_less_than_none() -> None:
+    """The run's memory inputs at EP 2: each MoE layer's routed experts are EP-local (half of the 8), the dense
+    weights whole; torchtitan's SAC policy saves no more than no checkpointing and more than full."""
+    from ppsim.calibrate.models import ModelOptions, parse_model_source
+    from ppsim.calibrate.torchtitan.shapes import run_shapes
+
+    src = parse_model_source("torchtitan:deepseek_v3/debugmodel", ModelOptions(seq_len=32))
+    whole = run_shapes(src, fsdp=True, dp_shard=2)
+    by_ac = {ac: run_shapes(src, fsdp=True, dp_shard=2, ep=2, ac=ac) for ac in ("none", "selective", "full")}
+    split = by_ac["none"]
+    experts = {n: s for n, s in split.blocks["layers.1"].tensors if n.startswith("moe.routed_experts.")}
+    assert experts and all(s[0] == 4 for s in experts.values())
+    dense = [n for n, _ in split.blocks["layers.1"].tensors if not n.startswith("moe.routed_experts.")]
+    assert dict(whole.blocks["layers.1"].tensors)[dense[0]] == dict(split.blocks["layers.1"].tensors)[dense[0]]
+    assert split.moe_layers == tuple(f"layers.{i}" for i in range(1, 6)) and split.moe_top_k > 0
+    saved = {ac: s.blocks["layers.1"].saved_bytes for ac, s in by_ac.items()}
+    assert saved["full"] < saved["selective"] <= saved["none"]
