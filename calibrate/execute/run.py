@@ -261,6 +261,15 @@ def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSour
         raise PPSimError(f"--activation-checkpoint {options.activation_checkpoint}: torchtitan's checkpointing is "
                          "applied by its parallelize function, so it needs a torchtitan model and the torchtitan "
                          "executor; for ppsim's own recomputation use --recompute full")
+    from ppsim.ir import ActionType
+
+    if options.activation_checkpoint != "none" and any(
+            c.type is ActionType.W for row in schedule.actions for a in row for c in a.computations):
+        raise PPSimError(f"--activation-checkpoint {options.activation_checkpoint} with {schedule.name}: its backward "
+                         "is split into I and W, and torch's checkpointing reruns a checkpointed region for each "
+                         "(selective refuses the second backward; full recomputes the forward twice), which ppsim "
+                         "does not model; use a schedule with whole backwards (1F1B, Interleaved1F1B, GPipe) or drop "
+                         "--activation-checkpoint")
     if options.activation_checkpoint != "none" and options.recompute not in (None, "none"):
         raise PPSimError(f"--activation-checkpoint {options.activation_checkpoint} with --recompute "
                          f"{options.recompute}: pick one way to recompute")

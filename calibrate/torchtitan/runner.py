@@ -341,8 +341,10 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     tokens, targets = source.make_batch(schedule.num_microbatches, seed=spec.seed)
     by_stage = {st.stage_index: part for st, part in zip(stages, parts)}
 
-    def grad_name(stage: int, name: str) -> str:
-        return source.reference_name(_layer_ids(by_stage[stage]), name)
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+
+    def grad_name(stage: int, name: str) -> str:  # a checkpointed block's wrapper is not in the reference's names
+        return source.reference_name(_layer_ids(by_stage[stage]), name.replace(_CHECKPOINT_PREFIX, ""))
 
     def reference(pipelined: dict[str, Any]) -> ReferenceCheck:
         if spec.dp_shard > 1:  # torchtitan turns FSDP's division off: the replicas' gradients are summed

@@ -62,9 +62,11 @@ def test_pp2_by_ep2_on_four_ranks_matches_the_unsplit_model_and_its_predicted_pe
     ([*MOE, "--dp-shard", "2", "--activation-checkpoint", "some"], "one of none, selective, full"),
     (["--model", "builtin:tiny", "--activation-checkpoint", "selective"], "needs a torchtitan model"),
     ([*MOE, "--activation-checkpoint", "full", "--recompute", "full"], "pick one way to recompute"),
+    ([*MOE, "-s", "ZBVZeroBubble", "--activation-checkpoint", "selective"], "split into I and W"),
 ])
 def test_activation_checkpoint_refusals_are_one_line(extra: list[str], says: str) -> None:
-    result = invoke("-s", "1F1B", "-r", "2", "-m", "2", *FAST, *extra)
+    schedule = [] if "-s" in extra else ["-s", "1F1B"]
+    result = invoke(*schedule, "-r", "2", "-m", "2", *FAST, *extra)
     assert result.exit_code == 2, result.output
     assert says in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
