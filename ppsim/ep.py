@@ -183,7 +183,7 @@ def exposed_seconds(schedule: Schedule, stage_costs: Any, action: Action, comms:
 
 
 def ep_step(step: FsdpStep, stage_costs: Any, *, shapes: Any, stage_modules: Sequence[Sequence[str]], ep: int,
-            costs: CollectiveCosts | None, overlap: str = "dualpipe") -> FsdpStep:
+            costs: CollectiveCosts | None, overlap: str = "dualpipe", in_blocks: bool = False) -> FsdpStep:
     """``step`` (the schedule, FSDP's collectives in it or not: :func:`ppsim.fsdp.fsdp_step`) with EP's exposed
     all-to-alls added to its actions' ``extra_s`` and their totals in its ``collectives``. At ``ep`` 1 or for a
     dense model, ``step`` unchanged. ``stage_costs``: the :class:`ppsim.costs.StageCosts` the step is simulated
@@ -202,8 +202,9 @@ def ep_step(step: FsdpStep, stage_costs: Any, *, shapes: Any, stage_modules: Seq
             if not n:
                 continue
             count, total, exposed = count + n, total + t, exposed + e
-            if e > 0:
-                extra[(rank, pos)] = extra.get((rank, pos), 0.0) + e
+            added = e - t if in_blocks else e
+            if added:
+                extra[(rank, pos)] = extra.get((rank, pos), 0.0) + added
             before = spans.get((rank, pos), (0.0, 0.0))
             spans[(rank, pos)] = (before[0] + t, before[1] + e)
     unit = "s" if stage_costs.unit == "s" else " units"
@@ -215,7 +216,9 @@ def ep_step(step: FsdpStep, stage_costs: Any, *, shapes: Any, stage_modules: Seq
     note = (f"EP (ep {ep}): a dispatch and a combine all-to-all per MoE layer in each F and each B/I, "
             f"{nbytes * (ep - 1) // ep / 2**20:.2f} MiB leaving a rank per all-to-all per microbatch; {count} in the "
             f"step, {total:.4g}{unit} of which {exposed:.4g}{unit} exposed ({how}"
-            f"{', eager ones chunked as torchtitan' if overlap == 'chunked' else ''}); {describe(costs, ep)}")
+            f"{', eager ones chunked as torchtitan' if overlap == 'chunked' else ''}); {describe(costs, ep)}"
+            + ("; the profile's MoE layers were measured at this degree, their all-to-alls in their F and B, so only "
+               "the hidden part is taken from the step" if in_blocks else ""))
     collectives = {**step.collectives, "all_to_all": CollectiveTotals(count, total, exposed)}
     return dataclasses.replace(step, extra_s=extra, notes=(*step.notes, note), collectives=collectives,
                                comm_spans=spans)

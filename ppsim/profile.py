@@ -483,7 +483,9 @@ class Profile:
     tensor_parallel_degree: int = 1
     """The tensor-parallel degree the blocks were measured at (1: unsharded layers)."""
     collectives: tuple[CollectiveFit, ...] = ()
-    """FSDP's collectives (all-gather, reduce-scatter) per group size, measured beside p2p."""
+    """FSDP's collectives (all-gather, reduce-scatter) and EP's all-to-all per group size, measured beside p2p."""
+    expert_parallel_degree: int = 1
+    """The expert-parallel degree the MoE layers were measured at (``calibrate --ep``; 1, or absent: unsplit)."""
     entries: tuple[ProfileEntry, ...] = ()
     """The calibration's other passes (``--tp 1,2 --mb-size 1,2``): each (TP degree, microbatch size) but the
     first, which is this profile's own blocks."""
@@ -507,6 +509,16 @@ class Profile:
                 f"{degree}; calibrate at the job's degree (`ppsim calibrate --tp {degree}` with the job's "
                 f"--torchtitan-config, or --tp {','.join(map(str, [*have, degree]))}) or set the job's degree to "
                 f"{' or '.join(map(str, have))}")
+
+    def check_expert_parallel(self, degree: int, *, source: str = "profile") -> None:
+        """One line naming the profile's EP degree when a job at expert-parallel ``degree`` would be simulated with
+        MoE layers measured at another (their costs hold that degree's all-to-alls and expert shards)."""
+        have = self.expert_parallel_degree
+        if degree != have:
+            raise CostError(
+                f"profile {source}: measured at expert_parallel_degree {have}, the job runs {degree}; calibrate at "
+                f"the job's degree (`ppsim calibrate --ep {degree}` with the job's model) or set the job's degree to "
+                f"{have}")
 
     def entry(self, *, tp: int, mb_size: int | None = None, source: str = "profile") -> Profile:
         """This profile as the pass at tensor-parallel degree ``tp`` and microbatch size ``mb_size`` measured it
@@ -578,6 +590,8 @@ class Profile:
         })
         if self.tensor_parallel_degree != 1:
             out["tensor_parallel_degree"] = self.tensor_parallel_degree
+        if self.expert_parallel_degree != 1:
+            out["expert_parallel_degree"] = self.expert_parallel_degree
         if self.collectives:
             out["collectives"] = [c.to_dict() for c in self.collectives]
         if self.entries:
@@ -984,6 +998,8 @@ class _Reader:
             notes=tuple(self.str_(n, f"notes[{i}]") for i, n in enumerate(self.list_(d.get("notes") or [], "notes"))),
             tensor_parallel_degree=self.int_(d.get("tensor_parallel_degree", 1), "tensor_parallel_degree", minimum=1),
             collectives=self.records(CollectiveFit, d.get("collectives"), "collectives"),
+            expert_parallel_degree=self.int_(d.get("expert_parallel_degree", 1), "expert_parallel_degree",
+                                             minimum=1),
             entries=self.entries(d.get("entries"), extra.get("blocks"), model=model,
                                  tp=self.int_(d.get("tensor_parallel_degree", 1), "tensor_parallel_degree", minimum=1),
                                  complete=complete, allow_incomplete=partial_ok),

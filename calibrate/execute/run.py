@@ -386,13 +386,14 @@ def ep_collectives(step: Any, stage_costs: Any, options: RunOptions,
 
     if spec.ep <= 1 or shapes is None:
         return step
-    costs = None
+    costs, in_blocks = None, False
     if options.profile is not None:
         from ppsim.profile import load_profile
 
-        costs = CollectiveCosts.from_profile(load_profile(options.profile))
+        prof = load_profile(options.profile)
+        costs, in_blocks = CollectiveCosts.from_profile(prof), prof.expert_parallel_degree == spec.ep
     return ep_step(step, stage_costs, shapes=shapes[0], stage_modules=shapes[1], ep=spec.ep, costs=costs,
-                   overlap="sequential")
+                   overlap="sequential", in_blocks=in_blocks)
 
 
 def _predicted_recompute(options: RunOptions, schedule: Schedule,
@@ -570,6 +571,10 @@ def costs_and_model(
             "--costs applies to --synthetic runs only; a real run takes its costs from --profile (or calibrates)"
         )
     if options.profile is not None:
+        if not options.synthetic:  # its MoE layers' costs hold the all-to-alls and expert shards of its EP degree
+            from ppsim.profile import load_profile
+
+            load_profile(options.profile).check_expert_parallel(options.ep, source=str(options.profile))
         return profile_costs(options, options.profile, schedule, device)
     if options.synthetic:
         return parse_costs(options.costs), options.time_unit_s, run_source(options), "cost string"

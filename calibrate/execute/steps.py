@@ -413,8 +413,11 @@ def _storages(tensor: Any) -> list[Any]:
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     if is_traceable_wrapper_subclass(tensor):
+        import torch
+
         names, _ = tensor.__tensor_flatten__()
-        return [st for name in names for st in _storages(getattr(tensor, name))]
+        inner = [getattr(tensor, name) for name in names]
+        return [st for t in inner if isinstance(t, torch.Tensor) for st in _storages(t)]
     return [tensor.untyped_storage()]
 
 

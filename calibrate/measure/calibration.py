@@ -103,6 +103,9 @@ class CalibrationOptions:
     """The model (``--model``); ``None``: the builtin model of ``config``."""
     tensor_parallel_degree: int = 1
     """T > 1: each unit measured as torchtitan shards it, on T local ranks (:mod:`.tensor_parallel`)."""
+    expert_parallel_degree: int = 1
+    """E > 1: each unit holding a MoE layer measured with its routed experts split over E local ranks, as torchtitan
+    parallelises it (:mod:`.tensor_parallel`); the all-to-all also measured on E ranks."""
     at_size: bool | None = None
     """Measure one block at a time, each materialised alone from a meta-device build (calibration at size);
     ``None``: when a torchtitan model's whole-model calibration would not fit this device's memory."""
@@ -333,7 +336,7 @@ def decide_at_size(opts: CalibrationOptions) -> CalibrationOptions:
     whose weights do not fit this device whole."""
     if opts.at_size is not None:
         return opts
-    if opts.tensor_parallel_degree > 1:
+    if opts.tensor_parallel_degree > 1 or opts.expert_parallel_degree > 1:
         return dataclasses.replace(opts, at_size=True)  # sharded units are materialised one at a time
     source = opts.model_source
     at_size = False
@@ -412,6 +415,7 @@ def check_limits(opts: CalibrationOptions) -> None:
     opts = decide_at_size(opts)
     if opts.at_size and opts.check_stages:  # not liftable: nothing would measure the stages
         why = (f"--tp {opts.tensor_parallel_degree} measures" if opts.tensor_parallel_degree > 1 else
+               f"--ep {opts.expert_parallel_degree} measures" if opts.expert_parallel_degree > 1 else
                "this model does not fit whole, so it is measured")
         raise PPSimError(f"--check-stages: {why} at size, one block at a time, and never builds a stage whole to "
                          "check the composition against; drop --check-stages")
@@ -420,11 +424,12 @@ def check_limits(opts: CalibrationOptions) -> None:
     from ppsim.calibrate.models import fmt_count
     from ppsim.sharing import host_cores
 
-    tp, cores = opts.tensor_parallel_degree, host_cores()
-    if opts.device == "cpu" and tp > MAX_REAL_RANKS_PER_CORE * cores:
-        raise PPSimError(f"--tp {tp}: {tp} computing processes on {cores} CPU core(s) (limit "
-                         f"{MAX_REAL_RANKS_PER_CORE} per core); timings would say little; use a smaller --tp, "
-                         "calibrate on a larger host, or pass --allow-large")
+    cores = host_cores()
+    for option, ranks in (("--tp", opts.tensor_parallel_degree), ("--ep", opts.expert_parallel_degree)):
+        if opts.device == "cpu" and ranks > MAX_REAL_RANKS_PER_CORE * cores:
+            raise PPSimError(f"{option} {ranks}: {ranks} computing processes on {cores} CPU core(s) (limit "
+                             f"{MAX_REAL_RANKS_PER_CORE} per core); timings would say little; use a smaller "
+                             f"{option}, calibrate on a larger host, or pass --allow-large")
     source = opts.model_source
     if opts.at_size:
         return check_at_size(opts)
@@ -736,7 +741,7 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
         rec.finish("p2p")
     if opts.p2p and "collectives" not in rec.done:
         if writer:
-            log("measuring FSDP's all-gather and reduce-scatter")
+            log("measuring FSDP's all-gather and reduce-scatter and EP's all-to-all")
         fits = _measure_collectives(opts, world, device, notes=notes)
         rec.doc["collectives"] = [f.to_dict() for f in fits]
         rec.doc["notes"] = notes
@@ -837,11 +842,25 @@ def measure_at_size(opts: CalibrationOptions, rec: Recorder, device: Any, *, log
         _note(rec, f"layers measured at tensor_parallel_degree {tp} as torchtitan shards them (its parallelize on "
                    f"{tp} local ranks: the costs include the layers' TP collectives; bytes are one rank's); the "
                    "embedding and the head are measured unsharded (an upper bound)")
+    ep = opts.expert_parallel_degree
+    moe: frozenset[int] = frozenset()
+    if ep > 1:
+        from ppsim.calibrate.models.torchtitan import moe_layer_ids
+
+        moe = moe_layer_ids(opts.model_source)
+        _note(rec, f"MoE layers measured at expert_parallel_degree {ep} as torchtitan parallelises them (the model's "
+                   f"parallelize on {ep} local ranks, EP carved out of dp_shard {ep}, no FSDP; each rank its own "
+                   "microbatch: the costs include the dispatch and combine all-to-alls; bytes are one rank's); the "
+                   "dense layers, the embedding and the head are measured on one process (no EP)")
     for unit in todo:
         if unit.name in rec.doc["units"]:
             continue
         started = time.perf_counter()
-        if opts.tensor_parallel_degree > 1 and not (unit.has_embedding or unit.has_head):
+        if ep > 1 and moe.intersection(unit.layer_ids):
+            from ppsim.calibrate.measure.tensor_parallel import measure_unit_tp
+
+            fields = measure_unit_tp(opts, unit)
+        elif opts.tensor_parallel_degree > 1 and not (unit.has_embedding or unit.has_head):
             from ppsim.calibrate.measure.tensor_parallel import measure_unit_tp
 
             fields = measure_unit_tp(opts, unit)
@@ -930,8 +949,9 @@ COLLECTIVE_MAX_BYTES = 64 << 20
 
 def _measure_collectives(opts: CalibrationOptions, world: World | None, device: Any, *,
                          notes: list[str]) -> list[Any]:
-    """FSDP's all-gather and reduce-scatter on the torchrun world, else on two local processes (CPU: gloo, two
-    GPUs: nccl); sizes up to one layer's weights (at most :data:`COLLECTIVE_MAX_BYTES`)."""
+    """FSDP's all-gather and reduce-scatter and EP's all-to-all on the torchrun world, else on two local processes
+    (CPU: gloo, two GPUs: nccl), and with ``--ep E`` above 2 the all-to-all again on ``E`` local processes (the EP
+    group); sizes up to one layer's weights (at most :data:`COLLECTIVE_MAX_BYTES`)."""
     import torch
 
     from ppsim.calibrate.measure import comm
@@ -939,21 +959,27 @@ def _measure_collectives(opts: CalibrationOptions, world: World | None, device: 
     largest = min(COLLECTIVE_MAX_BYTES, max(1 << 20, opts.model_source.estimate.largest_layer_param_bytes))
     sizes = comm.collective_sizes(largest)
     reps = max(opts.reps, 10)
+    what = "all-gather / reduce-scatter / all-to-all"
     if world is not None:
         times = comm._collectives(world.world_size, world.rank, sizes=sizes, warmup=opts.warmup, reps=reps,
                                   device=device)
         fits = comm.fit_collectives(times, world.world_size)
-        notes.append(f"all-gather / reduce-scatter measured on the torchrun world ({world.world_size} ranks, "
-                     f"{world.backend}), full tensors up to {largest / 2**20:.0f} MiB")
+        notes.append(f"{what} measured on the torchrun world ({world.world_size} ranks, {world.backend}), full "
+                     f"tensors (an all-to-all: each rank's buffer) up to {largest / 2**20:.0f} MiB")
         return fits
-    if opts.device == "cuda" and torch.cuda.device_count() < 2:
-        notes.append("all-gather / reduce-scatter not measured: one GPU and no torchrun")
+    ep = opts.expert_parallel_degree
+    if opts.device == "cuda" and torch.cuda.device_count() < max(2, ep):
+        notes.append(f"{what} not measured: {torch.cuda.device_count()} GPU(s) here and no torchrun")
         return []
     backend = "nccl" if opts.device == "cuda" else "gloo"
     fits = comm.measure_local_collectives(sizes, backend=backend, warmup=opts.warmup, reps=reps,
                                           timeout_s=opts.init_timeout_s)
-    notes.append(f"all-gather / reduce-scatter measured on two local {backend} processes, full tensors up to "
-                 f"{largest / 2**20:.0f} MiB (FSDP's per-layer gathers cost alpha + bytes / beta)")
+    notes.append(f"{what} measured on two local {backend} processes, full tensors (an all-to-all: each rank's "
+                 f"buffer) up to {largest / 2**20:.0f} MiB (each costs alpha + bytes / beta)")
+    if ep > 2:
+        fits += comm.measure_local_collectives(sizes, group_size=ep, backend=backend, warmup=opts.warmup, reps=reps,
+                                               timeout_s=opts.init_timeout_s, ops=("all_to_all",))
+        notes.append(f"all-to-all also measured on {ep} local {backend} processes (the EP group of --ep {ep})")
     return fits
 
 
@@ -1110,6 +1136,7 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
         "notes": [*source.notes],
         "units": {},
         **({"tensor_parallel_degree": opts.tensor_parallel_degree} if opts.tensor_parallel_degree > 1 else {}),
+        **({"expert_parallel_degree": opts.expert_parallel_degree} if opts.expert_parallel_degree > 1 else {}),
         **({"entries": [entry_document(opts.for_pass(p)) for p in opts.all_passes[1:]]}
            if len(opts.all_passes) > 1 else {}),
     }
@@ -1151,6 +1178,7 @@ def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Cal
     theirs = {"model": old.get("model"), "source": (old.get("source") or {}).get("source"),
               "stages": old.get("num_stages"), "device": old.get("device"),
               "warmup": method.get("warmup"), "reps": method.get("reps"),
+              "--ep": old.get("expert_parallel_degree", 1),
               "--tp x --mb-size": [(old.get("tensor_parallel_degree", 1), (old.get("model") or {}).get("mb_size")),
                                    *((e.get("tensor_parallel_degree"), e.get("mb_size"))
                                      for e in old.get("entries") or [])]}
@@ -1159,7 +1187,7 @@ def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Cal
                          "drop --resume to start over")
     ours = {"model": fresh["model"], "source": fresh["source"]["source"], "stages": fresh["num_stages"],
             "device": fresh["device"],
-            "warmup": opts.warmup, "reps": opts.reps,
+            "warmup": opts.warmup, "reps": opts.reps, "--ep": opts.expert_parallel_degree,
             "--tp x --mb-size": [(p.tensor_parallel_degree, p.mb_size) for p in opts.all_passes]}
     diff = [k for k in ours if theirs[k] != ours[k]]
     if diff:

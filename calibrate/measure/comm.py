@@ -192,38 +192,63 @@ def measure_local_pair(sizes: Sequence[int], *, backend: str = "gloo", warmup: i
     return combine_pairs([pair], max(sizes))
 
 
-# --- FSDP's collectives -------------------------------------------------------------------------------------------
+# --- FSDP's collectives and EP's all-to-all -------------------------------------------------------------------------
+COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "all_to_all")
+"""What :func:`_collectives` times: FSDP2's two collectives and EP's token exchange."""
+ALL_TO_ALL_REFUSAL = "all_to_all:"
+"""How the line refusing a backend without ``all_to_all_single`` starts (it passes the launcher unchanged)."""
+
+
 def collective_sizes(largest: int, *, factor: int = 4, smallest: int = 4096) -> list[int]:
     """Full-tensor sizes for the collectives: ``smallest`` bytes, times ``factor`` each step, up to ``largest``
     (at least 1 MiB)."""
     return p2p_sizes(largest // 4, factor=factor, smallest=smallest)
 
 
+def all_to_all_unsupported(backend: str, exc: BaseException) -> PPSimError:
+    """The one line for a backend that cannot run ``all_to_all_single`` (what EP's token dispatch issues)."""
+    import torch
+
+    why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+    return PPSimError(f"{ALL_TO_ALL_REFUSAL} the {backend} backend of the installed torch {torch.__version__} cannot "
+                      f"run all_to_all_single ({why}); install a torch whose {backend} has it, calibrate where nccl "
+                      "runs it (--device cuda), or pass --no-p2p to measure no communication")
+
+
 def _collectives(group_size: int, rank: int, *, sizes: Sequence[int], warmup: int, reps: int, device: Any,
-                 tick: Tick = _noop) -> dict[str, dict[int, list[float]]]:
-    """Seconds of FSDP2's collectives per full-tensor size on the current group: ``all_gather_into_tensor`` (each
-    rank gives ``n / group_size`` bytes, all get ``n``) and ``reduce_scatter_tensor`` (each gives ``n``, keeps its
-    ``n / group_size`` sum). A barrier starts every sample, so a sample is the slowest rank's finish."""
+                 tick: Tick = _noop, ops: Sequence[str] = COLLECTIVE_OPS) -> dict[str, dict[int, list[float]]]:
+    """Seconds of each of ``ops`` per size ``n`` on the current group: ``all_gather_into_tensor`` (each rank gives
+    ``n / group_size`` bytes, all get ``n``), ``reduce_scatter_tensor`` (each gives ``n``, keeps its
+    ``n / group_size`` sum) and ``all_to_all_single`` (each rank sends ``n`` bytes in all, ``n / group_size`` to each
+    rank, itself included, and receives as much: ``n`` is each rank's whole buffer, the size
+    :func:`ppsim.ep.all_to_all_seconds` costs). A barrier starts every sample, so a sample is the slowest rank's
+    finish. A backend without ``all_to_all_single`` is one line (:func:`all_to_all_unsupported`)."""
     import torch
     import torch.distributed as dist
 
     cuda = torch.device(device).type == "cuda"
-    out: dict[str, dict[int, list[float]]] = {op: {n: [] for n in sizes} for op in ("all_gather", "reduce_scatter")}
+    out: dict[str, dict[int, list[float]]] = {op: {n: [] for n in sizes} for op in ops}
     bufs = {n: (torch.zeros(max(n // 4 // group_size, 1), dtype=torch.float32, device=device),
+                torch.zeros(max(n // 4 // group_size, 1) * group_size, dtype=torch.float32, device=device),
                 torch.zeros(max(n // 4 // group_size, 1) * group_size, dtype=torch.float32, device=device))
             for n in sizes}
     for i in range(warmup + reps):
         for n in sizes:
-            shard, full = bufs[n]
-            for op in ("all_gather", "reduce_scatter"):
+            shard, full, received = bufs[n]
+            for op in ops:
                 dist.barrier()
                 if cuda:
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 if op == "all_gather":
                     dist.all_gather_into_tensor(full, shard)
-                else:
+                elif op == "reduce_scatter":
                     dist.reduce_scatter_tensor(shard, full)
+                else:
+                    try:
+                        dist.all_to_all_single(received, full)
+                    except (RuntimeError, NotImplementedError, ValueError) as exc:  # the backend lacks it
+                        raise all_to_all_unsupported(dist.get_backend(), exc) from None
                 if cuda:
                     torch.cuda.synchronize()
                 if i >= warmup:
@@ -233,8 +258,8 @@ def _collectives(group_size: int, rank: int, *, sizes: Sequence[int], warmup: in
     return out
 
 
-def _local_collectives_rank(ctx: Any, backend: str, sizes: list[int], warmup: int, reps: int,
-                            timeout_s: float) -> dict[str, dict[int, list[float]]]:
+def _local_collectives_rank(ctx: Any, backend: str, sizes: list[int], warmup: int, reps: int, timeout_s: float,
+                            ops: tuple[str, ...] = COLLECTIVE_OPS) -> dict[str, dict[int, list[float]]]:
     """One of the local processes of :func:`measure_local_collectives`."""
     import torch
     import torch.distributed as dist
@@ -247,7 +272,7 @@ def _local_collectives_rank(ctx: Any, backend: str, sizes: list[int], warmup: in
     init_world(backend=backend, timeout_s=timeout_s, store=ctx.store(timeout_s), rank=ctx.rank,
                world_size=ctx.world_size)
     try:
-        times = _collectives(ctx.world_size, ctx.rank, sizes=sizes, warmup=warmup, reps=reps, device=device)
+        times = _collectives(ctx.world_size, ctx.rank, sizes=sizes, warmup=warmup, reps=reps, device=device, ops=ops)
         dist.barrier()
         return times
     finally:
@@ -268,17 +293,22 @@ def fit_collectives(times: dict[str, dict[int, list[float]]], group_size: int) -
 
 
 def measure_local_collectives(sizes: Sequence[int], *, group_size: int = 2, backend: str = "gloo", warmup: int,
-                              reps: int, timeout_s: float = 60.0) -> list[Any]:
-    """Start ``group_size`` local processes, time FSDP's all-gather and reduce-scatter at every size, fit each."""
+                              reps: int, timeout_s: float = 60.0,
+                              ops: Sequence[str] = COLLECTIVE_OPS) -> list[Any]:
+    """Start ``group_size`` local processes, time ``ops`` (FSDP's all-gather and reduce-scatter, EP's all-to-all) at
+    every size, fit each."""
     from ppsim.calibrate.execute.launch import run_local
 
+    names = " / ".join(op.replace("_", "-") for op in ops)
     try:
-        times = run_local(_local_collectives_rank, (backend, list(sizes), warmup, reps, timeout_s),
-                          world_size=group_size, timeout_s=timeout_s + 60 + 0.1 * reps * len(sizes),
+        times = run_local(_local_collectives_rank, (backend, list(sizes), warmup, reps, timeout_s, tuple(ops)),
+                          world_size=group_size, timeout_s=timeout_s + 60 + 0.1 * reps * len(sizes) * len(ops),
                           what="collective measurement")
     except (PPSimError, RuntimeError) as exc:
+        if str(exc).startswith(ALL_TO_ALL_REFUSAL):  # the rank's own line: the backend lacks all_to_all
+            raise PPSimError(str(exc)) from None
         lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
         why = lines[-1] if lines else type(exc).__name__
-        raise PPSimError(f"all-gather / reduce-scatter measurement on {group_size} local {backend} processes failed "
+        raise PPSimError(f"{names} measurement on {group_size} local {backend} processes failed "
                          f"({why[:200]}); re-run with --no-p2p to skip communication, or under torchrun") from None
     return fit_collectives(times, group_size)

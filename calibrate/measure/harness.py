@@ -356,21 +356,26 @@ class _SavedTracker:
     """Counts unique storages autograd saves for backward, excluding the module's parameters and buffers."""
 
     def __init__(self, module: torch.nn.Module) -> None:
+        from ppsim.calibrate.execute.steps import _storages  # a wrapper subclass (DTensor: EP, TP) counts its inner
+
+        self.storages = _storages
         # parameters and buffers (a RoPE table) live as long as the module: not activations
-        self.param_storages = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
+        self.param_storages = {st.data_ptr() for t in (*module.parameters(), *module.buffers())
+                               for st in _storages(t)}
         self.refs: dict[int, int] = {}
         self.nbytes: dict[int, int] = {}
 
     def pack(self, tensor: torch.Tensor) -> Any:
-        storage = tensor.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr in self.param_storages or storage.nbytes() == 0:
+        held = [st for st in self.storages(tensor) if st.data_ptr() not in self.param_storages and st.nbytes() > 0]
+        if not held:
             return tensor
-        held = _Held(tensor.detach())  # no grad_fn: a saved output must not keep its own node alive
-        self.refs[ptr] = self.refs.get(ptr, 0) + 1
-        self.nbytes[ptr] = storage.nbytes()
-        weakref.finalize(held, self._release, ptr)
-        return held
+        box = _Held(tensor.detach())  # no grad_fn: a saved output must not keep its own node alive
+        for storage in held:
+            ptr = storage.data_ptr()
+            self.refs[ptr] = self.refs.get(ptr, 0) + 1
+            self.nbytes[ptr] = storage.nbytes()
+            weakref.finalize(box, self._release, ptr)
+        return box
 
     @staticmethod
     def unpack(packed: Any) -> torch.Tensor:

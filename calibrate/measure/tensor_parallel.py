@@ -1,4 +1,6 @@
-"""Units measured as torchtitan shards them: tensor parallelism of degree ``T`` on ``T`` local ranks.
+"""Units measured as torchtitan shards them: tensor parallelism of degree ``T`` on ``T`` local ranks, or expert
+parallelism of degree ``E`` on ``E`` local ranks (a MoE layer's routed experts split over them, its tokens exchanged
+by torchtitan's token dispatcher).
 
 Each rank (started by :func:`ppsim.calibrate.execute.launch.run_local`, gloo on CPU, nccl on GPUs) cuts the unit
 from the model built on the meta device, fills torchtitan's sharding plan with the model config's own
@@ -10,6 +12,16 @@ context (:func:`spmd_context`: the trainer's ``set_spmd_backend`` and ``get_spmd
 ``spmd_types`` layers run no collective at all), on its sequence shard of the microbatch (sequence parallelism, on by
 default: a layer's input and output hold ``seq_len / T`` tokens per rank), so the timings include the layer's TP
 collectives; rank 0's are recorded, with the bytes one rank holds.
+
+**EP** (``--ep E``): the ranks form torchtitan's ``ParallelDims`` with ``dp_shard = ep = E`` (EP carved out of data
+parallelism, as a job at that degree has it), the model config takes the EP sharding plan from a
+``ParallelismConfig(expert_parallel_degree=E)`` (``update_from_config``: the routed experts' layout), and the
+model's own ``parallelize`` places each rank's experts and wires the dispatcher to the ``ep`` mesh, with the SPMD
+backend ``ppsim run --ep`` runs (:data:`EP_SPMD_BACKEND`). FSDP is not applied (ppsim's step model adds FSDP's
+collectives itself: :mod:`ppsim.fsdp`). Each rank feeds its own microbatch (tokens are per rank under data
+parallelism: its inputs drawn from ``seed + rank``), so a MoE layer's F and B include its dispatch and combine
+all-to-alls at degree ``E``. Only units holding a MoE layer are measured so; the others (a dense layer, the
+embedding, the head) see no EP and are measured on one process.
 
 Layers only: the embedding and the head are measured unsharded (the sharded head's vocab-parallel loss is
 torchtitan's trainer's, not the model's), an upper bound the profile's notes state.
@@ -32,14 +44,27 @@ if TYPE_CHECKING:
 
 
 SPMD_BACKEND = "spmd_types"
-"""torchtitan 0.3.0's default ``parallelism.spmd_backend``, which the units are sharded and run with."""
+"""torchtitan 0.3.0's default ``parallelism.spmd_backend``, which the TP units are sharded and run with."""
+EP_SPMD_BACKEND = "partial_dtensor"
+"""The SPMD backend of EP units: the one ``ppsim run --ep`` runs PP x EP with (its runner's ``_build``)."""
 
 
-def tp_dims(tp: int) -> Any:
-    """torchtitan's ``ParallelDims`` of ``tp`` tensor-parallel ranks (the running process group), its mesh built."""
+def spmd_backend(ep: int) -> str:
+    return EP_SPMD_BACKEND if ep > 1 else SPMD_BACKEND
+
+
+def tp_dims(tp: int, ep: int = 1, *, device_type: str | None = None) -> Any:
+    """torchtitan's ``ParallelDims`` of ``tp`` tensor-parallel ranks, or of ``ep`` expert-parallel ranks carved out
+    of as many data-parallel shards (the running process group), its mesh built (on ``device_type``; ``None``:
+    torchtitan's choice)."""
     from torchtitan.distributed.parallel_dims import ParallelDims
 
-    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, world_size=tp, spmd_backend=SPMD_BACKEND)
+    from ppsim.calibrate.torchtitan.runner import build_mesh
+
+    dims = ParallelDims(dp_replicate=1, dp_shard=ep, cp=1, tp=tp, pp=1, ep=ep, world_size=tp * ep,
+                        spmd_backend=spmd_backend(ep))
+    if device_type is not None:
+        return build_mesh(dims, device_type)
     dims.build_mesh()
     return dims
 
@@ -49,7 +74,7 @@ def spmd_context(dims: Any) -> Any:
     it the ``spmd_types`` layers skip their collectives."""
     from torchtitan.distributed import utils as dist_utils
 
-    dist_utils.set_spmd_backend(SPMD_BACKEND)
+    dist_utils.set_spmd_backend(dims.spmd_backend)
     return dist_utils.get_spmd_context(parallel_dims=dims)()
 
 
@@ -69,21 +94,25 @@ def tp_stage(source: ModelSource, layer_ids: tuple[int, ...], *, has_embedding: 
 
 
 def tp_stage_and_dims(source: ModelSource, layer_ids: tuple[int, ...], *, has_embedding: bool, has_head: bool,
-                      tp: int, seed: int, device: Any) -> tuple[nn.Module, Any]:
-    """:func:`tp_stage` and the ``ParallelDims`` it was sharded on (:func:`tp_dims`, built after the model, as
-    torchtitan's trainer does), which :func:`spmd_context` runs it in."""
-    import types
-
+                      tp: int, seed: int, device: Any, ep: int = 1) -> tuple[nn.Module, Any]:
+    """:func:`tp_stage` (or, at ``ep`` above 1, the stage with its routed experts split over ``ep`` ranks) and the
+    ``ParallelDims`` it was sharded on (:func:`tp_dims`, built after the model, as torchtitan's trainer does), which
+    :func:`spmd_context` runs it in."""
     import torch
     from torchtitan.config import ParallelismConfig
+    from torchtitan.distributed import utils as dist_utils
 
     from ppsim.calibrate.models import place
     from ppsim.calibrate.models.torchtitan import prepared_config
     from ppsim.calibrate.models.transformer import DTYPES
 
-    config = prepared_config(source)
-    parallelism = ParallelismConfig(tensor_parallel_degree=tp)
-    config.update_from_config(config=types.SimpleNamespace(parallelism=parallelism))
+    if ep > 1:  # the routed experts' EP layout is in the sharding plan; the dispatcher reads the backend
+        parallelism = ParallelismConfig(data_parallel_shard_degree=ep, expert_parallel_degree=ep,
+                                        spmd_backend=EP_SPMD_BACKEND)
+        dist_utils.set_spmd_backend(EP_SPMD_BACKEND)  # as torchtitan's trainer does before it builds
+    else:
+        parallelism = ParallelismConfig(tensor_parallel_degree=tp)
+    config = prepared_config(source, parallelism)
     with torch.device("meta"):
         full = config.build()
     full = place(full, device="meta", dtype=DTYPES[source.config.dtype])
@@ -96,7 +125,7 @@ def tp_stage_and_dims(source: ModelSource, layer_ids: tuple[int, ...], *, has_em
             keep = (name == "tok_embeddings" and has_embedding) or (name in ("norm", "lm_head") and has_head)
             stage._modules[name] = child if keep else None
     stage._modules["layers"] = torch.nn.ModuleDict({str(i): full.layers[str(i)] for i in layer_ids})
-    dims = tp_dims(tp)
+    dims = tp_dims(tp, ep, device_type=torch.device(device).type if ep > 1 else None)
     stage.parallelize(dims)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed + 1)
@@ -124,7 +153,7 @@ def local_param_bytes(module: nn.Module) -> int:
 
 
 def _unit_rank(ctx: Any, opts: CalibrationOptions, unit: Any) -> dict[str, Any] | None:
-    """One of the ``T`` ranks measuring ``unit`` (rank 0 returns its profile entry)."""
+    """One of the ``T`` (or ``E``) ranks measuring ``unit`` (rank 0 returns its profile entry)."""
     import torch
     import torch.distributed as dist
 
@@ -142,10 +171,14 @@ def _unit_rank(ctx: Any, opts: CalibrationOptions, unit: Any) -> dict[str, Any] 
                world_size=ctx.world_size)
     try:
         source = opts.model_source
+        ep = opts.expert_parallel_degree
+        tp = 1 if ep > 1 else ctx.world_size
         module, dims = tp_stage_and_dims(source, unit.layer_ids, has_embedding=unit.has_embedding,
-                                         has_head=unit.has_head, tp=ctx.world_size, seed=opts.seed, device=device)
-        local = rank_source(source, ctx.world_size)
-        bench = harness.StageBench(local.config, opts.num_stages, 1, device=torch.device(device), seed=opts.seed,
+                                         has_head=unit.has_head, tp=tp, ep=ep, seed=opts.seed, device=device)
+        local = rank_source(source, tp)
+        # EP: each rank its own microbatch (tokens are per rank under data parallelism); TP: the same on every rank
+        seed = opts.seed + ctx.rank if ep > 1 else opts.seed
+        bench = harness.StageBench(local.config, opts.num_stages, 1, device=torch.device(device), seed=seed,
                                    unit=unit, source=local, module=module)
         with spmd_context(dims):
             (samples,) = harness.measure_interleaved([bench], warmup=opts.warmup, reps=opts.reps)
@@ -170,15 +203,19 @@ def rank_source(source: ModelSource, tp: int) -> ModelSource:
 
 
 def measure_unit_tp(opts: CalibrationOptions, unit: Any) -> dict[str, Any]:
-    """``unit`` measured sharded over ``opts.tensor_parallel_degree`` local ranks; rank 0's profile entry."""
+    """``unit`` measured sharded over ``opts.tensor_parallel_degree`` local ranks (or, with
+    ``opts.expert_parallel_degree`` above 1, its experts over that many); rank 0's profile entry."""
     from ppsim.calibrate.execute.launch import run_local
 
-    tp = opts.tensor_parallel_degree
+    ep = opts.expert_parallel_degree
+    ranks, name, option = ((ep, "expert_parallel_degree", "--ep") if ep > 1 else
+                           (opts.tensor_parallel_degree, "tensor_parallel_degree", "--tp"))
+    what = "expert-parallel" if ep > 1 else "tensor-parallel"
     try:
-        return run_local(_unit_rank, (opts, unit), world_size=tp, timeout_s=opts.init_timeout_s + 3600,
-                         what=f"tensor-parallel measurement of {unit.name}")
+        return run_local(_unit_rank, (opts, unit), world_size=ranks, timeout_s=opts.init_timeout_s + 3600,
+                         what=f"{what} measurement of {unit.name}")
     except RuntimeError as exc:
         lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
         why = lines[-1] if lines else type(exc).__name__
-        raise PPSimError(f"measuring {unit.name} of {opts.model_source.text} at tensor_parallel_degree {tp} failed "
-                         f"({why[:200]}); calibrate at --tp 1, or another flavor") from None
+        raise PPSimError(f"measuring {unit.name} of {opts.model_source.text} at {name} {ranks} failed "
+                         f"({why[:200]}); calibrate at {option} 1, or another flavor") from None

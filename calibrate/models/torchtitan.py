@@ -212,6 +212,11 @@ def num_experts(source: ModelSource) -> int | None:
     return found[0] if found else None
 
 
+def moe_layer_ids(source: ModelSource) -> frozenset[int]:
+    """The positions of the model's MoE layers (routed experts; empty for a dense model)."""
+    return frozenset(i for i, layer in enumerate(prepared_config(source).layers) if getattr(layer, "moe", None))
+
+
 def prepared_config(source: ModelSource, parallelism: Any = None) -> Any:
     """The flavor's config as this source builds it (layer count, attention backend). ``parallelism``: a torchtitan
     ``ParallelismConfig`` whose sharding plan the config takes (``update_from_config``, as torchtitan does when it

@@ -250,7 +250,14 @@ def _parallel_dims(parallelism: Any, world: int, device_type: str) -> Any:
     picks the device type at import and falls back to ``cuda``, which a CPU-only torch cannot set)."""
     from torchtitan.distributed import parallel_dims
 
-    dims = parallel_dims.ParallelDims.from_config(parallelism, world)
+    return build_mesh(parallel_dims.ParallelDims.from_config(parallelism, world), device_type)
+
+
+def build_mesh(dims: Any, device_type: str) -> Any:
+    """``dims`` (torchtitan's ``ParallelDims``) with its meshes built on ``device_type``: torchtitan picks the device
+    type at import and falls back to ``cuda``, which a CPU-only torch cannot set (its DTensors would move there)."""
+    from torchtitan.distributed import parallel_dims
+
     chosen = parallel_dims.device_type
     parallel_dims.device_type = device_type
     try:

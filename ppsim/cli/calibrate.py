@@ -94,6 +94,12 @@ def calibrate_cmd(
                           "torchtitan shards it, on T local ranks (torchtitan models; the profile records T); a list "
                           "measures each degree into one profile.")
     ] = "1",
+    ep: Annotated[
+        int, typer.Option("--ep", metavar="E", help="Expert-parallel degree: measure each MoE layer as torchtitan "
+                          "parallelises it, its routed experts split over E local ranks, each feeding its own "
+                          "microbatch (the costs include the dispatch and combine all-to-alls); also the all-to-all "
+                          "alone on E ranks. MoE torchtitan models; the profile records E.")
+    ] = 1,
     torchtitan_config: TorchtitanConfigOpt = None,
 ) -> None:
     """Measure the model's blocks (embedding, layer, head), the per-stage overhead, p2p cost and the runtime's
@@ -125,11 +131,12 @@ def calibrate_cmd(
         notes += job_notes
     config = source.config
     _check_tp(degrees, tp, source)
+    _check_ep(ep, source, tp=degrees)
     passes = tuple(CalibrationPass(t, b) for t in degrees for b in (mb_sizes or (config.mb_size,)))
     request = CalibrationOptions(
         output=output, config=config, num_stages=stages, device=device.value, warmup=warmup, reps=reps,
         resume=resume, p2p=p2p, probe=probe, check_stages=check_stages, init_timeout_s=init_timeout,
-        override_limits=override_limits, source=source, tensor_parallel_degree=degrees[0],
+        override_limits=override_limits, source=source, tensor_parallel_degree=degrees[0], expert_parallel_degree=ep,
         passes=passes if len(passes) > 1 else (),
     )
     try:
@@ -180,6 +187,28 @@ def _check_tp(degrees: tuple[int, ...], text: str, source: ModelSource) -> None:
         if source.config.seq_len % tp:  # sequence parallelism shards each layer's tokens over the TP ranks
             raise PPSimError(f"--tp {text}: {which}does not divide the sequence length {source.config.seq_len} "
                              "(sequence parallelism shards it); use a --seq-len that each degree divides")
+
+
+def _check_ep(ep: int, source: ModelSource, *, tp: tuple[int, ...]) -> None:
+    """``--ep``: above 1 a torchtitan MoE model whose routed experts it divides, at ``--tp 1``."""
+    if ep < 1:
+        raise PPSimError(f"--ep {ep}: must be at least 1; e.g. --ep 2")
+    if ep == 1:
+        return
+    experts = None
+    if source.scheme == "torchtitan":
+        from ppsim.calibrate.models.torchtitan import num_experts
+
+        experts = num_experts(source)
+    if experts is None:
+        raise PPSimError(f"--ep {ep} with --model {source.text}: a dense model has no routed experts to split; drop "
+                         "--ep, or calibrate a MoE model (e.g. --model torchtitan:deepseek_v3/debugmodel)")
+    if experts % ep:
+        raise PPSimError(f"--ep {ep}: does not divide the {experts} routed experts of {source.text} (each rank holds "
+                         f"experts / ep of them); use a divisor of {experts}")
+    if tp != (1,):
+        raise PPSimError(f"--ep {ep} with --tp {','.join(map(str, tp))}: a calibration measures one sharding at a "
+                         "time; calibrate --ep and --tp in two runs")
 
 
 def _checked_stages(stages: int | None, *, check_stages: bool, warmup: int, reps: int, notes: list[str]) -> int:

@@ -247,6 +247,7 @@ def build_inputs(
     )
     warnings = job.warnings
     if profile is not None and blocks is not None:  # the pass measured at the job's TP degree and microbatch size
+        blocks.check_expert_parallel(job.expert_parallel_degree, source=str(profile))
         chosen = blocks.entry(tp=job.tensor_parallel_degree, mb_size=job.microbatch_size, source=str(profile))
         if chosen.model.mb_size != blocks.model.mb_size and chosen.model.mb_size == job.microbatch_size:
             warnings = tuple(w for w in warnings if not w.startswith("the profile was measured with seq_len"))
@@ -254,7 +255,9 @@ def build_inputs(
     elif profile is not None:
         from ppsim.profile import load_profile
 
-        load_profile(profile).check_tensor_parallel(job.tensor_parallel_degree, source=str(profile))
+        loaded = load_profile(profile)
+        loaded.check_tensor_parallel(job.tensor_parallel_degree, source=str(profile))
+        loaded.check_expert_parallel(job.expert_parallel_degree, source=str(profile))
     warn(f"warning: {line}" for line in warnings)
     if blocks is not None:
         cost_model = cost_model.with_split(job.split)

@@ -149,8 +149,9 @@ def ep_of(inputs: Inputs, shapes: JobShapesOnce | None) -> Callable[[FsdpStep, S
 
     costs = None if prof is None else CollectiveCosts.from_profile(prof)
     modules = job.stage_modules
+    in_blocks = prof is not None and prof.expert_parallel_degree == degrees.ep  # `calibrate --ep`: in the layers
     return lambda step, stage_costs: ep_step(step, stage_costs, shapes=job_shapes, stage_modules=modules,
-                                             ep=degrees.ep, costs=costs)
+                                             ep=degrees.ep, costs=costs, in_blocks=in_blocks)
 
 
 def print_results(results: list[SimResult]) -> None:

@@ -99,6 +99,8 @@ class TorchtitanJob:
     """The keys the job sets its microbatches with (its torchtitan generation's)."""
     tensor_parallel_degree: int = 1
     """``parallelism.tensor_parallel_degree`` (a profile must be measured at it)."""
+    expert_parallel_degree: int = 1
+    """``parallelism.expert_parallel_degree`` (a profile must be measured at it)."""
 
     def refusal(self, exc: Exception) -> TorchtitanConfigError:
         """``exc`` (a schedule that cannot run this job) in the job config's words: the keys that set the ranks
@@ -221,6 +223,7 @@ def job_from_settings(
         model_source=settings.model_source, torch_schedule=sched_name, in_file=settings.in_file,
         batch_keys=shape.keys,
         tensor_parallel_degree=int(settings.parallelism.get("tensor_parallel_degree") or 1),
+        expert_parallel_degree=int(settings.parallelism.get("expert_parallel_degree") or 1),
     )
 
 
@@ -261,6 +264,7 @@ def _no_pipeline(settings: JobSettings, layers: int | None, warnings: list[str])
         local_batch_size=batch * steps, seq_len=seq_len, warnings=tuple(warnings),
         model_source=settings.model_source, torch_schedule="1F1B", in_file=settings.in_file,
         tensor_parallel_degree=int(settings.parallelism.get("tensor_parallel_degree") or 1),
+        expert_parallel_degree=int(settings.parallelism.get("expert_parallel_degree") or 1),
     )
 
 

@@ -57,11 +57,11 @@ def _a2a_measured(seconds: float, group_size: int = 2) -> CollectiveCosts:
                                                         bytes_per_s=1e30),))
 
 
-def _step(schedule, costs, shapes, *, ep=2, a2a=None, overlap="dualpipe"):  # type: ignore[no-untyped-def]
+def _step(schedule, costs, shapes, *, ep=2, a2a=None, overlap="dualpipe", in_blocks=False):  # type: ignore[no-untyped-def]
     stage_costs = costs.for_schedule(schedule) if hasattr(costs, "for_schedule") else costs
     modules = _modules(len(schedule.pipelines[0]))  # per chain position (DualPipe's two chains share them)
     step = ep_step(FsdpStep(schedule=schedule, extra_s={}), stage_costs, shapes=shapes, stage_modules=modules,
-                   ep=ep, costs=a2a, overlap=overlap)
+                   ep=ep, costs=a2a, overlap=overlap, in_blocks=in_blocks)
     return step, step.simulate(lambda extra: simulate(schedule, stage_costs, extra_s=extra))
 
 
@@ -232,3 +232,21 @@ def test_fsdp_and_ep_combine_and_the_json_carries_every_kind_the_step_placed() -
     assert doc["reduce_scatter"]["exposed_s"] == pytest.approx(doc["reduce_scatter"]["total_s"])
     assert doc["all_to_all"]["count"] == 4 * 3 * 4  # layers 1-3 MoE, 4 microbatches
     assert both.makespan > fsdp_only.makespan
+
+
+def test_all_to_alls_already_in_the_measured_blocks_add_nothing_eager_and_give_back_what_a_pair_hides() -> None:
+    """A profile measured at the job's EP degree has each MoE layer's all-to-alls inside its F and B
+    (``in_blocks``): the same count and total are reported, an eager step is the step without EP, and an
+    overlapped pair is shorter by what it hides (never counted twice)."""
+    costs = parse_costs("F=1,B=2,FB=3")
+    a2a = _a2a_measured(0.05)
+    for name, eager in (("1F1B", True), ("DualPipeV", False)):
+        schedule = get_schedule(name, 4, 16)
+        base = simulate(schedule, costs.for_schedule(schedule) if hasattr(costs, "for_schedule") else costs)
+        (_, added), (step, inside) = (_step(schedule, costs, _shapes(), a2a=a2a, in_blocks=b) for b in (False, True))
+        a, b = added.collectives["all_to_all"], inside.collectives["all_to_all"]
+        assert (a.count, a.total_s, a.exposed_s) == (b.count, b.total_s, b.exposed_s)
+        if eager:
+            assert inside.makespan == pytest.approx(base.makespan) and added.makespan > base.makespan
+        else:
+            assert b.exposed_s < b.total_s and inside.makespan < base.makespan

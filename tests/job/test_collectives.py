@@ -56,7 +56,7 @@ def test_fsdp_all_gather_and_reduce_scatter_are_fitted_per_op() -> None:
     from ppsim.calibrate.measure import comm
 
     fits = comm.measure_local_collectives([4096, 65536, 1 << 20], group_size=2, warmup=1, reps=3)
-    assert sorted(f.op for f in fits) == ["all_gather", "reduce_scatter"]
+    assert sorted(f.op for f in fits) == ["all_gather", "all_to_all", "reduce_scatter"]
     for fit in fits:
         assert fit.group_size == 2 and fit.beta_bytes_per_s > 0 and fit.alpha_s >= 0
         assert [s.bytes for s in fit.samples] == [4096, 65536, 1 << 20]
