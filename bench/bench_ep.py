@@ -6,7 +6,8 @@ activation checkpointing. Not a test; needs torchtitan; about 2 minutes a run on
     python bench/bench_ep.py --out /tmp/eprun --only 1,4      # some cases
 
 Every case is one `ppsim run --model torchtitan:deepseek_v3/debugmodel --dp-shard 2 --ep 2 --profile P --json` in a
-fresh process (its command printed). Predicted before the run, from the profile (calibrated first, never on a run it
+fresh process (its command printed). Predicted before the run, from the profile (calibrated first at EP 2: `ppsim
+calibrate --model M --seq-len 32 --dtype float32 --ep 2`; never on a run it
 is compared with): each PP rank's allocator-level peak (`ppsim.job.memory.job_memory` on the run's shapes: routed
 experts EP-local, routing and all-to-all buffers, SAC's saved set) and the step (EP's all-to-alls in it: every one
 exposed, as torch's runtime runs an overlapped pair's halves in turn). Measured: the allocator peak per process
@@ -62,7 +63,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated case numbers (1-based)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    profile = calibrated(args.out / "deepseek_debug_s32.profile.json", MODEL, *SIZE, "--dtype", "float32")
+    profile = calibrated(args.out / "deepseek_debug_s32_ep2.profile.json", MODEL, *SIZE, "--dtype", "float32",
+                         "--ep", "2")  # the MoE layers measured under EP 2, their all-to-alls inside
     only = {int(x) for x in args.only.split(",") if x}
     rows, mem_errors, step_errors = [], [], []
     load = os.getloadavg()[0]
