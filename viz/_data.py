@@ -192,7 +192,16 @@ def title(result: SimResult) -> str:
     return (
         f"{s.name}: {s.num_ranks} ranks, {s.num_microbatches} microbatches, "
         f"makespan {fmt_time(result, result.makespan)}, bubble {result.bubble_ratio:.1%}" + recompute_note(result)
+        + comm_note(result)
     )
+
+
+def comm_note(result: SimResult) -> str:
+    """``", all-to-all 56 of 100 units exposed"`` per kind of collective in the step (its lane), else ``""``."""
+    ts = time_scale(result)
+    return "".join(f", {COLLECTIVE_WORDS.get(kind, kind)} {t.exposed_s * ts.factor:.4g} of "
+                   f"{t.total_s * ts.factor:.4g}{ts.suffix} exposed"
+                   for kind, t in (result.collectives or {}).items() if t.count)
 
 
 def recompute_note(result: SimResult) -> str:

@@ -173,3 +173,13 @@ def test_fsdps_spans_name_their_kinds_for_the_hover() -> None:
     result = step.simulate(lambda extra: simulate(step.schedule, parse_costs("F=1,B=2"), extra_s=extra))
     words = {s.kind_words for s in _data.comm_lane(result)}
     assert words == {"all-gather", "reduce-scatter"}
+
+
+def test_the_title_says_how_much_of_each_kind_was_exposed() -> None:
+    result = _result("DualPipeV", 0.75)
+    a2a = result.collectives["all_to_all"]
+    assert 0 < a2a.exposed_s < a2a.total_s
+    words = f"all-to-all {a2a.exposed_s:.4g} of {a2a.total_s:.4g} units exposed"
+    assert _data.title(result).endswith(", " + words)
+    assert interactive.gantt_figure(result).layout.title.text == _data.title(result)
+    assert "exposed" not in _data.title(simulate(get_schedule("DualPipeV", 2, 4)))
