@@ -57,7 +57,7 @@ from typing import Any
 
 from ppsim.fsdp import CollectiveCosts, FsdpStep
 from ppsim.ir import Action, ActionType, Schedule
-from ppsim.result import CollectiveTotals
+from ppsim.result import CollectiveTotals, CommSpan
 
 DEFAULT_COMM_RATIO = 1.0
 """Without measured costs: a MoE layer's forward all-to-alls (dispatch + combine) over its forward compute
@@ -205,8 +205,7 @@ def ep_step(step: FsdpStep, stage_costs: Any, *, shapes: Any, stage_modules: Seq
             added = e - t if in_blocks else e
             if added:
                 extra[(rank, pos)] = extra.get((rank, pos), 0.0) + added
-            before = spans.get((rank, pos), (0.0, 0.0))
-            spans[(rank, pos)] = (before[0] + t, before[1] + e)
+            spans[(rank, pos)] = spans.get((rank, pos), CommSpan(0.0, 0.0)).plus(t, e, "all_to_all")
     unit = "s" if stage_costs.unit == "s" else " units"
     nbytes = all_to_all_bytes(shapes)
     how = ("overlapped F&B pairs run one half after the other in this runtime: every all-to-all waited for"

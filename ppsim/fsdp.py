@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppsim.ir import Action, ActionType, Schedule
-from ppsim.result import CollectiveTotals
+from ppsim.result import CollectiveTotals, CommSpan
 
 INLINE_GATHER = ("gpipe", "1f1b")
 """torch's single-stage schedules (``PipelineScheduleSingle``): the gathers run inside the first forward."""
@@ -164,9 +164,9 @@ class FsdpStep:
     """By kind, the collectives this step model placed (count, time, the part in ``extra_s``): FSDP's
     ``all_gather`` / ``reduce_scatter``, EP's ``all_to_all`` (:func:`ppsim.ep.ep_step` adds its time to this step's
     ``extra_s``); the result carries them (:attr:`ppsim.result.SimResult.collectives`)."""
-    comm_spans: Mapping[tuple[int, int], tuple[float, float]] = dataclasses.field(default_factory=dict)
-    """Per (rank, position): the collectives' time in that action and the part of it exposed (in ``extra_s``), for
-    the figure's communication lane (:attr:`ppsim.result.SimResult.comm_spans`)."""
+    comm_spans: Mapping[tuple[int, int], CommSpan] = dataclasses.field(default_factory=dict)
+    """Per (rank, position): the collectives' time in that action, the part of it exposed (in ``extra_s``) and their
+    kinds, for the figures' communication lane (:attr:`ppsim.result.SimResult.comm_spans`)."""
 
     def simulate(self, simulate_with: Any) -> Any:
         """The step: ``simulate_with(extra_s)`` (a :class:`~ppsim.result.SimResult`), with the cores shared when
@@ -232,7 +232,10 @@ def fsdp_step(schedule: Schedule, *, shapes: Any, stage_modules: Sequence[Sequen
     exposed_gather = sum(s for (rank, pos), s in step.extra_s.items()
                          if step.schedule.actions[rank][pos].type is not ActionType.REDUCE_GRAD)
     exposed_reduce = sum(step.extra_s.values()) - exposed_gather
-    step = dataclasses.replace(step, comm_spans={key: (t, t) for key, t in step.extra_s.items()}, collectives={
+    acts = step.schedule.actions
+    spans = {(r, p): CommSpan(t, t, ("reduce_scatter" if acts[r][p].type is ActionType.REDUCE_GRAD else "all_gather",))
+             for (r, p), t in step.extra_s.items()}
+    step = dataclasses.replace(step, comm_spans=spans, collectives={
         # each unit gathered once and reduce-scattered once a step
         "all_gather": CollectiveTotals(units, sum(gather) / time_scale, exposed_gather),
         "reduce_scatter": CollectiveTotals(units, sum(reduce) / time_scale, exposed_reduce)})

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -57,6 +57,20 @@ class CollectiveTotals:
 COLLECTIVE_KINDS = ("all_to_all", "all_gather", "reduce_scatter")
 """The kinds a step model can put in :attr:`SimResult.collectives`: EP's (:mod:`ppsim.ep`), FSDP's
 (:mod:`ppsim.fsdp`)."""
+
+
+class CommSpan(NamedTuple):
+    """The collectives one action holds (:attr:`SimResult.comm_spans`): their time, the part of it exposed (the
+    compute waited on it: added to the action), and their kinds (:data:`COLLECTIVE_KINDS`)."""
+
+    total: float
+    exposed: float
+    kinds: tuple[str, ...] = ()
+
+    def plus(self, total: float, exposed: float, kind: str) -> CommSpan:
+        """This span with ``total`` more of ``kind``, ``exposed`` of it exposed."""
+        return CommSpan(self.total + total, self.exposed + exposed,
+                        self.kinds if kind in self.kinds else (*self.kinds, kind))
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,9 +161,9 @@ class SimResult:
     """By kind (:data:`COLLECTIVE_KINDS`), the collectives the step model put in this step: EP's all-to-alls
     (:func:`ppsim.ep.ep_step`), FSDP's all-gathers and reduce-scatters (:func:`ppsim.fsdp.fsdp_step`); a kind only
     where its model applies, ``None`` where none does."""
-    comm_spans: Mapping[tuple[int, int], tuple[float, float]] | None = field(default=None, compare=False)
-    """Per (rank, position) of an action holding collectives: their time and the part of it exposed (added to the
-    action); the figures' communication lane (``viz/gantt.py``)."""
+    comm_spans: Mapping[tuple[int, int], CommSpan] | None = field(default=None, compare=False)
+    """Per (rank, position) of an action holding collectives: their time, the part of it exposed (added to the
+    action) and their kinds; the figures' communication lane (``viz/_data.py`` ``comm_lane``)."""
 
     @property
     def unit(self) -> str:

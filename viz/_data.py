@@ -192,7 +192,16 @@ def title(result: SimResult) -> str:
     return (
         f"{s.name}: {s.num_ranks} ranks, {s.num_microbatches} microbatches, "
         f"makespan {fmt_time(result, result.makespan)}, bubble {result.bubble_ratio:.1%}" + recompute_note(result)
+        + comm_note(result)
     )
+
+
+def comm_note(result: SimResult) -> str:
+    """``", all-to-all 56 of 100 units exposed"`` per kind of collective in the step (its lane), else ``""``."""
+    ts = time_scale(result)
+    return "".join(f", {COLLECTIVE_WORDS.get(kind, kind)} {t.exposed_s * ts.factor:.4g} of "
+                   f"{t.total_s * ts.factor:.4g}{ts.suffix} exposed"
+                   for kind, t in (result.collectives or {}).items() if t.count)
 
 
 def recompute_note(result: SimResult) -> str:
@@ -201,3 +210,86 @@ def recompute_note(result: SimResult) -> str:
         return ""
     total = result.schedule.num_microbatches * result.schedule.num_stages
     return f", recomputing {len(result.recompute)} of {total} activations"
+
+
+#: The communication lane's two parts: the collectives' time a compute waited on (added to its action), strong, and
+#: the time that ran hidden behind compute, light (DeepSeek's figure 4 puts communication under the computation).
+COMM_PARTS = ("hidden", "exposed")
+COMM_COLORS = {"hidden": "#C39BD3", "exposed": "#6A1B9A"}
+COMM_LABELS = {"exposed": "Communication, exposed", "hidden": "Communication, hidden"}
+COMM_LANE_COLOR = "#F2F2F2"
+"""The lane's track (where a rank's actions hold no collectives)."""
+COLLECTIVE_WORDS = {"all_to_all": "all-to-all", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter"}
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Where a rank's row draws its parts, as offsets from the rank's index (rows one unit apart, y grows down).
+
+    Without collectives the compute cells fill the row (``(-0.5, 0.5)``, rows touching as in the DualPipe figures);
+    with them a thin communication lane sits under the cells, and a figure makes its rows :attr:`height_scale`
+    times as tall so the cells keep their height.
+    """
+
+    compute: tuple[float, float] = (-0.5, 0.5)
+    lane: tuple[float, float] | None = None
+
+    @property
+    def centre(self) -> float:
+        """The compute cells' centre: where digits, row labels and p2p arrows go."""
+        return (self.compute[0] + self.compute[1]) / 2
+
+    @property
+    def height_scale(self) -> float:
+        return 1.0 / (self.compute[1] - self.compute[0])
+
+
+PLAIN_ROWS = RowLayout()
+LANE_ROWS = RowLayout(compute=(-0.5, 0.22), lane=(0.25, 0.41))
+
+
+def row_layout(result: SimResult) -> RowLayout:
+    return LANE_ROWS if result.comm_spans else PLAIN_ROWS
+
+
+@dataclass(frozen=True, slots=True)
+class LaneSpan:
+    """One drawn strip of the communication lane: the ``part`` (``"hidden"`` or ``"exposed"``) of the collectives of
+    the action at (``rank``, ``position``), drawn from ``start`` to ``end``; ``total`` and ``exposed`` are the
+    action's whole :class:`~ppsim.result.CommSpan` (both strips of an action carry the same)."""
+
+    rank: int
+    position: int
+    part: str
+    start: float
+    end: float
+    total: float
+    exposed: float
+    kinds: tuple[str, ...]
+    action: str
+
+    @property
+    def kind_words(self) -> str:
+        return " + ".join(COLLECTIVE_WORDS.get(k, k) for k in self.kinds) or "collectives"
+
+
+def comm_lane(result: SimResult) -> list[LaneSpan]:
+    """The communication lane's strips from ``result.comm_spans``, rank by rank in execution order, hidden before
+    exposed: the exposed part at the action's end (the time added to it, the compute waiting), the hidden part from
+    its start (it ran under the action's compute: in an overlapped pair, one direction's all-to-alls under the other's
+    compute). The lane shows how much of an action is communication and how much of that was exposed, not each
+    exchange's own start."""
+    if not result.comm_spans:
+        return []
+    out: list[LaneSpan] = []
+    for rank, pos in sorted(result.comm_spans):
+        span = result.comm_spans[(rank, pos)]
+        s, e = result.starts[rank][pos], result.ends[rank][pos]
+        action = str(result.schedule.actions[rank][pos])
+        hidden = min(span.total - span.exposed, max(0.0, e - span.exposed - s))
+        if hidden > 0:
+            out.append(LaneSpan(rank, pos, "hidden", s, s + hidden, span.total, span.exposed, span.kinds, action))
+        if span.exposed > 0:
+            out.append(LaneSpan(rank, pos, "exposed", max(s, e - span.exposed), e, span.total, span.exposed,
+                                span.kinds, action))
+    return out

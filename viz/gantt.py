@@ -4,8 +4,10 @@ Every function takes a simulation result and an optional ``ax`` and returns the 
 Rows are ranks ("Device r"), time runs right, each cell is as wide as its simulated duration, idle time is blank.
 Cells are drawn as one :class:`~matplotlib.collections.PolyCollection` per group (gid ``cells:F``, ``cells:B``,
 ``cells:I``, ``cells:W``, ``cells:pair-F``, ``cells:pair-B``), pair borders as ``pair-borders``, idle stretches as
-``idle``, microbatch ids as one :class:`LabelCollection` (gid ``labels``), p2p hand-offs as ``comm`` and the
-memory panel's lines with gid ``memory``: tests and users can find each part by gid.
+``idle``, microbatch ids as one :class:`LabelCollection` (gid ``labels``), p2p hand-offs as ``comm``, a job's
+communication lane (under each rank's cells, :func:`ppsim.viz._data.comm_lane`) as ``comm-lane`` (its track),
+``comm-hidden`` and ``comm-exposed``, and the memory panel's lines with gid ``memory``: tests and users can find each
+part by gid.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ from ppsim.viz import (
 )
 from ppsim.viz._data import (
     COLORS,
+    COMM_COLORS,
+    COMM_LABELS,
+    COMM_LANE_COLOR,
+    COMM_PARTS,
     DIGIT_COLORS,
     GROUP_KIND,
     GROUPS,
@@ -93,12 +99,13 @@ class _Swatch:
     digit: str | None = None
     digit_color: str = "#000000"
     hatch: str | None = None
+    height: float = 1.0  # share of the handle's height (a lane's strip is thin), at its bottom
 
 
 class _SwatchHandler(HandlerBase):
     def legend_artist(self, legend: Any, orig_handle: _Swatch, fontsize: float, handlebox: Any) -> Any:
-        h = handlebox.height
-        w = max(h, handlebox.width * orig_handle.width)
+        w = max(handlebox.height, handlebox.width * orig_handle.width)
+        h = handlebox.height * orig_handle.height
         x0, y0 = handlebox.xdescent * -1, handlebox.ydescent * -1
         n = len(orig_handle.fills)
         shares = (1.0,) if n == 1 else (1 / 3, 2 / 3)  # a pair: forward one cell, backward two
@@ -155,12 +162,11 @@ def legend_entries(result: SimResult, cells: list[_data.Cell] | None = None) -> 
         handles.append(_Swatch((COLORS["B"],), width=1.0, hatch=RECOMPUTE_HATCH))
         labels.append(RECOMPUTE_LABEL)
     if result.comm_spans and not (cells is None and is_dense(result)):  # the lane, where drawn
-        exposed = any(e > 0 for _, e in result.comm_spans.values())
-        hidden = any(t > e for t, e in result.comm_spans.values())
-        for shown, color, label in ((exposed, COMM_EXPOSED, COMM_LABELS[0]), (hidden, COMM_HIDDEN, COMM_LABELS[1])):
-            if shown:
-                handles.append(_Swatch((color,), width=0.5))
-                labels.append(label)
+        present_parts = {span.part for span in _data.comm_lane(result)}
+        for part in COMM_PARTS:
+            if part in present_parts:
+                handles.append(_Swatch((COMM_COLORS[part],), width=1.0, height=0.35))
+                labels.append(COMM_LABELS[part])
     key = _data.digit_key(result)
     if key.by is not None and not (cells is None and is_dense(result)):  # a dense chart has no digits
         handles.append(_Swatch((COLORS["F"],), width=0.5, digit="0", digit_color=DIGIT_COLORS[0]))
@@ -188,7 +194,8 @@ class LabelCollection(PathCollection):
 
     @classmethod
     def for_cells(
-        cls, ax: Axes, cells: list[_data.Cell], *, fontsize: float, fontsizes: list[float] | None = None
+        cls, ax: Axes, cells: list[_data.Cell], *, fontsize: float, fontsizes: list[float] | None = None,
+        y_offset: float = 0.0,
     ) -> LabelCollection:
         sizes = [fontsize] * len(cells) if fontsizes is None else fontsizes
         glyphs: dict[tuple[str, float], Path_] = {}
@@ -204,7 +211,7 @@ class LabelCollection(PathCollection):
             [glyphs[k] for k in zip(texts, sizes)],
             texts,
             fontsizes=sizes,
-            offsets=np.array([((c.start + c.end) / 2, c.rank) for c in cells], dtype=float),
+            offsets=np.array([((c.start + c.end) / 2, c.rank + y_offset) for c in cells], dtype=float),
             offset_transform=ax.transData,
             transform=Affine2D().scale(1 / 72) + ax.figure.dpi_scale_trans,  # glyphs in points
             facecolors=[DIGIT_COLORS[c.shade] for c in cells],
@@ -236,8 +243,11 @@ def natural_width(
     return float(min(MAX_WIDTH, max(MIN_WIDTH, units * UNIT_WIDTH)))
 
 
-def _rects(rows: np.ndarray, x0: np.ndarray, x1: np.ndarray) -> np.ndarray:
-    top, bottom = rows - 0.5, rows + 0.5
+def _rects(
+    rows: np.ndarray, x0: np.ndarray, x1: np.ndarray, band: tuple[float, float] = (-0.5, 0.5)
+) -> np.ndarray:
+    """Rectangles from ``x0`` to ``x1`` on rows ``rows``, spanning ``band`` (offsets from the row's index)."""
+    top, bottom = rows + band[0], rows + band[1]
     return np.stack(
         [np.stack([x0, top], 1), np.stack([x1, top], 1), np.stack([x1, bottom], 1), np.stack([x0, bottom], 1)], 1
     )
@@ -261,6 +271,7 @@ def draw_gantt(
     """
     span = time_max if time_max is not None else (result.makespan or 1.0)
     ts = _data.time_scale(result, span=span)
+    layout = _layout(result, cells)
     if cells is None and is_dense(result):
         _draw_dense(result, ax, span)
         if comm:
@@ -269,19 +280,25 @@ def draw_gantt(
                         color="#444444")
     else:
         _draw_cells(result, ax, _data.cells(result) if cells is None else cells, span=span, labels=labels,
-                    label_fontsize=label_fontsize)
+                    label_fontsize=label_fontsize, layout=layout)
         if comm:
-            _draw_comm(result, ax)
-        if result.comm_spans:
-            _draw_comm_lane(result, ax)
-    _style_axes(result, ax, span=span, ts=ts, row_label=row_label)
+            _draw_comm(result, ax, layout.centre)
+        if layout.lane is not None:
+            _draw_comm_lane(result, ax, layout.lane)
+    _style_axes(result, ax, span=span, ts=ts, row_label=row_label, centre=layout.centre)
+
+
+def _layout(result: SimResult, cells: list[_data.Cell] | None) -> _data.RowLayout:
+    """The rows' layout: with a communication lane where the result has collectives and the chart draws cells."""
+    return _data.PLAIN_ROWS if cells is None and is_dense(result) else _data.row_layout(result)
 
 
 def _draw_cells(
     result: SimResult, ax: Axes, cells: list[_data.Cell], *, span: float, labels: bool | None,
-    label_fontsize: float | None,
+    label_fontsize: float | None, layout: _data.RowLayout = _data.PLAIN_ROWS,
 ) -> None:
-    """One rectangle per cell, pair borders, idle slots and the microbatch ids."""
+    """One rectangle per cell, pair borders, idle slots and the microbatch ids, in ``layout.compute``."""
+    band = layout.compute
     pt_per_time = _axes_width_pt(ax) / span
 
     # edges thin out and then vanish as cells shrink, so dense charts stay colour fields, not black mush
@@ -291,7 +308,7 @@ def _draw_cells(
     gaps = _idle_slots(_data.idle_gaps(result), _base_duration(cells))
     if gaps and edge > 0:
         g = np.array(gaps, dtype=float).reshape(-1, 3)
-        ax.add_collection(PolyCollection(_rects(g[:, 0], g[:, 1], g[:, 2]), facecolors="white",
+        ax.add_collection(PolyCollection(_rects(g[:, 0], g[:, 1], g[:, 2], band), facecolors="white",
                                          edgecolors=IDLE_EDGE, linewidths=edge * 0.6, zorder=1, gid="idle"))
     for group in GROUPS:
         sel = [c for c in cells if c.group == group]
@@ -300,7 +317,7 @@ def _draw_cells(
         a = np.array([(c.rank, c.start, c.end) for c in sel], dtype=float)
         pair = group.startswith("pair-")
         ax.add_collection(PolyCollection(
-            _rects(a[:, 0], a[:, 1], a[:, 2]),
+            _rects(a[:, 0], a[:, 1], a[:, 2], band),
             facecolors=COLORS[GROUP_KIND[group]],
             edgecolors="none" if pair else "black",
             linewidths=0.0 if pair else edge,
@@ -312,13 +329,13 @@ def _draw_cells(
     hatched = [c for c in cells if c.recomputed]
     if hatched:  # over the fill, under the pair borders and digits
         h = np.array([(c.rank, c.start, c.end) for c in hatched], dtype=float)
-        ax.add_collection(PolyCollection(_rects(h[:, 0], h[:, 1], h[:, 2]), facecolors="none",
+        ax.add_collection(PolyCollection(_rects(h[:, 0], h[:, 1], h[:, 2], band), facecolors="none",
                                          edgecolors=RECOMPUTE_HATCH_COLOR, linewidths=0.0, hatch=RECOMPUTE_HATCH,
                                          zorder=2.5, gid="recompute"))
     borders = _data.pair_borders(result)
     if borders and edge > 0:
         b = np.array(borders, dtype=float)
-        ax.add_collection(PolyCollection(_rects(b[:, 0], b[:, 1], b[:, 2]), facecolors="none",
+        ax.add_collection(PolyCollection(_rects(b[:, 0], b[:, 1], b[:, 2], band), facecolors="none",
                                          edgecolors="black", linewidths=edge, joinstyle="miter",
                                          zorder=3, gid="pair-borders"))
 
@@ -342,21 +359,23 @@ def _draw_cells(
             if shown:
                 ax.add_collection(
                     LabelCollection.for_cells(ax, [c for c, _ in shown], fontsize=fs,
-                                              fontsizes=[size for _, size in shown]),
+                                              fontsizes=[size for _, size in shown], y_offset=layout.centre),
                     autolim=False,
                 )
 
 
 
-def _style_axes(result: SimResult, ax: Axes, *, span: float, ts: _data.TimeScale, row_label: str) -> None:
+def _style_axes(
+    result: SimResult, ax: Axes, *, span: float, ts: _data.TimeScale, row_label: str, centre: float = 0.0
+) -> None:
     n = result.schedule.num_ranks
     ax.set_xlim(0, span)
     ax.set_ylim(n - 0.5, -0.5)
     # a row label every row while rows are tall enough for one, else every k-th row
     row_pt = ax.get_position().height * ax.figure.get_figheight() * 72.0 / n
     step = max(1, math.ceil(ROW_LABEL_FONT * 1.3 / row_pt))
-    ax.set_yticks(range(0, n, step), [f"{row_label} {r}" for r in range(0, n, step)], fontsize=ROW_LABEL_FONT,
-                  fontweight="bold")
+    ax.set_yticks([r + centre for r in range(0, n, step)], [f"{row_label} {r}" for r in range(0, n, step)],
+                  fontsize=ROW_LABEL_FONT, fontweight="bold")
     ax.tick_params(axis="y", length=0, pad=5)
     ax.tick_params(axis="x", labelsize=8, colors="#444444", length=3, width=0.6)
     ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=result.unit != "s"))
@@ -419,51 +438,34 @@ def _idle_slots(gaps: list[tuple[int, float, float]], base: float) -> list[tuple
     return out
 
 
-def _draw_comm(result: SimResult, ax: Axes) -> None:
+def _draw_comm(result: SimResult, ax: Axes, centre: float = 0.0) -> None:
     tr = result.transfers()
     if tr.empty:
         return
     x = tr["send"].to_numpy(float)
-    y = tr["src_rank"].to_numpy(float)
+    y = tr["src_rank"].to_numpy(float) + centre
     dx = tr["arrive"].to_numpy(float) - x
-    dy = tr["dst_rank"].to_numpy(float) - y
+    dy = tr["dst_rank"].to_numpy(float) + centre - y
     colors = np.where(tr["kind"].to_numpy() == "F", "#8a5a00", "#2f6b12")
     ax.quiver(x, y, dx, dy, angles="xy", scale_units="xy", scale=1, color=list(colors), units="inches",
               width=0.01, headwidth=4, headlength=5, headaxislength=4.5, alpha=0.7, zorder=5, gid="comm")
 
 
-COMM_EXPOSED = "#6a1b9a"
-COMM_HIDDEN = "#e1bee7"
-COMM_LANE = (0.30, 0.46)
-"""The communication lane inside each rank's row (offsets below the row's centre, in rows): a thin strip at the
-bottom of the compute row, as the DualPipe figure draws the communication stream under the computation."""
-COMM_LABELS = ("Communication, exposed", "Communication, hidden")
-
-
-def _draw_comm_lane(result: SimResult, ax: Axes) -> None:
-    """Each action's collectives (EP's all-to-alls, FSDP's gathers and reduce-scatters: ``result.comm_spans``) as a
-    thin lane at the bottom of its rank's row: the exposed part (the compute waited on it, added to the action) in a
-    strong colour at the action's end, the hidden part (under the other direction's compute) light from its start.
-    The lane shows how much of the action is communication and how much was exposed, not each exchange's own time."""
-    assert result.comm_spans is not None
-    starts, ends = result.starts, result.ends
-    light, strong = [], []
-    for (rank, pos), (total, exposed) in result.comm_spans.items():
-        s, e = starts[rank][pos], ends[rank][pos]
-        if exposed > 0:
-            strong.append((rank, max(s, e - exposed), e))
-        hidden = min(total - exposed, max(0.0, e - exposed - s))
-        if hidden > 0:
-            light.append((rank, s, s + hidden))
-    top, bottom = COMM_LANE
-    for spans, color, gid in ((light, COMM_HIDDEN, "comm-hidden"), (strong, COMM_EXPOSED, "comm-exposed")):
-        if not spans:
-            continue
-        a = np.array(spans, dtype=float)
-        rects = _rects(a[:, 0], a[:, 1], a[:, 2])
-        rects[:, :2, 1] = a[:, :1] + top  # the strip's top edge ...
-        rects[:, 2:, 1] = a[:, :1] + bottom  # ... and its bottom edge
-        ax.add_collection(PolyCollection(rects, facecolors=color, edgecolors="none", zorder=4.5, gid=gid))
+def _draw_comm_lane(result: SimResult, ax: Axes, lane: tuple[float, float]) -> None:
+    """The communication lane in ``lane`` under each rank's cells: a light track over the whole step, and on it the
+    strips of :func:`ppsim.viz._data.comm_lane` (each action's collectives, hidden light from its start, exposed
+    strong at its end)."""
+    n = result.schedule.num_ranks
+    ranks = np.arange(n, dtype=float)
+    ax.add_collection(PolyCollection(_rects(ranks, np.zeros(n), np.full(n, result.makespan), lane),
+                                     facecolors=COMM_LANE_COLOR, edgecolors="none", zorder=1, gid="comm-lane"))
+    strips = _data.comm_lane(result)
+    for part in COMM_PARTS:
+        sel = [(s.rank, s.start, s.end) for s in strips if s.part == part]
+        if sel:
+            a = np.array(sel, dtype=float)
+            ax.add_collection(PolyCollection(_rects(a[:, 0], a[:, 1], a[:, 2], lane), facecolors=COMM_COLORS[part],
+                                             edgecolors="none", zorder=4.5, gid=f"comm-{part}"))
 
 
 def draw_memory(result: SimResult, ax: Axes, *, row_label: str = "Device", time_max: float | None = None) -> None:
@@ -596,7 +598,7 @@ def _own_figure(
     if title:  # from the axes' left edge to the figure's right edge, wrapped or set smaller when it is long
         fitted = _text.fit_title(title if isinstance(title, str) else _data.title(result), (fig_w - left - 0.1) * 72)
     title_h = 0.42 + (fitted.num_lines - 1) * fitted.fontsize * 1.25 / 72 if fitted else 0.1
-    gantt_h = min(n * ROW_HEIGHT, MAX_GANTT_HEIGHT)
+    gantt_h = min(n * ROW_HEIGHT * _layout(result, cells).height_scale, MAX_GANTT_HEIGHT)
     ticks_h = 0.45
     legend_h = 0.36 * legend_rows + (0.12 if legend else 0.0)
     mem_h = 1.6 if memory else 0.0

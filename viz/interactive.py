@@ -3,6 +3,9 @@
 One bar trace per cell group (``F``, ``B``, ``I``, ``W`` and the two halves of overlapped pairs) plus one trace of
 pair borders, never one trace per rectangle, so a 20,000-action schedule stays a small, fast page. Trace ``meta``
 holds the group name (``"F"``, ``"pair-F"``, ``"pair-border"``, ``"memory"``, ``"comm"``) for tests and scripts.
+A step with collectives (a torchtitan job's EP all-to-alls, FSDP's gathers) has the static figure's communication
+lane under each rank's cells, from the same strips (:func:`ppsim.viz._data.comm_lane`): ``"comm-lane"`` (the
+track), ``"comm-hidden"`` and ``"comm-exposed"`` (hover: kind, action, total, exposed, hidden).
 A backward that recomputes its forward (:mod:`ppsim.recompute`) is hatched: its bar's ``marker.pattern.shape`` is
 ``"/"`` (``""`` for the others).
 """
@@ -20,6 +23,10 @@ from ppsim.io import write_atomic
 from ppsim.viz import _data
 from ppsim.viz._data import (
     COLORS,
+    COMM_COLORS,
+    COMM_LABELS,
+    COMM_LANE_COLOR,
+    COMM_PARTS,
     DIGIT_COLORS,
     GROUP_KIND,
     GROUPS,
@@ -43,7 +50,12 @@ _HOVER = (
     "<b>%{customdata[0]}</b> (%{customdata[6]})<br>"
     "stage %{customdata[1]}, microbatch %{customdata[2]}<br>"
     "start %{customdata[3]:.6g}, end %{customdata[4]:.6g}<br>"
-    "duration %{customdata[5]:.6g}%{meta[1]}<extra>%{meta[2]} %{y}</extra>"
+    "duration %{customdata[5]:.6g}%{meta[1]}<extra>%{meta[2]} %{customdata[7]}</extra>"
+)
+_LANE_HOVER = (
+    "<b>%{customdata[0]}</b> (%{meta[3]} part) in %{customdata[1]}<br>"
+    "total %{customdata[2]:.6g}%{meta[1]}, exposed %{customdata[3]:.6g}%{meta[1]}, "
+    "hidden %{customdata[4]:.6g}%{meta[1]}<extra>%{meta[2]} %{customdata[5]}</extra>"
 )
 _KIND_WORDS = {"F": "forward", "B": "backward", "I": "backward for input", "W": "backward for weights"}
 
@@ -79,6 +91,8 @@ def add_gantt_traces(
     with_text = labels is True or (labels is None and len(cells) <= MAX_LABELLED_CELLS)
     edge = _edge_px(result, cells)
     loc = {"row": row, "col": 1} if row is not None else {}
+    layout = _data.row_layout(result)
+    height = layout.compute[1] - layout.compute[0]
     for group in GROUPS:
         sel = [c for c in cells if c.group == group]
         if not sel:
@@ -89,7 +103,7 @@ def add_gantt_traces(
         end = np.fromiter((c.end for c in sel), float, len(sel)) * factor
         a0 = np.fromiter((c.action_start for c in sel), float, len(sel)) * factor
         a1 = np.fromiter((c.action_end for c in sel), float, len(sel)) * factor
-        custom = np.empty((len(sel), 7), dtype=object)
+        custom = np.empty((len(sel), 8), dtype=object)
         custom[:, 0] = [c.action for c in sel]
         custom[:, 1] = [c.stage for c in sel]
         custom[:, 2] = [c.microbatch for c in sel]
@@ -98,13 +112,14 @@ def add_gantt_traces(
         custom[:, 5] = a1 - a0
         custom[:, 6] = [_KIND_WORDS[c.kind] + (" half of an overlapped pair" if pair else "")
                         + (", recomputes its forward first" if c.recomputed else "") for c in sel]
+        custom[:, 7] = [c.rank for c in sel]
         name = PAIR_LABEL if pair else LEGEND_LABELS[kind]
         bar: dict[str, Any] = dict(
             orientation="h",
-            y=np.fromiter((c.rank for c in sel), np.int64, len(sel)),
+            y=_rows(np.fromiter((c.rank for c in sel), np.int64, len(sel)), layout.centre),
             base=start,
             x=end - start,
-            width=1.0,
+            width=height,
             name=name,
             legendgroup=legendgroup_prefix + ("pair" if pair else group),
             showlegend=legend and group != "pair-B",
@@ -134,21 +149,66 @@ def add_gantt_traces(
         b = np.array(borders, dtype=float)
         fig.add_trace(
             go.Bar(
-                orientation="h", y=b[:, 0].astype(np.int64), base=b[:, 1] * factor, x=(b[:, 2] - b[:, 1]) * factor,
-                width=1.0, name=PAIR_LABEL, legendgroup=legendgroup_prefix + "pair", showlegend=False,
+                orientation="h", y=_rows(b[:, 0].astype(np.int64), layout.centre), base=b[:, 1] * factor,
+                x=(b[:, 2] - b[:, 1]) * factor, width=height, name=PAIR_LABEL,
+                legendgroup=legendgroup_prefix + "pair", showlegend=False,
                 marker=dict(color="rgba(0,0,0,0)", line=dict(color="black", width=1)), hoverinfo="skip",
                 textposition="none", meta=["pair-border"],
             ),
             **loc,
         )
+    if layout.lane is not None:
+        add_lane_traces(fig, result, layout.lane, loc=loc, legend=legend, legendgroup_prefix=legendgroup_prefix,
+                        factor=factor, unit=unit, row_label=row_label)
     n = result.schedule.num_ranks
     step = max(1, n // 32)
     fig.update_yaxes(
-        tickvals=list(range(0, n, step)), ticktext=[f"{row_label} {r}" for r in range(0, n, step)],
+        tickvals=_rows(np.arange(0, n, step), layout.centre).tolist(),
+        ticktext=[f"{row_label} {r}" for r in range(0, n, step)],
         range=[n - 0.5 + 0.04, -0.5 - 0.04],  # a hair of room so the outer borders are not clipped
         showgrid=False, zeroline=False, ticks="", tickfont=dict(size=12, color="black"),
         fixedrange=True, **loc,
     )
+
+
+def _rows(ranks: np.ndarray, offset: float) -> np.ndarray:
+    """Bar positions: the ranks (integers where nothing is shifted), moved by ``offset`` within their rows."""
+    return ranks if offset == 0 else ranks + offset
+
+
+def add_lane_traces(
+    fig: go.Figure, result: SimResult, lane: tuple[float, float], *, loc: dict[str, int], legend: bool,
+    legendgroup_prefix: str, factor: float, unit: str, row_label: str,
+) -> None:
+    """The communication lane (``lane``: its band in each rank's row) as the static figure draws it: a light track
+    over the step, and one bar trace per part (hidden, exposed) of :func:`ppsim.viz._data.comm_lane`'s strips."""
+    n = result.schedule.num_ranks
+    centre, width = (lane[0] + lane[1]) / 2, lane[1] - lane[0]
+    fig.add_trace(go.Bar(
+        orientation="h", y=np.arange(n) + centre, base=np.zeros(n), x=np.full(n, result.makespan * factor),
+        width=width, marker=dict(color=COMM_LANE_COLOR, line=dict(width=0)), hoverinfo="skip", showlegend=False,
+        textposition="none", name="communication lane", meta=["comm-lane"],
+    ), **loc)
+    strips = _data.comm_lane(result)
+    for part in COMM_PARTS:
+        sel = [s for s in strips if s.part == part]
+        if not sel:
+            continue
+        custom = np.empty((len(sel), 6), dtype=object)
+        custom[:, 0] = [s.kind_words for s in sel]
+        custom[:, 1] = [s.action for s in sel]
+        custom[:, 2] = [s.total * factor for s in sel]
+        custom[:, 3] = [s.exposed * factor for s in sel]
+        custom[:, 4] = [(s.total - s.exposed) * factor for s in sel]
+        custom[:, 5] = [s.rank for s in sel]
+        start = np.fromiter((s.start for s in sel), float, len(sel)) * factor
+        end = np.fromiter((s.end for s in sel), float, len(sel)) * factor
+        fig.add_trace(go.Bar(
+            orientation="h", y=np.fromiter((s.rank for s in sel), float, len(sel)) + centre, base=start,
+            x=end - start, width=width, name=COMM_LABELS[part], legendgroup=legendgroup_prefix + f"comm-{part}",
+            showlegend=legend, marker=dict(color=COMM_COLORS[part], line=dict(width=0)), customdata=custom,
+            hovertemplate=_LANE_HOVER, textposition="none", meta=[f"comm-{part}", unit, row_label, part],
+        ), **loc)
 
 
 def _rank_colors(n: int) -> list[str]:
@@ -205,7 +265,8 @@ def add_comm_traces(fig: go.Figure, result: SimResult, *, row: int | None = None
     x = np.full(3 * n, np.nan)
     y = np.full(3 * n, np.nan)
     x[0::3], x[1::3] = tr["send"].to_numpy(float) * factor, tr["arrive"].to_numpy(float) * factor
-    y[0::3], y[1::3] = tr["src_rank"].to_numpy(float), tr["dst_rank"].to_numpy(float)
+    centre = _data.row_layout(result).centre
+    y[0::3], y[1::3] = tr["src_rank"].to_numpy(float) + centre, tr["dst_rank"].to_numpy(float) + centre
     size = np.zeros(3 * n)
     size[1::3] = 7
     loc = {"row": row, "col": 1} if row is not None else {}
@@ -237,7 +298,7 @@ def gantt_figure(
 
     n = result.schedule.num_ranks
     ts = time_scale or _data.time_scale(result)
-    gantt_px = _row_px(n) * n
+    gantt_px = round(_row_px(n) * n * _data.row_layout(result).height_scale)
     mem_px = memory_height if memory else 0
     if memory:
         fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,

@@ -98,3 +98,37 @@ def test_without_the_shapes_the_moe_job_says_its_step_has_no_all_to_alls() -> No
     assert "collectives" not in doc
     line = [ln for ln in err.splitlines() if ln.startswith("memory: not counted")]
     assert len(line) == 1 and "no FSDP or EP collectives" in line[0] and "data_parallel_shard_degree" in line[0]
+
+
+DUALPIPEV_EP = ["--torchtitan-config", "deepseek_v3:deepseek_v3_debugmodel", "--parallelism.pipeline_parallel_degree",
+                "4", "--parallelism.expert_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "2",
+                "--parallelism.pipeline_parallel_schedule", "DualPipeV", "--training.local_batch_size", "20"]
+
+
+def _colors(png: Path) -> set[tuple[int, int, int]]:
+    from PIL import Image
+
+    with Image.open(png) as im:
+        return {rgb for _, rgb in im.convert("RGB").getcolors(maxcolors=1 << 20)}
+
+
+def test_plot_of_the_dualpipev_ep_job_draws_the_lane_in_png_and_html(tmp_path: Path) -> None:
+    pytest.importorskip("torchtitan")
+    from matplotlib.colors import to_rgb
+
+    from ppsim.viz._data import COMM_COLORS, COMM_LABELS
+
+    lane = {tuple(round(255 * c) for c in to_rgb(COMM_COLORS[part])) for part in ("hidden", "exposed")}
+    for name in ("ep.png", "ep.html"):
+        result = runner.invoke(app, ["plot", *DUALPIPEV_EP, "-o", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+        assert result.stdout.strip() == str(tmp_path / name)
+    assert lane <= _colors(tmp_path / "ep.png")  # both parts drawn, at their colours
+    html = (tmp_path / "ep.html").read_text()
+    for word in ('"comm-lane"', '"comm-hidden"', '"comm-exposed"', COMM_LABELS["hidden"], COMM_LABELS["exposed"],
+                 "all-to-all"):
+        assert word in html, word
+    plain = runner.invoke(app, ["plot", "--schedule", "DualPipeV", "--ranks", "4", "--mb", "10", "-o",
+                                str(tmp_path / "plain.png")])
+    assert plain.exit_code == 0, plain.output
+    assert not lane & _colors(tmp_path / "plain.png")  # no job, no lane
