@@ -719,7 +719,7 @@ class _Reader:
 
     def __init__(self, source: str) -> None:
         self.source = source
-        self.ops = OPS
+        self.ops: tuple[str, ...] = OPS
         """The timings a complete profile must hold (:func:`measured_ops` of its ``activation_checkpoint``)."""
 
     def fail(self, where: str, problem: str) -> CostError:
