@@ -900,13 +900,17 @@ def measure_units(opts: CalibrationOptions, units: list[Any], device: Any, *, ra
             benches = [harness.StageBench(opts.config, opts.num_stages, 1, device=device, seed=opts.seed, unit=u,
                                           source=source, random_weights=random_weights, fresh_grads=fresh_grads)
                        for u in units]
-            what = "timings and memory"
             ops = OPS if opts.activation_checkpoint == "none" else WHOLE_BACKWARD_OPS
             progress = harness.BlockProgress([u.name for u in units], warmup=opts.warmup, reps=opts.reps,
                                              log=log, ops=ops)
+
+            def phase(name: str) -> None:
+                nonlocal what
+                what = name
+
             timings, memories = harness.measure_benches(benches, warmup=opts.warmup, reps=opts.reps,
                                                         activation_checkpoint=opts.activation_checkpoint,
-                                                        progress=progress)
+                                                        progress=progress, phase=phase)
     except Exception as exc:
         if harness.is_oom(exc):
             raise harness.oom_error(opts.config, 0, what) from None

@@ -431,20 +431,29 @@ def measure_interleaved(benches: list[StageBench], *, warmup: int, reps: int, ti
 
 
 def measure_benches(benches: list[StageBench], *, warmup: int, reps: int, activation_checkpoint: str = "none",
-                    tick: Tick = _noop, progress: BlockProgress | None = None
+                    tick: Tick = _noop, progress: BlockProgress | None = None, phase: PassHook = _no_pass
                     ) -> tuple[list[dict[str, list[float]]], list[MemoryResult]]:
     """Each bench's timings (:func:`measure_interleaved`) and memory (:meth:`StageBench.measure_memory`). Under
     ``activation_checkpoint`` (``selective``/``full``) the memory is measured first, on the unit as it is (what a
     microbatch saves without checkpointing: the job's mode is applied to it by ``ppsim.job.memory``, whose formula
     counts what the policy saves), then every bench's blocks are wrapped (:meth:`StageBench.checkpoint`) and timed:
-    F, B and FB only."""
+    F, B and FB only. ``phase`` hears ``timings`` and ``memory`` as each begins (what an error names)."""
+
+    def timings() -> list[dict[str, list[float]]]:
+        phase("timings")
+        return measure_interleaved(benches, warmup=warmup, reps=reps, tick=tick, progress=progress)
+
+    def memories() -> list[MemoryResult]:
+        phase("memory")
+        return [bench.measure_memory() for bench in benches]
+
     if activation_checkpoint == "none":
-        timings = measure_interleaved(benches, warmup=warmup, reps=reps, tick=tick, progress=progress)
-        return timings, [bench.measure_memory() for bench in benches]
-    memories = [bench.measure_memory() for bench in benches]
+        timed = timings()
+        return timed, memories()
+    held = memories()
     for bench in benches:
         bench.checkpoint(activation_checkpoint)
-    return measure_interleaved(benches, warmup=warmup, reps=reps, tick=tick, progress=progress), memories
+    return timings(), held
 
 
 PROGRESS_AFTER_S = 5.0
