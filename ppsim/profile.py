@@ -57,14 +57,16 @@ WHOLE_BACKWARD_OPS = ("F", "B", "FB")
 so a backward split into I and W is not measured (its I and W are null)."""
 
 
-def checkpoint_mismatch(measured: str, mode: str, *, source: str) -> str | None:
+def checkpoint_mismatch(measured: str, mode: str, *, source: str, rerun_added: bool = False) -> str | None:
     """One line when a job checkpointing activations as ``mode`` is timed by costs ``source`` measured under the
     mode ``measured``, else ``None``: a mode that reruns more in its backward (none < selective < full) overstates
-    the step, one that reruns less understates it."""
+    the step, one that reruns less understates it; ``rerun_added``: the caller adds every forward's rerun to the
+    backward itself (``run`` under ``full`` with costs measured without checkpointing)."""
     if measured == mode:
         return None
     more = AC_MODES.index(measured) > AC_MODES.index(mode)
-    bound = ("an upper bound: its backwards rerun what the job's saves" if more
+    bound = ("every forward's rerun added to the backward by ppsim's recompute model" if rerun_added
+             else "an upper bound: its backwards rerun what the job's saves" if more
              else "a lower bound: the backward's rerun of what the job's policy does not save is missing")
     return (f"{source} was measured under activation_checkpoint {measured}, the job runs {mode}: the predicted step "
             f"takes its costs as measured ({bound}); calibrate with --activation-checkpoint {mode}")

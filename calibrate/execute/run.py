@@ -417,16 +417,18 @@ def ac_mismatch(options: RunOptions, measured_ac: str) -> str | None:
     from ppsim.profile import checkpoint_mismatch
 
     shown = str(options.profile) if options.profile is not None else "the calibration"
-    return checkpoint_mismatch(measured_ac, options.activation_checkpoint, source=shown)
+    added = options.activation_checkpoint == "full" and measured_ac == "none"  # _predicted_recompute adds it
+    return checkpoint_mismatch(measured_ac, options.activation_checkpoint, source=shown, rerun_added=added)
 
 
 def _predicted_recompute(options: RunOptions, schedule: Schedule, chosen: frozenset[tuple[int, int]], *,
                          measured_ac: str = "none") -> frozenset[tuple[int, int]]:
     """The pairs the predicted step recomputes: ``--recompute``'s, or every pair under torchtitan's full
-    checkpointing (each backward first reruns its forward) with costs measured without it; costs measured under
-    the run's mode hold the rerun in B already (not counted twice). Selective checkpointing reruns only what its
-    policy does not save: in B when measured under it, else missing (the run's warning says so)."""
-    if options.activation_checkpoint != "full" or measured_ac == "full":
+    checkpointing (each backward first reruns its forward) with costs measured without checkpointing; costs
+    measured under a checkpoint mode hold its rerun in B already (not counted twice: under ``full`` a ``selective``
+    profile is taken as measured, a lower bound the run's warning states). Selective checkpointing reruns only what
+    its policy does not save: in B when measured under it, else missing (the run's warning says so)."""
+    if options.activation_checkpoint != "full" or measured_ac != "none":
         return chosen
     return frozenset((s, m) for s in range(schedule.num_stages) for m in range(schedule.num_microbatches))
 

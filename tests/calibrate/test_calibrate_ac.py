@@ -96,7 +96,9 @@ def test_the_predicted_step_recomputes_under_full_only_with_costs_measured_witho
     every = _predicted_recompute(full, schedule, frozenset(), measured_ac="none")
     assert len(every) == schedule.num_stages * schedule.num_microbatches
     assert _predicted_recompute(full, schedule, frozenset(), measured_ac="full") == frozenset()  # in B already
+    assert _predicted_recompute(full, schedule, frozenset(), measured_ac="selective") == frozenset()
     assert ac_mismatch(full, "full") is None
+    assert "every forward's rerun added" in (ac_mismatch(full, "none") or "")
     sac = RunOptions(schedule="1F1B", activation_checkpoint="selective", profile=Path("p.json"))
     line = ac_mismatch(sac, "none")
     assert line is not None and "p.json was measured under activation_checkpoint none, the job runs selective" in line
