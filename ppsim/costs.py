@@ -504,6 +504,13 @@ def _compose(spec: CostSpec, schedule: Schedule) -> StageCosts:
     stage overhead (:func:`_stage_tables`), apply the runtime overheads (:func:`_runtime_terms`)."""
     profile = spec.profile
     assert profile is not None
+    if profile.activation_checkpoint != "none" and any(
+            c.type is ActionType.W for row in schedule.actions for a in row for c in a.computations):
+        raise CostError(f"profile {spec.source}: measured under activation_checkpoint {profile.activation_checkpoint}, "
+                        f"whose backward is timed whole (B; I and W not measured: torch reruns a checkpointed region "
+                        f"for each backward), and {schedule.name} splits it into I and W; use a schedule with whole "
+                        "backwards (1F1B, Interleaved1F1B, GPipe) or a profile calibrated without "
+                        "--activation-checkpoint")
     num_stages = len(schedule.pipelines[0])
     counts = resolve_split(spec.split, profile.num_layers, num_stages,
                            schedule=f"{schedule.name} with {schedule.num_ranks} ranks")

@@ -49,6 +49,32 @@ BLOCK_HEAD = "head"
 MAX_INT = 2**63 - 1
 """Largest byte count or count accepted (int64, what torch reports)."""
 OPS = ("F", "B", "I", "W", "FB")
+AC_MODES = ("none", "selective", "full")
+"""torchtitan's activation-checkpoint modes (``run``/``calibrate --activation-checkpoint``; a profile's
+``activation_checkpoint``, absent: ``none``)."""
+WHOLE_BACKWARD_OPS = ("F", "B", "FB")
+"""What a calibration under activation checkpointing measures: torch reruns a checkpointed region for each backward,
+so a backward split into I and W is not measured (its I and W are null)."""
+
+
+def checkpoint_mismatch(measured: str, mode: str, *, source: str, rerun_added: bool = False) -> str | None:
+    """One line when a job checkpointing activations as ``mode`` is timed by costs ``source`` measured under the
+    mode ``measured``, else ``None``: a mode that reruns more in its backward (none < selective < full) overstates
+    the step, one that reruns less understates it; ``rerun_added``: the caller adds every forward's rerun to the
+    backward itself (``run`` under ``full`` with costs measured without checkpointing)."""
+    if measured == mode:
+        return None
+    more = AC_MODES.index(measured) > AC_MODES.index(mode)
+    bound = ("every forward's rerun added to the backward by ppsim's recompute model" if rerun_added
+             else "an upper bound: its backwards rerun what the job's saves" if more
+             else "a lower bound: the backward's rerun of what the job's policy does not save is missing")
+    return (f"{source} was measured under activation_checkpoint {measured}, the job runs {mode}: the predicted step "
+            f"takes its costs as measured ({bound}); calibrate with --activation-checkpoint {mode}")
+
+
+def measured_ops(activation_checkpoint: str) -> tuple[str, ...]:
+    """The timings a complete profile measured under ``activation_checkpoint`` holds."""
+    return OPS if activation_checkpoint == "none" else WHOLE_BACKWARD_OPS
 ABSENT_IN_OLD = {"absent_in_old": True}
 OMIT_IF_NONE = {"omit_if_none": True}
 """Field metadata: the key is left out of the file when the value is ``None`` (older profiles lack it)."""
@@ -158,7 +184,11 @@ class Block:
 
     @property
     def is_measured(self) -> bool:
-        return all(getattr(self, op) is not None for op in OPS) and self.activation_bytes is not None
+        return self.measured(OPS)
+
+    def measured(self, ops: tuple[str, ...]) -> bool:
+        """Whether the timings ``ops`` (:func:`measured_ops`) and the activation bytes are measured."""
+        return all(getattr(self, op) is not None for op in ops) and self.activation_bytes is not None
 
     def to_dict(self) -> dict[str, Any]:
         return _measured_dict(self)
@@ -215,7 +245,10 @@ class StageOverhead:
 
     @property
     def is_measured(self) -> bool:
-        return all(getattr(self, op) is not None for op in OPS)
+        return self.measured(OPS)
+
+    def measured(self, ops: tuple[str, ...]) -> bool:
+        return all(getattr(self, op) is not None for op in ops)
 
     def to_dict(self) -> dict[str, Any]:
         return {op: None if getattr(self, op) is None else getattr(self, op).to_dict() for op in OPS}
@@ -331,7 +364,10 @@ class StageProfile:
 
     @property
     def is_measured(self) -> bool:
-        return all(getattr(self, op) is not None for op in OPS) and self.activation_bytes is not None
+        return self.measured(OPS)
+
+    def measured(self, ops: tuple[str, ...]) -> bool:
+        return all(getattr(self, op) is not None for op in ops) and self.activation_bytes is not None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -489,6 +525,19 @@ class Profile:
     entries: tuple[ProfileEntry, ...] = ()
     """The calibration's other passes (``--tp 1,2 --mb-size 1,2``): each (TP degree, microbatch size) but the
     first, which is this profile's own blocks."""
+    activation_checkpoint: str = "none"
+    """The torchtitan activation-checkpoint mode the blocks were timed under (``calibrate --activation-checkpoint``;
+    absent: ``none``). Under ``selective`` or ``full`` each block's B (and FB) holds the backward's rerun of what the
+    policy did not save, and I and W are null (:func:`measured_ops`); activation bytes are measured without it."""
+
+    @property
+    def ops_measured(self) -> tuple[str, ...]:
+        return measured_ops(self.activation_checkpoint)
+
+    def check_activation_checkpoint(self, mode: str, *, source: str = "profile") -> str | None:
+        """One line when a job checkpointing activations as ``mode`` is timed by blocks measured under another mode,
+        else ``None`` (:func:`checkpoint_mismatch`)."""
+        return checkpoint_mismatch(self.activation_checkpoint, mode, source=source)
 
     @property
     def covers(self) -> tuple[tuple[int, int], ...]:
@@ -596,6 +645,8 @@ class Profile:
             out["collectives"] = [c.to_dict() for c in self.collectives]
         if self.entries:
             out["entries"] = [e.to_dict() for e in self.entries]
+        if self.activation_checkpoint != "none":
+            out["activation_checkpoint"] = self.activation_checkpoint
         return out
 
     @classmethod
@@ -670,6 +721,8 @@ class _Reader:
 
     def __init__(self, source: str) -> None:
         self.source = source
+        self.ops: tuple[str, ...] = OPS
+        """The timings a complete profile must hold (:func:`measured_ops` of its ``activation_checkpoint``)."""
 
     def fail(self, where: str, problem: str) -> CostError:
         return CostError(f"profile {self.source}: {where} {problem}; re-run `ppsim calibrate` to write a valid profile")
@@ -806,7 +859,7 @@ class _Reader:
         out: dict[str, Stat | None] = {}
         for op in MEASURED.stats:
             raw = self.get(d, op, pre)
-            if raw is None and not allow_incomplete:
+            if raw is None and not allow_incomplete and op in self.ops:
                 raise self.fail(f"{pre}{op}", "is not measured (null)")
             out[op] = None if raw is None else self.stat(raw, f"{pre}{op}")
         return out
@@ -947,6 +1000,8 @@ class _Reader:
             )
         partial_ok = allow_incomplete or not complete
         model = self.model(self.get(d, "model", ""))
+        ac = self.str_(d.get("activation_checkpoint", "none"), "activation_checkpoint", AC_MODES)
+        ops = self.ops = measured_ops(ac)
         extra: dict[str, Any] = {}
         if version == 1:
             num_stages = self.int_(self.get(d, "num_stages", ""), "num_stages", minimum=1)
@@ -963,8 +1018,8 @@ class _Reader:
             }
             if version == 3:
                 extra["source"] = self.source_info(self.get(d, "source", ""), extra["layout"], model)
-            if complete and not (all(b.is_measured for b in blocks.values())
-                                 and extra["stage_overhead"] is not None and extra["stage_overhead"].is_measured):
+            if complete and not (all(b.measured(ops) for b in blocks.values())
+                                 and extra["stage_overhead"] is not None and extra["stage_overhead"].measured(ops)):
                 raise self.fail("complete", "is true but some block or stage_overhead measurements are null")
         if len(stages) != num_stages:
             raise self.fail("stages", f"lists {len(stages)} stages but num_stages is {num_stages}")
@@ -973,7 +1028,7 @@ class _Reader:
             if st.stage != i:
                 raise self.fail(f"stages[{i}].stage",
                                 f"is {st.stage}; stages must be listed in order 0..{num_stages - 1}")
-        if complete and not all(st.is_measured for st in parsed):
+        if complete and not all(st.measured(ops) for st in parsed):
             raise self.fail("complete", "is true but some stage measurements are null")
         if complete and _all_zero([*(extra.get("blocks") or {}).values(), extra.get("stage_overhead"), *parsed]):
             raise CostError(f"profile {self.source}: every op takes 0 s, so the makespan and bubble would be "
@@ -1002,12 +1057,13 @@ class _Reader:
                                              minimum=1),
             entries=self.entries(d.get("entries"), extra.get("blocks"), model=model,
                                  tp=self.int_(d.get("tensor_parallel_degree", 1), "tensor_parallel_degree", minimum=1),
-                                 complete=complete, allow_incomplete=partial_ok),
+                                 complete=complete, allow_incomplete=partial_ok, ops=ops),
+            activation_checkpoint=ac,
             **extra,
         )
 
     def entries(self, value: Any, blocks: Mapping[str, Block] | None, *, model: ModelConfig, tp: int, complete: bool,
-                allow_incomplete: bool) -> tuple[ProfileEntry, ...]:
+                allow_incomplete: bool, ops: tuple[str, ...] = OPS) -> tuple[ProfileEntry, ...]:
         """The other passes: each a distinct (TP degree, microbatch size), with the same blocks as the first."""
         if value is None:
             return ()
@@ -1034,8 +1090,8 @@ class _Reader:
             if set(entry.blocks) != set(blocks):
                 raise self.fail(f"{where}.blocks", f"are {', '.join(sorted(entry.blocks))}, not the profile's "
                                                    f"{', '.join(sorted(blocks))}")
-            if complete and not (all(b.is_measured for b in entry.blocks.values())
-                                 and entry.stage_overhead is not None and entry.stage_overhead.is_measured):
+            if complete and not (all(b.measured(ops) for b in entry.blocks.values())
+                                 and entry.stage_overhead is not None and entry.stage_overhead.measured(ops)):
                 raise self.fail("complete", f"is true but some measurement of {where} is null")
             out.append(entry)
         return tuple(out)

@@ -194,6 +194,7 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         runner = choose_runner(options.executor, early, schedule, synthetic=False)
     chosen = _recompute_set(options, schedule)
     costs, time_scale, model, source = costs_and_model(options, schedule, device)
+    measured_ac = _measured_ac(options)
     spec = dataclasses.replace(exec_spec(options, schedule, costs, time_scale, model, device), recompute=chosen,
                                dp_shard=options.dp_shard, tp=options.tp, ep=options.ep,
                                activation_checkpoint=options.activation_checkpoint)
@@ -209,16 +210,15 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     shapes = None if options.synthetic else run_memory_inputs(options, schedule, model, spec)
     fsdp = ep_collectives(fsdp_collectives(schedule, options, shapes, spec), prediction_costs(costs, time_scale),
                           options, shapes, spec)
-    if options.activation_checkpoint == "selective":
-        costs = dataclasses.replace(costs, notes=(*costs.notes, (
-            "activation checkpointing selective: the costs were measured without it, so the backward's rerun of "
-            "the ops its policy does not save (every second matmul, the elementwise ops) is not in the predicted "
-            "step (a lower bound); the memory prediction counts what the policy saves")))
+    ac_note = ac_mismatch(options, measured_ac)
+    if ac_note is not None:
+        costs = dataclasses.replace(costs, notes=(*costs.notes, ac_note))
     if fsdp.notes:
         costs = dataclasses.replace(costs, notes=(*costs.notes, *fsdp.notes))
     # before anything runs: the step (FSDP's collectives in it; local processes sharing the cores) and each rank's
     # memory
-    predicted, costs = predict_step(fsdp, costs, time_scale, recompute=_predicted_recompute(options, schedule, chosen),
+    predicted, costs = predict_step(fsdp, costs, time_scale, recompute=_predicted_recompute(options, schedule, chosen,
+                                                                                     measured_ac=measured_ac),
                                     per_rank=options.dp_shard * options.tp,
                                     shared=world is None and device == "cpu" and not options.synthetic)
     memory = None if shapes is None else job_memory(shapes[0], degrees=Degrees(
@@ -231,9 +231,9 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         if options.profile is not None:
             from ppsim.profile import load_profile
 
-            note = tp_mismatch(options, load_profile(options.profile), options.profile)
-            if note is not None:
-                (log or _stderr)(f"warning: {note}")
+            for note in (tp_mismatch(options, load_profile(options.profile), options.profile), ac_note):
+                if note is not None:
+                    (log or _stderr)(f"warning: {note}")
     if world is None:
         measurement = runner.launch(spec)
     else:
@@ -254,8 +254,10 @@ def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSour
     if options.dp_shard < 1 or options.tp < 1 or options.ep < 1:
         raise PPSimError(f"--dp-shard {options.dp_shard} --tp {options.tp} --ep {options.ep}: degrees must be at "
                          "least 1")
-    if options.activation_checkpoint not in ("none", "selective", "full"):
-        raise PPSimError(f"--activation-checkpoint {options.activation_checkpoint}: one of none, selective, full")
+    from ppsim.profile import AC_MODES
+
+    if options.activation_checkpoint not in AC_MODES:
+        raise PPSimError(f"--activation-checkpoint {options.activation_checkpoint}: one of {', '.join(AC_MODES)}")
     if options.activation_checkpoint != "none" and (options.synthetic or source.scheme != "torchtitan"
                                                     or options.executor == "ppsim"):
         raise PPSimError(f"--activation-checkpoint {options.activation_checkpoint}: torchtitan's checkpointing is "
@@ -396,12 +398,37 @@ def ep_collectives(step: Any, stage_costs: Any, options: RunOptions,
                    overlap="sequential", in_blocks=in_blocks)
 
 
-def _predicted_recompute(options: RunOptions, schedule: Schedule,
-                         chosen: frozenset[tuple[int, int]]) -> frozenset[tuple[int, int]]:
+def _measured_ac(options: RunOptions) -> str:
+    """The activation-checkpoint mode the run's costs were measured under: the profile's, or the run's own where it
+    calibrates first (:func:`calibrate_here` times the blocks under it); synthetic stages sleep their costs."""
+    if options.synthetic:
+        return options.activation_checkpoint
+    if options.profile is None:
+        return options.activation_checkpoint
+    from ppsim.profile import load_profile
+
+    return load_profile(options.profile).activation_checkpoint
+
+
+def ac_mismatch(options: RunOptions, measured_ac: str) -> str | None:
+    """What costs measured under another activation-checkpoint mode than the run's make of the predicted step
+    (:meth:`ppsim.profile.Profile.check_activation_checkpoint`), or ``None`` where they agree (the costs then hold
+    the backward's rerun as measured)."""
+    from ppsim.profile import checkpoint_mismatch
+
+    shown = str(options.profile) if options.profile is not None else "the calibration"
+    added = options.activation_checkpoint == "full" and measured_ac == "none"  # _predicted_recompute adds it
+    return checkpoint_mismatch(measured_ac, options.activation_checkpoint, source=shown, rerun_added=added)
+
+
+def _predicted_recompute(options: RunOptions, schedule: Schedule, chosen: frozenset[tuple[int, int]], *,
+                         measured_ac: str = "none") -> frozenset[tuple[int, int]]:
     """The pairs the predicted step recomputes: ``--recompute``'s, or every pair under torchtitan's full
-    checkpointing (each backward first reruns its forward). Selective checkpointing reruns only what its policy
-    does not save: not in the step (said in the run's notes)."""
-    if options.activation_checkpoint != "full":
+    checkpointing (each backward first reruns its forward) with costs measured without checkpointing; costs
+    measured under a checkpoint mode hold its rerun in B already (not counted twice: under ``full`` a ``selective``
+    profile is taken as measured, a lower bound the run's warning states). Selective checkpointing reruns only what
+    its policy does not save: in B when measured under it, else missing (the run's warning says so)."""
+    if options.activation_checkpoint != "full" or measured_ac != "none":
         return chosen
     return frozenset((s, m) for s in range(schedule.num_stages) for m in range(schedule.num_microbatches))
 
@@ -579,7 +606,8 @@ def costs_and_model(
     if options.synthetic:
         return parse_costs(options.costs), options.time_unit_s, run_source(options), "cost string"
     model = run_source(options)
-    path, where = calibrate_here(model, device, save_to=options.save_calibration)
+    path, where = calibrate_here(model, device, save_to=options.save_calibration,
+                                 activation_checkpoint=options.activation_checkpoint)
     if path is None:  # a torchrun rank other than 0: it only executes, rank 0 predicts
         return parse_costs(None), 1.0, model, where
     try:
@@ -668,17 +696,20 @@ def synthetic_runtime(costs: StageCosts, profile: Any) -> StageCosts:
     return dataclasses.replace(costs, notes=notes, **changes)
 
 
-def calibrate_here(model: ModelSource, device: str, *, save_to: Path | None = None) -> tuple[Path | None, str]:
-    """Calibrate ``model`` on this machine as `ppsim calibrate` does; returns the profile's path (``None`` on
-    torchrun ranks other than 0) and a description of where it is. ``save_to`` is created new: an existing file
-    there (a user's) is refused, never replaced."""
+def calibrate_here(model: ModelSource, device: str, *, save_to: Path | None = None,
+                   activation_checkpoint: str = "none") -> tuple[Path | None, str]:
+    """Calibrate ``model`` on this machine as `ppsim calibrate` does (its blocks timed under the run's
+    ``activation_checkpoint``); returns the profile's path (``None`` on torchrun ranks other than 0) and a
+    description of where it is. ``save_to`` is created new: an existing file there (a user's) is refused, never
+    replaced."""
     import sys
 
     from ppsim.calibrate.measure.calibration import CalibrationOptions, calibrate
     from ppsim.io import release_unused, reserve_new
 
     def run(path: Path) -> Path | None:
-        opts = CalibrationOptions(output=path, config=model.config, device=device, source=model)
+        opts = CalibrationOptions(output=path, config=model.config, device=device, source=model,
+                                  activation_checkpoint=activation_checkpoint)
         print(f"no --profile: calibrating the {model.text} model on {device} first", file=sys.stderr, flush=True)
         return path if calibrate(opts) is not None else None
 

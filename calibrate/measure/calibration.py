@@ -49,7 +49,7 @@ from ppsim.limits import (  # work and memory limits (``--allow-large`` lifts th
     MAX_REAL_RANKS_PER_CORE,
     MEMORY_SHARE,
 )
-from ppsim.profile import HostLoad, Stat, load_profile
+from ppsim.profile import WHOLE_BACKWARD_OPS, HostLoad, Stat, load_profile
 
 if TYPE_CHECKING:
     from ppsim.calibrate.execute.launch import World
@@ -111,6 +111,10 @@ class CalibrationOptions:
     ``None``: when a torchtitan model's whole-model calibration would not fit this device's memory."""
     speed: MatmulSpeed | None = None
     """The matmul speed of the dtype on the device (:func:`decide_speed`); ``None``: not measured yet."""
+    activation_checkpoint: str = "none"
+    """torchtitan's activation checkpointing (``none``/``selective``/``full``): each measured unit's blocks wrapped
+    with its policy as ``ppsim run --activation-checkpoint`` wraps a model part, so F, B and FB hold the backward's
+    rerun; I and W not measured (:func:`ppsim.calibrate.measure.harness.measure_benches`)."""
     passes: tuple[CalibrationPass, ...] = ()
     """Every pass (``--tp`` x ``--mb-size``), the first at ``tensor_parallel_degree`` and ``config.mb_size``;
     empty: that one alone."""
@@ -580,6 +584,11 @@ def blocks_from_units(units: dict[str, dict[str, Any]], k: int, *, layer_block: 
     overhead: dict[str, Any] = {}
     many = f"layers{k}" if k >= 2 else None  # k 1 (at size): no multi-layer unit
     for op in OPS:
+        if units["layers1"].get(op) is None:  # I and W under activation checkpointing: not measured
+            for name in ("embed", "head", layer_block, *others):
+                blocks.setdefault(name, {})[op] = None
+            overhead[op] = None
+            continue
         t1 = samples("layers1", op)
         if many in units:
             tk = samples(many, op)
@@ -891,12 +900,17 @@ def measure_units(opts: CalibrationOptions, units: list[Any], device: Any, *, ra
             benches = [harness.StageBench(opts.config, opts.num_stages, 1, device=device, seed=opts.seed, unit=u,
                                           source=source, random_weights=random_weights, fresh_grads=fresh_grads)
                        for u in units]
-            what = "timings"
+            ops = OPS if opts.activation_checkpoint == "none" else WHOLE_BACKWARD_OPS
             progress = harness.BlockProgress([u.name for u in units], warmup=opts.warmup, reps=opts.reps,
-                                                  log=log)
-            timings = harness.measure_interleaved(benches, warmup=opts.warmup, reps=opts.reps, progress=progress)
-            what = "memory"
-            memories = [bench.measure_memory() for bench in benches]
+                                             log=log, ops=ops)
+
+            def phase(name: str) -> None:
+                nonlocal what
+                what = name
+
+            timings, memories = harness.measure_benches(benches, warmup=opts.warmup, reps=opts.reps,
+                                                        activation_checkpoint=opts.activation_checkpoint,
+                                                        progress=progress, phase=phase)
     except Exception as exc:
         if harness.is_oom(exc):
             raise harness.oom_error(opts.config, 0, what) from None
@@ -1065,6 +1079,7 @@ def probe(opts: CalibrationOptions, doc: dict[str, Any], *,
         backend="nccl" if opts.device == "cuda" else "gloo", device=opts.device, num_steps=PROBE_STEPS,
         num_warmup=PROBE_WARMUP, num_probes=0, seed=opts.seed, timeout_s=max(120.0, 4 * opts.init_timeout_s),
         layer_counts=None if synthetic else costs.split_counts, source=None if synthetic else opts.source,
+        activation_checkpoint="none" if synthetic else opts.activation_checkpoint,  # as the blocks were timed
     )
     # the runner `ppsim run` will use for this model (torchtitan's pipeline helpers for a torchtitan model), so the
     # runtime's overheads the probe fits are the ones the runs pay
@@ -1133,13 +1148,25 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
         "done": [],
         "method": {"warmup": opts.warmup, "reps": opts.reps, "timer": "cuda_events" if cuda else "perf_counter",
                    "threads_per_rank": None if cuda else 1, "wall_s": None},
-        "notes": [*source.notes],
+        "notes": [*source.notes, *checkpoint_notes(opts.activation_checkpoint)],
         "units": {},
+        **({"activation_checkpoint": opts.activation_checkpoint} if opts.activation_checkpoint != "none" else {}),
         **({"tensor_parallel_degree": opts.tensor_parallel_degree} if opts.tensor_parallel_degree > 1 else {}),
         **({"expert_parallel_degree": opts.expert_parallel_degree} if opts.expert_parallel_degree > 1 else {}),
         **({"entries": [entry_document(opts.for_pass(p)) for p in opts.all_passes[1:]]}
            if len(opts.all_passes) > 1 else {}),
     }
+
+
+def checkpoint_notes(mode: str) -> list[str]:
+    """The profile's note on a calibration under activation checkpointing (none without)."""
+    if mode == "none":
+        return []
+    return [f"activation_checkpoint {mode}: each unit's blocks wrapped with torchtitan's {mode} policy as `ppsim run "
+            f"--activation-checkpoint {mode}` wraps a model part, so F, B and FB are timed under it (B holds the "
+            "backward's rerun of what the policy does not save); I and W are not measured (null: torch reruns a "
+            "checkpointed region for each backward, so schedules that split it are refused with this profile); "
+            "activation bytes are measured without checkpointing (the memory prediction applies the mode)"]
 
 
 def static_blocks(opts: CalibrationOptions) -> dict[str, Any]:
@@ -1179,6 +1206,7 @@ def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Cal
               "stages": old.get("num_stages"), "device": old.get("device"),
               "warmup": method.get("warmup"), "reps": method.get("reps"),
               "--ep": old.get("expert_parallel_degree", 1),
+              "--activation-checkpoint": old.get("activation_checkpoint", "none"),
               "--tp x --mb-size": [(old.get("tensor_parallel_degree", 1), (old.get("model") or {}).get("mb_size")),
                                    *((e.get("tensor_parallel_degree"), e.get("mb_size"))
                                      for e in old.get("entries") or [])]}
@@ -1188,6 +1216,7 @@ def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Cal
     ours = {"model": fresh["model"], "source": fresh["source"]["source"], "stages": fresh["num_stages"],
             "device": fresh["device"],
             "warmup": opts.warmup, "reps": opts.reps, "--ep": opts.expert_parallel_degree,
+            "--activation-checkpoint": opts.activation_checkpoint,
             "--tp x --mb-size": [(p.tensor_parallel_degree, p.mb_size) for p in opts.all_passes]}
     diff = [k for k in ours if theirs[k] != ours[k]]
     if diff:

@@ -33,7 +33,7 @@ from ppsim.calibrate.models import ModelSource
 from ppsim.calibrate.models.builtin import source_for
 from ppsim.calibrate.models.transformer import DTYPES, ModelConfig, loss_fn, split_layers
 from ppsim.errors import PPSimError
-from ppsim.profile import MEASURED, Block, Stat
+from ppsim.profile import MEASURED, OPS, WHOLE_BACKWARD_OPS, Block, Stat
 
 Tick = Callable[[], None]
 PassHook = Callable[[str], None]
@@ -174,6 +174,8 @@ class StageBench:
         module: torch.nn.Module | None = None, fresh_grads: bool = False,
     ) -> None:
         self.fresh_grads = fresh_grads
+        self.ops: tuple[str, ...] = OPS
+        """What :meth:`timing_rep` times (under activation checkpointing the split backward is left out)."""
         """Drop the gradients before every backward (one gradient copy alive, its accumulation add not timed):
         calibration at size when the accumulation's transient copy does not fit."""
         if unit is None:
@@ -252,6 +254,18 @@ class StageBench:
             _, _, stage_backward_weight = backward_functions()
             stage_backward_weight(self.module.parameters(), param_groups or [])
 
+    def checkpoint(self, mode: str) -> int:
+        """Wrap the unit's blocks with torchtitan's ``mode`` policy exactly as ``ppsim run --activation-checkpoint``
+        wraps a model part (:func:`ppsim.calibrate.torchtitan.checkpointing.apply_ac`), so F, B and FB are timed
+        under it; I and W are then not timed (torch reruns a checkpointed region for each backward, so a split
+        backward would rerun it twice: ``run`` refuses such schedules). Returns the blocks wrapped."""
+        from ppsim.calibrate.torchtitan.checkpointing import apply_ac
+
+        if mode == "none":
+            return 0
+        self.ops = WHOLE_BACKWARD_OPS
+        return apply_ac(self.module, mode)
+
     # --- measurements -------------------------------------------------------------------------------------------
     def _loop(self, rep: Callable[[], list[float]], *, warmup: int, reps: int, tick: Tick) -> list[list[float]]:
         self.module.zero_grad(set_to_none=True)
@@ -283,7 +297,8 @@ class StageBench:
         """One repetition: F(a), B(a); an untimed F(b), then I(b), W(b); then the pair F(c) + B(pending), after
         which c is pending (one microbatch's activations stay alive across repetitions, as in a pipeline's steady
         state). Taking the five in turn means a burst of load elsewhere on the machine lands on all of them alike,
-        so their ratios (I + W against B, FB against F + B) stay meaningful."""
+        so their ratios (I + W against B, FB against F + B) stay meaningful. Returns the times of :attr:`ops`
+        (under activation checkpointing no I and W)."""
         fwd: list[_Forward] = []
 
         def forward_backward(mark: Callable[[], None]) -> None:
@@ -292,14 +307,16 @@ class StageBench:
             self.backward(fwd[0])
 
         f, b = self.clock.sections(forward_backward, lambda k: on_pass(("F", "B")[k]))
-        split = self.forward()
+        split_times: list[float] = []
+        if "I" in self.ops:
+            split = self.forward()
 
-        def input_weight(mark: Callable[[], None]) -> None:
-            groups = self.backward_input(split)
-            mark()
-            self.backward_weight(split, groups)
+            def input_weight(mark: Callable[[], None]) -> None:
+                groups = self.backward_input(split)
+                mark()
+                self.backward_weight(split, groups)
 
-        i, w = self.clock.sections(input_weight, lambda k: on_pass(("I", "W")[k]))
+            split_times = self.clock.sections(input_weight, lambda k: on_pass(("I", "W")[k]))
 
         def pair(mark: Callable[[], None]) -> None:
             new = self.forward()
@@ -308,7 +325,7 @@ class StageBench:
             self._pending = new
 
         (fb,) = self.clock.sections(pair, lambda k: on_pass("F&B"))
-        return [f, b, i, w, fb]
+        return [f, b, *split_times, fb]
 
     def measure_memory(self) -> MemoryResult:
         """Activation bytes of one microbatch and the part I releases (see module docstring)."""
@@ -393,7 +410,8 @@ def measure_interleaved(benches: list[StageBench], *, warmup: int, reps: int, ti
     """Time several benches with their repetitions interleaved (rep 1 of each, then rep 2 of each, ...), so that
     load elsewhere on the machine lands on all of them alike and differences between them (a K-layer unit against a
     1-layer one) stay meaningful. Returns each bench's F, B, I, W and FB samples. ``progress`` hears every pass."""
-    progress = progress or BlockProgress([b.unit.name for b in benches], warmup=warmup, reps=reps)
+    progress = progress or BlockProgress([b.unit.name for b in benches], warmup=warmup, reps=reps,
+                                         ops=benches[0].ops if benches else OPS)
     for bench in benches:
         progress.at(bench.unit.name, "the first forward")
         bench.start_timings(progress.passed)
@@ -409,7 +427,33 @@ def measure_interleaved(benches: list[StageBench], *, warmup: int, reps: int, ti
         tick()
     for bench in benches:
         bench.stop_timings()
-    return [{op: [r[j] for r in res] for j, op in enumerate(("F", "B", "I", "W", "FB"))} for res in results]
+    return [{op: [r[j] for r in res] for j, op in enumerate(bench.ops)} for bench, res in zip(benches, results)]
+
+
+def measure_benches(benches: list[StageBench], *, warmup: int, reps: int, activation_checkpoint: str = "none",
+                    tick: Tick = _noop, progress: BlockProgress | None = None, phase: PassHook = _no_pass
+                    ) -> tuple[list[dict[str, list[float]]], list[MemoryResult]]:
+    """Each bench's timings (:func:`measure_interleaved`) and memory (:meth:`StageBench.measure_memory`). Under
+    ``activation_checkpoint`` (``selective``/``full``) the memory is measured first, on the unit as it is (what a
+    microbatch saves without checkpointing: the job's mode is applied to it by ``ppsim.job.memory``, whose formula
+    counts what the policy saves), then every bench's blocks are wrapped (:meth:`StageBench.checkpoint`) and timed:
+    F, B and FB only. ``phase`` hears ``timings`` and ``memory`` as each begins (what an error names)."""
+
+    def timings() -> list[dict[str, list[float]]]:
+        phase("timings")
+        return measure_interleaved(benches, warmup=warmup, reps=reps, tick=tick, progress=progress)
+
+    def memories() -> list[MemoryResult]:
+        phase("memory")
+        return [bench.measure_memory() for bench in benches]
+
+    if activation_checkpoint == "none":
+        timed = timings()
+        return timed, memories()
+    held = memories()
+    for bench in benches:
+        bench.checkpoint(activation_checkpoint)
+    return timings(), held
 
 
 PROGRESS_AFTER_S = 5.0
@@ -427,9 +471,10 @@ class BlockProgress:
     (each pass left at the time it took last; one not seen yet at the time so far per :data:`PASS_WEIGHT`)."""
 
     def __init__(self, units: list[str], *, warmup: int, reps: int, log: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, ops: tuple[str, ...] = OPS) -> None:
         self.log, self.clock = log, clock
-        self.left = {(unit, name): warmup + reps + (name == "F") for unit in units for name in PASS_WEIGHT}
+        passes = [name for name in PASS_WEIGHT if name.replace("F&B", "FB") in ops]  # none of I, W under checkpointing
+        self.left = {(unit, name): warmup + reps + (name == "F") for unit in units for name in passes}
         self.took: dict[tuple[str, str], float] = {}
         self.done = 0.0
         self.started = self.last = self.pass_started = clock()
@@ -490,7 +535,7 @@ def unit_fields(opts: Any, unit: Any, samples: dict[str, list[float]], mem: Any,
     return {
         "layers": list(unit.layers), "has_embedding": unit.has_embedding, "has_head": unit.has_head,
         **({"layer_ids": list(unit.ids)} if unit.ids is not None else {}),
-        **{op: Stat.from_samples(v).to_dict() for op, v in samples.items()},
+        **{op: Stat.from_samples(samples[op]).to_dict() if op in samples else None for op in OPS},
         **dataclasses.asdict(mem),
         "param_bytes": held, "grad_bytes": held, "optimizer_bytes": 2 * held, "output_bytes": static.output_bytes,
     }

@@ -180,9 +180,9 @@ def _unit_rank(ctx: Any, opts: CalibrationOptions, unit: Any) -> dict[str, Any] 
         seed = opts.seed + ctx.rank if ep > 1 else opts.seed
         bench = harness.StageBench(local.config, opts.num_stages, 1, device=torch.device(device), seed=seed,
                                    unit=unit, source=local, module=module)
-        with spmd_context(dims):
-            (samples,) = harness.measure_interleaved([bench], warmup=opts.warmup, reps=opts.reps)
-            mem = bench.measure_memory()
+        with spmd_context(dims):  # under activation checkpointing wrapped after sharding, as torchtitan's parallelize
+            (samples,), (mem,) = harness.measure_benches([bench], warmup=opts.warmup, reps=opts.reps,
+                                                         activation_checkpoint=opts.activation_checkpoint)
         dist.barrier()
         if ctx.rank != 0:
             return None

@@ -118,6 +118,8 @@ def settings_of_config(value: str, config: Any, overrides: Sequence[str] = ()) -
     """The settings of a ``Trainer.Config`` (``value`` names it in messages) with ``overrides`` parsed as
     torchtitan's own command line parses them (:func:`parse_with_tyro`). Either generation of torchtitan's batch
     keys is read (:func:`ppsim.job.settings.batch_shape`)."""
+    from ppsim.calibrate.torchtitan.checkpointing import mode_of
+
     parallelism, training = _sections(value, config)
     # ppsim's rules: these two sections, each key once
     check_override_names(overrides, _override_fields(value, config), source=value)
@@ -132,7 +134,7 @@ def settings_of_config(value: str, config: Any, overrides: Sequence[str] = ()) -
         model_source=f"torchtitan:{family}/{flavor}" if family and flavor else None,
         num_model_layers=len(layers) if isinstance(layers, (list, tuple)) else None,
         known_schedules=torch_schedule_names() + ((schedule,) if _torch_knows(schedule) else ()),
-        notes=notes,
+        notes=notes, activation_checkpoint=mode_of(getattr(config, "activation_checkpoint", None)),
     )
 
 
@@ -185,6 +187,8 @@ def job_of_settings(settings: JobSettings, **agree: Any) -> TorchtitanJob:
     command-line values the config must agree with); a config function's stages are cut and placed by torchtitan's
     functions (:func:`with_torchtitan_stages`)."""
     job = job_from_settings(settings, **agree)
+    if settings.activation_checkpoint is not None:
+        job = dataclasses.replace(job, activation_checkpoint=settings.activation_checkpoint)
     if settings.in_file:
         return job
     return with_torchtitan_stages(job, num_layers=settings.num_model_layers or agree.get("num_layers"),

@@ -207,13 +207,10 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
     if spec.dp_shard * spec.tp == 1:
         mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("pp",))
         stages, parts = pp._pipeline_module_split(whole, mesh, name, device, names)
-        ac = _ac_config(spec.activation_checkpoint)
-        if ac is not None:
-            import tempfile
+        from ppsim.calibrate.torchtitan.checkpointing import apply_ac
 
-            with tempfile.TemporaryDirectory(prefix="ppsim-titan-") as dump:
-                for part in parts:
-                    ac.build(dump_folder=dump).apply(part)
+        for part in parts:
+            apply_ac(part, spec.activation_checkpoint)
         pp_rank = rank
     else:
         from torchtitan.distributed import utils as dist_utils
@@ -224,8 +221,10 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
         mesh = dims.get_mesh("pp")
         stages, parts = pp._pipeline_module_split(whole, mesh, name, device, names,
                                                   get_mesh=pp._build_get_mesh_callback(dims))
+        from ppsim.calibrate.torchtitan.checkpointing import ac_config
+
         for i, part in enumerate(parts):
-            parts[i] = _parallelize(source, part, dims, parallelism, _ac_config(spec.activation_checkpoint))
+            parts[i] = _parallelize(source, part, dims, parallelism, ac_config(spec.activation_checkpoint))
             stages[i].submod = parts[i]
         pp_rank = mesh.get_local_rank()
     del whole
@@ -265,15 +264,6 @@ def build_mesh(dims: Any, device_type: str) -> Any:
     finally:
         parallel_dims.device_type = chosen
     return dims
-
-
-def _ac_config(mode: str) -> Any:
-    """torchtitan's activation-checkpointing config for ``mode`` (``none``: ``None``)."""
-    if mode == "none":
-        return None
-    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-
-    return SelectiveAC.Config() if mode == "selective" else FullAC.Config()
 
 
 def _parallelize(source: ModelSource, part: Any, dims: Any, parallelism: Any, ac_config: Any = None) -> Any:

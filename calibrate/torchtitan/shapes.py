@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from ppsim.calibrate.torchtitan.checkpointing import mode_of
 from ppsim.calibrate.torchtitan.config import converters_set_aside
 from ppsim.errors import JobMemoryError
 from ppsim.job.degrees import Degrees, check_degrees
@@ -71,7 +72,7 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
     check_degrees(degrees, num_heads=attn.n_heads, num_kv_heads=getattr(attn, "n_kv_heads", None) or attn.n_heads,
                   num_layers=len(layers), num_experts=experts,
                   fix="pass --parallelism.KEY VALUE with a degree that divides it")
-    ac = activation_checkpoint or _ac_mode(config.activation_checkpoint)
+    ac = activation_checkpoint or mode_of(config.activation_checkpoint)
     moe_cfgs = [(i, cfg.moe) for i, cfg in enumerate(layers) if getattr(cfg, "moe", None) is not None]
     moe_fields = dict(moe_layers=tuple(f"layers.{i}" for i, _ in moe_cfgs),
                       moe_top_k=moe_cfgs[0][1].router.top_k if moe_cfgs else 0,
@@ -137,11 +138,6 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
         notes=tuple(notes) + tuple(dict.fromkeys(set_aside)) + tuple(extra), **moe_fields,
     )
     return shapes, degrees
-
-
-def _ac_mode(ac_config: Any) -> str:
-    name = type(ac_config).__qualname__.split(".")[0].lower() if ac_config is not None else "none"
-    return "full" if "full" in name else "selective" if "selective" in name else "none"
 
 
 def _local_shapes(model_cfg: Any, tp: int, buffers: dict[str, int] | None = None, *, ep: int = 1,

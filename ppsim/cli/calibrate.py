@@ -100,6 +100,13 @@ def calibrate_cmd(
                           "microbatch (the costs include the dispatch and combine all-to-alls); also the all-to-all "
                           "alone on E ranks. MoE torchtitan models; the profile records E.")
     ] = 1,
+    activation_checkpoint: Annotated[
+        str, typer.Option("--activation-checkpoint", metavar="none|selective|full",
+                          help="Time each layer under torchtitan's activation checkpointing, wrapped as `ppsim run "
+                          "--activation-checkpoint` wraps it (torchtitan models): B holds the backward's rerun; I "
+                          "and W are not measured (schedules that split the backward are refused with the "
+                          "profile). The profile records the mode.")
+    ] = "none",
     torchtitan_config: TorchtitanConfigOpt = None,
 ) -> None:
     """Measure the model's blocks (embedding, layer, head), the per-stage overhead, p2p cost and the runtime's
@@ -132,12 +139,13 @@ def calibrate_cmd(
     config = source.config
     _check_tp(degrees, tp, source)
     _check_ep(ep, source, tp=degrees)
+    _check_activation_checkpoint(activation_checkpoint, source)
     passes = tuple(CalibrationPass(t, b) for t in degrees for b in (mb_sizes or (config.mb_size,)))
     request = CalibrationOptions(
         output=output, config=config, num_stages=stages, device=device.value, warmup=warmup, reps=reps,
         resume=resume, p2p=p2p, probe=probe, check_stages=check_stages, init_timeout_s=init_timeout,
         override_limits=override_limits, source=source, tensor_parallel_degree=degrees[0], expert_parallel_degree=ep,
-        passes=passes if len(passes) > 1 else (),
+        activation_checkpoint=activation_checkpoint, passes=passes if len(passes) > 1 else (),
     )
     try:
         check_all_limits(request)  # memory before torch; then the dtype's speed here, which the time divides by
@@ -209,6 +217,19 @@ def _check_ep(ep: int, source: ModelSource, *, tp: tuple[int, ...]) -> None:
     if tp != (1,):
         raise PPSimError(f"--ep {ep} with --tp {','.join(map(str, tp))}: a calibration measures one sharding at a "
                          "time; calibrate --ep and --tp in two runs")
+
+
+def _check_activation_checkpoint(mode: str, source: ModelSource) -> None:
+    """``--activation-checkpoint``: one of the modes; other than ``none``, a torchtitan model (its policy wraps the
+    model's ``layers``, as ``run`` applies it)."""
+    from ppsim.profile import AC_MODES
+
+    if mode not in AC_MODES:
+        raise PPSimError(f"--activation-checkpoint {mode}: one of {', '.join(AC_MODES)}")
+    if mode != "none" and source.scheme != "torchtitan":
+        raise PPSimError(f"--activation-checkpoint {mode} with --model {source.text}: torchtitan's checkpointing wraps "
+                         "a torchtitan model's layers (as `ppsim run --activation-checkpoint` does); calibrate a "
+                         "torchtitan model (--model torchtitan:FAMILY/FLAVOR) or drop --activation-checkpoint")
 
 
 def _checked_stages(stages: int | None, *, check_stages: bool, warmup: int, reps: int, notes: list[str]) -> int:

@@ -258,6 +258,10 @@ def build_inputs(
         loaded = load_profile(profile)
         loaded.check_tensor_parallel(job.tensor_parallel_degree, source=str(profile))
         loaded.check_expert_parallel(job.expert_parallel_degree, source=str(profile))
+    if profile is not None and blocks is not None and job.activation_checkpoint is not None:
+        # the config's checkpointing against the mode the profile's blocks were timed under
+        line = blocks.check_activation_checkpoint(job.activation_checkpoint, source=str(profile))
+        warnings = (*warnings, *([] if line is None else [line]))
     warn(f"warning: {line}" for line in warnings)
     if blocks is not None:
         cost_model = cost_model.with_split(job.split)

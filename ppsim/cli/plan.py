@@ -195,10 +195,11 @@ def _model_facts(value: str, settings: Any) -> ModelFacts:
 
 def _checkpoint_modes(value: str) -> tuple[str, ...]:
     """The job's own checkpoint mode (selective counted as its policy saves) and full checkpointing."""
-    from ppsim.calibrate.torchtitan.shapes import _ac_mode, converters_set_aside, trainer_config
+    from ppsim.calibrate.torchtitan.checkpointing import mode_of
+    from ppsim.calibrate.torchtitan.shapes import converters_set_aside, trainer_config
 
     with converters_set_aside():
-        own = _ac_mode(trainer_config(value).activation_checkpoint)
+        own = mode_of(trainer_config(value).activation_checkpoint)
     return (own,) if own == "full" else (own, "full")
 
 

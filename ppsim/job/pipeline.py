@@ -101,6 +101,9 @@ class TorchtitanJob:
     """``parallelism.tensor_parallel_degree`` (a profile must be measured at it)."""
     expert_parallel_degree: int = 1
     """``parallelism.expert_parallel_degree`` (a profile must be measured at it)."""
+    activation_checkpoint: str | None = None
+    """The config's activation-checkpoint mode (:attr:`ppsim.job.settings.JobSettings.activation_checkpoint`;
+    ``None``: not read): a profile timed under another mode says so."""
 
     def refusal(self, exc: Exception) -> TorchtitanConfigError:
         """``exc`` (a schedule that cannot run this job) in the job config's words: the keys that set the ranks

@@ -108,6 +108,9 @@ class JobSettings:
     """The schedule names the installed torchtitan runs (``None``: the names ppsim knows torch has)."""
     notes: tuple[str, ...] = ()
     """Warnings found while reading (e.g. a check of torchtitan's that the overridden config fails)."""
+    activation_checkpoint: str | None = None
+    """The config's activation-checkpoint mode (``none``/``selective``/``full``; a config function's), ``None``
+    where not read (a TOML)."""
 
     def fix(self, *keys: str) -> str:
         """How the user changes ``keys`` (``section.key``): in the file, or with overrides."""
