@@ -1207,7 +1207,7 @@ def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Cal
               "warmup": method.get("warmup"), "reps": method.get("reps"),
               "--ep": old.get("expert_parallel_degree", 1),
               "--activation-checkpoint": old.get("activation_checkpoint", "none"),
-              "--tp x --mb-size": [(old.get("tensor_parallel_degree", 1), (old.get("model") or {}).get("mb_size")),
+              "passes": [(old.get("tensor_parallel_degree", 1), (old.get("model") or {}).get("mb_size")),
                                    *((e.get("tensor_parallel_degree"), e.get("mb_size"))
                                      for e in old.get("entries") or [])]}
     if old.get("version") != 3 or "units" not in old:
@@ -1217,12 +1217,14 @@ def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Cal
             "device": fresh["device"],
             "warmup": opts.warmup, "reps": opts.reps, "--ep": opts.expert_parallel_degree,
             "--activation-checkpoint": opts.activation_checkpoint,
-            "--tp x --mb-size": [(p.tensor_parallel_degree, p.mb_size) for p in opts.all_passes]}
+            "passes": [(p.tensor_parallel_degree, p.mb_size) for p in opts.all_passes]}
     diff = [k for k in ours if theirs[k] != ours[k]]
     if diff:
         k = diff[0]
+        what = (f"{_show(theirs[k])}, not {_show(ours[k])}" if k == "passes" else
+                f"{k} {_show(theirs[k])}, not {_show(ours[k])}")
         raise PPSimError(
-            f"--resume: {path} was measured with {k} {_show(theirs[k])}, not {_show(ours[k])}; "
+            f"--resume: {path} was measured with {what}; "
             "repeat the original options, or drop --resume to start over"
         )
     return {**fresh, **old}
@@ -1231,8 +1233,10 @@ def resume_document(opts: CalibrationOptions, fresh: dict[str, Any], *, log: Cal
 def _show(value: Any) -> str:
     if isinstance(value, dict):
         return ",".join(f"{k}={v}" for k, v in value.items())
-    if isinstance(value, list):
-        return ", ".join(f"tp {tp} x mb {mb}" for tp, mb in value)
+    if isinstance(value, list):  # the (tp, mb_size) passes, as the options that make them
+        tps = ",".join(dict.fromkeys(str(tp) for tp, _ in value))
+        mbs = ",".join(dict.fromkeys(str(mb) for _, mb in value))
+        return f"--tp {tps} --mb-size {mbs}"
     return str(value)
 
 

@@ -503,6 +503,7 @@ def test_resume_at_another_tp_degree_is_refused_instead_of_mixing_the_degrees(tm
     doc = cal.new_document(opts, device=__import__("torch").device("cpu"), world_size=1, backend=None)
     doc["tensor_parallel_degree"] = 2  # as `calibrate --tp 2` writes it, killed before its first block finished
     progress_path(out).write_text(json.dumps(doc))
-    with pytest.raises(PPSimError, match=r"^--resume: .* was measured with --tp 2, not 1; repeat the original"):
+    said = r"^--resume: .* was measured with --tp 2 --mb-size 4, not --tp 1 --mb-size 4; repeat the original"
+    with pytest.raises(PPSimError, match=said):
         cal.calibrate(opts.__class__(**{**opts.__dict__, "resume": True}), log=lambda line: None)
     assert json.loads(progress_path(out).read_text()) == doc and not out.exists()
