@@ -111,3 +111,26 @@ def test_report_at_1600_px_shows_two_digit_microbatch_labels(dumps):
     assert len(labels) == num_cells
     assert [text for text, shown in labels if not shown] == []
     assert {text for text, _ in labels} >= {str(m) for m in range(10, 16)}
+
+
+def test_the_plan_page_draws_its_seconds_and_unit_cost_frontiers_apart_offline(tmp_path):
+    """A plan with candidates timed in seconds and others in unit costs: the page opens offline with no console
+    error, plotly draws both frontiers (each in its own container, its own unit on its axis), and the launch line
+    is on the page whole."""
+    from job.test_plan_units import _mixed_plan
+
+    from ppsim.viz.plan_page import render_plan_page
+
+    result = _mixed_plan()
+    page = tmp_path / "plan.html"
+    page.write_text(render_plan_page(result, job="toy:job"), encoding="utf-8")
+    run = chromium(tmp_path, page, "--dump-dom", "--window-size=1400,1200")
+    assert run.returncode == 0 and console_errors(run.stderr) == [], run.stderr[-2000:]
+    dom = run.stdout
+    for panel in ('id="frontier"', 'id="frontier-unit"'):
+        at = dom.index(panel)
+        assert 'class="plot-container plotly"' in dom[at:at + 400], panel  # plotly drew it
+    assert "step (s)" in dom and "relative step (unit costs, not seconds)" in dom
+    shot = tmp_path / "plan.png"
+    chromium(tmp_path, page, f"--screenshot={shot}", "--window-size=1400,1200")
+    assert shot.is_file() and shot.stat().st_size > 10_000
