@@ -112,7 +112,8 @@ def render_plan_page(result: Plan, *, job: str) -> str:
              f'<p class="meta">cap {result.request.cap_bytes / GIB:.2f} GiB per device; global batch '
              f"{result.global_batch}; {html.escape(result.counts())}.</p>",
              f"<h2>Best: {html.escape(describe(best.candidate))}</h2>",
-             f"<pre>{html.escape(' '.join(best.overrides))}</pre>",
+             # wrapped on screen between overrides (each kept on one line), copied whole: a soft wrap adds nothing
+             '<pre class="launch">' + " ".join(f"<span>{html.escape(o)}</span>" for o in best.overrides) + "</pre>",
              "<h2>Time-memory frontier</h2>", _frontier_section(result),
              "<h2>The best candidate's order</h2>",
              _div(gantt_figures([(best.candidate.schedule, result.best_timeline)])[0], "gantt-best"),

@@ -42,6 +42,8 @@ tr.best td { background: #f1fbe9; }
 span.bad { color: #c62828; font-weight: bold; }
 span.small { color: #666; font-size: 11px; display: block; }
 .chart { margin-bottom: 8px; }
+pre.launch { white-space: pre-wrap; background: #f6f6f6; padding: 8px; }
+pre.launch span { white-space: nowrap; }
 """
 
 

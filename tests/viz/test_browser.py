@@ -131,6 +131,8 @@ def test_the_plan_page_draws_its_seconds_and_unit_cost_frontiers_apart_offline(t
         at = dom.index(panel)
         assert 'class="plot-container plotly"' in dom[at:at + 400], panel  # plotly drew it
     assert "step (s)" in dom and "relative step (unit costs, not seconds)" in dom
+    launch = " ".join(f"<span>{o}</span>" for o in result.best.overrides)
+    assert f'<pre class="launch">{launch}</pre>' in dom and "pre.launch { white-space: pre-wrap;" in dom
     shot = tmp_path / "plan.png"
     chromium(tmp_path, page, f"--screenshot={shot}", "--window-size=1400,1200")
     assert shot.is_file() and shot.stat().st_size > 10_000
