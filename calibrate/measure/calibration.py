@@ -21,7 +21,8 @@ What is measured (docs/calibration.md):
 The profile is a version-3 ``ppsim.profile`` (``source``, ``blocks``, ``layout``, ``stage_overhead``, ``runtime``,
 ``p2p``,
 docs/profile.md) plus ``units`` (the raw unit measurements); it is rewritten atomically after every finished
-measurement and ``done`` lists what is finished (``units``, ``p2p``, ``runtime.real``, ``runtime.synthetic``), so
+measurement and ``done`` lists what is finished (``units``, ``p2p``, ``runtime.real``, ``runtime.synthetic``,
+``runtime.shared``: the FSDP probe), so
 ``--resume`` skips it.
 
 torch is imported inside the functions only.
@@ -1021,22 +1022,26 @@ def shared_probe(opts: CalibrationOptions, doc: dict[str, Any], rec: Recorder, *
 
     key = "runtime.shared"
     runtime = rec.doc.get("runtime")
-    if key in rec.done or not runtime or opts.device != "cpu":
+    # FSDP runs (`run --dp-shard`) take torchtitan models; on GPUs the processes do not share cores
+    if key in rec.done or not runtime or opts.device != "cpu" or opts.model_source.scheme != "torchtitan":
         return
     ranks, microbatches = rm.probe_shape(False)
     processes = ranks * SHARED_PROBE_DP_SHARD
-    why = None
-    if opts.model_source.scheme != "torchtitan":
-        why = "FSDP runs need a torchtitan model"
-    elif processes <= host_cores():
-        why = f"its {processes} processes have a core each on this host: runs of that size do not time-share"
-    if why is not None:
-        _note(rec, f"FSDP probe skipped ({why}): runtime.shared_scale not measured (1 in the step model)")
+    skipped = "runtime.shared_scale not measured (1 in the step model)"
+    if processes <= host_cores():
+        _note(rec, f"FSDP probe skipped (its {processes} processes have a core each on this host, so runs of that "
+                   f"size do not time-share): {skipped}")
         rec.finish(key)
         return
     log(f"runtime probe (FSDP): {rm.PROBE_SCHEDULE} on {ranks} PP ranks x dp_shard {SHARED_PROBE_DP_SHARD} "
         f"({processes} processes on {host_cores()} cores), {microbatches} microbatches, {PROBE_STEPS} steps")
-    fitted = probe_shared(opts, doc, runtime)
+    try:
+        fitted = probe_shared(opts, doc, runtime)
+    except Exception as exc:  # the other probes stand; the step model then shares the cores at the fair share
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
+        _note(rec, f"FSDP probe failed ({type(exc).__name__}: {reason}): {skipped}")
+        rec.finish(key)
+        return
     rec.doc["runtime"] = {**runtime, "shared_scale": fitted["shared_scale"],
                           "samples": {**(runtime.get("samples") or {}), **fitted["samples"]}}
     rec.finish(key)
