@@ -355,3 +355,34 @@ def test_runs_prediction_on_a_cpu_host_stretches_only_with_more_processes_than_c
         "position) pinned to cores of its own" in noted.notes[-1]
     enough, _ = predict_step(step, costs, 1.0, recompute=None, per_rank=2, shared=True, cores=8)
     assert enough.makespan == pytest.approx(alone.makespan)
+
+
+@pytest.mark.torch
+def test_the_fsdp_probe_runs_only_where_runs_time_share_and_a_failure_leaves_the_fair_share(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from ppsim.calibrate.measure import calibration
+
+    def recorder() -> Any:
+        return calibration.Recorder({"done": [], "notes": [], "runtime": {"dispatch_s": 0.0}}, tmp_path / "p.json",
+                                    writer=True)
+
+    def boom(*_: Any) -> Any:
+        raise RuntimeError("gloo went away")
+
+    monkeypatch.setattr(calibration, "probe_shared", boom)
+    titan: Any = types.SimpleNamespace(device="cpu", model_source=types.SimpleNamespace(scheme="torchtitan"))
+    builtin: Any = types.SimpleNamespace(device="cpu", model_source=types.SimpleNamespace(scheme="builtin"))
+    rec = recorder()
+    calibration.shared_probe(builtin, rec.doc, rec, log=lambda _: None)
+    assert rec.done == [] and rec.doc["notes"] == []  # FSDP runs take torchtitan models only
+    monkeypatch.setattr("ppsim.sharing.host_cores", lambda: 1)
+    rec = recorder()
+    calibration.shared_probe(titan, rec.doc, rec, log=lambda _: None)
+    assert rec.done == ["runtime.shared"] and "shared_scale" not in rec.doc["runtime"]
+    assert "FSDP probe failed (RuntimeError: gloo went away)" in rec.doc["notes"][0]
+    monkeypatch.setattr("ppsim.sharing.host_cores", lambda: 64)
+    rec = recorder()
+    calibration.shared_probe(titan, rec.doc, rec, log=lambda _: None)
+    assert rec.done == ["runtime.shared"] and "have a core each" in rec.doc["notes"][0]
