@@ -80,6 +80,9 @@ class StageCosts:
     """Every computation's op cost is multiplied by this (several ranks of one host computing at once)."""
     dispatch_s: float = 0.0
     """Added to every computation (an overlapped pair holds two): the runtime's gap between computations."""
+    shared_scale: float = 1.0
+    """While a host's local processes outnumber its cores, CPU work runs this much slower than its fair share
+    (:func:`ppsim.sharing.shared_cores_step`; the profile's ``runtime.shared_scale``)."""
     outputs_held_to_backward: bool = False
     """Whether the runtime keeps each stage's forward output (``output_bytes``) from its F until its backward (B or I)
     besides what autograd saves: torch before 2.15 does (``PipelineStage.fwd_cache``); 2.15 drops it once the send
@@ -585,8 +588,9 @@ def _runtime_terms(profile: Profile, schedule: Schedule, notes: list[str]) -> di
             else:
                 notes.append(f"hand-off latency {handoff:.3g} s from the probe run (no p2p fit: no size term)")
                 comm = handoff
+    shared = 1.0 if runtime is None or runtime.shared_scale is None else runtime.shared_scale
     return {"comm": comm, "p2p_alpha": alpha, "p2p_beta": beta, "compute_scale": scale, "dispatch_s": dispatch,
-            "recv_posting": posting}
+            "recv_posting": posting, "shared_scale": shared}
 
 
 def _against_measured_stages(profile: Profile, counts: tuple[int, ...], tables: Mapping[str, list[float]]) -> str:

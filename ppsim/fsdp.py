@@ -160,6 +160,9 @@ class FsdpStep:
     shared: tuple[int, int] | None = None
     """``(processes per PP rank, cores)`` when the ranks run as local processes sharing one host's cores
     (``ppsim run`` on CPU): the step is simulated with processor sharing (:func:`ppsim.sharing.shared_cores_step`)."""
+    shared_scale: float = 1.0
+    """With :attr:`shared`: the time-sharing slowdown beyond the fair share (the profile's ``runtime.shared_scale``,
+    measured by calibration's FSDP probe; 1 where it measured none)."""
     collectives: Mapping[str, CollectiveTotals] = dataclasses.field(default_factory=dict)
     """By kind, the collectives this step model placed (count, time, the part in ``extra_s``): FSDP's
     ``all_gather`` / ``reduce_scatter``, EP's ``all_to_all`` (:func:`ppsim.ep.ep_step` adds its time to this step's
@@ -178,7 +181,7 @@ class FsdpStep:
 
             per_rank, cores = self.shared
             result = shared_cores_step(self.schedule, simulate_with, per_rank=per_rank, cores=cores,
-                                       extra_s=self.extra_s)[0]
+                                       extra_s=self.extra_s, scale=self.shared_scale)[0]
         if not self.collectives:
             return result
         return dataclasses.replace(result, collectives=dict(self.collectives), comm_spans=dict(self.comm_spans))

@@ -135,6 +135,8 @@ class ProfileCover:
     """Its FSDP all-gather / reduce-scatter costs (:class:`ppsim.fsdp.CollectiveCosts`); ``None``: not costed."""
     mb_size: int | None = None
     """The pass's microbatch size (:meth:`ppsim.profile.Profile.entry`); ``None``: the first pass at ``tp``."""
+    shared_scale: float = 1.0
+    """The profile's time-sharing slowdown (``runtime.shared_scale``, :mod:`ppsim.sharing`); 1: not measured."""
 
     @property
     def key(self) -> tuple[str, int, int | None]:
@@ -672,12 +674,13 @@ def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence
         costs, scale = CollectiveCosts(p2p_alpha_s=0.0, p2p_bytes_per_s=link), unit.time_scale
     if costs is None and shared is None:
         return None
+    shared_scale = 1.0 if cover is None else cover.shared_scale  # as `run` reads it (ppsim.sharing)
 
     def step(schedule: Any) -> Any:
         found = (fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=c.degrees.dp_shard,
                            costs=costs, time_scale=scale) if costs is not None
                  else FsdpStep(schedule=schedule, extra_s={}))
-        return found if shared is None else dataclasses.replace(found, shared=shared)
+        return found if shared is None else dataclasses.replace(found, shared=shared, shared_scale=shared_scale)
 
     return step
 

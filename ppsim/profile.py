@@ -334,6 +334,11 @@ class RuntimeOverheads(Record):
     """Only one level deep: a profile's ``runtime.synthetic.synthetic`` must be null."""
     probe: Probe | None = None
     samples: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    shared_scale: float | None = field(default=None, metadata=OMIT_IF_NONE)
+    """How much slower CPU work runs while a host's local processes outnumber its cores (time-sharing: context
+    switches, caches, both cores saturated), beyond the fair share itself; measured by the FSDP probe
+    (:func:`ppsim.calibrate.measure.runtime_model.fit_shared_scale`) and applied by processor sharing
+    (:func:`ppsim.sharing.shared_cores_step`). ``None``: not measured (1)."""
 
 
 @dataclass(frozen=True)

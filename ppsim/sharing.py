@@ -19,6 +19,19 @@ lets one copy run ahead, and the one ahead waits for the other at every reduce-s
 LoopedBFS step on 2 cores one peer's ``REDUCE_GRAD`` took 13-28 ms and the other's 60-220 ms, idle time no model of
 a fair share has. Pinning each PP rank to cores of its own instead (no lending) made the same steps 20-50 % slower.
 Pinned by replica, the sharing model is unchanged: each copy's ranks share its cores (:func:`sharing`).
+
+Two more things the host's cores carry, both from per-core CPU accounting of pp 2 x dp_shard 2 runs on 2 cores
+(docs/memory.md, "Step time"):
+
+- **FSDP's collectives are CPU work.** On gloo a reduce-scatter or all-gather copies and sums on the calling
+  process's core (``REDUCE_GRAD`` used 10-15 ms of CPU per stage, about the profile's measured collective), so an
+  exposed collective (``UNSHARD``, ``REDUCE_GRAD``) shares the cores like a computation: it counts among the
+  processes working and is stretched by the same factor.
+- **Time-sharing is slower than the fair share.** While more processes work than cores, each computation used
+  1.3-1.6x its profiled CPU time (with or without FSDP), not 1x: context switches, caches refilled, both cores
+  saturated. ``scale`` (the profile's ``runtime.shared_scale``, measured by calibration's FSDP probe,
+  :func:`ppsim.calibrate.measure.runtime_model.fit_shared_scale`) multiplies the share over those stretches:
+  the factor is ``computing / cores x scale`` where ``computing > cores``, else 1.
 """
 
 from __future__ import annotations
@@ -30,27 +43,34 @@ from ppsim.ir import ActionType, Schedule
 from ppsim.result import SimResult
 
 COMPUTE = frozenset({ActionType.F, ActionType.B, ActionType.I, ActionType.W, ActionType.OVERLAP_F_B})
+COLLECTIVES = frozenset({ActionType.UNSHARD, ActionType.REDUCE_GRAD})
+"""FSDP's exposed collectives (:func:`ppsim.fsdp.lower`): CPU work on a host whose cores are shared (gloo)."""
+CPU_WORK = COMPUTE | COLLECTIVES
 ROUNDS = 6
 
 
 def shared_cores_step(schedule: Schedule, simulate_with: Callable[[Mapping[tuple[int, int], float]], SimResult], *,
                       per_rank: int, cores: int, extra_s: Mapping[tuple[int, int], float] | None = None,
-                      rounds: int = ROUNDS) -> tuple[SimResult, dict[tuple[int, int], float]]:
+                      scale: float = 1.0, rounds: int = ROUNDS) -> tuple[SimResult, dict[tuple[int, int], float]]:
     """The step of ``schedule`` when its ranks' ``per_rank`` processes share ``cores`` cores (pinned by copy of the
     pipeline where ``ppsim run`` pins them, :func:`core_plan`), and the seconds
     added per (rank, position) (``extra_s`` plus each computation's stretch). ``simulate_with(extra)`` simulates the
-    schedule with ``extra`` seconds added at (rank, position)."""
+    schedule with ``extra`` seconds added at (rank, position). ``scale``: the time-sharing slowdown beyond the fair
+    share (module docstring), applied while more processes work than cores."""
     base_extra = dict(extra_s or {})
     result = simulate_with(base_extra)
     if schedule.num_ranks * per_rank <= cores:
         return result, base_extra
-    base = {key: result.ends[key[0]][key[1]] - result.starts[key[0]][key[1]] - base_extra.get(key, 0.0)
+    # a computation's own cost (its extra is a gather inside a first forward: waited for, not worked); a
+    # collective's cost is all extra (the action itself takes no time in the simulator)
+    base = {key: result.ends[key[0]][key[1]] - result.starts[key[0]][key[1]]
+            - (base_extra.get(key, 0.0) if schedule.actions[key[0]][key[1]].type in COMPUTE else 0.0)
             for key in _computations(schedule)}
     factor = dict.fromkeys(base, 1.0)
     extra = base_extra
     copies, copy_cores = sharing(per_rank, cores, schedule.num_ranks)
     for step in range(rounds):
-        seen = _factors(schedule, result, per_rank=copies, cores=copy_cores)
+        seen = _factors(schedule, result, per_rank=copies, cores=copy_cores, scale=scale)
         factor = {key: (factor[key] + seen[key]) / 2 if step else seen[key] for key in base}
         extra = dict(base_extra)
         for key, seconds in base.items():
@@ -60,7 +80,8 @@ def shared_cores_step(schedule: Schedule, simulate_with: Callable[[Mapping[tuple
 
 
 def _computations(schedule: Schedule) -> list[tuple[int, int]]:
-    return [(r, p) for r, row in enumerate(schedule.actions) for p, a in enumerate(row) if a.type in COMPUTE]
+    """The actions that work on a core: computations and FSDP's exposed collectives."""
+    return [(r, p) for r, row in enumerate(schedule.actions) for p, a in enumerate(row) if a.type in CPU_WORK]
 
 
 def host_cores() -> int:
@@ -97,8 +118,10 @@ def sharing(per_rank: int, cores: int, pp: int) -> tuple[int, int]:
     return counts[mine], len(mine)
 
 
-def _factors(schedule: Schedule, result: SimResult, *, per_rank: int, cores: int) -> dict[tuple[int, int], float]:
-    """Per computation, the time-average of ``max(1, computing processes / cores)`` over its span."""
+def _factors(schedule: Schedule, result: SimResult, *, per_rank: int, cores: int,
+             scale: float = 1.0) -> dict[tuple[int, int], float]:
+    """Per computation, the time-average over its span of ``computing processes / cores x scale`` where they
+    outnumber the cores, else 1."""
     spans = {key: (result.starts[key[0]][key[1]], result.ends[key[0]][key[1]]) for key in _computations(schedule)}
     events: list[tuple[float, int]] = []
     for start, end in spans.values():
@@ -118,7 +141,7 @@ def _factors(schedule: Schedule, result: SimResult, *, per_rank: int, cores: int
         if end <= start:
             out[key] = 1.0
             continue
-        weighted = sum((min(b, end) - max(a, start)) * max(1.0, n / cores)
+        weighted = sum((min(b, end) - max(a, start)) * (n / cores * scale if n > cores else 1.0)
                        for a, b, n in pieces if b > start and a < end)
         out[key] = weighted / (end - start)
     return out

@@ -348,7 +348,7 @@ def predict_step(fsdp: Any, costs: StageCosts, time_scale: float, *, recompute: 
     cores = cores or host_cores()
     schedule = fsdp.schedule
     sharing = shared and schedule.num_ranks * per_rank > cores
-    step = dataclasses.replace(fsdp, shared=(per_rank, cores) if sharing else None)
+    step = dataclasses.replace(fsdp, shared=(per_rank, cores) if sharing else None, shared_scale=costs.shared_scale)
     predicted = step.simulate(lambda extra: simulate(schedule, costs_s, recompute=recompute, extra_s=extra))
     if not sharing:
         return predicted, costs
@@ -357,7 +357,10 @@ def predict_step(fsdp: Any, costs: StageCosts, time_scale: float, *, recompute: 
     note = (f"{schedule.num_ranks * per_rank} local processes ({schedule.num_ranks} PP ranks x {per_rank}) share "
             f"{cores} CPU cores{how}: each computation is stretched by how many compute beside it on its cores "
             "(processor sharing over the simulated step; the profile's compute_scale was measured with one process "
-            "per PP rank)")
+            "per PP rank); FSDP's exposed collectives share the cores too"
+            + (f"; time-sharing slows the work {costs.shared_scale:.3g}x beyond the fair share (the profile's "
+               "runtime.shared_scale, from calibration's FSDP probe)" if costs.shared_scale != 1.0 else
+               "; the profile measured no time-sharing slowdown (runtime.shared_scale): the fair share alone"))
     return predicted, dataclasses.replace(costs, notes=(*costs.notes, note))
 
 

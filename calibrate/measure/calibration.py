@@ -21,7 +21,8 @@ What is measured (docs/calibration.md):
 The profile is a version-3 ``ppsim.profile`` (``source``, ``blocks``, ``layout``, ``stage_overhead``, ``runtime``,
 ``p2p``,
 docs/profile.md) plus ``units`` (the raw unit measurements); it is rewritten atomically after every finished
-measurement and ``done`` lists what is finished (``units``, ``p2p``, ``runtime.real``, ``runtime.synthetic``), so
+measurement and ``done`` lists what is finished (``units``, ``p2p``, ``runtime.real``, ``runtime.synthetic``,
+``runtime.shared``: the FSDP probe), so
 ``--resume`` skips it.
 
 torch is imported inside the functions only.
@@ -1042,6 +1043,77 @@ def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], 
             runtime["synthetic"] = section
         rec.doc["runtime"] = runtime
         rec.finish(key)
+    shared_probe(probe_opts, probe_doc, rec, log=log)
+
+
+#: The FSDP probe's degree: each of the reference 1F1B's ranks is this many processes (torchtitan's ``fully_shard``).
+SHARED_PROBE_DP_SHARD = 2
+
+
+def shared_probe(opts: CalibrationOptions, doc: dict[str, Any], rec: Recorder, *,
+                 log: Callable[[str], None]) -> None:
+    """The FSDP probe (CPU, torchtitan models, a host with fewer cores than its processes): the reference 1F1B with
+    each rank ``dp_shard`` 2 processes, pinned as ``ppsim run`` pins them, so its processes time-share the cores as a
+    PP x FSDP run's do; ``runtime.shared_scale`` is the time-sharing slowdown with which the one step model
+    (:func:`ppsim.fsdp.fsdp_step` under :func:`ppsim.sharing.shared_cores_step`) gives its measured step
+    (:func:`ppsim.calibrate.measure.runtime_model.fit_shared_scale`). Never a run being predicted."""
+    from ppsim.calibrate.measure import runtime_model as rm
+    from ppsim.sharing import host_cores
+
+    key = "runtime.shared"
+    runtime = rec.doc.get("runtime")
+    # FSDP runs (`run --dp-shard`) take torchtitan models; on GPUs the processes do not share cores
+    if key in rec.done or not runtime or opts.device != "cpu" or opts.model_source.scheme != "torchtitan":
+        return
+    ranks, microbatches = rm.probe_shape(False)
+    processes = ranks * SHARED_PROBE_DP_SHARD
+    skipped = "runtime.shared_scale not measured (1 in the step model)"
+    if processes <= host_cores():
+        _note(rec, f"FSDP probe skipped (its {processes} processes have a core each on this host, so runs of that "
+                   f"size do not time-share): {skipped}")
+        rec.finish(key)
+        return
+    log(f"runtime probe (FSDP): {rm.PROBE_SCHEDULE} on {ranks} PP ranks x dp_shard {SHARED_PROBE_DP_SHARD} "
+        f"({processes} processes on {host_cores()} cores), {microbatches} microbatches, {PROBE_STEPS} steps")
+    try:
+        fitted = probe_shared(opts, doc, runtime)
+    except Exception as exc:  # the other probes stand; the step model then shares the cores at the fair share
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
+        _note(rec, f"FSDP probe failed ({type(exc).__name__}: {reason}): {skipped}")
+        rec.finish(key)
+        return
+    rec.doc["runtime"] = {**runtime, "shared_scale": fitted["shared_scale"],
+                          "samples": {**(runtime.get("samples") or {}), **fitted["samples"]}}
+    rec.finish(key)
+
+
+def probe_shared(opts: CalibrationOptions, doc: dict[str, Any], runtime: dict[str, Any]) -> dict[str, Any]:
+    """Run the FSDP probe and fit ``shared_scale`` on it (:func:`shared_probe`)."""
+    from ppsim.calibrate.execute import steps
+    from ppsim.calibrate.measure import runtime_model as rm
+    from ppsim.calibrate.torchtitan import runner as titan_run
+    from ppsim.calibrate.torchtitan.shapes import run_shapes
+    from ppsim.costs import CostSpec
+    from ppsim.fsdp import CollectiveCosts, fsdp_step
+    from ppsim.profile import Profile
+    from ppsim.schedules import get_schedule
+    from ppsim.sharing import host_cores
+
+    profile = Profile.from_dict({**doc, "runtime": runtime}, source=str(opts.output), allow_incomplete=True)
+    ranks, microbatches = rm.probe_shape(False)
+    schedule = get_schedule(rm.PROBE_SCHEDULE, ranks, microbatches)
+    costs = CostSpec.from_profile(profile, source="probe").for_schedule(schedule)
+    spec = steps.ExecSpec(
+        schedule=schedule, model=opts.config, backend="gloo", device="cpu", num_steps=PROBE_STEPS,
+        num_warmup=PROBE_WARMUP, num_probes=0, seed=opts.seed, timeout_s=max(120.0, 4 * opts.init_timeout_s),
+        layer_counts=costs.split_counts, source=opts.source, dp_shard=SHARED_PROBE_DP_SHARD,
+    )
+    measurement = titan_run.TorchtitanRunner().launch(spec)
+    shapes = run_shapes(opts.model_source, tp=1, fsdp=True, profile=profile, dp_shard=SHARED_PROBE_DP_SHARD)
+    modules = titan_run.module_names_per_stage(opts.model_source, schedule.num_stages, costs.split_counts)
+    step = fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=SHARED_PROBE_DP_SHARD,
+                     costs=CollectiveCosts.from_profile(profile))
+    return rm.fit_shared_scale(measurement, step, costs, per_rank=SHARED_PROBE_DP_SHARD, cores=host_cores())
 
 
 def probe(opts: CalibrationOptions, doc: dict[str, Any], *,

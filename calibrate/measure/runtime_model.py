@@ -276,3 +276,40 @@ def _by_concurrency(step: tuple[Any, ...], plan: tuple[tuple[float, ...], ...]) 
             )
             out.append((1 + round(overlap / dur), dur, cost))
     return out
+
+
+#: The largest time-sharing slowdown :func:`fit_shared_scale` reports (a probe slower than this is said, not fitted).
+SHARED_SCALE_MAX = 4.0
+
+
+def fit_shared_scale(measurement: Measurement, step: Any, costs: StageCosts, *, per_rank: int,
+                     cores: int) -> dict[str, Any]:
+    """``runtime.shared_scale`` from the FSDP probe (calibration's own run of the reference 1F1B with ``per_rank``
+    processes per rank on ``cores`` cores, never a schedule being predicted): the slowdown of CPU work beyond the
+    fair share (:func:`ppsim.sharing.shared_cores_step`) with which the one step model of that probe -- ``step``
+    (its :class:`ppsim.fsdp.FsdpStep`) with ``costs``, shared as ``ppsim run`` shares -- gives the probe's measured
+    step (the median of its timed steps, first computation start to last end, as a run measures it). Found by
+    bisection (the step grows with the scale); at least 1 (time-sharing cannot make work faster), at most
+    :data:`SHARED_SCALE_MAX`."""
+    from ppsim.calibrate.execute.run import predict_step
+
+    measured = statistics.median(measurement.step_spans)
+
+    def predicted(scale: float) -> float:
+        result, _ = predict_step(step, dataclasses.replace(costs, shared_scale=scale), 1.0, recompute=None,
+                                 per_rank=per_rank, shared=True, cores=cores)
+        return float(result.makespan)
+
+    lo, hi = 1.0, SHARED_SCALE_MAX
+    if predicted(lo) >= measured:
+        scale = lo
+    elif predicted(hi) <= measured:
+        scale = hi
+    else:
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if predicted(mid) < measured else (lo, mid)
+        scale = (lo + hi) / 2
+    return {"shared_scale": scale,
+            "samples": {"shared_scale.step_s": list(measurement.step_spans),
+                        "shared_scale.predicted_fair_share_s": [predicted(1.0)]}}

@@ -214,8 +214,10 @@ def _covers(path: Path, facts: ModelFacts, value: str) -> tuple[ProfileCover, ..
         raise PlanError(f"--profile {path}: measured {measured}, but the job {value} trains {facts.source}; "
                         f"calibrate with --model {facts.source}")
     collectives = _collective_costs(path, prof)
+    shared = None if prof.runtime is None else prof.runtime.shared_scale
     return tuple(ProfileCover(path=str(path), tp=tp, tokens_per_microbatch=prof.model.seq_len * mb_size,
-                              collectives=collectives, mb_size=mb_size) for tp, mb_size in prof.covers)
+                              collectives=collectives, mb_size=mb_size, shared_scale=shared or 1.0)
+                 for tp, mb_size in prof.covers)
 
 
 def _check_pinned_tp(covers: tuple[ProfileCover, ...], pins: dict[str, int]) -> None:

@@ -271,6 +271,47 @@ def test_local_processes_beyond_the_cores_stretch_computations_by_how_many_compu
         assert alone < shared < 2 * alone
 
 
+def _toy_shared(scale: float) -> float:
+    """GPipe, 2 PP ranks x dp_shard 2 on 2 cores (one core per copy of the pipeline), 1 microbatch, F=1, B=2, no
+    gathers, reduce-scatters 0.5 (stage 0) and 2 (stage 1): rank 0's B and rank 1's REDUCE_GRAD start together at 4."""
+    from ppsim.fsdp import FsdpStep
+
+    sched = get_schedule("GPipe", 2, 1)
+    costs = parse_costs("F=1,B=2")
+    low = lower(sched, gather_s=[0.0, 0.0], reduce_s=[0.5, 2.0])
+    step = FsdpStep(schedule=low.schedule, extra_s=low.extra_s, shared=(2, 2), shared_scale=scale)
+    return float(step.simulate(lambda extra: simulate(low.schedule, costs, extra_s=extra)).makespan)
+
+
+def test_fsdp_collectives_share_the_cores_and_time_sharing_is_slower_than_the_fair_share() -> None:
+    """By hand: rank 0's F [0, 1], rank 1's F [1, 2] and B [2, 4] each run alone; rank 0's B (2) and rank 1's
+    REDUCE_GRAD (2, CPU work on gloo) then share the copy's one core from 4: each gets half of it, and each half runs
+    ``scale`` slower, so both last 2 x 2 x scale; rank 0's REDUCE_GRAD (0.5) follows alone. The old model (a
+    collective takes no core, the fair share alone) ended at 4 + 2 + 0.5 = 6.5."""
+    assert _toy_shared(1.0) == pytest.approx(4 + 2 * 2 * 1.0 + 0.5)  # 8.5
+    assert _toy_shared(1.5) == pytest.approx(4 + 2 * 2 * 1.5 + 0.5)  # 10.5
+    assert _toy_shared(1.5) != pytest.approx(6.5)
+
+
+@pytest.mark.torch
+def test_the_fsdp_probe_gives_the_time_sharing_slowdown_that_reproduces_its_measured_step() -> None:
+    """``runtime.shared_scale`` is the scale with which the one step model gives the probe's measured step (bisection);
+    a probe no slower than the fair share gives 1, never less."""
+    import types
+
+    from ppsim.calibrate.measure.runtime_model import fit_shared_scale
+    from ppsim.fsdp import FsdpStep
+
+    sched = get_schedule("GPipe", 2, 1)
+    low = lower(sched, gather_s=[0.0, 0.0], reduce_s=[0.5, 2.0])
+    step = FsdpStep(schedule=low.schedule, extra_s=low.extra_s)
+    costs = parse_costs("F=1,B=2")
+    for measured, scale in ((10.5, 1.5), (8.5, 1.0), (7.0, 1.0)):
+        probe: Any = types.SimpleNamespace(step_spans=(measured, measured + 1, measured - 1))
+        fitted = fit_shared_scale(probe, step, costs, per_rank=2, cores=2)
+        assert fitted["shared_scale"] == pytest.approx(scale, abs=1e-6)
+
+
 def test_run_pins_each_copy_of_the_pipeline_to_cores_of_its_own_only_when_processes_outnumber_the_cores() -> None:
     from ppsim.sharing import core_plan, sharing
 
@@ -314,3 +355,34 @@ def test_runs_prediction_on_a_cpu_host_stretches_only_with_more_processes_than_c
         "position) pinned to cores of its own" in noted.notes[-1]
     enough, _ = predict_step(step, costs, 1.0, recompute=None, per_rank=2, shared=True, cores=8)
     assert enough.makespan == pytest.approx(alone.makespan)
+
+
+@pytest.mark.torch
+def test_the_fsdp_probe_runs_only_where_runs_time_share_and_a_failure_leaves_the_fair_share(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from ppsim.calibrate.measure import calibration
+
+    def recorder() -> Any:
+        return calibration.Recorder({"done": [], "notes": [], "runtime": {"dispatch_s": 0.0}}, tmp_path / "p.json",
+                                    writer=True)
+
+    def boom(*_: Any) -> Any:
+        raise RuntimeError("gloo went away")
+
+    monkeypatch.setattr(calibration, "probe_shared", boom)
+    titan: Any = types.SimpleNamespace(device="cpu", model_source=types.SimpleNamespace(scheme="torchtitan"))
+    builtin: Any = types.SimpleNamespace(device="cpu", model_source=types.SimpleNamespace(scheme="builtin"))
+    rec = recorder()
+    calibration.shared_probe(builtin, rec.doc, rec, log=lambda _: None)
+    assert rec.done == [] and rec.doc["notes"] == []  # FSDP runs take torchtitan models only
+    monkeypatch.setattr("ppsim.sharing.host_cores", lambda: 1)
+    rec = recorder()
+    calibration.shared_probe(titan, rec.doc, rec, log=lambda _: None)
+    assert rec.done == ["runtime.shared"] and "shared_scale" not in rec.doc["runtime"]
+    assert "FSDP probe failed (RuntimeError: gloo went away)" in rec.doc["notes"][0]
+    monkeypatch.setattr("ppsim.sharing.host_cores", lambda: 64)
+    rec = recorder()
+    calibration.shared_probe(titan, rec.doc, rec, log=lambda _: None)
+    assert rec.done == ["runtime.shared"] and "have a core each" in rec.doc["notes"][0]
