@@ -291,7 +291,7 @@ def fit_shared_scale(measurement: Measurement, step: Any, costs: StageCosts, *, 
     step (the median of its timed steps, first computation start to last end, as a run measures it). Found by
     bisection (the step grows with the scale); at least 1 (time-sharing cannot make work faster), at most
     :data:`SHARED_SCALE_MAX`."""
-    from ppsim.calibrate.execute.run import predict_step
+    from ppsim.calibrate.execute.predict import predict_step
 
     measured = statistics.median(measurement.step_spans)
 

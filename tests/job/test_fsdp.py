@@ -341,7 +341,7 @@ def test_a_local_worker_is_pinned_to_its_copys_cores() -> None:
 @pytest.mark.torch
 def test_runs_prediction_on_a_cpu_host_stretches_only_with_more_processes_than_cores() -> None:
     pytest.importorskip("torch")
-    from ppsim.calibrate.execute.run import predict_step
+    from ppsim.calibrate.execute.predict import predict_step
     from ppsim.fsdp import FsdpStep
 
     schedule = get_schedule("1F1B", 2, 8)
