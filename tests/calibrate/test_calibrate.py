@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from one_line import one_line_error
 from processes import alive, descendants
 from typer.testing import CliRunner
 
@@ -25,16 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 # Small shapes: every test here shares two cores with other work.
 SMALL = ["--hidden", "32", "--heads", "2", "--ffn", "64", "--layers", "4", "--vocab", "64", "--seq-len", "16",
          "--mb-size", "2"]
-
-
-def one_line_error(result: object) -> str:
-    """Exit 2 with exactly one error line and no traceback (progress lines before it are fine)."""
-    output = result.output  # type: ignore[attr-defined]
-    assert result.exit_code == 2, output  # type: ignore[attr-defined]
-    errors = [ln for ln in output.splitlines() if ln.startswith("Error:")]
-    assert len(errors) == 1 and "Traceback" not in output, output
-    assert output.rstrip().endswith(errors[0]), output
-    return errors[0]
 
 
 # --- without torch: sizes and the alpha/beta fit ----------------------------------------------------------------------

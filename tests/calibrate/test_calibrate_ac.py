@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
+from one_line import one_line_error
 from typer.testing import CliRunner
 
 from ppsim.cli import app
@@ -18,13 +18,6 @@ runner = CliRunner()
 DATA = Path(__file__).resolve().parents[1] / "data"
 PROFILE = DATA / "llama3_debugmodel_s32.profile.json"  # torchtitan:llama3/debugmodel, measured without checkpointing
 MOE = "torchtitan:deepseek_v3/debugmodel"
-
-
-def _error_line(result: Any) -> str:
-    lines = [ln for ln in result.output.splitlines() if ln.startswith("Error:")]
-    assert result.exit_code == 2 and len(lines) == 1, result.output
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 def _profile_at(tmp_path: Path, mode: str, *, null_split: bool = True) -> Path:
@@ -48,7 +41,7 @@ def test_calibrate_activation_checkpoint_that_cannot_be_measured_is_one_line(tmp
                                                                             says: str) -> None:
     out = tmp_path / "p.json"
     result = runner.invoke(app, ["calibrate", *args, "-o", str(out)])
-    assert says in _error_line(result)
+    assert says in one_line_error(result)
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
@@ -80,7 +73,7 @@ def test_a_profile_without_checkpointing_still_needs_its_i_and_w(tmp_path: Path)
 def test_simulate_a_split_backward_schedule_with_a_checkpointed_profile_is_one_line(tmp_path: Path) -> None:
     path = _profile_at(tmp_path, "selective")
     refused = runner.invoke(app, ["simulate", "-s", "ZBH1", "-r", "2", "-m", "4", "--profile", str(path)])
-    line = _error_line(refused)
+    line = one_line_error(refused)
     assert "measured under activation_checkpoint selective" in line and "ZBH1 splits it into I and W" in line
     ok = runner.invoke(app, ["simulate", "-s", "1F1B", "-r", "2", "-m", "4", "--profile", str(path), "--json"])
     assert ok.exit_code == 0, ok.output

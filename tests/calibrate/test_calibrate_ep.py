@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from one_line import one_line_error
 from typer.testing import CliRunner
 
 from ppsim.cli import app
@@ -16,13 +17,6 @@ runner = CliRunner()
 DATA = Path(__file__).resolve().parents[1] / "data"
 PROFILE = DATA / "llama3_debugmodel_s32_mem.profile.json"  # measured p2p, no all_to_all
 MOE = "torchtitan:deepseek_v3/debugmodel"
-
-
-def _error_line(result: Any) -> str:
-    lines = [ln for ln in result.output.splitlines() if ln.startswith("Error:")]
-    assert result.exit_code == 2 and len(lines) == 1, result.output
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 # --- the all-to-all ----------------------------------------------------------------------------------------------
@@ -76,7 +70,7 @@ def test_calibrate_ep_that_cannot_be_measured_is_one_line(tmp_path: Path, args: 
     pytest.importorskip("torchtitan.models")
     out = tmp_path / "p.json"
     result = runner.invoke(app, ["calibrate", *args, "--seq-len", "32", "-o", str(out)])
-    assert says in _error_line(result)
+    assert says in one_line_error(result)
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
@@ -102,7 +96,7 @@ def test_simulate_a_job_at_another_ep_degree_than_the_profiles_names_the_profile
     pytest.importorskip("torchtitan.models")
     result = runner.invoke(app, ["simulate", "--profile", str(_profile_at_ep(tmp_path, 2)), "--torchtitan-config",
                                  "llama3:llama3_debugmodel", "--parallelism.pipeline_parallel_degree", "2"])
-    assert "measured at expert_parallel_degree 2, the job runs 1" in _error_line(result)
+    assert "measured at expert_parallel_degree 2, the job runs 1" in one_line_error(result)
 
 
 @pytest.mark.torch
@@ -110,7 +104,7 @@ def test_run_ep_with_a_profile_at_another_degree_names_the_profiles_before_anyth
     pytest.importorskip("torchtitan.models")
     result = runner.invoke(app, ["run", "-s", "1F1B", "-r", "2", "-m", "2", "--model", MOE, "--seq-len", "32",
                                  "--dp-shard", "2", "--ep", "2", "--profile", str(PROFILE)])
-    assert "measured at expert_parallel_degree 1, the job runs 2" in _error_line(result)
+    assert "measured at expert_parallel_degree 1, the job runs 2" in one_line_error(result)
 
 
 # --- calibrate --ep 2 on the debug flavor, and simulate with its profile ------------------------------------------
@@ -172,4 +166,4 @@ def test_simulate_with_the_ep_profile_costs_its_all_to_alls_from_the_measured_fi
     assert a2a["total_s"] == pytest.approx(a2a["count"] * each)
     assert a2a["exposed_s"] == pytest.approx(a2a["total_s"])  # 1F1B: eager actions wait for all of them
     refused = runner.invoke(app, args)  # the job at EP 1: the profile's degree named
-    assert "measured at expert_parallel_degree 2, the job runs 1" in _error_line(refused)
+    assert "measured at expert_parallel_degree 2, the job runs 1" in one_line_error(refused)

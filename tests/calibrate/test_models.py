@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from one_line import one_line_error
 from typer.testing import CliRunner
 
 from ppsim.calibrate.models import SDPA_ON_CPU, ModelOptions, kinds_of, parse_model_source
@@ -36,15 +37,6 @@ def has_torchtitan() -> bool:
 
 
 needs_torchtitan = pytest.mark.skipif(not has_torchtitan(), reason="torchtitan not installed (ppsim[torchtitan])")
-
-
-def one_line_error(result: Any) -> str:
-    output = result.output
-    assert result.exit_code == 2, output
-    errors = [ln for ln in output.splitlines() if ln.startswith("Error:")]
-    assert len(errors) == 1 and "Traceback" not in output, output
-    assert output.rstrip().endswith(errors[0]), output
-    return errors[0]
 
 
 # --- parsing and kinds (no model built) ---------------------------------------------------------------------------
