@@ -90,6 +90,10 @@ class RunOptions:
     ep: int = 1
     """Expert-parallel degree (``--ep``): a MoE model's routed experts split over ``ep`` of the ``dp_shard x tp``
     processes of each pipeline rank (torchtitan carves EP out of them), their tokens exchanged by all-to-alls."""
+    overlap: bool = True
+    """``--overlap/--no-overlap``: with ``--ep`` above 1, run each overlapped F&B pair's halves at once (each one's
+    all-to-alls under the other's compute, one compute stream between them), or one after the other as torch's
+    runtime does. The prediction follows (:func:`ep_collectives`)."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,7 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     measured_ac = _measured_ac(options)
     spec = dataclasses.replace(exec_spec(options, schedule, costs, time_scale, model, device), recompute=chosen,
                                dp_shard=options.dp_shard, tp=options.tp, ep=options.ep,
+                               overlap=options.overlap and device == "cpu",
                                activation_checkpoint=options.activation_checkpoint)
     check_run_degrees(options, schedule, model, world=world)
     if runner is None:
@@ -224,8 +229,8 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
                                     shared=world is None and device == "cpu" and not options.synthetic)
     memory = None if shapes is None else job_memory(shapes[0], degrees=Degrees(
         pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard, ep=spec.ep), schedule=schedule,
-        stage_modules=shapes[1],
-        recompute=spec.recompute)
+        stage_modules=shapes[1], recompute=spec.recompute,
+        overlapped_pairs=spec.overlap and spec.ep > 1)  # the runner overlaps a pair's halves under EP
     check_predicted_time(options, predicted)
     if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:  # after every refusal: an error stands alone
         (log or _stderr)(model.summary())
@@ -353,9 +358,11 @@ def fsdp_collectives(schedule: Schedule, options: RunOptions, shapes: tuple[JobS
 def ep_collectives(step: Any, stage_costs: Any, options: RunOptions,
                    shapes: tuple[JobShapes, list[list[str]]] | None, spec: ExecSpec) -> Any:
     """``step`` with EP's all-to-alls for ``--ep`` above 1 (:func:`ppsim.ep.ep_step`), costed from the profile's
-    measured all-to-alls or p2p alpha/beta, else the stated default ratio. EP runs go through torchtitan's helpers,
-    whose runtime (torch's) runs an overlapped F&B pair's halves one after the other: every all-to-all is exposed
-    (``overlap="sequential"``); ppsim's DualPipe executor does not shard."""
+    measured all-to-alls or p2p alpha/beta, else the stated default ratio. EP runs go through torchtitan's helpers
+    and torch's runtime, which runs an overlapped F&B pair's halves one after the other; on CPU ranks ppsim runs
+    them at once (``spec.overlap``, :mod:`ppsim.calibrate.execute.overlap`), so a pair hides one direction's
+    all-to-alls under the other's compute (``overlap="dualpipe"``); otherwise every all-to-all is exposed
+    (``"sequential"``)."""
     from ppsim.ep import ep_step
     from ppsim.fsdp import CollectiveCosts
 
@@ -368,7 +375,7 @@ def ep_collectives(step: Any, stage_costs: Any, options: RunOptions,
         prof = load_profile(options.profile)
         costs, in_blocks = CollectiveCosts.from_profile(prof), prof.expert_parallel_degree == spec.ep
     return ep_step(step, stage_costs, shapes=shapes[0], stage_modules=shapes[1], ep=spec.ep, costs=costs,
-                   overlap="sequential", in_blocks=in_blocks)
+                   overlap="dualpipe" if spec.overlap else "sequential", in_blocks=in_blocks)
 
 
 def _measured_ac(options: RunOptions) -> str:
@@ -580,7 +587,7 @@ def costs_and_model(
         return parse_costs(options.costs), options.time_unit_s, run_source(options), "cost string"
     model = run_source(options)
     path, where = calibrate_here(model, device, save_to=options.save_calibration,
-                                 activation_checkpoint=options.activation_checkpoint)
+                                 activation_checkpoint=options.activation_checkpoint, ep=options.ep)
     if path is None:  # a torchrun rank other than 0: it only executes, rank 0 predicts
         return parse_costs(None), 1.0, model, where
     try:
@@ -670,11 +677,11 @@ def synthetic_runtime(costs: StageCosts, profile: Any) -> StageCosts:
 
 
 def calibrate_here(model: ModelSource, device: str, *, save_to: Path | None = None,
-                   activation_checkpoint: str = "none") -> tuple[Path | None, str]:
+                   activation_checkpoint: str = "none", ep: int = 1) -> tuple[Path | None, str]:
     """Calibrate ``model`` on this machine as `ppsim calibrate` does (its blocks timed under the run's
-    ``activation_checkpoint``); returns the profile's path (``None`` on torchrun ranks other than 0) and a
-    description of where it is. ``save_to`` is created new: an existing file there (a user's) is refused, never
-    replaced."""
+    ``activation_checkpoint``, its MoE layers at the run's EP degree ``ep``, all-to-alls inside); returns the
+    profile's path (``None`` on torchrun ranks other than 0) and a description of where it is. ``save_to`` is
+    created new: an existing file there (a user's) is refused, never replaced."""
     import sys
 
     from ppsim.calibrate.measure.calibration import CalibrationOptions, calibrate
@@ -682,7 +689,7 @@ def calibrate_here(model: ModelSource, device: str, *, save_to: Path | None = No
 
     def run(path: Path) -> Path | None:
         opts = CalibrationOptions(output=path, config=model.config, device=device, source=model,
-                                  activation_checkpoint=activation_checkpoint)
+                                  activation_checkpoint=activation_checkpoint, expert_parallel_degree=ep)
         print(f"no --profile: calibrating the {model.text} model on {device} first", file=sys.stderr, flush=True)
         return path if calibrate(opts) is not None else None
 
@@ -770,6 +777,28 @@ def build_report(schedule: Schedule, measurement: Measurement, costs: StageCosts
         explained=explained, memory=tuple(memory), step_index=rep, costs=costs, costs_source=source,
         time_scale=time_scale,
     )
+
+
+def _all_to_all_json(measurement: Measurement, predicted: SimResult) -> dict[str, Any]:
+    """EP's all-to-alls of the step, all PP ranks summed: measured (median over the timed steps; the time in the
+    calls includes waiting for the EP peers) against the before-run step model's (transfer time only)."""
+    totals = [sum(r["total_s"] for r in step) for step in measurement.comm]
+    exposed = [sum(r["exposed_s"] for r in step) for step in measurement.comm]
+    first = measurement.comm[0]
+    model = (predicted.collectives or {}).get("all_to_all")
+    return {
+        "calls_per_step": int(sum(r["calls"] for r in first)),
+        "measured_total_s": statistics.median(totals),
+        "measured_exposed_s": statistics.median(exposed),
+        "measured_exposed_spread_s": [min(exposed), max(exposed)],
+        "measured_exposed_share": statistics.median(e / t for e, t in zip(exposed, totals) if t > 0)
+        if any(totals) else None,
+        "pairs_overlapped_per_step": int(sum(r["pairs_overlapped"] for r in first)),
+        "pairs_in_turn_per_step": int(sum(r["pairs_in_turn"] for r in first)),
+        "predicted_total_s": None if model is None else model.total_s,
+        "predicted_exposed_s": None if model is None else model.exposed_s,
+        "predicted_exposed_share": None if model is None or model.total_s <= 0 else model.exposed_s / model.total_s,
+    }
 
 
 def _predicted_fields(memory: list[Any] | None, rank: int) -> dict[str, Any]:
@@ -891,6 +920,7 @@ def _run_json(report: RunReport) -> dict[str, Any]:
         "time_unit_s": report.time_scale,
         "clock": measurement.clock,
         "hosts": sorted(set(measurement.hosts)),
+        **({"all_to_all": _all_to_all_json(measurement, predicted)} if measurement.comm else {}),
         "notes": list(measurement.notes),
         "per_action": per_action,
     }

@@ -77,6 +77,10 @@ class ExecSpec:
     ep: int = 1
     """Expert-parallel degree (torchtitan runner), carved out of ``dp_shard x tp`` as torchtitan does: no
     processes of its own."""
+    overlap: bool = True
+    """With ``ep`` above 1 on CPU ranks: run each ``OVERLAP_F_B`` pair's halves at once, each one's all-to-alls under
+    the other's compute (:mod:`ppsim.calibrate.execute.overlap`); ``False``: one after the other, as torch's runtime
+    runs them."""
 
     @property
     def world_size(self) -> int:
@@ -148,6 +152,9 @@ class Measurement:
     synthetic: bool
     memory: tuple[MeasuredPeak, ...] = ()
     """Per rank, what it held (measured on the last timed step)."""
+    comm: tuple[tuple[dict[str, float], ...], ...] = ()
+    """Per timed step, per PP rank: its all-to-alls (``calls``, ``total_s``, ``exposed_s``, ``pairs_overlapped``,
+    ``pairs_in_turn``; see :class:`~ppsim.calibrate.execute.overlap.CommStats`); empty when not counted."""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -351,6 +358,14 @@ class Clock:
             self.live.mark(f"after {self._name}")
         self._index += 1
 
+    def stamp(self, name: str, begin: float, end: float, wait: float) -> None:
+        """A computation another host thread ran (an overlapped pair's backward half, CPU only), stamped after."""
+        assert not self.cuda, "overlapped pairs run on CPU ranks only"
+        self.records.append((begin, end, wait, name))
+        if self.live is not None:
+            self.live.mark(f"after {name}")
+        self._index += 1
+
 
 
 class _PeakSaved:
@@ -514,6 +529,8 @@ class RankRun:
     """This process's pipeline rank (``None``: its global rank; FSDP/TP runs have ``dp_shard x tp`` per PP rank)."""
     primary: bool = True
     """The process whose times, loss and gradients stand for its PP rank (FSDP and TP coordinate 0)."""
+    comm_stats: Any = None
+    """What this rank's all-to-alls cost each step (:class:`~ppsim.calibrate.execute.overlap.CommStats`), if counted."""
 
 
 def checkpoint_chosen(spec: ExecSpec, stages: Sequence[Any], modules: Sequence[Any]) -> None:
@@ -551,6 +568,7 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
     )
     per_step: list[list[tuple[float, float, float, float | None]]] = []
     step_walls: list[float] = []
+    comm: list[dict[str, float]] = []
     losses: list[Any] = []
     with torch_adapter.timed_receive_waits(clock.add_wait):
         for step in range(len(kinds)):
@@ -565,6 +583,8 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
             if cuda:
                 base_event = torch.cuda.Event(enable_timing=True)
                 base_event.record()
+            if run.comm_stats is not None:
+                run.comm_stats.reset()
             hooks = (torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack) if step == last_timed
                      else contextlib.nullcontext())
             clock.memory = saved if step == last_timed else None
@@ -580,6 +600,8 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
                 raise RuntimeError(f"rank {rank} ran {names} but the schedule orders {expected} (ppsim bug)")
             per_step.append(_host_times(clock.records, t0, base_event, _posted_times(clock.posted, names)))
             step_walls.append(t1 - t0)
+            if run.comm_stats is not None:
+                comm.append(run.comm_stats.as_dict())
         losses = []
         peak_allocated, during, spans = _allocator_peak_step(run, modules, device, cuda, args, kwargs, losses)
 
@@ -602,6 +624,7 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
             for step in per_step
         ],
         "walls": step_walls,
+        "comm": comm,
         "grads": grads,
         "loss": loss,
         "memory": memory,
@@ -819,6 +842,14 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
         num_warmup=spec.num_warmup,
         synthetic=spec.synthetic,
         memory=tuple(g["memory"] for g in gathered),
+        comm=_timed_comm(gathered, kinds),
         notes=tuple(notes),
     )
+
+
+def _timed_comm(gathered: list[dict[str, Any]], kinds: Sequence[str]) -> tuple[tuple[dict[str, float], ...], ...]:
+    """Per timed step, each PP rank's all-to-all counts (empty when the ranks did not count them)."""
+    if not all(g["comm"] for g in gathered):
+        return ()
+    return tuple(tuple(g["comm"][i] for g in gathered) for i, k in enumerate(kinds) if k == "timed")
 

@@ -241,3 +241,84 @@ def instrument_stage(stage: Any, *, begin: Callable[[str], None], finish: Callab
     stage.backward_weight_one_chunk = backward_weight_one_chunk
     stage.get_fwd_recv_ops = get_fwd_recv_ops
     stage.get_bwd_recv_ops = get_bwd_recv_ops
+
+
+def overlap_pairs(runtime: Any, stages: Sequence[Any], pairs: dict[tuple[int, int], tuple[int, int]], *,
+                  stream: Any, stats: Any, stamp: Callable[[str, float, float, float], None],
+                  outputs: Callable[[tuple[int, int], list[Any]], None] | None,
+                  context: Callable[[], Any]) -> None:
+    """Run each ``OVERLAP_F_B`` pair's halves at once (:mod:`ppsim.calibrate.execute.overlap`). torch's runtime
+    runs a pair's forward sub-action, then its backward; ``pairs`` maps the forward half ``(stage, microbatch)`` to
+    the backward half's. When the forward half starts, its backward half starts on a second thread (torch's own
+    ``backward_one_chunk``, with the loss and last-backward flag the runtime is about to pass, after waiting for the
+    gradient the runtime has posted a receive for); when the runtime then calls the backward half, it waits for that
+    thread instead of running it again. A pair whose gradient receive is not posted yet runs in turn
+    (``stats.pairs_in_turn``). Call after :func:`instrument_stage` (the forward keeps its stamps; the backward half
+    is stamped by ``stamp(name, begin, end, receive_wait)``)."""
+    from ppsim.calibrate.execute.overlap import PairThread
+
+    by_index = {st.stage_index: st for st in stages}
+    started: dict[tuple[int, int], Any] = {}
+    kept = outputs or (lambda key, tensors: None)
+    forward_halves = {f[0] for f in pairs}
+    backward_halves = {b[0] for b in pairs.values()}
+
+    def start_backward(sb: int, mbb: int) -> bool:
+        st = by_index[sb]
+        works: Any = []
+        if not st.is_last and sb + 1 not in by_index:  # its gradient comes from another rank
+            works = runtime.bwd_recv_ops.get((sb, mbb))
+            if works is None:
+                stats.pairs_in_turn += 1
+                return False
+            # the thread waits for the receive; the runtime then finds nothing left to wait for (a gloo receive
+            # waited for twice would wait for a second message)
+            runtime.bwd_recv_ops[(sb, mbb)] = []
+        loss = runtime._maybe_get_loss(st, mbb)
+        last = runtime.backward_counter[sb] + 1 == runtime._n_microbatches
+        raw = type(st).backward_one_chunk
+
+        def wait() -> None:
+            for w in works:
+                w.wait()
+
+        stats.begin_pair()
+        stream.take()
+        started[(sb, mbb)] = PairThread(
+            stream, wait, lambda: raw(st, mbb, loss=loss, full_backward=True, last_backward=last), context)
+        return True
+
+    def forward_wrapper(index: int, inner: Callable[..., Any]) -> Callable[..., Any]:
+        def forward_one_chunk(fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+            partner = pairs.get((index, fwd_chunk_id))
+            if partner is None or not start_backward(*partner):
+                return inner(fwd_chunk_id, *args, **kwargs)
+            try:
+                return inner(fwd_chunk_id, *args, **kwargs)
+            except BaseException:
+                stream.give()
+                started.pop(partner).join()
+                raise
+
+        return forward_one_chunk
+
+    def backward_wrapper(index: int, st: Any, inner: Callable[..., Any]) -> Callable[..., Any]:
+        def backward_one_chunk(bwd_chunk_id: int, loss: Any = None, full_backward: bool = True,
+                               last_backward: bool = False) -> Any:
+            thread = started.pop((index, bwd_chunk_id), None)
+            if thread is None:
+                return inner(bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward)
+            stream.give()  # the forward half (and its loss) is done
+            thread.join()
+            stats.end_pair()
+            stamp(f"{index}B{bwd_chunk_id}", thread.begin, thread.end, thread.waited)
+            kept((index, bwd_chunk_id), held_outputs(st, bwd_chunk_id))
+            return None
+
+        return backward_one_chunk
+
+    for index, st in by_index.items():
+        if index in forward_halves:
+            st.forward_one_chunk = forward_wrapper(index, st.forward_one_chunk)
+        if index in backward_halves:
+            st.backward_one_chunk = backward_wrapper(index, st, st.backward_one_chunk)

@@ -177,9 +177,11 @@ class TorchtitanRunner:
 
 
 # --- one rank ---------------------------------------------------------------------------------------------------
-def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) -> tuple[list[Any], list[Any], Any, int]:
-    """torchtitan's stages and schedule for this process: ``(stages, model_parts, schedule, pp_rank)``. With FSDP or
-    TP degrees each model part goes through the model's own parallelize function, as ``pipeline_llm`` does."""
+def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str
+           ) -> tuple[list[Any], list[Any], Any, int, Any]:
+    """torchtitan's stages and schedule for this process: ``(stages, model_parts, schedule, pp_rank, ep_group)``
+    (``ep_group``: the EP process group, ``None`` without EP). With FSDP or TP degrees each model part goes through
+    the model's own parallelize function, as ``pipeline_llm`` does."""
     from torch.distributed.device_mesh import init_device_mesh
     from torchtitan.config import ParallelismConfig
 
@@ -211,7 +213,7 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
 
         for part in parts:
             apply_ac(part, spec.activation_checkpoint)
-        pp_rank = rank
+        pp_rank, ep_group = rank, None
     else:
         from torchtitan.distributed import utils as dist_utils
 
@@ -227,6 +229,7 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
             parts[i] = _parallelize(source, part, dims, parallelism, ac_config(spec.activation_checkpoint))
             stages[i].submod = parts[i]
         pp_rank = mesh.get_local_rank()
+        ep_group = dims.get_mesh("ep").get_group() if spec.ep > 1 else None
     del whole
     built = tuple(st.stage_index for st in stages)
     if built != tuple(schedule.stages_of(pp_rank)):
@@ -241,7 +244,7 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str) ->
         runtime = pp._build_pipeline_schedule(parallelism=parallelism, stages=stages, loss_fn=loss_fn, **count)
     finally:
         logging.disable(logging.NOTSET)
-    return stages, parts, runtime, pp_rank
+    return stages, parts, runtime, pp_rank, ep_group
 
 
 def _parallel_dims(parallelism: Any, world: int, device_type: str) -> Any:
@@ -322,7 +325,7 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     with tempfile.TemporaryDirectory(prefix="ppsim-titan-") as tmp:
         csv_path = str(write_csv(schedule, os.path.join(tmp, "order.csv")))
-        stages, parts, runtime, pp_rank = _build(spec, rank, world, device, csv_path)
+        stages, parts, runtime, pp_rank, ep_group = _build(spec, rank, world, device, csv_path)
     clock = Clock(None, cuda)
     for st in stages:
         torch_adapter.instrument_stage(st, begin=clock.begin, finish=clock.finish, posted=clock.post,
@@ -335,6 +338,7 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
         clock.finish()
 
     runtime._maybe_compute_loss = maybe_compute_loss
+    comm_stats = None if ep_group is None else _count_all_to_alls(spec, pp_rank, stages, runtime, clock, ep_group)
     tokens, targets = source.make_batch(schedule.num_microbatches, seed=spec.seed)
     by_stage = {st.stage_index: part for st, part in zip(stages, parts)}
 
@@ -350,7 +354,8 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
 
     rank_run = RankRun(parts=by_stage, runtime=runtime, clock=clock, tokens=tokens, targets=targets,
                        has_first=any(st.is_first for st in stages), has_last=any(st.is_last for st in stages),
-                       grad_name=grad_name, pp_rank=pp_rank, primary=rank % (spec.dp_shard * spec.tp) == 0)
+                       grad_name=grad_name, pp_rank=pp_rank, primary=rank % (spec.dp_shard * spec.tp) == 0,
+                       comm_stats=comm_stats)
     measurement = measure_rank(spec, rank, world, device, rank_run, reference=reference)
     if measurement is None:
         return None
@@ -361,10 +366,57 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
         notes.append(f"each PP rank is dp_shard {spec.dp_shard} x tp {spec.tp} processes, parallelized by the "
                      "model's own torchtitan parallelize function; "
                      + (FSDP_SUM_NOTE if spec.dp_shard > 1 else "TP gradients gathered for the check"))
+    if comm_stats is not None:
+        notes.append(EP_NOTE if not _pairs(spec, pp_rank) else
+                     EP_NOTE + ("; each OVERLAP_F_B pair's backward half ran on a second thread beside its forward "
+                                "half, one compute stream between them (ppsim's overlap; torch's runtime runs the "
+                                "halves one after the other)" if spec.overlap else
+                                "; overlapped pairs ran one half after the other (--no-overlap), as torch's runtime "
+                                "runs them"))
     if schedule.num_microbatches < schedule.num_stages:
         notes.append(f"torchtitan warns that {schedule.num_microbatches} microbatches < {schedule.num_stages} "
                      "stages may leave a bubble; it runs the order all the same")
     return dataclasses.replace(measurement, notes=(*notes, *measurement.notes))
+
+
+EP_NOTE = ("EP's all-to-alls: torchtitan's token dispatcher, its count, dispatch and combine exchanges issued and "
+           "timed by ppsim (torch.distributed.all_to_all_single, calibrate/torchtitan/ep_exchange.py)")
+
+
+def _pairs(spec: ExecSpec, pp_rank: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """This rank's overlapped pairs: forward half ``(stage, microbatch)`` -> backward half's."""
+    out = {}
+    for action in spec.schedule.actions[pp_rank]:
+        if action.sub_actions:
+            f, b = action.sub_actions
+            out[(f.stage, f.microbatch)] = (b.stage, b.microbatch)
+    return out
+
+
+def _count_all_to_alls(spec: ExecSpec, pp_rank: int, stages: list[Any], runtime: Any, clock: Any,
+                       ep_group: Any) -> Any:
+    """EP's all-to-alls issued and timed by ppsim (:mod:`~ppsim.calibrate.torchtitan.ep_exchange`), and with
+    ``spec.overlap`` each overlapped pair's halves run at once (:func:`torch_adapter.overlap_pairs`). The counts
+    of each step come back with the measurement."""
+    import contextlib
+
+    from ppsim.calibrate.execute import torch_adapter
+    from ppsim.calibrate.execute.overlap import CommStats, ComputeStream
+    from ppsim.calibrate.torchtitan import ep_exchange
+
+    stream = ComputeStream()
+    stats = CommStats(stream)
+    ep_exchange.install(stream=stream, stats=stats, second=ep_exchange.second_groups(ep_group))
+    pairs = _pairs(spec, pp_rank)
+    if spec.overlap and pairs:
+        @contextlib.contextmanager
+        def on_second_thread() -> Any:
+            with ep_exchange.second_thread(), (clock.live if clock.live is not None else contextlib.nullcontext()):
+                yield
+
+        torch_adapter.overlap_pairs(runtime, stages, pairs, stream=stream, stats=stats, stamp=clock.stamp,
+                                    outputs=clock.outputs, context=on_second_thread)
+    return stats
 
 
 def _layer_ids(part: Any) -> tuple[int, ...]:

@@ -127,6 +127,10 @@ RunAcOpt = Annotated[str, typer.Option(
     "--activation-checkpoint", metavar="none|selective|full",
     help="torchtitan's activation checkpointing of each model part (torchtitan models): selective is its per-op "
     "SAC policy (the default of its 8B and DeepSeek-V3 jobs); the memory prediction counts what the policy saves.")]
+OverlapOpt = Annotated[bool, typer.Option(
+    "--overlap/--no-overlap", help="With --ep: run each overlapped F&B pair's (DualPipe, DualPipeV) halves at once on "
+    "CPU ranks, each one's all-to-alls under the other's compute, one compute stream between them; --no-overlap runs "
+    "them one after the other, as torch's runtime does.")]
 EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (torchtitan MoE models): the routed "
                                     "experts split over ep of each pipeline rank's dp-shard x tp processes "
                                     "(torchtitan carves EP out of them), tokens exchanged by all-to-alls.")]
@@ -176,6 +180,7 @@ def run_cmd(
     dp_shard: DpShardOpt = 1,
     tp: TpOpt = 1,
     ep: EpOpt = 1,
+    overlap: OverlapOpt = True,
     activation_checkpoint: RunAcOpt = "none",
 ) -> None:
     """Execute the schedule on R processes with torch's pipeline runtime; check gradients; compare with ppsim's
@@ -211,7 +216,7 @@ def run_cmd(
         time_unit_s=0.01 if time_unit is None else time_unit, num_steps=steps, num_warmup=warmup, num_probes=probes,
         seed=seed, timeout_s=timeout, save_calibration=save_calibration, override_limits=override_limits,
         split=split, layers_per_stage=layers_per_stage, recompute=recompute, executor=executor.value,
-        dp_shard=dp_shard, tp=tp, ep=ep, activation_checkpoint=activation_checkpoint,
+        dp_shard=dp_shard, tp=tp, ep=ep, overlap=overlap, activation_checkpoint=activation_checkpoint,
     )
     job = None
     if torchtitan_config is not None:
@@ -405,6 +410,13 @@ def print_run_summary(report: RunReport) -> None:
         pred, err = m["peak_allocated_bytes_predicted"], m["peak_allocated_error_pct"]
         table.add_row(f"rank {m['rank']} peak allocated", fmt_bytes(m["peak_allocated_bytes_measured"]),
                       "" if pred is None else fmt_bytes(pred), "" if err is None else f"{err:+.1f}%")
+    a2a = d.get("all_to_all")
+    if a2a is not None:
+        pred_total, pred_exposed = a2a["predicted_total_s"], a2a["predicted_exposed_s"]
+        table.add_row("EP all-to-alls, in calls (all ranks)", fmt_s(a2a["measured_total_s"]),
+                      "" if pred_total is None else fmt_s(pred_total), "")
+        table.add_row("EP all-to-alls, exposed (all ranks)", fmt_s(a2a["measured_exposed_s"]),
+                      "" if pred_exposed is None else fmt_s(pred_exposed), "")
     ae = d["action_error"]
     table.add_row("action start |error| median / max", "", "",
                   f"{fmt_s(ae['start_median_abs_s'])} / {fmt_s(ae['start_max_abs_s'])}")
