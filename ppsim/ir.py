@@ -211,6 +211,12 @@ class Schedule:
         return self.num_microbatches // len(self.pipelines)
 
     @cached_property
+    def splits_backward(self) -> bool:
+        """Whether some backward is split into I and W (a W action): torch's activation checkpointing then reruns a
+        checkpointed region once per half, which ``run`` and ``plan`` refuse."""
+        return any(c.type is ActionType.W for row in self.actions for a in row for c in a.computations)
+
+    @cached_property
     def _links(self) -> tuple[dict[int, int], dict[int, int], dict[int, int], dict[int, int]]:
         prev: dict[int, int] = {}
         nxt: dict[int, int] = {}

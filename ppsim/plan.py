@@ -578,6 +578,15 @@ def job_of(c: Candidate, request: PlanRequest) -> Any:
                              num_layers=request.model.num_layers)
 
 
+def check_checkpointed_backward(c: Candidate, schedule: Any) -> None:
+    """A split backward (I then W) under torchtitan's activation checkpointing is refused: torch's checkpointing
+    reruns a checkpointed region for each of the two backwards (selective refuses the second; full recomputes the
+    forward twice), the same refusal as ``ppsim run``'s."""
+    if c.activation_checkpoint != "none" and schedule.splits_backward:
+        raise PlanError(f"{c.order_name} splits its backward into I and W, and torch's {c.activation_checkpoint} "
+                        "activation checkpointing reruns a checkpointed region for each")
+
+
 def covering_profile(c: Candidate, request: PlanRequest) -> ProfileCover | None:
     """The profile measured at the candidate's TP degree and tokens per microbatch, under the job's own activation
     checkpoint mode (a profile times what it measured)."""
@@ -618,6 +627,7 @@ class Judge:
             num_stages = c.degrees.pp * c.num_stages_per_rank
             counts = resolve_split(job.split, request.model.num_layers, num_stages, schedule=c.order_name)
             schedule = order or self.build(c.order_name, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
+            check_checkpointed_backward(c, schedule)
             shapes = self.shapes_for(*c.shape_key)
             modules = stage_modules(request.model.num_layers, counts)
             memory = tuple(job_memory(shapes, degrees=c.degrees, schedule=schedule, stage_modules=modules,

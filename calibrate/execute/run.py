@@ -229,8 +229,7 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
                                     shared=world is None and device == "cpu" and not options.synthetic)
     memory = None if shapes is None else job_memory(shapes[0], degrees=Degrees(
         pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard, ep=spec.ep), schedule=schedule,
-        stage_modules=shapes[1], recompute=spec.recompute,
-        overlapped_pairs=spec.overlap and spec.ep > 1)  # the runner overlaps a pair's halves under EP
+        stage_modules=shapes[1], recompute=spec.recompute)  # measured on a step whose pairs run in turn
     check_predicted_time(options, predicted)
     if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:  # after every refusal: an error stands alone
         (log or _stderr)(model.summary())
@@ -269,15 +268,12 @@ def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSour
         raise PPSimError(f"--activation-checkpoint {options.activation_checkpoint}: torchtitan's checkpointing is "
                          "applied by its parallelize function, so it needs a torchtitan model and the torchtitan "
                          "executor; for ppsim's own recomputation use --recompute full")
-    from ppsim.ir import ActionType
-
-    if options.activation_checkpoint != "none" and any(
-            c.type is ActionType.W for row in schedule.actions for a in row for c in a.computations):
+    if options.activation_checkpoint != "none" and schedule.splits_backward:
         raise PPSimError(f"--activation-checkpoint {options.activation_checkpoint} with {schedule.name}: its backward "
                          "is split into I and W, and torch's checkpointing reruns a checkpointed region for each "
                          "(selective refuses the second backward; full recomputes the forward twice), which ppsim "
-                         "does not model; use a schedule with whole backwards (1F1B, Interleaved1F1B, GPipe) or drop "
-                         "--activation-checkpoint")
+                         "does not model; use a schedule with whole backwards (1F1B, Interleaved1F1B, GPipe) or pass "
+                         "--activation-checkpoint none (a --torchtitan-config job's own mode is the default)")
     if options.activation_checkpoint != "none" and options.recompute not in (None, "none"):
         raise PPSimError(f"--activation-checkpoint {options.activation_checkpoint} with --recompute "
                          f"{options.recompute}: pick one way to recompute")

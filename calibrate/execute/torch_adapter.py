@@ -246,7 +246,7 @@ def instrument_stage(stage: Any, *, begin: Callable[[str], None], finish: Callab
 def overlap_pairs(runtime: Any, stages: Sequence[Any], pairs: dict[tuple[int, int], tuple[int, int]], *,
                   stream: Any, stats: Any, stamp: Callable[[str, float, float, float], None],
                   outputs: Callable[[tuple[int, int], list[Any]], None] | None,
-                  context: Callable[[], Any]) -> None:
+                  context: Callable[[], Any], enabled: Callable[[], bool] = lambda: True) -> None:
     """Run each ``OVERLAP_F_B`` pair's halves at once (:mod:`ppsim.calibrate.execute.overlap`). torch's runtime
     runs a pair's forward sub-action, then its backward; ``pairs`` maps the forward half ``(stage, microbatch)`` to
     the backward half's. When the forward half starts, its backward half starts on a second thread (torch's own
@@ -254,7 +254,8 @@ def overlap_pairs(runtime: Any, stages: Sequence[Any], pairs: dict[tuple[int, in
     gradient the runtime has posted a receive for); when the runtime then calls the backward half, it waits for that
     thread instead of running it again. A pair whose gradient receive is not posted yet runs in turn
     (``stats.pairs_in_turn``). Call after :func:`instrument_stage` (the forward keeps its stamps; the backward half
-    is stamped by ``stamp(name, begin, end, receive_wait)``)."""
+    is stamped by ``stamp(name, begin, end, receive_wait)``). While ``enabled()`` is false the pairs run in turn
+    (not counted in ``stats``)."""
     from ppsim.calibrate.execute.overlap import PairThread
 
     by_index = {st.stage_index: st for st in stages}
@@ -291,7 +292,7 @@ def overlap_pairs(runtime: Any, stages: Sequence[Any], pairs: dict[tuple[int, in
     def forward_wrapper(index: int, inner: Callable[..., Any]) -> Callable[..., Any]:
         def forward_one_chunk(fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
             partner = pairs.get((index, fwd_chunk_id))
-            if partner is None or not start_backward(*partner):
+            if partner is None or not enabled() or not start_backward(*partner):
                 return inner(fwd_chunk_id, *args, **kwargs)
             try:
                 return inner(fwd_chunk_id, *args, **kwargs)

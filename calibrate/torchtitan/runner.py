@@ -398,8 +398,6 @@ def _count_all_to_alls(spec: ExecSpec, pp_rank: int, stages: list[Any], runtime:
     """EP's all-to-alls issued and timed by ppsim (:mod:`~ppsim.calibrate.torchtitan.ep_exchange`), and with
     ``spec.overlap`` each overlapped pair's halves run at once (:func:`torch_adapter.overlap_pairs`). The counts
     of each step come back with the measurement."""
-    import contextlib
-
     from ppsim.calibrate.execute import torch_adapter
     from ppsim.calibrate.execute.overlap import CommStats, ComputeStream
     from ppsim.calibrate.torchtitan import ep_exchange
@@ -409,13 +407,11 @@ def _count_all_to_alls(spec: ExecSpec, pp_rank: int, stages: list[Any], runtime:
     ep_exchange.install(stream=stream, stats=stats, second=ep_exchange.second_groups(ep_group))
     pairs = _pairs(spec, pp_rank)
     if spec.overlap and pairs:
-        @contextlib.contextmanager
-        def on_second_thread() -> Any:
-            with ep_exchange.second_thread(), (clock.live if clock.live is not None else contextlib.nullcontext()):
-                yield
-
+        # the untimed allocator-level step runs its pairs in turn: its live-bytes dispatch mode is per thread, and
+        # a second thread under the same mode is not safe (CPython SystemErrors seen)
         torch_adapter.overlap_pairs(runtime, stages, pairs, stream=stream, stats=stats, stamp=clock.stamp,
-                                    outputs=clock.outputs, context=on_second_thread)
+                                    outputs=clock.outputs, context=ep_exchange.second_thread,
+                                    enabled=lambda: clock.live is None)
     return stats
 
 

@@ -176,9 +176,21 @@ def _request(value: str, args: list[str], *, gpus: int, gpus_per_node: int, memo
     pins = _pins(pairs)
     covers = tuple(c for p in profiles for c in _covers(p, facts, value))
     _check_pinned_tp(covers, pins)
+    _warn_checkpoint_mismatch(profiles, ac[0])
     return PlanRequest(settings=settings, user_overrides=tuple(kept), model=facts, num_gpus=gpus,
                        gpus_per_node=gpus_per_node, cap_bytes=cap.bytes, pinned=pins, profiles=covers,
                        time_limit_s=limit, top=top, activation_checkpoints=ac)
+
+
+def _warn_checkpoint_mismatch(profiles: list[Path], mode: str) -> None:
+    """One warning per profile measured under another activation-checkpoint mode than the job's (the candidates it
+    times in seconds run the job's mode), as ``simulate`` says it."""
+    from ppsim.profile import load_profile
+
+    for path in profiles:
+        line = load_profile(path).check_activation_checkpoint(mode, source=f"--profile {path}")
+        if line is not None:
+            typer.echo(f"warning: {line}", err=True)
 
 
 def _model_facts(value: str, settings: Any) -> ModelFacts:

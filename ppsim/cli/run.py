@@ -123,10 +123,11 @@ RunAllowLargeOpt = Annotated[
 DpShardOpt = Annotated[int, typer.Option("--dp-shard", help="FSDP degree: each pipeline rank runs as dp-shard x tp "
                                          "processes, sharded by torchtitan's own parallelize (torchtitan models).")]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (torchtitan models), as --dp-shard.")]
-RunAcOpt = Annotated[str, typer.Option(
+RunAcOpt = Annotated[Optional[str], typer.Option(
     "--activation-checkpoint", metavar="none|selective|full",
     help="torchtitan's activation checkpointing of each model part (torchtitan models): selective is its per-op "
-    "SAC policy (the default of its 8B and DeepSeek-V3 jobs); the memory prediction counts what the policy saves.")]
+    "SAC policy (the default of its 8B and DeepSeek-V3 jobs); the memory prediction counts what the policy saves. "
+    "Default: the --torchtitan-config job's own mode, else none.")]
 OverlapOpt = Annotated[bool, typer.Option(
     "--overlap/--no-overlap", help="With --ep: run each overlapped F&B pair's (DualPipe, DualPipeV) halves at once on "
     "CPU ranks, each one's all-to-alls under the other's compute, one compute stream between them; --no-overlap runs "
@@ -181,7 +182,7 @@ def run_cmd(
     tp: TpOpt = 1,
     ep: EpOpt = 1,
     overlap: OverlapOpt = True,
-    activation_checkpoint: RunAcOpt = "none",
+    activation_checkpoint: RunAcOpt = None,
 ) -> None:
     """Execute the schedule on R processes with torch's pipeline runtime; check gradients; compare with ppsim's
     before-run prediction."""
@@ -216,12 +217,12 @@ def run_cmd(
         time_unit_s=0.01 if time_unit is None else time_unit, num_steps=steps, num_warmup=warmup, num_probes=probes,
         seed=seed, timeout_s=timeout, save_calibration=save_calibration, override_limits=override_limits,
         split=split, layers_per_stage=layers_per_stage, recompute=recompute, executor=executor.value,
-        dp_shard=dp_shard, tp=tp, ep=ep, overlap=overlap, activation_checkpoint=activation_checkpoint,
+        dp_shard=dp_shard, tp=tp, ep=ep, overlap=overlap, activation_checkpoint=activation_checkpoint or "none",
     )
     job = None
     if torchtitan_config is not None:
         job, request = job_request(request, torchtitan_config, overrides, model=model, preset=preset, sizes=sizes,
-                                   device=device)
+                                   device=device, activation_checkpoint=activation_checkpoint)
     elif profile is None or (model, preset) != (None, None) or sizes != ModelOptions():
         from dataclasses import replace
 
@@ -254,8 +255,10 @@ def check_run_values(*, ranks: int | None, mb: int | None, stages_per_rank: int 
 
 
 def job_request(request: RunOptions, torchtitan_config: str, overrides: list[str], *, model: str | None,
-                preset: str | None, sizes: ModelOptions, device: str) -> tuple[JobRun, RunOptions]:
-    """The request with what the job config sets: schedule, ranks, microbatches, split and the resolved model."""
+                preset: str | None, sizes: ModelOptions, device: str,
+                activation_checkpoint: str | None = None) -> tuple[JobRun, RunOptions]:
+    """The request with what the job config sets: schedule, ranks, microbatches, split, the resolved model, and its
+    activation-checkpoint mode unless ``--activation-checkpoint`` gives one (``activation_checkpoint``)."""
     from dataclasses import replace
 
     from ppsim.calibrate.torchtitan.job import run_inputs
@@ -270,8 +273,11 @@ def job_request(request: RunOptions, torchtitan_config: str, overrides: list[str
     if job_tp != request.tp:  # run executes its own --tp/--dp-shard, never silently the job's degree
         warn([f"warning: the job's tensor_parallel_degree is {job_tp}; this run executes --tp {request.tp} (pass "
               f"--tp {job_tp} to run the job's)"])
+    # synthetic stages sleep their costs: no model for torchtitan's checkpointing to wrap
+    mode = activation_checkpoint or (None if request.synthetic else job.job.activation_checkpoint) or "none"
     return job, replace(
-        request, schedule=job.schedule, num_ranks=job.num_ranks, num_microbatches=job.num_microbatches,
+        request, activation_checkpoint=mode,
+        schedule=job.schedule, num_ranks=job.num_ranks, num_microbatches=job.num_microbatches,
         num_stages_per_rank=job.stages_per_rank, source=job.source, layers_per_stage=None,
         split=None if request.synthetic and request.profile is None else job.split,  # synthetic: no layers to split
     )

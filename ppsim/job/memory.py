@@ -292,13 +292,11 @@ def stage_numels(shapes: JobShapes, stage_modules: Sequence[Sequence[str]]) -> l
 
 def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
                stage_modules: Sequence[Sequence[str]], recompute: AbstractSet[tuple[int, int]] = frozenset(),
-               cap_bytes: int | None = None, overlapped_pairs: bool = False) -> list[RankMemory]:
+               cap_bytes: int | None = None) -> list[RankMemory]:
     """Each PP rank's high point over ``schedule``'s order (its actions as the rank runs them), with its parts.
 
     ``stage_modules[s]``: stage ``s``'s module names (torchtitan's split), in forward order; ``recompute``: the
-    (stage, microbatch) pairs whose activations are recomputed in their backward (only the stage's input is kept);
-    ``overlapped_pairs``: an ``OVERLAP_F_B`` pair's halves run at once (``ppsim run --ep`` on CPU ranks), so the
-    backward half's high point also holds the forward half's working memory (otherwise the halves run in turn)."""
+    (stage, microbatch) pairs whose activations are recomputed in their backward (only the stage's input is kept)."""
     if degrees.cp > 1:
         raise JobMemoryError(f"context_parallel_degree {degrees.cp}: ppsim does not count context parallelism yet "
                              "(each rank would hold a 1/cp share of every sequence's activations); drop "
@@ -310,8 +308,7 @@ def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
                         last=schedule.next_stage(s) is None, sent=_sends_held(shapes, schedule, s),
                         efsdp=degrees.efsdp)
               for s, mods in enumerate(stage_modules)]
-    return [_rank_memory(shapes, schedule, stages, r, recompute, cap_bytes, degrees, overlapped_pairs)
-            for r in range(schedule.num_ranks)]
+    return [_rank_memory(shapes, schedule, stages, r, recompute, cap_bytes, degrees) for r in range(schedule.num_ranks)]
 
 
 def _sends_held(shapes: JobShapes, schedule: Schedule, stage: int) -> tuple[bool, bool]:
@@ -325,8 +322,7 @@ def _sends_held(shapes: JobShapes, schedule: Schedule, stage: int) -> tuple[bool
 
 
 def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], rank: int,
-                 recompute: AbstractSet[tuple[int, int]], cap_bytes: int | None, degrees: Degrees,
-                 overlapped_pairs: bool = False) -> RankMemory:
+                 recompute: AbstractSet[tuple[int, int]], cap_bytes: int | None, degrees: Degrees) -> RankMemory:
     master, param, reduce = (DTYPE_BYTES[d] for d in (shapes.master_dtype, shapes.param_dtype, shapes.reduce_dtype))
     if not shapes.fsdp or (shapes.fsdp_only_sharded and degrees.dp_shard * degrees.tp == 1):
         param = 0  # no gathered copy: the stored parameters are computed with
@@ -380,11 +376,9 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
         pos = owner[i]
         if i == 0 or owner[i - 1] != pos:  # the action's first computation
             before, high = held(), 0
-        halves = schedule.actions[rank][pos].sub_actions
-        beside = stages[halves[0].stage].fwd_transient if overlapped_pairs and halves and c is halves[-1] else 0
         _walk_one(shapes, stages, c, i, label, state=state, consider=consider, recompute=recompute,
                   dtypes=(master, param, reduce), firsts=firsts, lasts=lasts, first_grads=first_grads,
-                  no_pipeline=degrees.pp == 1 and param > 0, beside=beside)
+                  no_pipeline=degrees.pp == 1 and param > 0)
         over_time[pos] = [held() - before, max(high, held()) - before]
     consider(0, 0, "the step's end")
     end = ((2 + shapes.optimizer_states) * sharded * master + buffers + state["gathered"] + state["accum"]
@@ -401,9 +395,8 @@ def _walk_one(shapes: JobShapes, stages: list[_Stage], c: Any, i: int, label: st
               consider: Any, recompute: AbstractSet[tuple[int, int]], dtypes: tuple[int, int, int],
               no_pipeline: bool,
               firsts: Mapping[tuple[int, ActionType], int], lasts: Mapping[tuple[int, ActionType], int],
-              first_grads: Mapping[int, int], beside: int = 0) -> None:
-    """One computation ``c`` (the rank's ``i``-th) of the walk: its high points (``consider``), then what it keeps.
-    ``beside``: working memory another computation holds at the same time (an overlapped pair's forward half)."""
+              first_grads: Mapping[int, int]) -> None:
+    """One computation ``c`` (the rank's ``i``-th) of the walk: its high points (``consider``), then what it keeps."""
     master, param, reduce = dtypes
     st, s, rc = stages[c.stage], c.stage, (c.stage, c.microbatch) in recompute
     saved = st.kept if rc else st.saved
@@ -421,8 +414,7 @@ def _walk_one(shapes: JobShapes, stages: list[_Stage], c: Any, i: int, label: st
         if shapes.reshard_after_forward:
             state["gathered"] -= st.gathered * param
         return
-    _backward_step(shapes, st, c.type, rc=rc, dtypes=(master, param, reduce), state=state,
-                   consider=lambda t, *rest: consider(t + beside, *rest),
+    _backward_step(shapes, st, c.type, rc=rc, dtypes=(master, param, reduce), state=state, consider=consider,
                    label=label, first=i == first_grads.get(s), last=i == lasts[(s, ActionType.B)],
                    accumulating=i != first_grads.get(s, i))
 

@@ -450,34 +450,3 @@ def test_just_in_time_receives_hold_only_the_microbatches_in_flight(schedule: st
         low = a.peak_memory_bytes - held
         assert low <= b.peak_memory_bytes <= low + (stages // 2 * m + 1) * boundary
 
-
-@pytest.mark.parametrize(("name", "v"), [("DualPipeV", 2), ("1F1B", None)])
-def test_an_overlapped_pairs_backward_half_also_holds_its_forward_halfs_working_memory(name: str,
-                                                                                     v: int | None) -> None:
-    """When a pair's halves run at once (``run --ep`` on CPU ranks), the backward half's high point holds the
-    forward half's transient besides: each pair's backward high rises by exactly the forward stage's transient;
-    orders without pairs are unchanged."""
-    layer = BlockShapes("layer", (("w", (6, 4)),), saved_bytes=100, backward_transient_bytes=7,
-                        forward_transient_bytes=1000)  # a forward transient large enough to set the peak
-    blocks = {f"layers.{i}": layer for i in range(8)}
-    blocks["tok_embeddings"] = BlockShapes("embedding", (("weight", (10, 4)),), saved_bytes=8)
-    blocks["norm"] = BlockShapes("head", (("weight", (4,)),), saved_bytes=0)
-    blocks["lm_head"] = BlockShapes("head", (("weight", (10, 4)),), saved_bytes=0)
-    shapes = JobShapes(source="t", blocks=blocks, tp=1, boundary_bytes=16)
-    schedule = load_schedule(name, 2, 4, v)
-    mods = _modules(schedule.num_stages, 8 // schedule.num_stages)
-    kw: dict[str, Any] = {"degrees": Degrees(pp=2), "schedule": schedule, "stage_modules": mods}
-    apart, together = job_memory(shapes, **kw), job_memory(shapes, overlapped_pairs=True, **kw)
-    pairs = [a for row in schedule.actions for a in row if a.sub_actions]
-    for a, b in zip(apart, together):
-        if not pairs:
-            assert a == b
-            continue
-        # an action's high rises by at most the forward half's transient (the stage's largest, 1000), and only in
-        # a pair's (the forward half alone may already have set the pair's high)
-        rises = [t - s for (_, s), (_, t) in zip(a.over_time, b.over_time)]
-        paired = [bool(x.sub_actions) for x in schedule.actions[a.rank] if x.is_compute]
-        assert all(0 <= r <= 1000 for r in rises) and all(p for r, p in zip(rises, paired) if r)
-        assert b.peak_memory_bytes >= a.peak_memory_bytes
-    if pairs:
-        assert any(b.peak_memory_bytes > a.peak_memory_bytes for a, b in zip(apart, together))

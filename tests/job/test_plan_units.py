@@ -15,6 +15,7 @@ from job.test_plan import FREE_LINKS, _build, _request, _settings, _shapes_for, 
 from typer.testing import CliRunner
 
 from ppsim.cli import app
+from ppsim.errors import PPSimError
 from ppsim.job.memory import BlockShapes, JobShapes
 from ppsim.plan import (
     NVLINK_BYTES_PER_S,
@@ -241,3 +242,39 @@ def test_plan_json_says_each_candidates_step_unit(monkeypatch: pytest.MonkeyPatc
     ranked = [u for u in units if u is not None]
     assert ranked == sorted(ranked)  # "s" then "unit": two groups, never interleaved
     assert "900 GB/s within a node and 100 GB/s across nodes" in result.stderr
+
+
+def test_a_split_backward_under_activation_checkpointing_cannot_run_as_run_refuses_it() -> None:
+    """Torch's checkpointing reruns a checkpointed region once per backward half, so a plan judges the zero-bubble
+    and DualPipeV orders under selective or full checkpointing "cannot run" (the rule `ppsim run` refuses by), and
+    the same orders without checkpointing, and whole-backward orders under it, are judged as usual."""
+    request = _request(num_gpus=8, gpus_per_node=4, cap_bytes=10**15, model=ModelFacts(6, 4, 4, "toy"),
+                       activation_checkpoints=("selective", "full", "none"))
+    judge = Judge(request, _big_shapes, _build, _unit_timer)
+    seen = set()
+    for c in candidates(request, global_batch(request.settings, 8)):
+        if c.degrees.pp == 1:
+            continue
+        judged = judge(c)[0]
+        try:
+            splits = _build(c.order_name, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank).splits_backward
+        except PPSimError:  # a count the schedule itself refuses (said in the reason)
+            assert judged.reason and judged.reason.startswith("cannot run")
+            continue
+        refused = "splits its backward into I and W" in (judged.reason or "")
+        assert refused == (splits and c.activation_checkpoint != "none"), (c, judged.reason)
+        seen.add((splits, c.activation_checkpoint, refused))
+    assert (True, "selective", True) in seen and (True, "none", False) in seen and (False, "full", False) in seen
+
+
+def test_run_takes_a_torchtitan_jobs_own_checkpoint_mode_and_refuses_it_with_a_split_backward() -> None:
+    """llama3's debug job checkpoints selectively: `run --torchtitan-config` runs that mode unless told otherwise,
+    so ZBVZeroBubble is refused in one line before anything starts, naming the way out."""
+    args = ["run", "--torchtitan-config", "llama3:llama3_debugmodel", "--training.seq_len", "32",
+            "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble",
+            "--training.local_batch_size", "8", "--training.disable_cuda_graphs"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    line = [x for x in result.stderr.strip().splitlines() if x.startswith("Error")]
+    assert line and "--activation-checkpoint selective with ZBVZeroBubble" in line[0]
+    assert "--activation-checkpoint none" in line[0] and "Traceback" not in result.output
