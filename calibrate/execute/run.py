@@ -259,6 +259,10 @@ def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSour
     if options.dp_shard < 1 or options.tp < 1 or options.ep < 1:
         raise PPSimError(f"--dp-shard {options.dp_shard} --tp {options.tp} --ep {options.ep}: degrees must be at "
                          "least 1")
+    if schedule.num_ranks == 1 and options.dp_shard * options.tp > 1:
+        raise PPSimError(f"-r 1 with --dp-shard {options.dp_shard} --tp {options.tp}: ppsim run executes a pipeline "
+                         "through torchtitan's pipeline helpers, which need pipeline_parallel_degree 2 or more; a job "
+                         "without a pipeline (FSDP/TP alone) runs with torchtitan's own trainer")
     from ppsim.profile import AC_MODES
 
     if options.activation_checkpoint not in AC_MODES:

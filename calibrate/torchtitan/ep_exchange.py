@@ -3,8 +3,9 @@
 torchtitan's ``AllToAllTokenDispatcher`` moves routed tokens with three exchanges per MoE layer and forward: the
 token counts, the dispatch and the combine (``_token_count_exchange``, ``_dispatch_token_exchange``,
 ``_combine_token_exchange``; the backward runs dispatch and combine the other way). :func:`install` replaces those
-three methods with the same exchange made by ``torch.distributed.all_to_all_single`` (an autograd function whose
-backward swaps the splits, as torch's differentiable all-to-all does), so that each call
+three methods with the same exchange, torch's functional ``all_to_all_single`` waited for at once (the op torchtitan
+issues, so its selective checkpointing saves it as it does torchtitan's), inside an autograd function whose backward
+swaps the splits, so that each call
 
 * is timed into :class:`~ppsim.calibrate.execute.overlap.CommStats` (the run's measured all-to-all time, and the
   part the compute stream waited for);
@@ -60,6 +61,7 @@ def install(*, stream: Any, stats: Any, second: dict[tuple[int, ...], Any]) -> N
     """Replace the dispatcher's three exchanges in this process (see the module docstring)."""
     import torch
     import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
     from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher
 
     def group_for(pg: Any) -> Any:
@@ -68,13 +70,13 @@ def install(*, stream: Any, stats: Any, second: dict[tuple[int, ...], Any]) -> N
         return pg
 
     def exchange(x: Any, out_splits: list[int] | None, in_splits: list[int] | None, pg: Any) -> Any:
-        x = x.contiguous()
-        rows = x.shape[0] if out_splits is None else sum(out_splits)
-        out = x.new_empty((rows, *x.shape[1:]))
+        # torch's functional all-to-all, the op torchtitan's dispatcher issues: torchtitan's selective checkpointing
+        # saves its output (distributed/activation_checkpoint.py), so a rerun does not exchange again
         group = group_for(pg)
         with stream.waiting():
             t0 = time.perf_counter()
-            dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+            out = funcol.all_to_all_single(x.contiguous(), out_splits, in_splits, group)
+            out = torch.ops._c10d_functional.wait_tensor(out)
             stats.call(time.perf_counter() - t0)
         return out
 

@@ -380,7 +380,8 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
 
 
 EP_NOTE = ("EP's all-to-alls: torchtitan's token dispatcher, its count, dispatch and combine exchanges issued and "
-           "timed by ppsim (torch.distributed.all_to_all_single, calibrate/torchtitan/ep_exchange.py)")
+           "timed by ppsim (torch's functional all_to_all_single, as torchtitan issues it; "
+           "calibrate/torchtitan/ep_exchange.py)")
 
 
 def _pairs(spec: ExecSpec, pp_rank: int) -> dict[tuple[int, int], tuple[int, int]]:
