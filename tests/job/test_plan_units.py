@@ -278,3 +278,20 @@ def test_run_takes_a_torchtitan_jobs_own_checkpoint_mode_and_refuses_it_with_a_s
     line = [x for x in result.stderr.strip().splitlines() if x.startswith("Error")]
     assert line and "--activation-checkpoint selective with ZBVZeroBubble" in line[0]
     assert "--activation-checkpoint none" in line[0] and "Traceback" not in result.output
+
+
+def test_a_job_without_a_pipeline_has_the_local_batch_as_its_microbatch_and_run_refuses_it_in_one_line() -> None:
+    """Without a pipeline torchtitan ignores pipeline_parallel_microbatch_size: a plan's pp-1 candidate accumulates
+    gradients over microbatches of local_batch_size, the shape a profile must have measured (job_sizes); ppsim run
+    executes pipelines only, so such a job with FSDP is one line before anything starts."""
+    from ppsim.job.settings import job_sizes
+    from ppsim.calibrate.torchtitan.config import read_job_settings
+
+    overrides = ["--parallelism.pipeline_parallel_degree", "1", "--parallelism.data_parallel_shard_degree", "4",
+                 "--training.local_batch_size", "2", "--training.global_batch_size", "32", "--training.seq_len", "128"]
+    assert job_sizes(read_job_settings("llama3:llama3_debugmodel", overrides)) == (128, 2)
+    result = runner.invoke(app, ["run", "--torchtitan-config", "llama3:llama3_debugmodel", *overrides,
+                                 "--training.disable_cuda_graphs", "--dp-shard", "4"])
+    assert result.exit_code == 2, result.output
+    errors = [x for x in result.stderr.strip().splitlines() if x.startswith("Error")]
+    assert errors and "-r 1 with --dp-shard 4" in errors[0] and "Traceback" not in result.output
