@@ -38,12 +38,12 @@ CASES: list[list[str]] = [
     ["-s", "1F1B", "-r", "2", "-m", "4"],
     ["-s", "Interleaved1F1B", "-r", "2", "-m", "4"],
     ["-s", "ZBVZeroBubble", "-r", "2", "-m", "4"],
-    ["-s", "DualPipeV", "-r", "2", "-m", "4"],
+    ["-s", "DualPipeV", "-r", "2", "-m", "4", "--overlap"],  # the pair's halves at once (ppsim's overlap)
     ["-s", "DualPipe", "-r", "2", "-m", "4"],  # refused: ppsim's two-pipeline executor does not shard (one line)
     ["-s", "GPipe", "-r", "2", "-m", "4", "--activation-checkpoint", "selective"],
     ["-s", "1F1B", "-r", "2", "-m", "4", "--activation-checkpoint", "selective"],
     ["-s", "Interleaved1F1B", "-r", "2", "-m", "4", "--activation-checkpoint", "selective"],
-    ["-s", "DualPipeV", "-r", "2", "-m", "4", "--no-overlap"],  # the pair's halves in turn, as torch's runtime
+    ["-s", "DualPipeV", "-r", "2", "-m", "4"],  # the pair's halves in turn, as torch's runtime (the default)
 ]
 """SAC with a split backward (ZBVZeroBubble, DualPipeV) is refused by `run`: torch's selective checkpointing
 refuses the W's second backward over a checkpointed region."""

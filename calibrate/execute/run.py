@@ -90,10 +90,10 @@ class RunOptions:
     ep: int = 1
     """Expert-parallel degree (``--ep``): a MoE model's routed experts split over ``ep`` of the ``dp_shard x tp``
     processes of each pipeline rank (torchtitan carves EP out of them), their tokens exchanged by all-to-alls."""
-    overlap: bool = True
+    overlap: bool = False
     """``--overlap/--no-overlap``: with ``--ep`` above 1, run each overlapped F&B pair's halves at once (each one's
-    all-to-alls under the other's compute, one compute stream between them), or one after the other as torch's
-    runtime does. The prediction follows (:func:`ep_collectives`)."""
+    all-to-alls under the other's compute, one compute stream between them), or (default) one after the other as
+    torch's runtime does. The prediction follows (:func:`ep_collectives`)."""
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ class ExecSpec:
     ep: int = 1
     """Expert-parallel degree (torchtitan runner), carved out of ``dp_shard x tp`` as torchtitan does: no
     processes of its own."""
-    overlap: bool = True
+    overlap: bool = False
     """With ``ep`` above 1 on CPU ranks: run each ``OVERLAP_F_B`` pair's halves at once, each one's all-to-alls under
     the other's compute (:mod:`ppsim.calibrate.execute.overlap`); ``False``: one after the other, as torch's runtime
     runs them."""

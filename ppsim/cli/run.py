@@ -129,9 +129,10 @@ RunAcOpt = Annotated[Optional[str], typer.Option(
     "SAC policy (the default of its 8B and DeepSeek-V3 jobs); the memory prediction counts what the policy saves. "
     "Default: the --torchtitan-config job's own mode, else none.")]
 OverlapOpt = Annotated[bool, typer.Option(
-    "--overlap/--no-overlap", help="With --ep: run each overlapped F&B pair's (DualPipe, DualPipeV) halves at once on "
-    "CPU ranks, each one's all-to-alls under the other's compute, one compute stream between them; --no-overlap runs "
-    "them one after the other, as torch's runtime does.")]
+    "--overlap/--no-overlap", help="With --ep: run each overlapped F&B pair's (DualPipeV) halves at once on CPU ranks, "
+    "each one's all-to-alls under the other's compute, one compute stream between them (measures the overlap; on a "
+    "2-core host its threads cost more than it hides); default --no-overlap: one after the other, as torch's runtime "
+    "does.")]
 EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (torchtitan MoE models): the routed "
                                     "experts split over ep of each pipeline rank's dp-shard x tp processes "
                                     "(torchtitan carves EP out of them), tokens exchanged by all-to-alls.")]
@@ -181,7 +182,7 @@ def run_cmd(
     dp_shard: DpShardOpt = 1,
     tp: TpOpt = 1,
     ep: EpOpt = 1,
-    overlap: OverlapOpt = True,
+    overlap: OverlapOpt = False,
     activation_checkpoint: RunAcOpt = None,
 ) -> None:
     """Execute the schedule on R processes with torch's pipeline runtime; check gradients; compare with ppsim's

@@ -40,12 +40,12 @@ def test_ep_degrees_that_cannot_run_are_one_line_before_anything_starts(extra: l
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def _run_pp2_by_ep2(tmp_path: Path, schedule: str, microbatches: int) -> tuple[dict, str]:
+def _run_pp2_by_ep2(tmp_path: Path, schedule: str, microbatches: int, *extra: str) -> tuple[dict, str]:
     """One PP 2 x EP 2 run of the debug flavor (calibrated first at EP 2): its JSON, numerics checked, and the
     prediction's EP note."""
     out = tmp_path / "run.json"
     result = invoke("-s", schedule, "-r", "2", "-m", str(microbatches), *MOE, "--dp-shard", "2", "--ep", "2", *FAST,
-                    "-o", str(out))
+                    *extra, "-o", str(out))
     assert result.exit_code == 0, result.stderr
     data = json.loads(out.read_text())
     assert data["grad_ok"] and data["loss_match"]
@@ -72,7 +72,7 @@ def test_pp2_by_ep2_dualpipev_overlaps_its_pairs_and_matches_the_unsplit_model(t
     runs its backward half on a second thread (its all-to-alls on a second group). The gradients equal the unsplit
     model's, and the run counts every all-to-all torchtitan's dispatcher makes (3 a MoE layer's forward, 2 its
     backward) and every pair. (Memory under EP is checked by the 1F1B run above and by bench/bench_ep.py.)"""
-    data, ep_note = _run_pp2_by_ep2(tmp_path, "DualPipeV", 4)
+    data, ep_note = _run_pp2_by_ep2(tmp_path, "DualPipeV", 4, "--overlap")
     assert "hide one direction under the other" in ep_note
     a2a = data["all_to_all"]
     assert a2a["calls_per_step"] == 5 * 4 * (3 + 2)  # MoE layers x microbatches x (forward + backward exchanges)

@@ -284,8 +284,8 @@ def test_a_job_without_a_pipeline_has_the_local_batch_as_its_microbatch_and_run_
     """Without a pipeline torchtitan ignores pipeline_parallel_microbatch_size: a plan's pp-1 candidate accumulates
     gradients over microbatches of local_batch_size, the shape a profile must have measured (job_sizes); ppsim run
     executes pipelines only, so such a job with FSDP is one line before anything starts."""
-    from ppsim.job.settings import job_sizes
     from ppsim.calibrate.torchtitan.config import read_job_settings
+    from ppsim.job.settings import job_sizes
 
     overrides = ["--parallelism.pipeline_parallel_degree", "1", "--parallelism.data_parallel_shard_degree", "4",
                  "--training.local_batch_size", "2", "--training.global_batch_size", "32", "--training.seq_len", "128"]
