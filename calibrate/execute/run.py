@@ -202,7 +202,7 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     measured_ac = _measured_ac(options)
     spec = dataclasses.replace(exec_spec(options, schedule, costs, time_scale, model, device), recompute=chosen,
                                dp_shard=options.dp_shard, tp=options.tp, ep=options.ep,
-                               overlap=options.overlap and device == "cpu",
+                               overlap=options.overlap,
                                activation_checkpoint=options.activation_checkpoint)
     check_run_degrees(options, schedule, model, world=world)
     if runner is None:
@@ -507,6 +507,9 @@ def check_backend(options: RunOptions) -> str:
         raise PPSimError(f"--backend {options.backend!r}: use gloo (CPU) or nccl (GPU)")
     if options.synthetic:
         raise PPSimError("--synthetic with --backend nccl: synthetic stages sleep on the host; use --backend gloo")
+    if options.overlap:
+        raise PPSimError("--overlap with --backend nccl: ppsim overlaps a pair's halves on CPU ranks only (two host "
+                         "threads on one CUDA stream would not overlap); drop --overlap, or use --backend gloo")
     import torch
 
     if not torch.cuda.is_available():

@@ -32,6 +32,7 @@ def invoke(*args: str):
     ([*MOE, "--dp-shard", "2", "--ep", "4"], "--ep 4: torchtitan carves EP out of the dp_shard x tp = 2"),
     ([*MOE, "--dp-shard", "3", "--ep", "3"], "expert_parallel_degree 3 does not divide the model's 8 experts"),
     ([*MOE, "--dp-shard", "2", "--ep", "0"], "must be at least 1"),
+    ([*MOE, "--dp-shard", "2", "--ep", "2", "--overlap", "--backend", "nccl"], "--overlap with --backend nccl"),
 ])
 def test_ep_degrees_that_cannot_run_are_one_line_before_anything_starts(extra: list[str], says: str) -> None:
     result = invoke("-s", "1F1B", "-r", "2", "-m", "2", *FAST, *extra)
