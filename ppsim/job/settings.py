@@ -210,12 +210,8 @@ def setting(settings: JobSettings, section: str, key: str, kind: type, *, minimu
 
 def job_sizes(settings: JobSettings) -> tuple[int, int]:
     """``(seq_len, microbatch size)`` of the job (:func:`batch_shape`), the shape of one microbatch torchtitan
-    runs (what `calibrate` and `run` take as ``--seq-len`` / ``--mb-size``). Without a pipeline
-    (``pipeline_parallel_degree`` 1) torchtitan ignores the pipeline's microbatch size: a microbatch is one gradient
-    accumulation step of ``local_batch_size`` sequences (:func:`ppsim.job.pipeline.job_from_settings`)."""
+    runs (what `calibrate` and `run` take as ``--seq-len`` / ``--mb-size``)."""
     shape = batch_shape(settings)
-    if shape.keys == OLD_KEYS and pipeline_degree(settings) == 1:
-        return shape.seq_len, shape.local_batch_size
     return shape.seq_len, shape.microbatch_size
 
 
