@@ -590,7 +590,7 @@ def costs_and_model(
         return parse_costs(options.costs), options.time_unit_s, run_source(options), "cost string"
     model = run_source(options)
     path, where = calibrate_here(model, device, save_to=options.save_calibration,
-                                 activation_checkpoint=options.activation_checkpoint, ep=options.ep)
+                                 activation_checkpoint=options.activation_checkpoint)
     if path is None:  # a torchrun rank other than 0: it only executes, rank 0 predicts
         return parse_costs(None), 1.0, model, where
     try:
@@ -680,10 +680,10 @@ def synthetic_runtime(costs: StageCosts, profile: Any) -> StageCosts:
 
 
 def calibrate_here(model: ModelSource, device: str, *, save_to: Path | None = None,
-                   activation_checkpoint: str = "none", ep: int = 1) -> tuple[Path | None, str]:
+                   activation_checkpoint: str = "none") -> tuple[Path | None, str]:
     """Calibrate ``model`` on this machine as `ppsim calibrate` does (its blocks timed under the run's
-    ``activation_checkpoint``, its MoE layers at the run's EP degree ``ep``, all-to-alls inside); returns the
-    profile's path (``None`` on torchrun ranks other than 0) and a description of where it is. ``save_to`` is
+    ``activation_checkpoint``); returns the profile's path (``None`` on torchrun ranks other than 0) and a
+    description of where it is. ``save_to`` is
     created new: an existing file there (a user's) is refused, never replaced."""
     import sys
 
@@ -692,7 +692,7 @@ def calibrate_here(model: ModelSource, device: str, *, save_to: Path | None = No
 
     def run(path: Path) -> Path | None:
         opts = CalibrationOptions(output=path, config=model.config, device=device, source=model,
-                                  activation_checkpoint=activation_checkpoint, expert_parallel_degree=ep)
+                                  activation_checkpoint=activation_checkpoint)
         print(f"no --profile: calibrating the {model.text} model on {device} first", file=sys.stderr, flush=True)
         return path if calibrate(opts) is not None else None
 
