@@ -77,7 +77,6 @@ class CommStats:
         self.pairs_overlapped = 0
         self.pairs_in_turn = 0
         self._pair_start: float | None = None
-        self._pair_calls = 0.0
 
     def call(self, seconds: float) -> None:
         """An all-to-all took ``seconds`` (inside a pair its exposure is the pair's, see :meth:`end_pair`)."""

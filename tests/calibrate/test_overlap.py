@@ -4,6 +4,7 @@ what a step's all-to-alls cost it. Time is a fake clock here, so every number is
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 
 import pytest
 
@@ -86,7 +87,7 @@ def test_the_two_halves_never_compute_at_once() -> None:
         inside.remove(name)
 
     stream.take()
-    pair = PairThread(stream, prepare=lambda: None, work=lambda: compute("B"), context=lambda: _nothing())
+    pair = PairThread(stream, prepare=lambda: None, work=lambda: compute("B"), context=nullcontext)
     compute("F")
     with stream.waiting():  # the forward's all-to-all: the backward half runs now
         pair_done = threading.Event()
@@ -104,15 +105,8 @@ def test_an_error_on_the_backward_thread_reaches_the_joining_thread() -> None:
     def fail() -> None:
         raise ValueError("boom")
 
-    pair = PairThread(stream, prepare=lambda: None, work=fail, context=lambda: _nothing())
+    pair = PairThread(stream, prepare=lambda: None, work=fail, context=nullcontext)
     with pytest.raises(ValueError, match="boom"):
         pair.join()
     assert not stream.holding()
 
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

@@ -449,4 +449,3 @@ def test_just_in_time_receives_hold_only_the_microbatches_in_flight(schedule: st
         assert b.end_bytes == a.end_bytes - held and b.start_bytes == a.start_bytes - held
         low = a.peak_memory_bytes - held
         assert low <= b.peak_memory_bytes <= low + (stages // 2 * m + 1) * boundary
-
