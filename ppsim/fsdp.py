@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -133,19 +134,38 @@ def fsdp_units(modules: Sequence[str]) -> list[list[str]]:
     return units
 
 
+def unit_groups(shapes: Any, unit: Sequence[str], *, dp_shard: int, efsdp: int | None) -> list[tuple[int, int]]:
+    """One ``fully_shard`` unit's collectives as ``(elements, group size)``, one per mesh its parameters are sharded
+    on (torchtitan's ``apply_fsdp_to_decoder``): the dense parameters on ``dp_shard``; under EP (``efsdp`` set) a MoE
+    layer's routed experts (:attr:`ppsim.job.memory.BlockShapes.sparse`, EP-local) on the ``efsdp`` mesh, a
+    collective of their own, none at ``efsdp`` 1 (each rank holds its experts whole); without EP on ``dp_shard``
+    with the rest."""
+    dense = sparse = 0
+    for name in unit:
+        block = shapes.blocks[name]
+        mine = sum(math.prod(shape) for key, shape in block.tensors if key in block.sparse)
+        sparse += mine if efsdp is not None else 0
+        dense += block.numel - (mine if efsdp is not None else 0)
+    out = [(dense, dp_shard)] if dense and dp_shard > 1 else []
+    if sparse and efsdp is not None and efsdp > 1:
+        out.append((sparse, efsdp))
+    return out
+
+
 def stage_collective_seconds(shapes: Any, stage_modules: Sequence[Sequence[str]], *, dp_shard: int,
-                             costs: CollectiveCosts) -> tuple[list[float], list[float]]:
-    """Each stage's gathers (``param_dtype``) and reduce-scatters (``reduce_dtype``), one collective per unit, in
-    seconds. ``shapes``: a :class:`ppsim.job.memory.JobShapes` (one TP rank's blocks)."""
+                             costs: CollectiveCosts, efsdp: int | None = None) -> tuple[list[float], list[float]]:
+    """Each stage's gathers (``param_dtype``) and reduce-scatters (``reduce_dtype``), one collective per unit and
+    mesh (:func:`unit_groups`), in seconds. ``shapes``: a :class:`ppsim.job.memory.JobShapes` (one TP rank's
+    blocks); ``efsdp``: the routed experts' FSDP degree under EP (``None``: no EP)."""
     from ppsim.job.memory import DTYPE_BYTES
 
     gather_b, reduce_b = DTYPE_BYTES[shapes.param_dtype], DTYPE_BYTES[shapes.reduce_dtype]
     gather: list[float] = []
     reduce: list[float] = []
     for modules in stage_modules:
-        numels = [sum(shapes.blocks[m].numel for m in unit) for unit in fsdp_units(modules)]
-        gather.append(sum(costs.seconds("all_gather", n * gather_b, group_size=dp_shard) for n in numels))
-        reduce.append(sum(costs.seconds("reduce_scatter", n * reduce_b, group_size=dp_shard) for n in numels))
+        groups = [g for unit in fsdp_units(modules) for g in unit_groups(shapes, unit, dp_shard=dp_shard, efsdp=efsdp)]
+        gather.append(sum(costs.seconds("all_gather", n * gather_b, group_size=k) for n, k in groups))
+        reduce.append(sum(costs.seconds("reduce_scatter", n * reduce_b, group_size=k) for n, k in groups))
     return gather, reduce
 
 
@@ -219,19 +239,20 @@ def lower(schedule: Schedule, *, gather_s: Sequence[float], reduce_s: Sequence[f
 
 
 def fsdp_step(schedule: Schedule, *, shapes: Any, stage_modules: Sequence[Sequence[str]], dp_shard: int,
-              costs: CollectiveCosts | None, time_scale: float = 1.0) -> FsdpStep:
+              costs: CollectiveCosts | None, time_scale: float = 1.0, efsdp: int | None = None) -> FsdpStep:
     """The step-time model of a PP x FSDP job: ``schedule`` with FSDP's exposed collectives in it (``time_scale``:
-    seconds per cost unit of the simulation). At ``dp_shard`` 1, or without costs (said in the notes), the schedule
-    unchanged."""
+    seconds per cost unit of the simulation; ``efsdp``: the routed experts' FSDP degree under EP, ``None`` without
+    EP). At ``dp_shard`` 1, or without costs (said in the notes), the schedule unchanged."""
     if dp_shard <= 1:
         return FsdpStep(schedule=schedule, extra_s={})
     if costs is None or not costs.available:
         return FsdpStep(schedule=schedule, extra_s={}, notes=(
             f"FSDP collectives (dp_shard {dp_shard}) not in the step: the profile measured no all-gather / "
             "reduce-scatter and has no p2p alpha/beta; calibrate with p2p to include them",))
-    gather, reduce = stage_collective_seconds(shapes, stage_modules, dp_shard=dp_shard, costs=costs)
+    gather, reduce = stage_collective_seconds(shapes, stage_modules, dp_shard=dp_shard, costs=costs, efsdp=efsdp)
     step = lower(schedule, gather_s=[g / time_scale for g in gather], reduce_s=[r / time_scale for r in reduce])
-    units = sum(len(fsdp_units(modules)) for modules in stage_modules)
+    units = sum(len(unit_groups(shapes, unit, dp_shard=dp_shard, efsdp=efsdp))
+                for modules in stage_modules for unit in fsdp_units(modules))
     exposed_gather = sum(s for (rank, pos), s in step.extra_s.items()
                          if step.schedule.actions[rank][pos].type is not ActionType.REDUCE_GRAD)
     exposed_reduce = sum(step.extra_s.values()) - exposed_gather
@@ -239,7 +260,7 @@ def fsdp_step(schedule: Schedule, *, shapes: Any, stage_modules: Sequence[Sequen
     spans = {(r, p): CommSpan(t, t, ("reduce_scatter" if acts[r][p].type is ActionType.REDUCE_GRAD else "all_gather",))
              for (r, p), t in step.extra_s.items()}
     step = dataclasses.replace(step, comm_spans=spans, collectives={
-        # each unit gathered once and reduce-scattered once a step
+        # each unit gathered once and reduce-scattered once a step, per mesh
         "all_gather": CollectiveTotals(units, sum(gather) / time_scale, exposed_gather),
         "reduce_scatter": CollectiveTotals(units, sum(reduce) / time_scale, exposed_reduce)})
     how = ("inside each stage's first forward" if schedule.name.lower() in INLINE_GATHER

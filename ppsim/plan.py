@@ -688,7 +688,7 @@ def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence
 
     def step(schedule: Any) -> Any:
         found = (fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=c.degrees.dp_shard,
-                           costs=costs, time_scale=scale) if costs is not None
+                           costs=costs, time_scale=scale, efsdp=c.degrees.efsdp) if costs is not None
                  else FsdpStep(schedule=schedule, extra_s={}))
         return found if shared is None else dataclasses.replace(found, shared=shared, shared_scale=shared_scale)
 

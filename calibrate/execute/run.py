@@ -352,7 +352,11 @@ def fsdp_collectives(schedule: Schedule, options: RunOptions, shapes: tuple[JobS
         from ppsim.profile import load_profile
 
         costs = CollectiveCosts.from_profile(load_profile(options.profile))
-    return fsdp_step(schedule, shapes=shapes[0], stage_modules=shapes[1], dp_shard=spec.dp_shard, costs=costs)
+    from ppsim.job.degrees import Degrees
+
+    efsdp = Degrees(pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard, ep=spec.ep).efsdp
+    return fsdp_step(schedule, shapes=shapes[0], stage_modules=shapes[1], dp_shard=spec.dp_shard, costs=costs,
+                     efsdp=efsdp)
 
 
 def ep_collectives(step: Any, stage_costs: Any, options: RunOptions,

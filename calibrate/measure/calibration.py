@@ -1066,15 +1066,19 @@ def shared_probe(opts: CalibrationOptions, doc: dict[str, Any], rec: Recorder, *
     if key in rec.done or not runtime or opts.device != "cpu" or opts.model_source.scheme != "torchtitan":
         return
     ranks, microbatches = rm.probe_shape(False)
-    processes = ranks * SHARED_PROBE_DP_SHARD
+    dp_shard = shared_probe_dp_shard(opts)
+    processes = ranks * dp_shard
     skipped = "runtime.shared_scale not measured (1 in the step model)"
     if processes <= host_cores():
         _note(rec, f"FSDP probe skipped (its {processes} processes have a core each on this host, so runs of that "
                    f"size do not time-share): {skipped}")
         rec.finish(key)
         return
-    log(f"runtime probe (FSDP): {rm.PROBE_SCHEDULE} on {ranks} PP ranks x dp_shard {SHARED_PROBE_DP_SHARD} "
-        f"({processes} processes on {host_cores()} cores), {microbatches} microbatches, {PROBE_STEPS} steps")
+    ep = opts.expert_parallel_degree
+    log(f"runtime probe (FSDP): {rm.PROBE_SCHEDULE} on {ranks} PP ranks x dp_shard {dp_shard}"
+        + (f" (EP {ep} carved out of it)" if ep > 1 else "")
+        + (f", activation checkpointing {opts.activation_checkpoint}" if opts.activation_checkpoint != "none" else "")
+        + f" ({processes} processes on {host_cores()} cores), {microbatches} microbatches, {PROBE_STEPS} steps")
     try:
         fitted = probe_shared(opts, doc, runtime)
     except Exception as exc:  # the other probes stand; the step model then shares the cores at the fair share
@@ -1087,8 +1091,16 @@ def shared_probe(opts: CalibrationOptions, doc: dict[str, Any], rec: Recorder, *
     rec.finish(key)
 
 
+def shared_probe_dp_shard(opts: CalibrationOptions) -> int:
+    """The FSDP probe's degree: :data:`SHARED_PROBE_DP_SHARD`, or the profile's EP degree where larger (EP is carved
+    out of it, as torchtitan carves it out of ``dp_shard``)."""
+    return max(SHARED_PROBE_DP_SHARD, opts.expert_parallel_degree)
+
+
 def probe_shared(opts: CalibrationOptions, doc: dict[str, Any], runtime: dict[str, Any]) -> dict[str, Any]:
-    """Run the FSDP probe and fit ``shared_scale`` on it (:func:`shared_probe`)."""
+    """Run the FSDP probe and fit ``shared_scale`` on it (:func:`shared_probe`). The probe runs the job the
+    profile's blocks were timed as: under their activation checkpointing and, for a profile measured at EP above 1,
+    at that EP degree (its MoE layers' costs hold their all-to-alls, which the probe's step then issues too)."""
     from ppsim.calibrate.execute import steps
     from ppsim.calibrate.measure import runtime_model as rm
     from ppsim.calibrate.torchtitan import runner as titan_run
@@ -1101,19 +1113,22 @@ def probe_shared(opts: CalibrationOptions, doc: dict[str, Any], runtime: dict[st
 
     profile = Profile.from_dict({**doc, "runtime": runtime}, source=str(opts.output), allow_incomplete=True)
     ranks, microbatches = rm.probe_shape(False)
+    dp_shard, ep = shared_probe_dp_shard(opts), opts.expert_parallel_degree
     schedule = get_schedule(rm.PROBE_SCHEDULE, ranks, microbatches)
     costs = CostSpec.from_profile(profile, source="probe").for_schedule(schedule)
     spec = steps.ExecSpec(
         schedule=schedule, model=opts.config, backend="gloo", device="cpu", num_steps=PROBE_STEPS,
         num_warmup=PROBE_WARMUP, num_probes=0, seed=opts.seed, timeout_s=max(120.0, 4 * opts.init_timeout_s),
-        layer_counts=costs.split_counts, source=opts.source, dp_shard=SHARED_PROBE_DP_SHARD,
+        layer_counts=costs.split_counts, source=opts.source, dp_shard=dp_shard,
+        activation_checkpoint=opts.activation_checkpoint, ep=ep,
     )
     measurement = titan_run.TorchtitanRunner().launch(spec)
-    shapes = run_shapes(opts.model_source, tp=1, fsdp=True, profile=profile, dp_shard=SHARED_PROBE_DP_SHARD)
+    shapes = run_shapes(opts.model_source, tp=1, fsdp=True, profile=profile, dp_shard=dp_shard, ep=ep,
+                        ac=opts.activation_checkpoint)
     modules = titan_run.module_names_per_stage(opts.model_source, schedule.num_stages, costs.split_counts)
-    step = fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=SHARED_PROBE_DP_SHARD,
-                     costs=CollectiveCosts.from_profile(profile))
-    return rm.fit_shared_scale(measurement, step, costs, per_rank=SHARED_PROBE_DP_SHARD, cores=host_cores())
+    step = fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=dp_shard,
+                     costs=CollectiveCosts.from_profile(profile), efsdp=dp_shard // ep if ep > 1 else None)
+    return rm.fit_shared_scale(measurement, step, costs, per_rank=dp_shard, cores=host_cores())
 
 
 def probe(opts: CalibrationOptions, doc: dict[str, Any], *,

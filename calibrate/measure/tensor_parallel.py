@@ -175,6 +175,8 @@ def _unit_rank(ctx: Any, opts: CalibrationOptions, unit: Any) -> dict[str, Any] 
         tp = 1 if ep > 1 else ctx.world_size
         module, dims = tp_stage_and_dims(source, unit.layer_ids, has_embedding=unit.has_embedding,
                                          has_head=unit.has_head, tp=tp, ep=ep, seed=opts.seed, device=device)
+        if ep > 1:
+            _install_run_exchange()
         local = rank_source(source, tp)
         # EP: each rank its own microbatch (tokens are per rank under data parallelism); TP: the same on every rank
         seed = opts.seed + ctx.rank if ep > 1 else opts.seed
@@ -189,6 +191,16 @@ def _unit_rank(ctx: Any, opts: CalibrationOptions, unit: Any) -> dict[str, Any] 
         return unit_fields(opts, unit, samples, mem, param_bytes=local_param_bytes(module))
     finally:
         dist.destroy_process_group()
+
+
+def _install_run_exchange() -> None:
+    """The dispatcher's exchanges as ``ppsim run --ep`` issues them (:mod:`ppsim.calibrate.torchtitan.ep_exchange`),
+    so that a unit's F and B time the all-to-alls the run will time, under the same checkpoint policy."""
+    from ppsim.calibrate.execute.overlap import CommStats, ComputeStream
+    from ppsim.calibrate.torchtitan import ep_exchange
+
+    stream = ComputeStream()
+    ep_exchange.install(stream=stream, stats=CommStats(stream), second={})
 
 
 def rank_source(source: ModelSource, tp: int) -> ModelSource:

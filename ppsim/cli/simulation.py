@@ -126,7 +126,7 @@ def fsdp_of(inputs: Inputs, shapes: JobShapesOnce | None) -> Callable[[Schedule]
     costs = CollectiveCosts.from_profile(prof)
     modules = job.stage_modules
     return lambda schedule: fsdp_step(schedule, shapes=job_shapes, stage_modules=modules, dp_shard=degrees.dp_shard,
-                                      costs=costs)
+                                      costs=costs, efsdp=degrees.efsdp)
 
 
 def ep_of(inputs: Inputs, shapes: JobShapesOnce | None) -> Callable[[FsdpStep, StageCosts], FsdpStep] | None:

@@ -372,8 +372,9 @@ def test_the_fsdp_probe_runs_only_where_runs_time_share_and_a_failure_leaves_the
         raise RuntimeError("gloo went away")
 
     monkeypatch.setattr(calibration, "probe_shared", boom)
-    titan: Any = types.SimpleNamespace(device="cpu", model_source=types.SimpleNamespace(scheme="torchtitan"))
-    builtin: Any = types.SimpleNamespace(device="cpu", model_source=types.SimpleNamespace(scheme="builtin"))
+    job = {"device": "cpu", "expert_parallel_degree": 1, "activation_checkpoint": "none"}
+    titan: Any = types.SimpleNamespace(**job, model_source=types.SimpleNamespace(scheme="torchtitan"))
+    builtin: Any = types.SimpleNamespace(**job, model_source=types.SimpleNamespace(scheme="builtin"))
     rec = recorder()
     calibration.shared_probe(builtin, rec.doc, rec, log=lambda _: None)
     assert rec.done == [] and rec.doc["notes"] == []  # FSDP runs take torchtitan models only
@@ -386,3 +387,27 @@ def test_the_fsdp_probe_runs_only_where_runs_time_share_and_a_failure_leaves_the
     rec = recorder()
     calibration.shared_probe(titan, rec.doc, rec, log=lambda _: None)
     assert rec.done == ["runtime.shared"] and "have a core each" in rec.doc["notes"][0]
+
+
+def test_under_ep_a_moe_layers_experts_are_gathered_on_their_own_mesh_and_not_at_all_at_efsdp_1() -> None:
+    """torchtitan's ``apply_fsdp_to_decoder`` under EP: a MoE layer's dense parameters on the ``dp_shard`` mesh,
+    its routed experts (EP-local) on ``efsdp`` -- one collective each, none for the experts at ``efsdp`` 1 (each
+    rank holds its experts whole). Without EP everything is one collective on ``dp_shard``. By hand: 100 dense and
+    800 expert elements, a flat cost per collective plus 1 s per MB."""
+    from ppsim.fsdp import stage_collective_seconds, unit_groups
+    from ppsim.job.memory import DTYPE_BYTES, BlockShapes, JobShapes
+
+    experts = "moe.routed_experts.inner_experts.w1"
+    moe = BlockShapes("moe", (("attention.wq", (10, 10)), (experts, (8, 10, 10))), saved_bytes=0,
+                      sparse=frozenset({experts}))
+    shapes = JobShapes(source="toy", blocks={"layers.0": moe}, tp=1, boundary_bytes=0)
+    assert unit_groups(shapes, ["layers.0"], dp_shard=2, efsdp=None) == [(900, 2)]
+    assert unit_groups(shapes, ["layers.0"], dp_shard=2, efsdp=1) == [(100, 2)]
+    assert unit_groups(shapes, ["layers.0"], dp_shard=4, efsdp=2) == [(100, 4), (800, 2)]
+    costs = CollectiveCosts(p2p_alpha_s=0.5, p2p_bytes_per_s=1e6)
+    seconds = {efsdp: stage_collective_seconds(shapes, [["layers.0"]], dp_shard=2, costs=costs, efsdp=efsdp)[0][0]
+               for efsdp in (None, 1)}
+    assert seconds[1] < seconds[None]
+    per_element = DTYPE_BYTES[shapes.param_dtype]
+    assert seconds[1] == pytest.approx(costs.seconds("all_gather", 100 * per_element, group_size=2))
+    assert seconds[None] == pytest.approx(costs.seconds("all_gather", 900 * per_element, group_size=2))
