@@ -156,6 +156,10 @@ class Measurement:
     """Per timed step, per PP rank: its all-to-alls (``calls``, ``total_s``, ``exposed_s``, ``pairs_overlapped``,
     ``pairs_in_turn``; see :class:`~ppsim.calibrate.execute.overlap.CommStats`); empty when not counted."""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    step_ends: tuple[float, ...] = ()
+    """Per timed step, on the steps' clock: when the last rank returned from the runtime's step (after its last
+    computation: the sends' completion and, under FSDP, the reduce-scatters torch's runtime issues after the last
+    backward). Empty where not measured."""
 
     @property
     def grad_tolerance(self) -> float:
@@ -171,8 +175,12 @@ class Measurement:
 
     @property
     def step_spans(self) -> tuple[float, ...]:
-        """Per timed step: last computation end minus first computation start over all ranks."""
-        return tuple(max(c.end for c in step) - min(c.start for c in step) for step in self.steps)
+        """Per timed step: from the first computation's start to the end of the step on all ranks -- the last
+        computation's end, or the last rank's return from the runtime's step where later (:attr:`step_ends`: what
+        the predicted step also holds after the computations, FSDP's reduce-scatters after the last backward)."""
+        ends = self.step_ends or (0.0,) * len(self.steps)
+        return tuple(max(max(c.end for c in step), end) - min(c.start for c in step)
+                     for step, end in zip(self.steps, ends))
 
 
 def step_kinds(spec: ExecSpec) -> list[str]:
@@ -568,6 +576,7 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
     )
     per_step: list[list[tuple[float, float, float, float | None]]] = []
     step_walls: list[float] = []
+    step_ends: list[float] = []
     comm: list[dict[str, float]] = []
     losses: list[Any] = []
     with torch_adapter.timed_receive_waits(clock.add_wait):
@@ -600,6 +609,7 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
                 raise RuntimeError(f"rank {rank} ran {names} but the schedule orders {expected} (ppsim bug)")
             per_step.append(_host_times(clock.records, t0, base_event, _posted_times(clock.posted, names)))
             step_walls.append(t1 - t0)
+            step_ends.append(t1)  # on CUDA after the synchronisation: the host time the step's work ended
             if run.comm_stats is not None:
                 comm.append(run.comm_stats.as_dict())
         losses = []
@@ -624,6 +634,7 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
             for step in per_step
         ],
         "walls": step_walls,
+        "ends": [t - offset for t in step_ends],
         "comm": comm,
         "grads": grads,
         "loss": loss,
@@ -803,6 +814,8 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
                 row.append(CompTiming(r, pos, half, name, a - t_min, b - t_min, w, None if p is None else p - t_min))
         steps.append(tuple(row))
     walls = [max(g["walls"][i] for g in gathered) for i in range(len(kinds))]
+    ends = [max(g["ends"][i] for g in gathered) - min(t[0] for g in gathered for t in g["times"][i])
+            for i in range(len(kinds))]
     grads: dict[str, Any] = {}
     for g in gathered:
         grads.update(g["grads"])
@@ -825,6 +838,7 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
     return Measurement(
         steps=tuple(st for st, k in zip(steps, kinds) if k == "timed"),
         step_walls=tuple(w for w, k in zip(walls, kinds) if k == "timed"),
+        step_ends=tuple(e for e, k in zip(ends, kinds) if k == "timed"),
         warmup_steps=tuple(st for st, k in zip(steps, kinds) if k == "warmup"),
         probe_steps=tuple(st for st, k in zip(steps, kinds) if k == "probe"),
         loss=loss,

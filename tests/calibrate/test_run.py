@@ -238,6 +238,19 @@ def _measurement(warmup: tuple, steps: tuple, *, synthetic: bool = False, probes
     )
 
 
+def test_a_measured_step_ends_when_the_last_rank_leaves_the_runtimes_step_if_that_is_later() -> None:
+    """The step span runs to the later of the last computation's end and the last rank's return from the runtime's
+    step (under FSDP torch reduce-scatters after the last backward, inside the step, and the prediction holds it);
+    without recorded ends, to the last computation's end."""
+    import dataclasses
+
+    steps = ((_timing(0, 0, "0F0", 0.0, 1.0), _timing(1, 0, "1F0", 1.0, 2.0)),
+             (_timing(0, 0, "0F0", 0.0, 1.0), _timing(1, 0, "1F0", 1.0, 2.5)))
+    measured = _measurement((), steps)
+    assert measured.step_spans == (2.0, 2.5)
+    assert dataclasses.replace(measured, step_ends=(2.75, 2.25)).step_spans == (2.75, 2.5)
+
+
 def test_runtime_model_fits_dispatch_latency_and_compute_scale_on_warmup_only() -> None:
     from ppsim.calibrate.measure.runtime_model import fit_runtime_model
     from ppsim.costs import parse_costs
