@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ppsim.calibrate.execute.steps import Clock, ExecSpec, Measurement, RankRun, measure_rank
@@ -117,7 +117,9 @@ class ChainRuntime:
     runtime (``step(tokens?, losses=..., target=...)``)."""
 
     def __init__(self, spec: ExecSpec, *, rank: int, modules: dict[int, Any], clock: Clock, loss_fn: Any,
-                 device: Any) -> None:
+                 device: Any, peers: Sequence[int] | None = None, group: Any = None) -> None:
+        """``peers``: the global rank of each pipeline rank (``None``: the same numbers); ``group``: their process
+        group (``None``: the world), for sends, receives and each stage's backward bookkeeping."""
         from ppsim.calibrate.execute import torch_adapter
         from ppsim.calibrate.models.transformer import DTYPES
 
@@ -128,7 +130,12 @@ class ChainRuntime:
         self.loss_fn = loss_fn
         self.recompute = spec.recompute
         self.boundary = (spec.model.boundary_shape, DTYPES[spec.model.dtype], device)
-        self.full, self.input_only, self.weight_only = torch_adapter.backward_functions()
+        self.peers = peers
+        self.group = group
+        length = len(spec.schedule.pipelines[0])
+        # each stage's backward as torch's runtime runs it (under FSDP: gradients reduced once, after the step)
+        self.backward = {s: torch_adapter.ChainBackward(m, spec.schedule.position(s), length, device, group=group)
+                         for s, m in modules.items()}
         self._reset()
 
     def _reset(self) -> None:
@@ -144,6 +151,8 @@ class ChainRuntime:
         self._tokens = args[0].chunk(m) if args else None
         self._targets = target.chunk(m) if target is not None else None
         self._losses = losses
+        for backward in self.backward.values():
+            backward.begin_step()
         for action in self.order:
             if action.sub_actions:
                 self._pair(action)
@@ -152,6 +161,8 @@ class ChainRuntime:
         for _, works in self._sends:
             for work in works:
                 work.wait()
+        for backward in self.backward.values():
+            backward.end_step()
         if self._saved or self._deferred or self._posted:
             raise RuntimeError(f"{self.schedule.name}: computations left unfinished after the order (ppsim bug)")
         self._reset()
@@ -209,11 +220,11 @@ class ChainRuntime:
         out, x = self._saved.pop((stage, mb))
         dx: Any = None
         if full:
-            dx = self._full(out, grad, x)
+            dx = self._full(stage, out, grad, x)
         elif first:  # no input gradient to compute: W runs the whole backward (torch's stage does the same)
             self._deferred[(stage, mb)] = (out, grad, x)
         else:
-            grads, groups = self.input_only([out], grad, [x], self.modules[stage].parameters())
+            grads, groups = self.backward[stage].input_only([out], grad, [x])
             dx = grads[0]
             self._deferred[(stage, mb)] = (groups,)
         self.clock.finish()
@@ -225,14 +236,14 @@ class ChainRuntime:
         deferred = self._deferred.pop((stage, mb))
         if len(deferred) == 3:
             out, grad, x = deferred
-            self._full(out, grad, x)
+            self._full(stage, out, grad, x)
         else:
-            self.weight_only(self.modules[stage].parameters(), deferred[0])
+            self.backward[stage].weight_only(deferred[0])
         self.clock.finish()
 
-    def _full(self, out: Any, grad: list[Any] | None, x: Any) -> Any:
+    def _full(self, stage: int, out: Any, grad: list[Any] | None, x: Any) -> Any:
         """The whole backward; the input's gradient. A loss goes in alone (torch skips a list without gradients)."""
-        return self.full(out if grad is None else [out], grad, [x])[0]
+        return self.backward[stage].full(out if grad is None else [out], grad, [x])[0]
 
     def _batch_index(self, stage: int, mb: int) -> int:
         """Chain ``d``'s microbatch ``mb`` is the batch's microbatch ``d * (M / chains) + mb``."""
@@ -261,9 +272,10 @@ class ChainRuntime:
         lower = peer_stage if kind == "F" else stage
         shape, dtype, device = self.boundary
         buf = torch.empty(shape, dtype=dtype, device=device)
-        peer = self.schedule.stage_to_rank[peer_stage]
+        peer = self._global(self.schedule.stage_to_rank[peer_stage])
         self.clock.post(stage, mb, kind)
-        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, peer, tag=self._tag(lower, mb, kind))])
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, peer, group=self.group,
+                                                   tag=self._tag(lower, mb, kind))])
         self._posted[key] = (buf, works)
 
     def _receive(self, key: tuple[int, int, str]) -> Any:
@@ -287,7 +299,11 @@ class ChainRuntime:
 
         other = self.schedule.next_stage(lower_stage) if kind == "F" else lower_stage
         assert other is not None
-        peer = self.schedule.stage_to_rank[other]
+        peer = self._global(self.schedule.stage_to_rank[other])
         tensor = tensor.contiguous()
-        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, peer, tag=self._tag(lower_stage, mb, kind))])
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, peer, group=self.group,
+                                                   tag=self._tag(lower_stage, mb, kind))])
         self._sends.append((tensor, works))
+
+    def _global(self, pp_rank: int) -> int:
+        return pp_rank if self.peers is None else self.peers[pp_rank]

@@ -285,6 +285,10 @@ def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSour
         raise PPSimError(f"--ep {options.ep}: torchtitan carves EP out of the dp_shard x tp = "
                          f"{options.dp_shard * options.tp} processes of each pipeline rank, so it must divide them; "
                          f"pass --dp-shard {options.ep} (or a multiple) with --ep {options.ep}")
+    if options.overlap and len(schedule.pipelines) > 1:
+        raise PPSimError(f"--overlap with {schedule.name}: its {len(schedule.pipelines)} pipelines run on ppsim's "
+                         "chain executor, which runs an overlapped pair's halves one after the other; drop "
+                         "--overlap (or run DualPipeV, whose pairs --overlap runs at once)")
     if options.dp_shard * options.tp == 1 and world in (None, schedule.num_ranks):
         return
     processes = schedule.num_ranks * options.dp_shard * options.tp
@@ -320,11 +324,9 @@ def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSour
     """The run's shapes (:func:`ppsim.calibrate.torchtitan.shapes.run_shapes`) and its stages' module names, for
     :func:`ppsim.job.memory.job_memory` and the FSDP collectives; ``None`` where the model's blocks cannot be named as
     torchtitan's stage modules (a stderr note says so)."""
-    from ppsim.calibrate.torchtitan.runner import module_names_per_stage
+    from ppsim.calibrate.torchtitan.runner import stage_modules_of
     from ppsim.calibrate.torchtitan.shapes import run_shapes
 
-    if len(schedule.pipelines) > 1:
-        return None
     prof = None
     if options.profile is not None:
         from ppsim.profile import load_profile
@@ -333,7 +335,7 @@ def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSour
     try:
         shapes = run_shapes(source, tp=spec.tp, fsdp=spec.dp_shard * spec.tp > 1, profile=prof, ep=spec.ep,
                             dp_shard=spec.dp_shard, ac=spec.activation_checkpoint)
-        return shapes, module_names_per_stage(source, schedule.num_stages, spec.layer_counts)
+        return shapes, stage_modules_of(source, schedule, spec.layer_counts)
     except (PPSimError, KeyError, IndexError) as exc:
         _stderr(f"note: no memory prediction for {source.text} ({type(exc).__name__}: {exc})")
         return None

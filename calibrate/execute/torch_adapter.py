@@ -145,6 +145,43 @@ def pipeline_stage(module: Any, stage: int, num_stages: int, device: Any) -> Any
     return PipelineStage(module, stage, num_stages, device)
 
 
+class ChainBackward:
+    """One stage module's backward passes the way torch's runtime runs them (``PipelineStage``'s
+    ``backward_maybe_with_nosync``, then its ``perform_reduce_grad`` once the step's backwards are done), for an
+    executor that runs its own order (ppsim's two-chain executor): under FSDP the gradients accumulate unsharded
+    across microbatches and are reduce-scattered once, whatever the torch release does to get there; other modules
+    get the plain ``stage_backward*`` functions. ``group``: the pipeline's process group (the stage only reads its
+    size)."""
+
+    def __init__(self, module: Any, position: int, length: int, device: Any, group: Any = None) -> None:
+        check()
+        from torch.distributed.pipelining import PipelineStage
+
+        self.stage = PipelineStage(module, position, length, device, group=group)
+        self.stage.has_backward = True  # what a schedule with a loss sets: torch 2.15 reduces only then
+
+    def begin_step(self) -> None:
+        """Before the step's first forward: torch 2.15 finalizes FSDP's backward by hand (its forward sets this)."""
+        module = self.stage.submod
+        if hasattr(module, "set_manual_backward_finalization"):
+            module.set_manual_backward_finalization(True)
+
+    def full(self, output: Any, output_grads: Any, inputs: Any) -> Any:
+        kwargs = {"stage_output": output, "output_grads": output_grads, "input_values": inputs}
+        return self.stage.backward_maybe_with_nosync("full", kwargs)[0]
+
+    def input_only(self, output: Any, output_grads: Any, inputs: Any) -> tuple[Any, Any]:
+        kwargs = {"stage_output": output, "output_grads": output_grads, "input_values": inputs}
+        return self.stage.backward_maybe_with_nosync("input", kwargs)
+
+    def weight_only(self, param_groups: Any) -> None:
+        self.stage.backward_maybe_with_nosync("weight", {"param_groups": param_groups})
+
+    def end_step(self) -> None:
+        """After the step's last backward of this stage: FSDP's reduce-scatter (nothing without FSDP)."""
+        self.stage.perform_reduce_grad(1)
+
+
 def runtime(stages: Sequence[Any], *, num_microbatches: int, loss_fn: Callable[..., Any],
             after_forward: Callable[[], None], order: dict[int, Sequence[str]]) -> Any:
     """torch's ``_PipelineScheduleRuntime`` running ``order`` (action strings per rank) as its compute-only order,

@@ -21,8 +21,9 @@ the unsplit model on the same batch, one microbatch at a time, its gradients sum
 ``scale_grads=False`` leaves them; the loss compared is the mean microbatch loss.
 
 Orders torchtitan's runtime cannot run are refused in one line before anything starts (:func:`titan_refusal`):
-two pipelines (DualPipe), a placement neither of torchtitan's mappings gives, an order torch's CSV validation
-rejects. torch and torchtitan are imported inside functions only.
+a placement neither of torchtitan's mappings gives, an order torch's CSV validation rejects. A schedule with two
+pipelines (DualPipe) runs on ppsim's chain executor over torchtitan's parts instead (:mod:`.chains`). torch and
+torchtitan are imported inside functions only.
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ def titan_refusal(schedule: Schedule) -> str | None:
     CSV loader refuses (``_validate_schedule``, run here on the same actions)."""
     from ppsim.calibrate.execute.executor import runtime_refusal
 
+    if len(schedule.pipelines) > 1:  # model copies fed from both ends: ppsim's chain executor (chains.py)
+        return None
     refusal = runtime_refusal(schedule)
     if refusal is not None:
         return refusal
@@ -135,6 +138,16 @@ def titan_refusal(schedule: Schedule) -> str | None:
                 f"(_PipelineScheduleRuntime._load_csv, which torchtitan uses) refuses the order ({first}); "
                 "pass --executor ppsim to run it through ppsim's executor")
     return None
+
+
+def stage_modules_of(source: ModelSource, schedule: Schedule, counts: Sequence[int] | None) -> list[list[str]]:
+    """Each stage's module names, by stage index: :func:`module_names_per_stage` of the one chain, or, for a
+    schedule with several chains (DualPipe: each the whole model), each stage the modules of its chain position."""
+    length = len(schedule.pipelines[0])
+    names = module_names_per_stage(source, length, counts)
+    if len(schedule.pipelines) == 1:
+        return names
+    return [names[schedule.position(s)] for s in range(schedule.num_stages)]
 
 
 def module_names_per_stage(source: ModelSource, num_stages: int,
@@ -168,12 +181,25 @@ class TorchtitanRunner:
     def launch(self, spec: ExecSpec) -> Measurement:
         from ppsim.calibrate.execute.steps import launch_local
 
-        return launch_local(spec, _run_rank)
+        return launch_local(spec, _body(spec))
 
     def run_rank(self, spec: ExecSpec, *, rank: int, world: int, store: Any | None = None) -> Measurement | None:
         from ppsim.calibrate.execute.steps import run_in_group
 
-        return run_in_group(spec, rank=rank, world=world, store=store, body=_run_rank)
+        return run_in_group(spec, rank=rank, world=world, store=store, body=_body(spec))
+
+
+def _body(spec: ExecSpec) -> Any:
+    """One process's run: torch's runtime for one chain, ppsim's chain executor for two (:mod:`.chains`)."""
+    if len(spec.schedule.pipelines) == 1:
+        return _run_rank
+    from ppsim.calibrate.execute.dualpipe import backend_refusal
+    from ppsim.calibrate.torchtitan import chains
+
+    refusal = backend_refusal(spec.schedule, spec.backend)
+    if refusal is not None:
+        raise PPSimError(refusal)
+    return chains.run_rank
 
 
 # --- one rank ---------------------------------------------------------------------------------------------------
