@@ -136,6 +136,14 @@ class ChainRuntime:
         # each stage's backward as torch's runtime runs it (under FSDP: gradients reduced once, after the step)
         self.backward = {s: torch_adapter.ChainBackward(m, spec.schedule.position(s), length, device, group=group)
                          for s, m in modules.items()}
+        last: dict[int, int] = {}  # stage -> position of its last backward (B or W) in the order
+        for position, action in enumerate(self.order):
+            for comp in action.computations:
+                if comp.type.value in ("B", "W"):
+                    last[comp.stage] = position
+        self._last_backward: dict[int, list[int]] = {}
+        for stage, position in last.items():
+            self._last_backward.setdefault(position, []).append(stage)
         self._reset()
 
     def _reset(self) -> None:
@@ -153,16 +161,16 @@ class ChainRuntime:
         self._losses = losses
         for backward in self.backward.values():
             backward.begin_step()
-        for action in self.order:
+        for position, action in enumerate(self.order):
             if action.sub_actions:
                 self._pair(action)
             else:
                 self._compute(action)
+            for stage in self._last_backward.get(position, ()):
+                self.backward[stage].end_step()
         for _, works in self._sends:
             for work in works:
                 work.wait()
-        for backward in self.backward.values():
-            backward.end_step()
         if self._saved or self._deferred or self._posted:
             raise RuntimeError(f"{self.schedule.name}: computations left unfinished after the order (ppsim bug)")
         self._reset()
@@ -183,6 +191,7 @@ class ChainRuntime:
             self._send(*message)
 
     def _compute(self, comp: Action) -> None:
+        self.backward[comp.stage].ready()
         kind = comp.type.value
         if kind == "F":
             self._forward(comp.stage, comp.microbatch)

@@ -159,12 +159,24 @@ class ChainBackward:
 
         self.stage = PipelineStage(module, position, length, device, group=group)
         self.stage.has_backward = True  # what a schedule with a loss sets: torch 2.15 reduces only then
+        self._unshards: list[Any] = []
 
     def begin_step(self) -> None:
-        """Before the step's first forward: torch 2.15 finalizes FSDP's backward by hand (its forward sets this)."""
+        """Before the step's first action: every FSDP unit's all-gather started, as the ``UNSHARD`` torch's runtime
+        puts at the start of a step for the stages a rank holds (``_add_unshard_reshard``); torch 2.15 finalizes
+        FSDP's backward by hand (its forward sets this)."""
+        from torch.distributed.fsdp import FSDPModule
+
         module = self.stage.submod
-        if hasattr(module, "set_manual_backward_finalization"):
+        if hasattr(module, "set_manual_backward_finalization") and isinstance(module, FSDPModule):
             module.set_manual_backward_finalization(True)
+        self._unshards = [m.unshard(async_op=True) for m in module.modules() if isinstance(m, FSDPModule)]
+
+    def ready(self) -> None:
+        """Before a computation: the all-gathers :meth:`begin_step` started are done."""
+        for handle in self._unshards:
+            handle.wait()
+        self._unshards = []
 
     def full(self, output: Any, output_grads: Any, inputs: Any) -> Any:
         kwargs = {"stage_output": output, "output_grads": output_grads, "input_values": inputs}
@@ -178,8 +190,14 @@ class ChainBackward:
         self.stage.backward_maybe_with_nosync("weight", {"param_groups": param_groups})
 
     def end_step(self) -> None:
-        """After the step's last backward of this stage: FSDP's reduce-scatter (nothing without FSDP)."""
+        """After this stage's last backward of the step (where torch's runtime puts ``REDUCE_GRAD``): FSDP's
+        reduce-scatter, and its units resharded (nothing without FSDP)."""
+        from torch.distributed.fsdp import FSDPModule
+
         self.stage.perform_reduce_grad(1)
+        for m in self.stage.submod.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
 
 
 def runtime(stages: Sequence[Any], *, num_microbatches: int, loss_fn: Callable[..., Any],
