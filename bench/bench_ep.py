@@ -39,7 +39,7 @@ CASES: list[list[str]] = [
     ["-s", "Interleaved1F1B", "-r", "2", "-m", "4"],
     ["-s", "ZBVZeroBubble", "-r", "2", "-m", "4"],
     ["-s", "DualPipeV", "-r", "2", "-m", "4", "--overlap"],  # the pair's halves at once (ppsim's overlap)
-    ["-s", "DualPipe", "-r", "2", "-m", "4"],  # refused: ppsim's two-pipeline executor does not shard (one line)
+    ["-s", "DualPipe", "-r", "2", "-m", "4"],  # two pipelines: ppsim's chain executor over torchtitan's parts
     ["-s", "GPipe", "-r", "2", "-m", "4", "--activation-checkpoint", "selective"],
     ["-s", "1F1B", "-r", "2", "-m", "4", "--activation-checkpoint", "selective"],
     ["-s", "Interleaved1F1B", "-r", "2", "-m", "4", "--activation-checkpoint", "selective"],

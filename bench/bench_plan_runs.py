@@ -54,9 +54,8 @@ def pick(plan: dict, *, num_top: int, num_others: int, also: tuple[int, ...] = (
     timed = [(i, c) for i, c in enumerate(plan["candidates"]) if c["fits"] and c["step_s"] is not None]
     for i, c in timed:
         if not runnable(c):
-            print(f"skipping plan #{i + 1} ({label(c)}): " + ("no pipeline: `ppsim run` executes pipelines only"
-                  if c["pp"] == 1 else "`ppsim run` executes DualPipe on its own path, which does not shard "
-                  "(docs/run.md)"), flush=True)
+            print(f"skipping plan #{i + 1} ({label(c)}): no pipeline: `ppsim run` executes pipelines only",
+                  flush=True)
     timed = [(i, c) for i, c in timed if runnable(c)]
     first, rest = timed[:num_top], timed[num_top:]
     if num_others >= len(rest):
@@ -79,11 +78,9 @@ def covering(profiles: list[str], cand: dict) -> str:
 
 
 def runnable(cand: dict) -> bool:
-    """Whether `ppsim run` can execute the candidate: DualPipe (two pipelines) runs on ppsim's own executor only,
-    which does not take FSDP or TP degrees."""
-    if cand["pp"] == 1:
-        return False  # no pipeline: `ppsim run` executes pipelines (torchtitan's helpers need pp >= 2)
-    return cand["schedule"] != "DualPipe" or cand["dp_shard"] * cand["tp"] == 1
+    """Whether `ppsim run` can execute the candidate: a pipeline (torchtitan's helpers need pp >= 2; DualPipe's two
+    run on ppsim's chain executor over torchtitan's parts, FSDP and TP degrees too)."""
+    return cand["pp"] > 1
 
 
 def run_argv(cand: dict, *, profile: str, out: Path, steps: int, warmup: int) -> list[str]:
@@ -95,8 +92,6 @@ def run_argv(cand: dict, *, profile: str, out: Path, steps: int, warmup: int) ->
                       ("--parallelism.tensor_parallel_degree", "--tp")):
         if key in overrides:
             extra += [flag, overrides[overrides.index(key) + 1]]
-    if cand["schedule"] == "DualPipe":
-        extra += ["--executor", "ppsim"]       # two pipelines: ppsim's executor (docs/run.md), which does not shard
     return ["ppsim", "run", *JOB[:2], *overrides, "--training.disable_cuda_graphs", *extra, "--profile", profile,
             "--steps", str(steps), "--warmup", str(warmup), "--json", "-o", str(out)]
 

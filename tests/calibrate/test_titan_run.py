@@ -149,9 +149,6 @@ def test_orders_torchtitan_cannot_run_are_refused_before_anything_starts(tmp_pat
     code, _, stderr = invoke("--profile", str(LLAMA_PROFILE), "-s", str(csv), "-r", "2", "-m", "2", *FAST)
     assert code == 2 and "neither torchtitan's loop placement" in stderr and "--executor ppsim" in stderr
     assert len(stderr.strip().splitlines()) == 1
-    code, _, stderr = invoke("--profile", str(LLAMA_PROFILE), "-s", "DualPipe", "-r", "2", "-m", "4", *FAST)
-    assert code == 2 and "2 independent pipelines" in stderr and len(stderr.strip().splitlines()) == 1
-    assert "--executor ppsim" in stderr  # ppsim's executor runs DualPipe's two chains
     assert not list(tmp_path.glob("*.json"))
 
 
@@ -170,9 +167,9 @@ def test_executor_choice() -> None:
         choose_runner("torchtitan", builtin, schedule, synthetic=False)
     with pytest.raises(TitanRunError, match="--synthetic"):
         choose_runner("torchtitan", titan, schedule, synthetic=True)
-    dualpipe = get_schedule("DualPipe", 2, 4)
-    with pytest.raises(TitanRunError, match="independent pipelines.*--executor ppsim"):
-        choose_runner("torchtitan", titan, dualpipe, synthetic=False)
+    dualpipe = get_schedule("DualPipe", 2, 4)  # two pipelines: ppsim's chain executor over torchtitan's parts
+    assert isinstance(choose_runner("torchtitan", titan, dualpipe, synthetic=False), TorchtitanRunner)
+    assert isinstance(choose_runner("auto", titan, dualpipe, synthetic=False), TorchtitanRunner)
     assert isinstance(choose_runner("ppsim", titan, dualpipe, synthetic=False), PpsimExecutor)
 
 
