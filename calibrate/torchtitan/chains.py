@@ -46,7 +46,7 @@ def _parts(spec: ExecSpec, rank: int, world: int, device: Any) -> tuple[dict[int
     from torchtitan.config import ParallelismConfig
 
     from ppsim.calibrate.torchtitan.checkpointing import ac_config, apply_ac
-    from ppsim.calibrate.torchtitan.runner import _parallel_dims, _parallelize, stage_modules_of
+    from ppsim.calibrate.torchtitan.runner import parallel_dims_of, parallelize_part, stage_modules_of
     from ppsim.calibrate.torchtitan.split import import_torchtitan
 
     pp = import_torchtitan("ppsim run of two pipelines through torchtitan's split")
@@ -69,10 +69,10 @@ def _parts(spec: ExecSpec, rank: int, world: int, device: Any) -> tuple[dict[int
     whole = (sharded_full_module(source, parallelism, seed=spec.seed, device=device) if spec.ep > 1
              else source.build_full(seed=spec.seed, device=device))
     dist_utils.set_spmd_backend(parallelism.spmd_backend)  # the model's collectives (EP's dispatch) read it
-    dims = _parallel_dims(parallelism, world, device.type)
+    dims = parallel_dims_of(parallelism, world, device.type)
     mesh = dims.get_mesh("pp")
     pp_rank, group = mesh.get_local_rank(), mesh.get_group()
-    parts = {s: _parallelize(source, pp._split_module(whole, names[s]), dims, parallelism,
+    parts = {s: parallelize_part(source, pp._split_module(whole, names[s]), dims, parallelism,
                              ac_config(spec.activation_checkpoint))
              for s in schedule.stages_of(pp_rank)}
     ep_group = dims.get_mesh("ep").get_group() if spec.ep > 1 else None
@@ -90,8 +90,8 @@ def run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measurem
     from ppsim.calibrate.torchtitan.runner import (
         EP_NOTE,
         FSDP_SUM_NOTE,
-        _count_all_to_alls,
-        _layer_ids,
+        count_all_to_alls,
+        layer_ids_of,
         summed_reference,
     )
 
@@ -102,12 +102,12 @@ def run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measurem
     clock = Clock(None, False)
     runtime = ChainRuntime(spec, rank=pp_rank, modules=parts, clock=clock, device=device, peers=peers, group=group,
                            loss_fn=source.loss_fn)
-    comm_stats = None if ep_group is None else _count_all_to_alls(spec, pp_rank, [], runtime, clock, ep_group)
+    comm_stats = None if ep_group is None else count_all_to_alls(spec, pp_rank, [], runtime, clock, ep_group)
     tokens, targets = source.make_batch(schedule.num_microbatches, seed=spec.seed)
     m = schedule.num_microbatches
 
     def grad_name(stage: int, name: str) -> str:
-        ref = source.reference_name(_layer_ids(parts[stage]), name.replace(_CHECKPOINT_PREFIX, ""))
+        ref = source.reference_name(layer_ids_of(parts[stage]), name.replace(_CHECKPOINT_PREFIX, ""))
         return copy_name(schedule.direction(stage), ref)
 
     def reference(grads: dict[str, Any]) -> ReferenceCheck:

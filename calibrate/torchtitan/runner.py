@@ -245,14 +245,14 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str
 
         # as torchtitan's trainer does before it builds: the model's collectives (EP's token dispatch) read it
         dist_utils.set_spmd_backend(parallelism.spmd_backend)
-        dims = _parallel_dims(parallelism, world, device.type)
+        dims = parallel_dims_of(parallelism, world, device.type)
         mesh = dims.get_mesh("pp")
         stages, parts = pp._pipeline_module_split(whole, mesh, name, device, names,
                                                   get_mesh=pp._build_get_mesh_callback(dims))
         from ppsim.calibrate.torchtitan.checkpointing import ac_config
 
         for i, part in enumerate(parts):
-            parts[i] = _parallelize(source, part, dims, parallelism, ac_config(spec.activation_checkpoint))
+            parts[i] = parallelize_part(source, part, dims, parallelism, ac_config(spec.activation_checkpoint))
             stages[i].submod = parts[i]
         pp_rank = mesh.get_local_rank()
         ep_group = dims.get_mesh("ep").get_group() if spec.ep > 1 else None
@@ -273,7 +273,7 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str
     return stages, parts, runtime, pp_rank, ep_group
 
 
-def _parallel_dims(parallelism: Any, world: int, device_type: str) -> Any:
+def parallel_dims_of(parallelism: Any, world: int, device_type: str) -> Any:
     """torchtitan's ``ParallelDims`` of the run (pp x fsdp x tp), its meshes built on ``device_type`` (torchtitan
     picks the device type at import and falls back to ``cuda``, which a CPU-only torch cannot set)."""
     from torchtitan.distributed import parallel_dims
@@ -295,7 +295,7 @@ def build_mesh(dims: Any, device_type: str) -> Any:
     return dims
 
 
-def _parallelize(source: ModelSource, part: Any, dims: Any, parallelism: Any, ac_config: Any = None) -> Any:
+def parallelize_part(source: ModelSource, part: Any, dims: Any, parallelism: Any, ac_config: Any = None) -> Any:
     """One model part through its model's own parallelize function (TP plan, then FSDP2's ``fully_shard`` with
     the run's dtype for parameters and reductions, so the numerics check holds), as ``pipeline_llm`` applies it."""
     import tempfile
@@ -364,14 +364,14 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
         clock.finish()
 
     runtime._maybe_compute_loss = maybe_compute_loss
-    comm_stats = None if ep_group is None else _count_all_to_alls(spec, pp_rank, stages, runtime, clock, ep_group)
+    comm_stats = None if ep_group is None else count_all_to_alls(spec, pp_rank, stages, runtime, clock, ep_group)
     tokens, targets = source.make_batch(schedule.num_microbatches, seed=spec.seed)
     by_stage = {st.stage_index: part for st, part in zip(stages, parts)}
 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 
     def grad_name(stage: int, name: str) -> str:  # a checkpointed block's wrapper is not in the reference's names
-        return source.reference_name(_layer_ids(by_stage[stage]), name.replace(_CHECKPOINT_PREFIX, ""))
+        return source.reference_name(layer_ids_of(by_stage[stage]), name.replace(_CHECKPOINT_PREFIX, ""))
 
     def reference(pipelined: dict[str, Any]) -> ReferenceCheck:
         if spec.dp_shard > 1:  # torchtitan turns FSDP's division off: the replicas' gradients are summed
@@ -420,7 +420,7 @@ def _pairs(spec: ExecSpec, pp_rank: int) -> dict[tuple[int, int], tuple[int, int
     return out
 
 
-def _count_all_to_alls(spec: ExecSpec, pp_rank: int, stages: list[Any], runtime: Any, clock: Any,
+def count_all_to_alls(spec: ExecSpec, pp_rank: int, stages: list[Any], runtime: Any, clock: Any,
                        ep_group: Any) -> Any:
     """EP's all-to-alls issued and timed by ppsim (:mod:`~ppsim.calibrate.torchtitan.ep_exchange`), and with
     ``spec.overlap`` each overlapped pair's halves run at once (:func:`torch_adapter.overlap_pairs`). The counts
@@ -442,7 +442,7 @@ def _count_all_to_alls(spec: ExecSpec, pp_rank: int, stages: list[Any], runtime:
     return stats
 
 
-def _layer_ids(part: Any) -> tuple[int, ...]:
+def layer_ids_of(part: Any) -> tuple[int, ...]:
     layers = getattr(part, "layers", None)
     return tuple(int(k) for k in layers.keys()) if layers is not None else ()
 
