@@ -3,7 +3,8 @@
 ppsim executes its own compute-only order with torch's ``_PipelineScheduleRuntime`` and times every computation, and
 calibration runs each action the way the runtime does. That needs private names (``_PipelineScheduleRuntime``,
 ``_Action``, ``_prepare_schedule_with_comms``, ``_wait_batch_p2p``, ``_maybe_compute_loss``, the stage's
-``*_one_chunk`` and ``get_*_recv_ops`` methods, ``_backward.stage_backward*``). They change between torch releases,
+``*_one_chunk``, ``get_*_recv_ops``, ``backward_maybe_with_nosync`` and ``perform_reduce_grad`` methods,
+``_backward.stage_backward*``). They change between torch releases,
 so :func:`check` compares torch's version with the ones this adapter was written and tested against and names what
 is missing; nothing else in ppsim imports these names.
 
@@ -32,7 +33,7 @@ _REQUIRED = {
     "torch.distributed.pipelining": ("PipelineStage",),
 }
 _STAGE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk", "get_fwd_recv_ops",
-                  "get_bwd_recv_ops")
+                  "get_bwd_recv_ops", "backward_maybe_with_nosync", "perform_reduce_grad")
 _checked = False
 
 
@@ -146,12 +147,12 @@ def pipeline_stage(module: Any, stage: int, num_stages: int, device: Any) -> Any
 
 
 class ChainBackward:
-    """One stage module's backward passes the way torch's runtime runs them (``PipelineStage``'s
-    ``backward_maybe_with_nosync``, then its ``perform_reduce_grad`` once the step's backwards are done), for an
-    executor that runs its own order (ppsim's two-chain executor): under FSDP the gradients accumulate unsharded
-    across microbatches and are reduce-scattered once, whatever the torch release does to get there; other modules
-    get the plain ``stage_backward*`` functions. ``group``: the pipeline's process group (the stage only reads its
-    size)."""
+    """One stage module's FSDP bookkeeping and backward passes the way torch's runtime does them, for an executor
+    that walks its own order (ppsim's two-chain executor): the units' all-gathers started at the step's start
+    (torch's ``UNSHARD``), each backward through ``PipelineStage.backward_maybe_with_nosync`` (under FSDP the
+    gradients accumulate unsharded across microbatches), and ``perform_reduce_grad`` after the stage's last backward
+    (torch's ``REDUCE_GRAD``), whatever the torch release does inside them; a module without FSDP gets the plain
+    ``stage_backward*`` passes. ``group``: the pipeline's process group (the stage only reads its size)."""
 
     def __init__(self, module: Any, position: int, length: int, device: Any, group: Any = None) -> None:
         check()
