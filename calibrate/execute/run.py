@@ -324,7 +324,7 @@ def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSour
     """The run's shapes (:func:`ppsim.calibrate.torchtitan.shapes.run_shapes`) and its stages' module names, for
     :func:`ppsim.job.memory.job_memory` and the FSDP collectives; ``None`` where the model's blocks cannot be named as
     torchtitan's stage modules (a stderr note says so)."""
-    from ppsim.calibrate.torchtitan.runner import stage_modules_of
+    from ppsim.calibrate.torchtitan.parts import stage_modules_of
     from ppsim.calibrate.torchtitan.shapes import run_shapes
 
     prof = None

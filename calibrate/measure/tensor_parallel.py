@@ -59,7 +59,7 @@ def tp_dims(tp: int, ep: int = 1, *, device_type: str | None = None) -> Any:
     torchtitan's choice)."""
     from torchtitan.distributed.parallel_dims import ParallelDims
 
-    from ppsim.calibrate.torchtitan.runner import build_mesh
+    from ppsim.calibrate.torchtitan.parts import build_mesh
 
     dims = ParallelDims(dp_replicate=1, dp_shard=ep, cp=1, tp=tp, pp=1, ep=ep, world_size=tp * ep,
                         spmd_backend=spmd_backend(ep))

@@ -11,7 +11,7 @@ torch's runtime numbers the stages as one chain, so it cannot run DualPipe's two
    rank), as the one-chain runner builds them;
 2. one part per chain the rank holds, each cut by torchtitan's own ``_split_module`` with the modules of its chain
    position (both copies from the same weights; a chain is the whole model in ``pp`` stages,
-   :func:`~ppsim.calibrate.torchtitan.runner.stage_modules_of`), and, with ``dp_shard x tp`` above 1, put through the
+   :func:`~ppsim.calibrate.torchtitan.parts.stage_modules_of`), and, with ``dp_shard x tp`` above 1, put through the
    model's own parallelize function (FSDP, TP, EP, activation checkpointing) as the one-chain runner does;
 3. the rank's order walked by ``ChainRuntime``: sends and receives tagged by (stage, microbatch, direction) on the
    ``pp`` group, each stage's backward as torch's runtime runs it (under FSDP the gradients accumulate unsharded
@@ -46,7 +46,7 @@ def _parts(spec: ExecSpec, rank: int, world: int, device: Any) -> tuple[dict[int
     from torchtitan.config import ParallelismConfig
 
     from ppsim.calibrate.torchtitan.checkpointing import ac_config, apply_ac
-    from ppsim.calibrate.torchtitan.runner import parallel_dims_of, parallelize_part, stage_modules_of
+    from ppsim.calibrate.torchtitan.parts import parallel_dims_of, parallelize_part, stage_modules_of
     from ppsim.calibrate.torchtitan.split import import_torchtitan
 
     pp = import_torchtitan("ppsim run of two pipelines through torchtitan's split")
@@ -87,7 +87,7 @@ def run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measurem
 
     from ppsim.calibrate.execute.dualpipe import ChainRuntime, copy_name, sum_copies
     from ppsim.calibrate.execute.steps import Clock, RankRun, measure_rank
-    from ppsim.calibrate.torchtitan.runner import (
+    from ppsim.calibrate.torchtitan.parts import (
         EP_NOTE,
         FSDP_SUM_NOTE,
         count_all_to_alls,

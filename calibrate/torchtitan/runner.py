@@ -31,9 +31,19 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ppsim.calibrate.torchtitan.parts import (
+    EP_NOTE,
+    FSDP_SUM_NOTE,
+    count_all_to_alls,
+    layer_ids_of,
+    module_names_per_stage,
+    pairs_of,
+    parallel_dims_of,
+    parallelize_part,
+    summed_reference,
+)
 from ppsim.errors import PPSimError
 
 if TYPE_CHECKING:
@@ -46,8 +56,6 @@ TITAN_NOTE = "stages and schedule built by torchtitan's pipeline helpers"
 """The line the run output and the run JSON's notes carry for a run on this path."""
 SUM_NOTE = ("numerics: torchtitan's schedule does not scale gradients (scale_grads=False), so the reference sums "
             "each microbatch's gradients too; the loss is the mean microbatch loss")
-FSDP_SUM_NOTE = ("torchtitan disables FSDP's gradient division, so the replicas' (same-batch) gradients are summed; "
-                 "the check divides them by dp_shard")
 _LOOP_NAMES = ("1F1B", "Interleaved1F1B")
 _V_NAME = "ZBVZeroBubble"
 
@@ -138,37 +146,6 @@ def titan_refusal(schedule: Schedule) -> str | None:
                 f"(_PipelineScheduleRuntime._load_csv, which torchtitan uses) refuses the order ({first}); "
                 "pass --executor ppsim to run it through ppsim's executor")
     return None
-
-
-def stage_modules_of(source: ModelSource, schedule: Schedule, counts: Sequence[int] | None) -> list[list[str]]:
-    """Each stage's module names, by stage index: :func:`module_names_per_stage` of the one chain, or, for a
-    schedule with several chains (DualPipe: each the whole model), each stage the modules of its chain position."""
-    length = len(schedule.pipelines[0])
-    names = module_names_per_stage(source, length, counts)
-    if len(schedule.pipelines) == 1:
-        return names
-    return [names[schedule.position(s)] for s in range(schedule.num_stages)]
-
-
-def module_names_per_stage(source: ModelSource, num_stages: int,
-                           counts: Sequence[int] | None) -> list[list[str]]:
-    """torchtitan's ``module_names_per_stage`` for the split the prediction composed (``counts`` layers per stage;
-    ``None``: torchtitan's own ``_generate_llm_fqn_per_model_part`` with its default weights)."""
-    if counts is None:
-        from ppsim.calibrate.torchtitan.split import stage_module_names
-
-        return [list(p) for p in stage_module_names(num_stages, source.num_layers)]
-    assert len(counts) == num_stages and sum(counts) == source.num_layers, (counts, source.num_layers)
-    names, first = [], 0
-    for s, n in enumerate(counts):
-        part = [f"layers.{i}" for i in range(first, first + n)]
-        first += n
-        if s == 0:
-            part.insert(0, "tok_embeddings")
-        if s == num_stages - 1:
-            part += ["norm", "lm_head"]
-        names.append(part)
-    return names
 
 
 # --- the runner (ppsim's launcher and process group, torchtitan's stages and schedule) -----------------------------
@@ -273,52 +250,6 @@ def _build(spec: ExecSpec, rank: int, world: int, device: Any, csv_path: str
     return stages, parts, runtime, pp_rank, ep_group
 
 
-def parallel_dims_of(parallelism: Any, world: int, device_type: str) -> Any:
-    """torchtitan's ``ParallelDims`` of the run (pp x fsdp x tp), its meshes built on ``device_type`` (torchtitan
-    picks the device type at import and falls back to ``cuda``, which a CPU-only torch cannot set)."""
-    from torchtitan.distributed import parallel_dims
-
-    return build_mesh(parallel_dims.ParallelDims.from_config(parallelism, world), device_type)
-
-
-def build_mesh(dims: Any, device_type: str) -> Any:
-    """``dims`` (torchtitan's ``ParallelDims``) with its meshes built on ``device_type``: torchtitan picks the device
-    type at import and falls back to ``cuda``, which a CPU-only torch cannot set (its DTensors would move there)."""
-    from torchtitan.distributed import parallel_dims
-
-    chosen = parallel_dims.device_type
-    parallel_dims.device_type = device_type
-    try:
-        dims.build_mesh()
-    finally:
-        parallel_dims.device_type = chosen
-    return dims
-
-
-def parallelize_part(source: ModelSource, part: Any, dims: Any, parallelism: Any, ac_config: Any = None) -> Any:
-    """One model part through its model's own parallelize function (TP plan, then FSDP2's ``fully_shard`` with
-    the run's dtype for parameters and reductions, so the numerics check holds), as ``pipeline_llm`` applies it."""
-    import tempfile
-
-    from torchtitan.config import CompileConfig, TrainingConfig
-
-    from ppsim.calibrate.models.torchtitan import model_spec
-
-    dtype = source.config.dtype
-    training = TrainingConfig(mixed_precision_param=dtype, mixed_precision_reduce=dtype)
-    with tempfile.TemporaryDirectory(prefix="ppsim-titan-") as dump:
-        part = model_spec(source).parallelize_fn(part, parallel_dims=dims, training=training,
-                                                 parallelism=parallelism, compile_config=CompileConfig(),
-                                                 ac_config=ac_config, dump_folder=dump)
-    if dims.world_mesh.device_type == "cpu":  # gloo has no PREMUL_SUM/AVG: FSDP sums, then divides
-        from torch.distributed.fsdp import FSDPModule
-
-        for module in part.modules():
-            if isinstance(module, FSDPModule):
-                module.set_force_sum_reduction_for_comms(True)
-    return part
-
-
 def schedule_arguments(pp: Any, config_class: Any, *, num_microbatches: int, mb_size: int,
                        **fields: Any) -> tuple[Any, dict[str, int]]:
     """``(ParallelismConfig, microbatch keyword)`` for ``_build_pipeline_schedule`` in the generation installed:
@@ -393,7 +324,7 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
                      "model's own torchtitan parallelize function; "
                      + (FSDP_SUM_NOTE if spec.dp_shard > 1 else "TP gradients gathered for the check"))
     if comm_stats is not None:
-        notes.append(EP_NOTE if not _pairs(spec, pp_rank) else
+        notes.append(EP_NOTE if not pairs_of(spec, pp_rank) else
                      EP_NOTE + ("; each OVERLAP_F_B pair's backward half ran on a second thread beside its forward "
                                 "half, one compute stream between them (ppsim's overlap; torch's runtime runs the "
                                 "halves one after the other)" if spec.overlap else
@@ -404,57 +335,3 @@ def _run_rank(spec: ExecSpec, rank: int, world: int, local_rank: int) -> Measure
                      "stages may leave a bubble; it runs the order all the same")
     return dataclasses.replace(measurement, notes=(*notes, *measurement.notes))
 
-
-EP_NOTE = ("EP's all-to-alls: torchtitan's token dispatcher, its count, dispatch and combine exchanges issued and "
-           "timed by ppsim (torch's functional all_to_all_single, as torchtitan issues it; "
-           "calibrate/torchtitan/ep_exchange.py)")
-
-
-def _pairs(spec: ExecSpec, pp_rank: int) -> dict[tuple[int, int], tuple[int, int]]:
-    """This rank's overlapped pairs: forward half ``(stage, microbatch)`` -> backward half's."""
-    out = {}
-    for action in spec.schedule.actions[pp_rank]:
-        if action.sub_actions:
-            f, b = action.sub_actions
-            out[(f.stage, f.microbatch)] = (b.stage, b.microbatch)
-    return out
-
-
-def count_all_to_alls(spec: ExecSpec, pp_rank: int, stages: list[Any], runtime: Any, clock: Any,
-                       ep_group: Any) -> Any:
-    """EP's all-to-alls issued and timed by ppsim (:mod:`~ppsim.calibrate.torchtitan.ep_exchange`), and with
-    ``spec.overlap`` each overlapped pair's halves run at once (:func:`torch_adapter.overlap_pairs`). The counts
-    of each step come back with the measurement."""
-    from ppsim.calibrate.execute import torch_adapter
-    from ppsim.calibrate.execute.overlap import CommStats, ComputeStream
-    from ppsim.calibrate.torchtitan import ep_exchange
-
-    stream = ComputeStream()
-    stats = CommStats(stream)
-    ep_exchange.install(stream=stream, stats=stats, second=ep_exchange.second_groups(ep_group))
-    pairs = _pairs(spec, pp_rank)
-    if spec.overlap and pairs:
-        # the untimed allocator-level step runs its pairs in turn: its live-bytes dispatch mode is per thread, and
-        # a second thread under the same mode is not safe (CPython SystemErrors seen)
-        torch_adapter.overlap_pairs(runtime, stages, pairs, stream=stream, stats=stats, stamp=clock.stamp,
-                                    outputs=clock.outputs, context=ep_exchange.second_thread,
-                                    enabled=lambda: clock.live is None)
-    return stats
-
-
-def layer_ids_of(part: Any) -> tuple[int, ...]:
-    layers = getattr(part, "layers", None)
-    return tuple(int(k) for k in layers.keys()) if layers is not None else ()
-
-
-def summed_reference(source: ModelSource, num_microbatches: int, grads: dict[str, Any], *, seed: int,
-                     device: Any) -> ReferenceCheck:
-    """The unsplit model (same weights, same batch) one microbatch at a time, each microbatch's loss backward
-    unscaled: the gradients torchtitan's ``scale_grads=False`` schedule accumulates (their sum over microbatches).
-    ``ref_loss`` is the mean microbatch loss. Compares with ``grads`` (reference name -> pipelined gradient)."""
-    from ppsim.calibrate.execute.numerics import compare_with_reference
-
-    ref = source.build_full(seed=seed, device=device)
-    tokens, targets = source.make_batch(num_microbatches, seed=seed)
-    return compare_with_reference(ref, source.loss_fn, tokens.to(device), targets.to(device), num_microbatches,
-                                  grads, summed=True)

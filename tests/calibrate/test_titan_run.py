@@ -70,7 +70,7 @@ def test_a_placement_torchtitan_cannot_build_is_refused_in_one_line(tmp_path: Pa
 
 
 def test_module_names_follow_the_predicted_split_and_torchtitans_default() -> None:
-    from ppsim.calibrate.torchtitan.runner import module_names_per_stage
+    from ppsim.calibrate.torchtitan.parts import module_names_per_stage
     from ppsim.calibrate.torchtitan.split import stage_module_names
 
     source = small_source("torchtitan:llama3/debugmodel")  # 6 layers
@@ -85,7 +85,7 @@ def test_summed_reference_catches_gradients_scaled_per_microbatch() -> None:
     default scale_grads=True) must fail the check, the summed ones pass it exactly."""
     import torch
 
-    from ppsim.calibrate.torchtitan.runner import summed_reference
+    from ppsim.calibrate.torchtitan.parts import summed_reference
 
     source = small_source("torchtitan:llama3/debugmodel", seq_len=8, layers=2)
     m = 2

@@ -246,7 +246,7 @@ def test_plan_with_a_profile_counts_the_training_job_and_with_memory_as_run_equa
     profile's measured activations, job_memory)."""
     pytest.importorskip("torchtitan")
     from ppsim.calibrate.models import source_from_profile
-    from ppsim.calibrate.torchtitan.runner import module_names_per_stage
+    from ppsim.calibrate.torchtitan.parts import module_names_per_stage
     from ppsim.calibrate.torchtitan.shapes import run_shapes
     from ppsim.profile import load_profile
 
