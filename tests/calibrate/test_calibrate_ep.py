@@ -30,8 +30,9 @@ def test_all_to_all_on_two_gloo_processes_fits_a_positive_latency_and_bandwidth(
     assert fit.op == "all_to_all" and fit.group_size == 2
     assert [s.bytes for s in fit.samples] == sizes
     assert 0 <= fit.alpha_s < 0.05 and 1e6 < fit.beta_bytes_per_s < 1e12  # loopback gloo: microseconds, GB/s
-    assert all(s.median_s > 0 for s in fit.samples)
-    assert fit.samples[-1].median_s > fit.samples[0].median_s  # 1 MiB takes longer than 4 KiB
+    assert all(0 < s.p10_s <= s.median_s <= s.p90_s for s in fit.samples)
+    # no timing comparison between sizes: with 5 repetitions on a shared 2-core host one stalled 4 KiB exchange
+    # (2.5 ms median, 0.14 ms p10) outlasted the 1 MiB one (CI on torch 2.15, 2026-11-27)
 
 
 @pytest.mark.torch
