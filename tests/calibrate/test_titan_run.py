@@ -103,20 +103,27 @@ def test_summed_reference_catches_gradients_scaled_per_microbatch() -> None:
 
 
 # --- runs (2 processes each) ------------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_llama3_zbh1_runs_through_torchtitans_helpers_and_matches_the_reference(tmp_path: Path) -> None:
+def _llama3_run(tmp_path: Path, schedule: str, says: str) -> dict:
+    """``ppsim run`` of llama3's debug flavor with the fixture profile on 2 ranks, 4 microbatches: it says ``says``,
+    matches the unsplit model and ran the schedule's own order; its JSON."""
     out = tmp_path / "run.json"
-    code, stdout, stderr = invoke("--profile", str(LLAMA_PROFILE), "-s", "ZBH1", "-r", "2", "-m", "4",
+    code, stdout, stderr = invoke("--profile", str(LLAMA_PROFILE), "-s", schedule, "-r", "2", "-m", "4",
                                   "-o", str(out), *FAST)
     assert code == 0, stderr
-    assert "stages and schedule built by torchtitan's pipeline helpers" in stdout
+    assert says in stdout
     data = json.loads(out.read_text())
     assert data["grad_ok"] and data["loss_match"] and data["num_params_checked"] > 0
     assert data["grad_max_abs_diff"] <= data["grad_tolerance"]
-    schedule = get_schedule("ZBH1", 2, 4)
+    order = get_schedule(schedule, 2, 4).actions
     assert [(a["rank"], a["action"]) for a in data["per_action"]] == [
-        (r, str(a)) for r, row in enumerate(schedule.actions) for a in row
+        (r, str(a)) for r, row in enumerate(order) for a in row
     ]
+    return data
+
+
+@pytest.mark.slow
+def test_llama3_zbh1_runs_through_torchtitans_helpers_and_matches_the_reference(tmp_path: Path) -> None:
+    data = _llama3_run(tmp_path, "ZBH1", "stages and schedule built by torchtitan's pipeline helpers")
     assert data["predicted_step_s"] > 0 and data["measured_step_s"] > 0
     assert all(m["peak_activation_bytes_measured"] > 0 for m in data["memory"])
     assert multiprocessing.active_children() == []
@@ -127,17 +134,7 @@ def test_llama3_dualpipe_runs_both_model_copies_on_the_chain_executor_over_torch
     torchtitan's ``_split_module`` cut (one per model copy); the copies' summed gradients equal the unsplit model's,
     and each rank's allocator peak is predicted (each stage's modules by its chain position). Not slow:
     the torch-2.15 CI job runs it too (each stage's backward goes through that release's ``PipelineStage``)."""
-    out = tmp_path / "run.json"
-    code, stdout, stderr = invoke("--profile", str(LLAMA_PROFILE), "-s", "DualPipe", "-r", "2", "-m", "4",
-                                  "-o", str(out), *FAST)
-    assert code == 0, stderr
-    assert "ppsim's chain executor" in stdout
-    data = json.loads(out.read_text())
-    assert data["grad_ok"] and data["loss_match"] and data["num_params_checked"] > 0
-    schedule = get_schedule("DualPipe", 2, 4)
-    assert [(a["rank"], a["action"]) for a in data["per_action"]] == [
-        (r, str(a)) for r, row in enumerate(schedule.actions) for a in row
-    ]
+    data = _llama3_run(tmp_path, "DualPipe", "ppsim's chain executor")
     # a prediction for both ranks, each holding a part of each copy (its accuracy under sharding: test_run_ep.py;
     # this fixture profile's activation bytes are not this run's shapes, for 1F1B alike)
     assert [m["rank"] for m in data["memory"]] == [0, 1]
