@@ -1104,9 +1104,11 @@ def probe_shared(opts: CalibrationOptions, doc: dict[str, Any], runtime: dict[st
     from ppsim.calibrate.execute import steps
     from ppsim.calibrate.measure import runtime_model as rm
     from ppsim.calibrate.torchtitan import runner as titan_run
+    from ppsim.calibrate.torchtitan.parts import module_names_per_stage
     from ppsim.calibrate.torchtitan.shapes import run_shapes
     from ppsim.costs import CostSpec
     from ppsim.fsdp import CollectiveCosts, fsdp_step
+    from ppsim.job.degrees import Degrees
     from ppsim.profile import Profile
     from ppsim.schedules import get_schedule
     from ppsim.sharing import host_cores
@@ -1125,9 +1127,10 @@ def probe_shared(opts: CalibrationOptions, doc: dict[str, Any], runtime: dict[st
     measurement = titan_run.TorchtitanRunner().launch(spec)
     shapes = run_shapes(opts.model_source, tp=1, fsdp=True, profile=profile, dp_shard=dp_shard, ep=ep,
                         ac=opts.activation_checkpoint)
-    modules = titan_run.module_names_per_stage(opts.model_source, schedule.num_stages, costs.split_counts)
+    modules = module_names_per_stage(opts.model_source, schedule.num_stages, costs.split_counts)
     step = fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=dp_shard,
-                     costs=CollectiveCosts.from_profile(profile), efsdp=dp_shard // ep if ep > 1 else None)
+                     costs=CollectiveCosts.from_profile(profile),
+                     efsdp=Degrees(pp=ranks, dp_shard=dp_shard, ep=ep).efsdp)
     return rm.fit_shared_scale(measurement, step, costs, per_rank=dp_shard, cores=host_cores())
 
 
