@@ -156,6 +156,12 @@ def read_toml_settings(path: str | Path, overrides: Sequence[str] = ()) -> JobSe
     source = str(path)
     data = read_toml(path)
     sections = {name: dict(_table(data, name, source)) for name in OVERRIDE_SECTIONS}
+    if "name" not in _table(data, "model", source) and not sections["parallelism"]:
+        raise TorchtitanConfigError(
+            f"--torchtitan-config {source}: names no model and no pipeline; a job file must name its model "
+            "([model] name = \"llama3\", flavor = \"debugmodel\") or torchtitan's pipeline keys ([parallelism] "
+            "pipeline_parallel_degree = ...); add them to the file, or pass a config function "
+            "(e.g. --torchtitan-config llama3:llama3_debugmodel)")
     fields_: dict[str, Any] = dict(FIELD_TYPES)
     fields_["parallelism.pipeline_parallel_size"] = int
     for name, table in sections.items():
