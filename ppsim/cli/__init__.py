@@ -41,6 +41,7 @@ def __getattr__(name: str) -> Any:
 
         for module in ("calibrate", "plan", "run", "schedules", "search", "simulation"):  # importing registers them
             importlib.import_module(f"ppsim.cli.{module}")
+        importlib.import_module("ppsim.cli.collective")  # `ppsim collective`
         from ppsim.cli._app import app
 
         globals()["app"] = app

@@ -152,3 +152,8 @@ class ExportFormat(str, Enum):
     csv = "csv"
     json = "json"
     chrome = "chrome"
+ClusterOpt = Annotated[
+    Optional[str],
+    typer.Option("--cluster", help="cluster preset or file (TOML/JSON): nodes, GPUs per node, links, NICs, device; "
+                 "`ppsim list --clusters`"),
+]

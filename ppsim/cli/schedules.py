@@ -40,8 +40,17 @@ from ppsim.io import check_writable
 # --- list / show / validate / export ----------------------------------------------------------------------------
 @app.command("list")
 @user_errors
-def list_cmd(json_out: JsonOpt = False) -> None:
-    """Every schedule with its stages per rank, constraints and a one-line description."""
+def list_cmd(
+    json_out: JsonOpt = False,
+    clusters: Annotated[bool, typer.Option("--clusters", help="List the cluster presets (--cluster) instead.")] = False,
+) -> None:
+    """Every schedule with its stages per rank, constraints and a one-line description (--clusters: every
+    cluster preset with its links, NICs, device and sources)."""
+    if clusters:
+        from ppsim.cli.collective import print_clusters
+
+        print_clusters(json_out=json_out)
+        return
     print_schedules(json_out=json_out)
 
 

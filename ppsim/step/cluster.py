@@ -60,7 +60,7 @@ class Device:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "peak_tflops": _round(self.peak_flops / 1e12),
-                "memory_GiB": _round(self.memory_bytes / GiB)}
+                "memory_GiB": self.memory_bytes / GiB}
 
 
 @dataclass(frozen=True)
@@ -282,7 +282,7 @@ def cluster_from_dict(data: Mapping[str, Any], *, where: str = "cluster file") -
 def _known(data: Mapping[str, Any], keys: tuple[str, ...], where: str, prefix: str) -> None:
     for key in data:
         if key not in keys:
-            raise ClusterError(f"{where}: unknown key {prefix}{key!r}; the known keys are "
+            raise ClusterError(f"{where}: unknown key {prefix + str(key)!r}; the known keys are "
                                f"{', '.join(prefix + k for k in keys)}")
 
 
@@ -326,14 +326,14 @@ def _link(data: Mapping[str, Any], key: str, where: str) -> Link:
     if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not math.isfinite(lat) or lat < 0:
         raise ClusterError(f"{where}: {key}.latency_us = {lat!r}; it must be a latency in microseconds, 0 or more; "
                            "set a number such as 5")
-    return Link(bw * GB, float(lat) * 1e-6)
+    return Link(bw * GB, float(lat) / 1e6)
 
 
 def _device(data: Mapping[str, Any], where: str) -> Device:
     t = _table(data, "device", _DEVICE_KEYS, where)
     peak = _number(t["peak_tflops"], "device.peak_tflops", where, "positive (dense TFLOP/s)")
     memory = _number(t["memory_GiB"], "device.memory_GiB", where, "positive (GiB per device)")
-    return Device(_text(t.get("name", "device"), "device.name", where), peak * 1e12, int(memory * GiB))
+    return Device(_text(t.get("name", "device"), "device.name", where), peak * 1e12, round(memory * GiB))
 
 
 def _text(value: Any, key: str, where: str) -> str:
