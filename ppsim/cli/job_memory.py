@@ -111,8 +111,50 @@ def job_memory_of(inputs: Inputs, result: SimResult, shapes: JobShapesOnce | Non
         return None
     if say:
         _say_what_is_counted(inputs, result, job_shapes, degrees)
-    return job_memory(job_shapes, degrees=degrees, schedule=result.schedule, stage_modules=job.stage_modules,
-                      recompute=result.recompute, cap_bytes=cap)
+    memory = job_memory(job_shapes, degrees=degrees, schedule=result.schedule, stage_modules=job.stage_modules,
+                        recompute=result.recompute, cap_bytes=cap)
+    mode = _allocator_asked()
+    if mode is None:
+        return memory
+    import dataclasses
+
+    from ppsim.job.outside import reserved_per_rank
+
+    reserved = reserved_per_rank(job_shapes, degrees=degrees, schedule=result.schedule,
+                                 stage_modules=job.stage_modules, recompute=result.recompute, mode=mode, cap_bytes=cap)
+    if say:
+        for note in reserved[0].notes if reserved else ():
+            typer.echo(f"memory: {note}", err=True)
+        typer.echo(f"memory: reserved replays the caching allocator ({mode} segments); outside it: the CUDA context "
+                   "and NCCL's buffers per communicator, stated defaults (docs/memory.md)", err=True)
+    return [dataclasses.replace(m, reserved=r) for m, r in zip(memory, reserved)]
+
+
+_ALLOCATOR: list[str] = []
+"""The running command's ``--allocator`` (set by its option's callback, :func:`allocator_asked`, for the command's
+duration); empty for a command without the option (no replay)."""
+
+
+def allocator_asked(value: object) -> object:
+    """``--allocator``'s callback: keeps the mode while the command runs (checked where it is used)."""
+    import click
+
+    _ALLOCATOR[:] = [str(getattr(value, "value", value))]
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.call_on_close(_ALLOCATOR.clear)
+    return value
+
+
+def _allocator_asked() -> str | None:
+    if not _ALLOCATOR:
+        return None
+    from ppsim.job.allocator import MODES
+
+    if _ALLOCATOR[0] not in MODES:
+        raise JobMemoryError(f"--allocator {_ALLOCATOR[0]}: one of {', '.join(MODES)} (expandable: "
+                             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, as torchtitan launches)")
+    return _ALLOCATOR[0]
 
 
 def _say_what_is_counted(inputs: Inputs, result: SimResult, shapes: JobShapes, degrees: Degrees) -> None:
@@ -177,9 +219,32 @@ def with_memory(per_run: dict[str, Any], memory: list[RankMemory] | None) -> dic
         return per_run
     for row, mem in zip(per_run["per_rank"], memory):
         assert row["peak_memory_bytes"] == mem.peak_memory_bytes, "one count of the job's memory"
-        row.update(memory_parts=dict(mem.parts), fits=mem.fits, memory_during=mem.during,
-                   memory_verdict=mem.verdict() or None, memory_held=dict(mem.static_bytes))
+        res = mem.reserved
+        row.update(memory_parts=dict(mem.parts), fits=mem.fits if res is None else res.fits,
+                   memory_during=mem.during, memory_verdict=verdict(mem) or None, memory_held=dict(mem.static_bytes),
+                   reserved_peak_bytes=None if res is None else res.reserved_peak_bytes,
+                   outside_allocator_bytes=None if res is None else res.outside_allocator_bytes)
+        if res is not None:
+            row.update(allocator=res.trace.to_dict(), outside_allocator=res.outside.to_dict())
     return per_run
+
+
+def verdict(mem: RankMemory) -> str:
+    """The rank's verdict: the allocator's reserved peak plus what lives outside it against the cap where the
+    allocator was replayed (:attr:`RankMemory.reserved`), else the tensors' peak (:meth:`RankMemory.verdict`)."""
+    res = mem.reserved
+    if res is None or res.cap_bytes is None:
+        return mem.verdict()
+    if res.trace.oom is not None:
+        oom = res.trace.oom
+        need = oom.reserved_bytes + oom.nbytes + res.outside_allocator_bytes - res.cap_bytes
+        return (f"over by {max(need, 0) / 2**30:.2f} GiB on rank {mem.rank} during {mem.during} (out of memory: the "
+                f"allocator could not reserve {fmt_gib(oom.nbytes)} more at {fmt_gib(oom.reserved_bytes)} reserved, "
+                f"+ {fmt_gib(res.outside_allocator_bytes)} outside it)")
+    gap = (res.cap_bytes - res.device_bytes) / 2**30
+    if gap >= 0:
+        return f"fits, {gap:.2f} GiB free (reserved + outside)"
+    return f"over by {-gap:.2f} GiB on rank {mem.rank} during {mem.during} (reserved + outside)"
 
 
 def print_memory(memory: list[RankMemory] | None, cap_text: str | None, cap: int | None) -> None:
@@ -191,10 +256,17 @@ def print_memory(memory: list[RankMemory] | None, cap_text: str | None, cap: int
 
     read = "" if cap is None else f" — cap {cap_text} read as {cap} bytes ({fmt_gib(cap)})"
     table = Table(title=f"memory per PP rank (GiB) at its high point{read}")
-    for col in ("rank", *PARTS, "peak", "during", "verdict"):
+    replayed = any(m.reserved is not None for m in memory)
+    extra = ("reserved", "outside") if replayed else ()
+    for col in ("rank", *PARTS, "peak", *extra, "during", "verdict"):
         table.add_column(col, justify="left" if col in ("during", "verdict") else "right")
     for m in memory:
-        verdict = m.verdict() or "-"
+        said = verdict(m) or "-"
+        res = m.reserved
+        cells = () if not replayed else (("-", "-") if res is None else
+                                         (f"{res.reserved_peak_bytes / 2**30:.2f}",
+                                          f"{res.outside_allocator_bytes / 2**30:.2f}"))
+        fits = m.fits if res is None else res.fits
         table.add_row(str(m.rank), *(f"{m.parts[p] / 2**30:.2f}" for p in PARTS), f"{m.peak_memory_bytes / 2**30:.2f}",
-                      m.during, f"[bold red]{verdict}[/]" if m.fits is False else verdict)
+                      *cells, m.during, f"[bold red]{said}[/]" if fits is False else said)
     console().print(table)

@@ -25,6 +25,7 @@ from ppsim.cli.common import (
 )
 from ppsim.cli.options import (
     JOB_CONTEXT,
+    AllocatorOpt,
     AllowLargeOpt,
     CostScopeOpt,
     CostsOpt,
@@ -77,6 +78,7 @@ def simulate_cmd(
     layers_per_stage: LayersPerStageOpt = None,
     torchtitan_config: TorchtitanConfigOpt = None,
     recompute: RecomputeOpt = None,
+    allocator: AllocatorOpt = "expandable",
 ) -> None:
     """Discrete-event replay; with -s A,B,C (or -s A -s B) simulates several and ranks them by makespan."""
     from ppsim.cli.job_memory import job_shapes_of, print_memory, with_job, with_memory

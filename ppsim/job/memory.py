@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ppsim.errors import JobMemoryError
 from ppsim.ir import ActionType, Schedule
+from ppsim.job.allocator import AllocEvent
 from ppsim.job.degrees import Degrees
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ class JobShapes:
     microbatch and direction when the schedule prepares the stage and keep them for the whole run."""
     moe_layers: tuple[str, ...] = ()
     """The MoE layers' module names (``layers.N``: those whose config has a ``moe``), for EP's all-to-alls
-    (:mod:`ppsim.ep`); empty for a dense model."""
+    (:mod:`ppsim.step.ep`); empty for a dense model."""
     moe_top_k: int = 0
     """Experts each token is routed to (the router's ``top_k``)."""
     moe_tokens: int = 0
@@ -162,6 +163,12 @@ class RankMemory:
     """Per action of the rank that computes, in its order: (what it changes when it ends, its high point above what
     was held before it): the same count as the peak, for the simulator's memory over time (:func:`with_job_memory`;
     actions that only communicate, such as FSDP's ``UNSHARD``, change nothing)."""
+    events: tuple[AllocEvent, ...] = ()
+    """The same count as tensors allocated and freed, each with its stream (:func:`memory_events`; empty unless
+    asked for): per action their sum is ``over_time``'s change, and their running high point its high point."""
+    reserved: Any = None
+    """The caching allocator's replay of :attr:`events` and the bytes outside it
+    (:class:`ppsim.job.outside.RankReserved`), where the command asked for it; None otherwise."""
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -231,6 +238,15 @@ class _Stage:
     kept_gathered: int = 0
     """Elements of the stage's units that stay gathered from their forward to their backward without a pipeline
     (the norm and the head: torchtitan does not reshard them after forward)."""
+    saved_pieces: tuple[int, ...] = ()
+    """Each block's saved bytes, in forward order (the tensors :func:`memory_events` allocates)."""
+    numel_pieces: tuple[int, ...] = ()
+    """Each block's elements as one TP rank holds them (gathered, unsharded gradients)."""
+    sharded_pieces: tuple[int, ...] = ()
+    """Each block's elements after FSDP (parameters, optimizer states, sharded gradients)."""
+    buffer_pieces: tuple[int, ...] = ()
+    kept_pieces: tuple[int, ...] = ()
+    """The elements of the blocks in :attr:`kept_gathered`."""
 
 
 def receives_just_in_time(torch_version: str) -> bool:
@@ -282,6 +298,10 @@ def _stage_of(shapes: JobShapes, modules: Sequence[str], dp_shard: int, *, first
                         for j in range(len(blocks))), default=0),
         weight_grad=max(new, default=0), unit=max((b.numel for b in blocks), default=0),
         kept_gathered=sum(b.numel for m, b in zip(modules, blocks) if m in ("norm", "lm_head", "output")),
+        saved_pieces=tuple(b.saved_bytes for b in blocks), numel_pieces=tuple(b.numel for b in blocks),
+        sharded_pieces=tuple(b.sharded_numel(dp_shard, efsdp) for b in blocks),
+        buffer_pieces=tuple(b.buffer_bytes for b in blocks),
+        kept_pieces=tuple(b.numel for m, b in zip(modules, blocks) if m in ("norm", "lm_head", "output")),
     )
 
 
@@ -292,11 +312,12 @@ def stage_numels(shapes: JobShapes, stage_modules: Sequence[Sequence[str]]) -> l
 
 def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
                stage_modules: Sequence[Sequence[str]], recompute: AbstractSet[tuple[int, int]] = frozenset(),
-               cap_bytes: int | None = None) -> list[RankMemory]:
+               cap_bytes: int | None = None, with_events: bool = False) -> list[RankMemory]:
     """Each PP rank's high point over ``schedule``'s order (its actions as the rank runs them), with its parts.
 
     ``stage_modules[s]``: stage ``s``'s module names (torchtitan's split), in forward order; ``recompute``: the
-    (stage, microbatch) pairs whose activations are recomputed in their backward (only the stage's input is kept)."""
+    (stage, microbatch) pairs whose activations are recomputed in their backward (only the stage's input is kept);
+    ``with_events``: each rank's :attr:`RankMemory.events` too."""
     if degrees.cp > 1:
         raise JobMemoryError(f"context_parallel_degree {degrees.cp}: ppsim does not count context parallelism yet "
                              "(each rank would hold a 1/cp share of every sequence's activations); drop "
@@ -308,7 +329,17 @@ def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
                         last=schedule.next_stage(s) is None, sent=_sends_held(shapes, schedule, s),
                         efsdp=degrees.efsdp)
               for s, mods in enumerate(stage_modules)]
-    return [_rank_memory(shapes, schedule, stages, r, recompute, cap_bytes, degrees) for r in range(schedule.num_ranks)]
+    return [_rank_memory(shapes, schedule, stages, r, recompute, cap_bytes, degrees, with_events)
+            for r in range(schedule.num_ranks)]
+
+
+def memory_events(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
+                  stage_modules: Sequence[Sequence[str]],
+                  recompute: AbstractSet[tuple[int, int]] = frozenset()) -> list[tuple[AllocEvent, ...]]:
+    """Each PP rank's tensors over the step, allocated and freed with their streams, from :func:`job_memory`'s
+    own count (for :func:`ppsim.job.allocator.replay`)."""
+    return [m.events for m in job_memory(shapes, degrees=degrees, schedule=schedule, stage_modules=stage_modules,
+                                         recompute=recompute, with_events=True)]
 
 
 def _sends_held(shapes: JobShapes, schedule: Schedule, stage: int) -> tuple[bool, bool]:
@@ -321,8 +352,100 @@ def _sends_held(shapes: JobShapes, schedule: Schedule, stage: int) -> tuple[bool
             prev is not None and schedule.stage_to_rank[prev] != rank)
 
 
+class _EventLog:
+    """The walk's byte counts as tensors (:class:`AllocEvent`): each part of the state (``act`` per stage and
+    microbatch, ``gathered``, ``accum`` and ``grads`` per stage, the action's ``transient``) is a list of live
+    tensors; each change of a part's bytes frees (the current stage's and microbatch's first, the latest first) or
+    allocates tensors (a block's share each where the change is a stage's whole count, else one), frees before
+    allocations, so the running total never passes the count's own high point."""
+
+    STREAM = {"act": "compute", "gathered": "fsdp_all_gather", "accum": "compute", "grads": "fsdp_reduce_scatter",
+              "transient": "compute"}
+
+    def __init__(self, dtypes: tuple[int, int, int], no_pipeline: bool) -> None:
+        self.master, self.param, self.reduce = dtypes
+        self.no_pipeline = no_pipeline
+        self.events: list[AllocEvent] = []
+        self.live: dict[str, list[tuple[str, str, int, str]]] = {c: [] for c in (*self.STREAM, "setup")}
+        self.level = dict.fromkeys(self.STREAM, 0)
+        self.index, self.stage, self.microbatch, self.st = -1, 0, 0, None
+        self._n = 0
+
+    def alloc(self, part: str, key: str, nbytes: int, stream: str) -> None:
+        if nbytes <= 0:
+            return
+        self._n += 1
+        tag = f"{part}:{key}#{self._n}"
+        self.live[part].append((key, tag, nbytes, stream))
+        self.events.append(AllocEvent(self.index, nbytes, stream, tag))
+
+    def _key(self, part: str) -> str:
+        return f"s{self.stage}mb{self.microbatch}" if part == "act" else f"s{self.stage}"
+
+    def _free(self, part: str, amount: int) -> list[tuple[str, str, int, str]]:
+        """Free ``amount`` bytes of ``part``; what a partly freed tensor leaves, to allocate again."""
+        chunks, key = self.live[part], self._key(part)
+        order = ([i for i in reversed(range(len(chunks))) if chunks[i][0] == key]
+                 + [i for i in reversed(range(len(chunks))) if chunks[i][0] != key])
+        gone: set[int] = set()
+        again = []
+        for i in order:
+            if amount <= 0:
+                break
+            k, tag, nbytes, stream = chunks[i]
+            self.events.append(AllocEvent(self.index, -nbytes, stream, tag))
+            gone.add(i)
+            if nbytes > amount:
+                again.append((part, k, nbytes - amount, stream))
+            amount -= nbytes
+        self.live[part] = [c for i, c in enumerate(chunks) if i not in gone]
+        return again
+
+    def _pieces(self, part: str, amount: int) -> list[int]:
+        st = self.st
+        per = {"act": st.saved_pieces if st else (),
+               "gathered": tuple(n * self.param for n in ((st.kept_pieces if self.no_pipeline else st.numel_pieces)
+                                                          if st else ())),
+               "accum": tuple(n * self.reduce for n in (st.numel_pieces if st else ())),
+               "grads": tuple(n * self.master for n in (st.sharded_pieces if st else ()))}[part]
+        taken, total = [], 0
+        for p in per:
+            if p and total + p <= amount:
+                taken.append(p)
+                total += p
+        return [amount - total, *taken]
+
+    def move(self, target: Mapping[str, int], parts: Sequence[tuple[int, str]] = ()) -> None:
+        """Bring each part to ``target`` (bytes); ``parts``: the transient's tensors on other streams."""
+        allocs: list[tuple[str, str, int, str]] = []
+        for part in self.STREAM:
+            change = target[part] - self.level[part]
+            if part == "transient":
+                if change:
+                    allocs += self._free(part, self.level[part])
+                    rest = target[part]
+                    for nbytes, stream in parts:
+                        take = min(nbytes, rest)
+                        allocs.append((part, "t", take, stream))
+                        rest -= take
+                    allocs.append((part, "t", rest, "compute"))
+            elif change < 0:
+                allocs += self._free(part, -change)
+            elif change > 0:
+                allocs += [(part, self._key(part), p, self.STREAM[part]) for p in self._pieces(part, change)]
+            self.level[part] = target[part]
+        for a in allocs:
+            self.alloc(*a)
+
+    def levels(self, state: Mapping[str, int], *, act: int = 0, grads: int = 0, transient: int = 0) -> dict[str, int]:
+        return {"act": state["act"] + act, "gathered": state["gathered"],
+                "accum": state["accum"] + (0 if self.no_pipeline else grads),
+                "grads": state["grads"] + (grads if self.no_pipeline else 0), "transient": transient}
+
+
 def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], rank: int,
-                 recompute: AbstractSet[tuple[int, int]], cap_bytes: int | None, degrees: Degrees) -> RankMemory:
+                 recompute: AbstractSet[tuple[int, int]], cap_bytes: int | None, degrees: Degrees,
+                 with_events: bool = False) -> RankMemory:
     master, param, reduce = (DTYPE_BYTES[d] for d in (shapes.master_dtype, shapes.param_dtype, shapes.reduce_dtype))
     if not shapes.fsdp or (shapes.fsdp_only_sharded and degrees.dp_shard * degrees.tp == 1):
         param = 0  # no gathered copy: the stored parameters are computed with
@@ -353,9 +476,26 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
     state = {"act": 0, "gathered": 0, "accum": 0, "grads": 0, "sent": 0}
     best: tuple[int, dict[str, int], str] = (-1, {}, "")
     high = 0  # the most held inside the action being walked
+    no_pipeline = degrees.pp == 1 and param > 0
+    log = _EventLog((master, param, reduce), no_pipeline) if with_events else None
+    if log is not None:  # what is held before the step: one tensor per block and state, each receive buffer
+        for s in own:
+            for b, n in enumerate(stages[s].sharded_pieces):
+                for k in range(1 + shapes.optimizer_states):
+                    log.alloc("setup", f"s{s}b{b}" + (f"state{k}" if k else "param"), n * master, "compute")
+            for b, n in enumerate(stages[s].buffer_pieces):
+                log.alloc("setup", f"s{s}b{b}buffer", n, "compute")
+        if not shapes.receives_just_in_time:
+            for s, d in zip(own, directions):
+                for k in range(m * d):
+                    log.alloc("setup", f"s{s}recv{k}", shapes.boundary_bytes, "compute")
+        log.alloc("setup", "workspace", shapes.workspace_bytes, "compute")
 
-    def consider(transient: int, extra_act: int, label: str, extra_grads: int = 0) -> None:
+    def consider(transient: int, extra_act: int, label: str, extra_grads: int = 0,
+                 parts: Sequence[tuple[int, str]] = ()) -> None:
         nonlocal best, high
+        if log is not None:
+            log.move(log.levels(state, act=extra_act, grads=extra_grads, transient=transient), parts)
         parts = {"parameters": sharded * master, "gradients": state["accum"] + state["grads"] + extra_grads,
                  "optimizer": shapes.optimizer_states * sharded * master, "activations": state["act"] + extra_act,
                  "other": state["gathered"] + buffers + transient + shapes.workspace_bytes}
@@ -376,9 +516,13 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
         pos = owner[i]
         if i == 0 or owner[i - 1] != pos:  # the action's first computation
             before, high = held(), 0
+        if log is not None:
+            log.index, log.stage, log.microbatch, log.st = pos, c.stage, c.microbatch, stages[c.stage]
         _walk_one(shapes, stages, c, i, label, state=state, consider=consider, recompute=recompute,
                   dtypes=(master, param, reduce), firsts=firsts, lasts=lasts, first_grads=first_grads,
-                  no_pipeline=degrees.pp == 1 and param > 0)
+                  no_pipeline=no_pipeline)
+        if log is not None:
+            log.move(log.levels(state))
         over_time[pos] = [held() - before, max(high, held()) - before]
     consider(0, 0, "the step's end")
     end = ((2 + shapes.optimizer_states) * sharded * master + buffers + state["gathered"] + state["accum"]
@@ -388,7 +532,8 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
               "p2p_buffers": buffers - module_buffers, "module_buffers": module_buffers}
     return RankMemory(rank=rank, parts=best[1], during=best[2], cap_bytes=cap_bytes, static_bytes=static,
                       end_bytes=end, start_bytes=start,
-                      over_time=tuple((d, p) for (d, p), c in zip(over_time, computes) if c))
+                      over_time=tuple((d, p) for (d, p), c in zip(over_time, computes) if c),
+                      events=() if log is None else tuple(log.events))
 
 
 def _walk_one(shapes: JobShapes, stages: list[_Stage], c: Any, i: int, label: str, *, state: dict[str, int],
@@ -434,17 +579,19 @@ def _no_pipeline_step(st: _Stage, kind: ActionType, *, rc: bool, dtypes: tuple[i
     master, param, reduce = dtypes
     saved = st.kept if rc else st.saved
     units = 2 * st.unit * param
+    gathering = ((st.unit * param, "fsdp_all_gather"),) * 2  # the unit computing and the next, prefetched
     if kind is ActionType.F:
         if first:
             state["gathered"] += st.kept_gathered * param
-        consider(st.fwd_transient + units, saved, label)
+        consider(st.fwd_transient + units, saved, label, parts=gathering)
         state["act"] += saved + st.output
         return
     assert kind is ActionType.B, f"a job without a pipeline runs full backwards (1F1B on one rank), not {kind}"
     grads = st.sharded * master if first_backward else 0
     held, _, transient = st.backward_high
     recomputed = st.saved - st.kept if rc else 0
-    consider(transient + units + st.unit * reduce + recomputed, held - saved, label, grads)
+    consider(transient + units + st.unit * reduce + recomputed, held - saved, label, grads,
+             parts=(*gathering, (st.unit * reduce, "compute")))
     state["act"] -= saved + st.output
     state["grads"] += grads
     if last:

@@ -216,6 +216,13 @@ def test_simulate_prints_each_ranks_parts_and_says_how_the_cap_was_read() -> Non
     assert [r["fits"] for r in rows] == [False, False]
     assert rows[0]["memory_verdict"].startswith("over by ") and "on rank 0 during " in rows[0]["memory_verdict"]
     assert set(rows[0]["memory_parts"]) == set(PARTS)
+    roomy = runner.invoke(app, [*args, "--memory-cap", "80GiB", "--json", "--allocator", "default"])
+    assert roomy.exit_code == 0, roomy.output
+    for r in json.loads(roomy.stdout)["per_rank"]:  # the verdict: reserved + outside against the cap
+        assert r["reserved_peak_bytes"] >= r["peak_memory_bytes"] and r["outside_allocator_bytes"] > 0
+        assert r["fits"] is (r["reserved_peak_bytes"] + r["outside_allocator_bytes"] <= 80 * 2**30) is True
+    bad = runner.invoke(app, [*args, "--allocator", "greedy"])
+    assert bad.exit_code == 2 and "expandable" in bad.output
 
 
 @pytest.mark.parametrize(("name", "v"), [("1F1B", None), ("ZBVZeroBubble", 2), ("Interleaved1F1B", 2),
@@ -449,3 +456,57 @@ def test_just_in_time_receives_hold_only_the_microbatches_in_flight(schedule: st
         assert b.end_bytes == a.end_bytes - held and b.start_bytes == a.start_bytes - held
         low = a.peak_memory_bytes - held
         assert low <= b.peak_memory_bytes <= low + (stages // 2 * m + 1) * boundary
+
+
+# --- the count as tensors (memory_events) and the allocator's replay of it ----------------------------------------
+def _event_cases() -> list[tuple[str, JobShapes, Any, Degrees, list[list[str]], frozenset]]:
+    cases = []
+    for name, v in (("1F1B", None), ("Interleaved1F1B", 2), ("ZBVZeroBubble", 2), ("DualPipeV", 2), ("GPipe", None)):
+        schedule = load_schedule(name, 2, 4, v)
+        for reshard in (False, True):
+            shapes = _shapes(num_layers=2 * schedule.num_stages, saved=10**6, reshard=reshard)
+            cases.append((f"{name}-{reshard}", shapes, schedule, Degrees(pp=2, dp_shard=2),
+                          _modules(schedule.num_stages, 2), frozenset()))
+    schedule = load_schedule("1F1B", 2, 4)
+    sends = dataclasses.replace(_shapes(num_layers=4, saved=10**6), all_sends_held=True, receives_just_in_time=True,
+                                workspace_bytes=64)
+    cases.append(("1F1B-sends-recompute", sends, schedule, Degrees(pp=2), _modules(2, 2),
+                  frozenset({(0, 1), (1, 2)})))
+    one = load_schedule("1F1B", 1, 3)  # no pipeline: FSDP2's defaults, gradient accumulation on one stage
+    cases.append(("pp1", _shapes(num_layers=3, saved=10**6), one, Degrees(pp=1, dp_shard=4), _modules(1, 3),
+                  frozenset()))
+    return cases
+
+
+@pytest.mark.parametrize("case", _event_cases(), ids=lambda c: c[0])
+def test_memory_events_add_up_to_the_count_per_action(case: tuple) -> None:
+    """Summed per action, the tensors allocated and freed equal each action's change in ``over_time``, those before
+    the step equal what is held at its start, and each action's running high point is the count's own."""
+    _, shapes, schedule, degrees, mods, recompute = case
+    from ppsim.job.memory import memory_events
+
+    mems = job_memory(shapes, degrees=degrees, schedule=schedule, stage_modules=mods, recompute=recompute)
+    for m, events in zip(mems, memory_events(shapes, degrees=degrees, schedule=schedule, stage_modules=mods,
+                                             recompute=recompute)):
+        assert sum(e.nbytes for e in events if e.index == -1) == m.start_bytes
+        positions = [pos for pos, a in enumerate(schedule.actions[m.rank]) if a.is_compute]
+        assert len(positions) == len(m.over_time)
+        level = m.start_bytes
+        for pos, (change, high) in zip(positions, m.over_time):
+            mine = [e.nbytes for e in events if e.index == pos]
+            running, top = 0, 0
+            for n in mine:
+                running += n
+                top = max(top, running)
+            assert running == change
+            assert top == max(high, 0)
+            level += change
+        assert level == sum(e.nbytes for e in events)
+        assert all(e.stream in ("compute", "fsdp_all_gather", "fsdp_reduce_scatter", "p2p") for e in events)
+        assert all(e.nbytes != 0 for e in events)
+        # the allocator replays them; what it allocates is the count's tensors rounded
+        from ppsim.job.allocator import replay
+
+        trace = replay(events, "expandable")
+        assert trace.requested_peak_bytes == m.peak_memory_bytes
+        assert trace.reserved_peak_bytes >= trace.allocated_peak_bytes >= m.peak_memory_bytes
