@@ -76,6 +76,8 @@ def measured_ops(activation_checkpoint: str) -> tuple[str, ...]:
     """The timings a complete profile measured under ``activation_checkpoint`` holds."""
     return OPS if activation_checkpoint == "none" else WHOLE_BACKWARD_OPS
 ABSENT_IN_OLD = {"absent_in_old": True}
+DEFAULT_IF_ABSENT = {"default_if_absent": True}
+"""Field metadata: a key that profiles written before it existed lack, read as the field's default."""
 OMIT_IF_NONE = {"omit_if_none": True}
 """Field metadata: the key is left out of the file when the value is ``None`` (older profiles lack it)."""
 
@@ -456,7 +458,8 @@ class HostLoad(Record):
                 "with them, may be inflated; calibrate again on a quiet host")
 
 
-COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "all_to_all")
+COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
+"""The kinds a collective record may time (:class:`ppsim.step.kinds.CollectiveKind`'s values)."""
 
 
 @dataclass(frozen=True)
@@ -471,6 +474,9 @@ class CollectiveFit(Record):
     beta_bytes_per_s: float = field(metadata=POSITIVE)
     fit_rel_error: float
     samples: tuple[P2PSample, ...] = ()
+    nodes: int = field(default=1, metadata={**at_least(1), **DEFAULT_IF_ABSENT})
+    """The nodes the group spans, ``group_size / nodes`` ranks on each (``calibrate --collectives``); profiles
+    written before it existed lack it: 1, one node."""
 
     def time(self, num_bytes: int) -> float:
         return self.alpha_s + num_bytes / self.beta_bytes_per_s
@@ -881,10 +887,13 @@ class _Reader:
         pre, at = f"{where}.", f"{where}.{f.name}"
         if kind.startswith("tuple["):
             return self.records(_RECORDS[kind[6:-6]], self.get(d, f.name, pre, optional=True), at)
-        optional = nullable or f.default_factory is not MISSING
+        absent_ok = f.metadata.get("default_if_absent", False)
+        optional = nullable or f.default_factory is not MISSING or absent_ok
         raw = self.get(d, f.name, pre, optional=optional)
         if raw is None and nullable:
             return None
+        if raw is None and absent_ok:
+            return f.default
         if kind == "int":
             return self.int_(raw, at, minimum=f.metadata.get("minimum", 0))
         if kind == "float":

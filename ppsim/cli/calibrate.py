@@ -7,6 +7,7 @@ here (:func:`resolve_model`), and travels in the request; the work is done by
 
 from __future__ import annotations
 
+import json
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
@@ -108,9 +109,25 @@ def calibrate_cmd(
                           "profile). The profile records the mode.")
     ] = "none",
     torchtitan_config: TorchtitanConfigOpt = None,
+    collectives: Annotated[
+        bool, typer.Option("--collectives", help="Measure only the collectives (all-gather, reduce-scatter, "
+                           "all-reduce, all-to-all, send/recv) at every placement: within a node 2..G ranks, across "
+                           "2..N nodes 1..G ranks each. Run one torchrun per node (else two local processes); the "
+                           "records go into -o (an existing profile keeps everything else).")
+    ] = False,
+    max_size: Annotated[
+        Optional[str], typer.Option("--max-size", metavar="BYTES", help="With --collectives: the largest size "
+                                    "timed (from 4 KiB, x4 each step; default 64MiB).")
+    ] = None,
 ) -> None:
     """Measure the model's blocks (embedding, layer, head), the per-stage overhead, p2p cost and the runtime's
     overheads on this machine; write a profile that serves any schedule and stage count."""
+    if collectives:
+        _collectives_cmd(ctx, output=output, device=device.value, warmup=warmup, reps=reps, max_size=max_size,
+                         init_timeout=init_timeout, model=model, preset=preset)
+        return
+    if max_size is not None:
+        raise PPSimError(f"--max-size {max_size}: only with --collectives; add --collectives or drop --max-size")
     from ppsim.calibrate.measure.calibration import (
         CalibrationOptions,
         CalibrationPass,
@@ -161,6 +178,117 @@ def calibrate_cmd(
     request = decide_speed(request)  # measured already by check_limits (unless --allow-large)
     warn([*notes, *[line for line in [request.speed and request.speed.warning()] if line]])
     _calibrate(request)
+
+
+def _collectives_cmd(ctx: typer.Context, *, output: Path, device: str, warmup: int, reps: int,
+                     max_size: str | None, init_timeout: float, model: str | None, preset: str | None) -> None:
+    """``calibrate --collectives``: the collectives at every placement, written into ``-o`` as each placement
+    finishes (so a Ctrl-C, exit 130, keeps them); defaults 1 warm-up and 5 timed repetitions."""
+    from ppsim.io import parse_bytes
+
+    def defaulted(name: str) -> bool:  # typer may vendor click: compare the source by its name
+        return getattr(ctx.get_parameter_source(name), "name", "DEFAULT") in ("DEFAULT", "DEFAULT_MAP")
+
+    if defaulted("warmup"):
+        warmup = 1
+    if defaulted("reps"):
+        reps = 5
+    _checked_stages(None, check_stages=False, warmup=warmup, reps=reps, notes=[])
+    check_timeout("--init-timeout", init_timeout, least=1.0)
+    check_output(output, "-o", suffix=".json")
+    max_bytes = parse_bytes(max_size, option="--max-size") if max_size is not None else None
+    if max_bytes is not None and max_bytes < 4:
+        raise PPSimError(f"--max-size {max_size}: at least 4 bytes (one float); e.g. --max-size 64MiB")
+    base = _collectives_base(output, model=model, preset=preset, device=device)
+    from ppsim.calibrate.measure import collectives as coll
+
+    max_bytes = max_bytes or coll.DEFAULT_MAX_BYTES
+    found: list[Any] = []
+
+    def save(timings: list[Any]) -> None:
+        from ppsim.io import write_atomic
+
+        found.extend(timings)
+        doc = dict(base)
+        doc["collectives"] = coll.merge_fits(base.get("collectives") or [], coll.to_fits(found))
+        note = (f"collectives measured by `ppsim calibrate --collectives` ({warmup} warm-up + {reps} timed, up to "
+                f"{max_bytes} bytes)")
+        doc["notes"] = [*(n for n in doc.get("notes") or [] if not n.startswith("collectives measured by")), note]
+        write_atomic(output, json.dumps(doc, indent=1) + "\n", option="-o")
+
+    def log(line: str) -> None:
+        typer.echo(line, err=True)
+
+    from ppsim.calibrate.execute.launch import under_torchrun
+
+    try:
+        if under_torchrun():
+            _collectives_torchrun(device=device, warmup=warmup, reps=reps, max_bytes=max_bytes,
+                                  init_timeout=init_timeout, log=log, save=save)
+        else:
+            backend = "nccl" if device == "cuda" else "gloo"
+            coll.measure_local(ranks=2, max_bytes=max_bytes, backend=backend, warmup=warmup, reps=reps,
+                               timeout_s=max(init_timeout, 60.0) + 3600, log=log, on_placement=save)
+    except KeyboardInterrupt:
+        kept = f"kept the {len(found)} finished timings in {output}" if found else f"nothing written ({output})"
+        typer.echo(f"interrupted; {kept}", err=True)
+        raise typer.Exit(code=130) from None
+    import os
+
+    if os.environ.get("RANK", "0") == "0":
+        typer.echo(str(output))
+
+
+def _collectives_torchrun(*, device: str, warmup: int, reps: int, max_bytes: int, init_timeout: float,
+                          log: Any, save: Any) -> None:
+    """This rank's part of ``--collectives`` under torchrun (rank 0 logs and writes)."""
+    import torch
+    import torch.distributed as dist
+
+    from ppsim.calibrate.execute.launch import init_world
+    from ppsim.calibrate.measure import collectives as coll
+
+    dev: Any = "cpu"
+    backend = "gloo"
+    if device == "cuda":
+        import os
+
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        dev, backend = torch.device("cuda", local), "nccl"
+    torch.set_num_threads(1)
+    world = init_world(backend=backend, timeout_s=init_timeout)
+    try:
+        coll.measure_collectives(max_bytes=max_bytes, warmup=warmup, reps=reps, device=dev,
+                                 log=log if world.rank == 0 else (lambda line: None),
+                                 on_placement=save if world.rank == 0 else None)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _collectives_base(output: Path, *, model: str | None, preset: str | None, device: str) -> dict[str, Any]:
+    """The profile ``--collectives`` writes into: ``-o`` as it is when it holds a profile, else a new one holding
+    only collectives (incomplete: no blocks measured)."""
+    import os
+
+    if output.exists():
+        from ppsim.profile import load_profile
+
+        load_profile(output, allow_incomplete=True)  # a file that is no profile is refused, not replaced
+        return dict(json.loads(output.read_text(encoding="utf-8")))
+    import torch
+
+    from ppsim.calibrate.measure.calibration import CalibrationOptions, new_document
+
+    source = resolve_model(model, preset, model_options(), device=device)
+    opts = CalibrationOptions(output=output, config=source.config, device=device, source=source, probe=False)
+    doc = new_document(opts, device=torch.device(device), world_size=int(os.environ.get("WORLD_SIZE", "2")),
+                       backend="nccl" if device == "cuda" else "gloo")
+    doc["done"] = ["collectives"]
+    doc["notes"] = [*doc.get("notes", []), "only collectives measured (calibrate --collectives): the blocks are "
+                    "not; calibrate the model into its own profile"]
+    return doc
 
 
 def int_list(option: str, text: str, *, example: str) -> tuple[int, ...]:
