@@ -28,13 +28,13 @@
 # missing is one line and exit 2. Bad arguments: one line, exit 2. Every command is idempotent: start on running
 # nodes with the same shape and stop on stopped ones only say so.
 #
-# Slurm: scripts/slurm-local.sh runs one slurmd for this host; one slurmd per namespace does not work here. Tried:
-# slurmd in P-node1 registers with a slurmctld on the root namespace's address only through a routed link (the
-# bridge has no address by design), and, decisively, every slurmd reads the host name from the shared UTS namespace
-# (`hostname -s`), so two slurmds both claim NodeName=$(hostname) and the controller sees one node; giving each its
-# own UTS namespace (`unshare --uts`) and NodeName then needs munge's socket and the spool shared across mount
-# namespaces, and `ip netns exec` remounts /sys per call. Multi-node recipes (calibrate/slurm/calibrate-comm.sbatch)
-# are therefore tried with torchrun on these nodes directly (see docs), not through Slurm.
+# Slurm: scripts/slurm-local.sh runs one slurmd for this host; one slurmd per namespace was NOT tried (slurm-wlm is
+# not installed on the machine this was written on). What it would need: the nodes share this host's UTS namespace,
+# so every slurmd takes NodeName from the same host name; each would have to be started as `slurmd -N nodeK`
+# (Slurm's multiple-slurmd mode, a build option) with its own SlurmdPort, spool and pid file, slurm.conf would list
+# NodeName=nodeK NodeAddr=NET.K+1, and slurmctld, which runs in the root namespace, would need a route to the
+# nodes' subnet (the bridge has no address by design: it would get NET.254). Until then the multi-node recipe
+# (calibrate/slurm/calibrate-comm.sbatch) is tried by running its torchrun lines on these nodes directly.
 set -euo pipefail
 
 PREFIX=ppsim
@@ -102,8 +102,9 @@ rate_bytes() {
 shape() {
     local where=$1 dev=$2 burst run=()
     [[ -n $where ]] && run=(ip netns exec "$where")
-    # burst: 10 ms of the rate, at least 64 KiB (one TSO segment) so the bucket never starves a full-size packet
-    burst=$(( $(rate_bytes "$LINK") / 100 ))
+    # burst: 1 ms of the rate, at least 64 KiB (one TSO segment, so the bucket never starves a full-size packet);
+    # a larger bucket would let messages of a few MiB pass at the veth's own speed
+    burst=$(( $(rate_bytes "$LINK") / 1000 ))
     ((burst < 65536)) && burst=65536
     "${run[@]}" tc qdisc replace dev "$dev" root handle 1: tbf rate "$LINK" burst "$burst" latency 100ms \
         2>/dev/null || return 1

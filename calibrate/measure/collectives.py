@@ -217,13 +217,13 @@ def _factor(kind: CollectiveKind, ranks: int) -> float:
 
 
 def _probe(layout: Sequence[Sequence[int]], device: Any) -> tuple[float, float]:
-    """(latency s, bytes/s) of the widest placement, from a 4 KiB and a 1 MiB all-gather on the whole world."""
+    """(latency s, bytes/s) of the widest placement, from a 4 KiB and a 4 MiB all-gather on the whole world."""
     import torch
     import torch.distributed as dist
 
     g = dist.get_world_size()
     found = []
-    for n in (4 << 10, 1 << 20):
+    for n in (4 << 10, 4 << 20):
         shard = torch.zeros(max(n // 4 // g, 1), device=device)
         full = torch.zeros(shard.numel() * g, device=device)
         best = math.inf
@@ -234,7 +234,7 @@ def _probe(layout: Sequence[Sequence[int]], device: Any) -> tuple[float, float]:
             best = min(best, time.perf_counter() - t0)
         found.append(best)
     alpha = found[0]
-    beta = (1 << 20) * (g - 1) / g / max(found[1] - alpha, 1e-6)
+    beta = (4 << 20) * (g - 1) / g / max(found[1] - alpha, 1e-6)
     return alpha, beta
 
 

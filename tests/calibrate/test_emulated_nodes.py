@@ -22,9 +22,6 @@ import pytest
 
 from ppsim.profile import load_profile
 
-pytest.importorskip("torch")
-pytestmark = [pytest.mark.torch, pytest.mark.slow]
-
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "cluster-local.sh"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -60,6 +57,7 @@ def _script(*args: str, check: bool = False, timeout: float = 60) -> subprocess.
 @pytest.fixture(scope="module")
 def nodes() -> Iterator[list[str]]:
     """Two nodes at 1gbit (prefix ppsimtest); their addresses. Stopped on teardown even when a test failed."""
+    pytest.importorskip("torch")
     if shutil.which("ip") is None or shutil.which("tc") is None:
         pytest.skip("ip or tc missing (iproute2): emulated nodes need both")
     if os.geteuid() != 0:
@@ -106,6 +104,8 @@ def _result(outs: list[str]) -> dict[str, float]:
     return json.loads(line[len("RESULT "):])
 
 
+@pytest.mark.torch
+@pytest.mark.slow
 def test_all_gather_across_nodes_is_limited_by_the_link(nodes: list[str], tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
@@ -124,6 +124,8 @@ def test_all_gather_across_nodes_is_limited_by_the_link(nodes: list[str], tmp_pa
     assert across["seconds"] > 1.2 * loopback["seconds"], (across, loopback)
 
 
+@pytest.mark.torch
+@pytest.mark.slow
 def test_calibrate_collectives_across_nodes(nodes: list[str], tmp_path: Path) -> None:
     out = tmp_path / "comm.json"
     logs = _torchrun_across(nodes, ["-m", "ppsim.cli", "calibrate", "--collectives", "--max-size", "64KiB",
@@ -162,3 +164,30 @@ def test_stop_twice_is_fine() -> None:
         done = _script("stop", "--prefix", "ppsimbad")
         assert done.returncode == 0, done.stderr
         assert "not running" in done.stdout
+
+
+@pytest.mark.torch
+def test_old_profile_collectives_read_as_one_node(tmp_path: Path) -> None:
+    """A collective record written before ``nodes`` existed loads as one node; a new one keeps its count; a count
+    below 1 is refused."""
+    from ppsim.profile import CollectiveFit, P2PSample
+
+    sample = P2PSample(bytes=4096, median_s=1e-4, p10_s=1e-4, p90_s=1e-4)
+    new = CollectiveFit(op="all_gather", group_size=4, nodes=2, alpha_s=1e-5, beta_bytes_per_s=1e8,
+                        fit_rel_error=0.0, samples=(sample,))
+    old = new.to_dict()
+    del old["nodes"]
+    base = tmp_path / "base.json"
+    assert subprocess.run([sys.executable, "-m", "ppsim.cli", "calibrate", "--collectives", "--max-size", "4KiB",
+                           "--reps", "1", "--warmup", "0", "-o", str(base)], capture_output=True, text=True,
+                          timeout=120).returncode == 0
+    doc = json.loads(base.read_text())
+    for records, nodes in (([old], 1), ([new.to_dict()], 2)):
+        path = tmp_path / f"p{nodes}.json"
+        path.write_text(json.dumps({**doc, "collectives": records}))
+        (fit,) = load_profile(path, allow_incomplete=True).collectives
+        assert (fit.op, fit.group_size, fit.nodes) == ("all_gather", 4, nodes)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**doc, "collectives": [{**old, "nodes": 0}]}))
+    with pytest.raises(Exception, match="nodes"):
+        load_profile(bad, allow_incomplete=True)
