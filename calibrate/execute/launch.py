@@ -193,16 +193,18 @@ def run_local(
 
 
 def _start_forkserver_deaf_to_ctrl_c() -> None:
-    """Start the fork server with SIGINT ignored, which it keeps across its exec: a terminal's Ctrl-C goes to the
-    whole foreground process group, and the server, still importing its preload, would die of it with a traceback.
-    This process alone handles Ctrl-C and stops the workers (they inherit the server's SIG_IGN)."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if threading.current_thread() is threading.main_thread() \
-        else None
+    """Start the fork server with SIGINT blocked, a mask it keeps across its exec: a terminal's Ctrl-C goes to the
+    whole foreground process group, and the server, still importing its preload, would die of it with a traceback
+    (once its loop starts it ignores SIGINT itself). This process alone handles Ctrl-C and stops the workers (they
+    inherit the server's mask). Blocked, not ignored, here: a Ctrl-C meanwhile stays pending and is raised as
+    ``KeyboardInterrupt`` once the server is started (ignored, it was lost and the command ran on)."""
+    blocked = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask")
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocked else None
     try:
         _ensure_forkserver()
     finally:
         if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _ensure_forkserver() -> None:
