@@ -6,7 +6,8 @@ several schedules, two torchtitan debug models (not a test; needs torchtitan, ab
 
 Each model's profile is calibrated once, before any run (`ppsim calibrate --model M`, p2p and the FSDP collectives
 measured, kept in --out; never fitted on a run). Every case is one `ppsim run ... --dp-shard 2 --profile P --json`
-in a fresh process: its prediction is made before it runs (``ppsim.fsdp.fsdp_step``: the pipeline's simulated step
+in a fresh process: its prediction is made before it runs (``ppsim.step.build.build_step``: the pipeline's simulated
+step
 with FSDP's exposed all-gathers and reduce-scatters costed from the profile's measured collectives, the cores shared
 by processor sharing with the profile's time-sharing scale, ``runtime.shared_scale``), then it runs
 ``--steps`` timed steps. With ``--twins`` each case is followed by the same run without FSDP (``--dp-shard 1``), so

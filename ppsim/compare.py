@@ -18,10 +18,10 @@ from ppsim.errors import CostError, PPSimError
 
 if TYPE_CHECKING:
     from ppsim.costs import CostSpec, StageCosts
-    from ppsim.fsdp import FsdpStep
     from ppsim.io import MemoryCap
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
+    from ppsim.step.model import Step
 
 
 class CostScope(str, Enum):
@@ -160,8 +160,7 @@ def compare(
     figure: bool = False,
     allow_large: bool = False,
     recompute: Callable[[str, Schedule], Set[tuple[int, int]]] | None = None,
-    fsdp: Callable[[Schedule], FsdpStep] | None = None,
-    ep: Callable[[FsdpStep, StageCosts], FsdpStep] | None = None,
+    step: Callable[[Schedule, StageCosts], Step] | None = None,
 ) -> Comparison:
     """Build each schedule in ``names``, skip those that cannot run or whose costs do not fit them (a ``--split`` of
     another chain length; reasons kept), simulate the rest, rank them.
@@ -173,9 +172,9 @@ def compare(
     A name given twice (any case) is compared once. The schedules together are bounded
     (:data:`~ppsim.limits.MAX_COMPARE_ACTIONS`; with ``figure``, the report's limits) unless ``allow_large``.
     ``recompute(name, schedule)`` gives each built schedule's recomputed (stage, microbatch) pairs
-    (:mod:`ppsim.recompute`); its errors are the schedule's, as for building. ``fsdp(schedule)``: the schedule with
-    FSDP's exposed collectives in it (:func:`ppsim.fsdp.fsdp_step`), simulated in its place. ``ep(step, costs)``: that
-    step (or the schedule's own) with EP's exposed all-to-alls added (:func:`ppsim.ep.ep_step`).
+    (:mod:`ppsim.recompute`); its errors are the schedule's, as for building. ``step(schedule, costs)``: the schedule
+    as the one step model times it (:func:`ppsim.step.build.build_step`: every dimension's communication in it),
+    simulated in its place.
     """
     from ppsim import limits
     from ppsim.costs import as_spec
@@ -229,20 +228,17 @@ def compare(
     for schedule, rc in zip(built, recomputed):
         try:  # costs that do not fit this schedule (a --split of another length): skip it, keep the others
             costs = cost_model.for_schedule(schedule, scope=chosen.value)
-            step = None if fsdp is None else fsdp(schedule)
-            if ep is not None:
-                from ppsim.fsdp import FsdpStep
-
-                step = ep(step if step is not None else FsdpStep(schedule=schedule, extra_s={}), costs)
-            if step is not None:
-                notes.extend(n for n in step.notes if n not in notes)
-            target = schedule if step is None else step.schedule
+            timed = None if step is None else step(schedule, costs)
+            if timed is not None:
+                notes.extend(n for n in timed.notes if n not in notes)
+                costs = timed.costs if timed.costs is not None else costs
+            target = schedule if timed is None else timed.schedule
 
             def simulate_with(extra: Any, target: Schedule = target, costs: Any = costs, rc: Any = rc) -> Any:
                 return simulate(target, costs, memory_cap_bytes=memory_cap_bytes, memory_cap=memory_cap,
                                 recompute=rc, extra_s=extra)
 
-            results.append(simulate_with(None) if step is None else step.simulate(simulate_with))
+            results.append(simulate_with(None) if timed is None else timed.simulate(simulate_with))
         except PPSimError as exc:
             if len(names) == 1:
                 raise

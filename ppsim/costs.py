@@ -82,7 +82,7 @@ class StageCosts:
     """Added to every computation (an overlapped pair holds two): the runtime's gap between computations."""
     shared_scale: float = 1.0
     """While a host's local processes outnumber its cores, CPU work runs this much slower than its fair share
-    (:func:`ppsim.sharing.shared_cores_step`; the profile's ``runtime.shared_scale``)."""
+    (:func:`ppsim.step.sharing.shared_cores_step`; the profile's ``runtime.shared_scale``)."""
     outputs_held_to_backward: bool = False
     """Whether the runtime keeps each stage's forward output (``output_bytes``) from its F until its backward (B or I)
     besides what autograd saves: torch before 2.15 does (``PipelineStage.fwd_cache``); 2.15 drops it once the send
@@ -93,6 +93,10 @@ class StageCosts:
     the computation that needs it, and gloo/NCCL transfer only once both sides are posted)."""
     split_counts: tuple[int, ...] | None = None
     """Layers per stage of tables composed from a per-block profile; ``None`` for version-1 / cost-string costs."""
+    rank_links: Mapping[tuple[int, int], tuple[float, float | None]] | None = None
+    """Hand-offs between these two PP ranks (the lower first) priced on their own link, ``(alpha, beta)`` (``beta``
+    ``None``: a flat delay): the step model's pipeline pass (:mod:`ppsim.step.pipeline_comm`) for ranks on different
+    nodes. Pairs not listed use ``p2p_alpha``/``p2p_beta`` (or ``comm``)."""
 
     # -- construction -------------------------------------------------------------------------------------------
 
@@ -200,13 +204,20 @@ class StageCosts:
 
     def comm_delay(self, schedule: Schedule, producer_stage: int, consumer_stage: int) -> float:
         """Delay from the producer's end to the consumer's earliest start (0 on the same rank)."""
-        if schedule.stage_to_rank[producer_stage] == schedule.stage_to_rank[consumer_stage]:
+        ranks = schedule.stage_to_rank[producer_stage], schedule.stage_to_rank[consumer_stage]
+        if ranks[0] == ranks[1]:
             return 0.0
         upstream = producer_stage
         if schedule.direction(consumer_stage) == schedule.direction(producer_stage) and schedule.position(
             consumer_stage
         ) < schedule.position(producer_stage):
             upstream = consumer_stage
+        link = None if self.rank_links is None else self.rank_links.get((min(ranks), max(ranks)))
+        if link is not None:
+            alpha, beta = link
+            if beta is None or self.output_bytes is None:
+                return alpha
+            return alpha + self.output_bytes[self.position(schedule, upstream)] / beta
         return self.boundary_delay(schedule, upstream)
 
     def static_bytes_of(self, schedule: Schedule, stage: int) -> int:

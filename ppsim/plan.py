@@ -90,6 +90,11 @@ class UnitRates:
         within = degrees.dp_shard * degrees.cp * degrees.tp <= gpus_per_node
         return self.intra_node_bytes_per_s if within else self.inter_node_bytes_per_s
 
+    @property
+    def free(self) -> bool:
+        """Links of infinite bandwidth: communication costs nothing (unit costs as compute alone)."""
+        return math.isinf(self.intra_node_bytes_per_s) and math.isinf(self.inter_node_bytes_per_s)
+
     def describe(self) -> str:
         return (f"TP and FSDP collectives charged at {self.intra_node_bytes_per_s / 1e9:g} GB/s within a node and "
                 f"{self.inter_node_bytes_per_s / 1e9:g} GB/s across nodes per GPU, against a layer's compute at "
@@ -132,11 +137,11 @@ class ProfileCover:
     tp: int
     tokens_per_microbatch: int
     collectives: Any = None
-    """Its FSDP all-gather / reduce-scatter costs (:class:`ppsim.fsdp.CollectiveCosts`); ``None``: not costed."""
+    """Its measured collectives (:class:`ppsim.step.pricing.CollectiveCosts`); ``None``: not costed."""
     mb_size: int | None = None
     """The pass's microbatch size (:meth:`ppsim.profile.Profile.entry`); ``None``: the first pass at ``tp``."""
     shared_scale: float = 1.0
-    """The profile's time-sharing slowdown (``runtime.shared_scale``, :mod:`ppsim.sharing`); 1: not measured."""
+    """The profile's time-sharing slowdown (``runtime.shared_scale``, :mod:`ppsim.step.sharing`); 1: not measured."""
 
     @property
     def key(self) -> tuple[str, int, int | None]:
@@ -167,10 +172,30 @@ class PlanRequest:
     activation_checkpoints: tuple[str, ...] = ("none",)
     microbatch_sizes: tuple[int, ...] = (1, 2, 4)
     unit_rates: UnitRates = UnitRates()
-    """What unit costs (candidates no profile times) charge TP's and FSDP's collectives at (``--link-bandwidth``)."""
+    """What unit costs (candidates no profile times) charge TP's collectives and compute at (``--link-bandwidth``,
+    else the cluster's links and device)."""
+    cluster: Any = None
+    """The :class:`ppsim.step.cluster.Cluster` (``--cluster``) whose collective model prices FSDP's and EP's
+    collectives on each candidate's placement; ``None``: an HGX H100 node's links at :attr:`unit_rates`."""
     shared_cores: int | None = None
     """Judging candidates as ``ppsim run`` executes them on this CPU host (``plan --memory-as-run`` with a CPU
-    profile): its cores, which a candidate's local processes share (:class:`ppsim.fsdp.FsdpStep` ``shared``)."""
+    profile): its cores, which a candidate's local processes share (:class:`ppsim.step.model.Step` ``shared``)."""
+
+
+    def model_cluster(self) -> Any:
+        """The cluster the candidates run on: ``--cluster``'s, its links replaced by ``--link-bandwidth``'s where
+        given (:attr:`unit_rates`), on nodes of :attr:`gpus_per_node`."""
+        from ppsim.step.cluster import Link, load_cluster
+
+        base = self.cluster if self.cluster is not None else load_cluster("h100")
+        rates = self.unit_rates
+        intra = base.intra_node if rates.intra_node_bytes_per_s == NVLINK_BYTES_PER_S and self.cluster is not None \
+            else Link(bandwidth_Bps=rates.intra_node_bytes_per_s, latency_s=base.intra_node.latency_s)
+        inter = base.inter_node if rates.inter_node_bytes_per_s == INTER_NODE_BYTES_PER_S and self.cluster is not None \
+            else Link(bandwidth_Bps=rates.inter_node_bytes_per_s, latency_s=base.inter_node.latency_s)
+        return dataclasses.replace(base, intra_node=intra, inter_node=inter, gpus_per_node=self.gpus_per_node,
+                                   nics_per_node=max(1, base.nics_per_node * self.gpus_per_node
+                                                     // base.gpus_per_node))
 
 
 @dataclass(frozen=True)
@@ -534,8 +559,8 @@ ShapesFor = Callable[[int, int, str], JobShapes]
 Build = Callable[[str, int, int, int], Any]
 """``build(schedule_name, ranks, microbatches, stages_per_rank) -> Schedule``."""
 Simulate = Callable[..., Any]
-"""``simulate(schedule, job, profile_path_or_None, unit_costs, fsdp=None) -> SimResult`` (its ``makespan`` in
-seconds with a profile); ``fsdp(schedule)`` puts FSDP's exposed collectives into the step (:func:`step_collectives`)."""
+"""``simulate(schedule, job, profile_path_or_None, unit_costs, step=None) -> SimResult`` (its ``makespan`` in
+seconds with a profile); ``step(schedule, costs)`` is the one step model's (:func:`step_collectives`)."""
 
 
 def stage_modules(num_layers: int, counts: Sequence[int]) -> tuple[tuple[str, ...], ...]:
@@ -646,11 +671,11 @@ class Judge:
         c, request = j.candidate, self.request
         cover = covering_profile(c, request)
         unit = unit_costs(c, request, prepared.shapes)
-        fsdp = step_collectives(c, prepared.shapes, prepared.modules, cover, shared_cores=request.shared_cores,
+        timed = step_collectives(c, prepared.shapes, prepared.modules, cover, shared_cores=request.shared_cores,
                                 unit=unit, request=request)
         try:
             sim = self.simulate(prepared.schedule, prepared.job, cover,
-                                unit.text(), **({} if fsdp is None else {"fsdp": fsdp}))
+                                unit.text(), **({} if timed is None else {"step": timed}))
         except PPSimError as exc:
             return dataclasses.replace(j, reason=f"not timed: {exc}"), None
         if cover is not None:
@@ -665,34 +690,34 @@ class Judge:
 
 def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence[str]],
                      cover: ProfileCover | None, *, shared_cores: int | None = None, unit: UnitCosts | None = None,
-                     request: PlanRequest | None = None) -> Callable[[Any], Any] | None:
-    """The candidate's step with FSDP's exposed all-gathers and reduce-scatters (:func:`ppsim.fsdp.fsdp_step`, the
-    step-time model ``run`` and ``simulate`` use): costed from the covering profile's measured collectives, or
-    without a profile as rings over the link of ``request``'s :class:`UnitRates` (``(n - 1) / n`` of the bytes),
-    in ``unit``'s simulation units; ``None`` at dp_shard 1, or without a profile where no ``unit`` (with its
-    seconds) is given. ``shared_cores``: the candidate's dp_shard x tp processes per PP rank share this many cores,
-    as ``ppsim run`` runs them here."""
-    from ppsim.fsdp import CollectiveCosts, FsdpStep, fsdp_step
+                     request: PlanRequest | None = None) -> Callable[[Any, Any], Any] | None:
+    """The candidate's step by the one step model (:func:`ppsim.step.build.build_step`, as ``run`` and ``simulate``
+    time it): FSDP's exposed all-gathers and reduce-scatters and EP's all-to-alls, each on its group's placement on
+    the request's cluster; priced by the covering profile's measured collectives, or without a profile by the
+    cluster's collective model (NCCL's) in ``unit``'s simulation units; ``None`` where nothing is priced.
+    ``shared_cores``: the candidate's dp_shard x tp processes per PP rank share this many cores, as ``ppsim run``
+    runs them here."""
+    from ppsim.step.build import StepJob, build_step
+    from ppsim.step.placement import place
+    from ppsim.step.pricing import CollectiveCosts
 
     per_rank = c.degrees.dp_shard * c.degrees.tp
     shared = None if shared_cores is None or c.degrees.pp * per_rank <= shared_cores else (per_rank, shared_cores)
     costs, scale = None, 1.0
-    if c.degrees.dp_shard > 1 and cover is not None:
+    cluster = request.model_cluster() if request is not None else None
+    if cover is not None:
         costs = cover.collectives
-    elif c.degrees.dp_shard > 1 and unit is not None and request is not None and unit.time_scale > 0:
-        link = request.unit_rates.fsdp_bytes_per_s(c.degrees, request.gpus_per_node)
-        costs, scale = CollectiveCosts(p2p_alpha_s=0.0, p2p_bytes_per_s=link), unit.time_scale
-    if costs is None and shared is None:
+    elif unit is not None and request is not None and unit.time_scale > 0 and not request.unit_rates.free:
+        costs, scale = CollectiveCosts(cluster=cluster), unit.time_scale
+    if costs is None and shared is None and c.degrees.ep <= 1:
         return None
-    shared_scale = 1.0 if cover is None else cover.shared_scale  # as `run` reads it (ppsim.sharing)
-
-    def step(schedule: Any) -> Any:
-        found = (fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=c.degrees.dp_shard,
-                           costs=costs, time_scale=scale, efsdp=c.degrees.efsdp) if costs is not None
-                 else FsdpStep(schedule=schedule, extra_s={}))
-        return found if shared is None else dataclasses.replace(found, shared=shared, shared_scale=shared_scale)
-
-    return step
+    gpus_per_node = request.gpus_per_node if request is not None else c.degrees.world_size
+    job = StepJob(shapes=shapes, stage_modules=modules, degrees=c.degrees, costs=costs,
+                  placement=place(c.degrees, gpus_per_node) if cover is None and cluster is not None else None,
+                  time_scale=scale, shared=shared,
+                  shared_scale=1.0 if cover is None else cover.shared_scale,  # as `run` reads it
+                  activation_bytes=shapes.boundary_bytes)
+    return lambda schedule, stage_costs: build_step(schedule, stage_costs, job)
 
 
 # --- what a plan found, for people --------------------------------------------------------------------------

@@ -78,13 +78,13 @@ class Simulations:
         return self._costs[key]
 
     def simulate(self, schedule: Schedule, job: Any, profile: ProfileCover | None, unit: str, *,
-                 fsdp: Callable[[Any], Any] | None = None) -> SimResult:
-        """The order's simulated step (seconds with a profile, else unit costs at stage scope), with FSDP's
-        collectives where ``fsdp`` places them."""
+                 step: Callable[[Any, Any], Any] | None = None) -> SimResult:
+        """The order's simulated step (seconds with a profile, else unit costs at stage scope), timed by the one
+        step model where ``step`` is given (:func:`ppsim.plan.step_collectives`)."""
         from ppsim.compare import compare
 
         return compare([schedule.name], builder=lambda _: schedule, costs=self.costs(job, profile, unit),
-                       scope=None if profile else "stage", fsdp=fsdp).best
+                       scope=None if profile else "stage", step=step).best
 
 
 @dataclass(frozen=True)

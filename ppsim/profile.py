@@ -31,6 +31,7 @@ from ppsim.errors import CostError, PPSimError
 from ppsim.io import write_atomic
 from ppsim.limits import MAX_PROFILE_BYTES
 from ppsim.model_config import DTYPE_BYTES, MODEL_KEYS, ModelConfig
+from ppsim.step.kinds import ALL_KINDS
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -340,7 +341,7 @@ class RuntimeOverheads(Record):
     """How much slower CPU work runs while a host's local processes outnumber its cores (time-sharing: context
     switches, caches, both cores saturated), beyond the fair share itself; measured by the FSDP probe
     (:func:`ppsim.calibrate.measure.runtime_model.fit_shared_scale`) and applied by processor sharing
-    (:func:`ppsim.sharing.shared_cores_step`). ``None``: not measured (1)."""
+    (:func:`ppsim.step.sharing.shared_cores_step`). ``None``: not measured (1)."""
 
 
 @dataclass(frozen=True)
@@ -458,7 +459,7 @@ class HostLoad(Record):
                 "with them, may be inflated; calibrate again on a quiet host")
 
 
-COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
+COLLECTIVE_OPS = tuple(kind.value for kind in ALL_KINDS)
 """The kinds a collective record may time (:class:`ppsim.step.kinds.CollectiveKind`'s values)."""
 
 

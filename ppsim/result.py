@@ -16,6 +16,7 @@ import numpy as np
 
 from ppsim.costs import StageCosts
 from ppsim.ir import Schedule
+from ppsim.step.kinds import ALL_KINDS
 
 if TYPE_CHECKING:
     import pandas
@@ -45,18 +46,42 @@ class CollectiveTotals:
     count: int
     total_s: float
     exposed_s: float
+    placement: tuple[GroupPlacement, ...] = ()
+    """Where this kind's groups sit (one entry per dimension issuing it), when the step was placed on a cluster."""
 
     def __add__(self, other: CollectiveTotals) -> CollectiveTotals:
+        merged = {p.group: p for p in self.placement}
+        for p in other.placement:
+            merged[p.group] = p if p.group not in merged else replace(p, count=merged[p.group].count + p.count)
         return CollectiveTotals(self.count + other.count, self.total_s + other.total_s,
-                                self.exposed_s + other.exposed_s)
+                                self.exposed_s + other.exposed_s, tuple(merged.values()))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "total_s": self.total_s, "exposed_s": self.exposed_s}
+        out: dict[str, Any] = {"count": self.count, "total_s": self.total_s, "exposed_s": self.exposed_s}
+        if self.placement:
+            out["placement"] = [p.to_dict() for p in self.placement]
+        return out
 
 
-COLLECTIVE_KINDS = ("all_to_all", "all_gather", "reduce_scatter")
-"""The kinds a step model can put in :attr:`SimResult.collectives`: EP's (:mod:`ppsim.ep`), FSDP's
-(:mod:`ppsim.fsdp`)."""
+@dataclass(frozen=True)
+class GroupPlacement:
+    """One dimension's group issuing a kind of collective: its ranks, the nodes they span, how many share a node,
+    the algorithm its collective model chose, and how many it issued in the step."""
+
+    group: str
+    ranks: int
+    nodes: int
+    ranks_per_node: int
+    algorithm: str
+    count: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "ranks": self.ranks, "nodes": self.nodes, "ranks_per_node": self.ranks_per_node,
+                "algorithm": self.algorithm, "count": self.count}
+
+
+COLLECTIVE_KINDS: tuple[str, ...] = tuple(k.value for k in ALL_KINDS)
+"""The kinds a step model can put in :attr:`SimResult.collectives` (:class:`ppsim.step.kinds.CollectiveKind`)."""
 
 
 class CommSpan(NamedTuple):
@@ -159,7 +184,7 @@ class SimResult:
     """The (stage, microbatch) pairs simulated with activation recomputation (:mod:`ppsim.recompute`)."""
     collectives: Mapping[str, CollectiveTotals] | None = field(default=None, compare=False)
     """By kind (:data:`COLLECTIVE_KINDS`), the collectives the step model put in this step: EP's all-to-alls
-    (:func:`ppsim.ep.ep_step`), FSDP's all-gathers and reduce-scatters (:func:`ppsim.fsdp.fsdp_step`); a kind only
+    (:mod:`ppsim.step.ep`), FSDP's all-gathers and reduce-scatters (:mod:`ppsim.step.fsdp`); a kind only
     where its model applies, ``None`` where none does."""
     comm_spans: Mapping[tuple[int, int], CommSpan] | None = field(default=None, compare=False)
     """Per (rank, position) of an action holding collectives: their time, the part of it exposed (added to the

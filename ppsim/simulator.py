@@ -70,7 +70,7 @@ def simulate(
     keeps only its boundary input after its F, and its B/I runs the forward again first.
     ``memory_cap`` (bytes or activations, :func:`ppsim.io.parse_memory_cap`) flags the ranks over it;
     ``memory_cap_bytes`` is the same for a cap in bytes. ``extra_s``: time added to the action at (rank, position),
-    in the cost unit (FSDP's exposed collectives, :mod:`ppsim.fsdp`)."""
+    in the cost unit (FSDP's exposed collectives, :mod:`ppsim.step.fsdp`)."""
     assert memory_cap is None or memory_cap_bytes is None, "give the cap once"
     if memory_cap_bytes is not None:
         memory_cap = MemoryCap(memory_cap_bytes, "bytes")

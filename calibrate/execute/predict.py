@@ -22,16 +22,16 @@ def prediction_costs(costs: StageCosts, time_scale: float) -> StageCosts:
 
 def predict_step(fsdp: Any, costs: StageCosts, time_scale: float, *, recompute: Any, per_rank: int,
                  shared: bool, cores: int | None = None) -> tuple[SimResult, StageCosts]:
-    """The predicted step of ``fsdp.schedule`` (:func:`~ppsim.calibrate.execute.run.fsdp_collectives`). ``shared``:
+    """The predicted step of ``fsdp.schedule`` (:func:`~ppsim.calibrate.execute.run.run_step`). ``shared``:
     local CPU processes, ``pp x
     per_rank`` of them (dp_shard x tp per PP rank, computing in lockstep); once they outnumber the cores, each
-    computation is stretched by how many compute beside it (:func:`ppsim.sharing.shared_cores_step`: processor
+    computation is stretched by how many compute beside it (:func:`ppsim.step.sharing.shared_cores_step`: processor
     sharing over the simulated timeline; the profile's ``compute_scale`` was measured with at most as many
     processes as cores)."""
     from ppsim.simulator import simulate
 
-    costs_s = prediction_costs(costs, time_scale)
-    from ppsim.sharing import core_plan, host_cores
+    costs_s = fsdp.costs if fsdp.costs is not None else prediction_costs(costs, time_scale)  # hand-offs placed
+    from ppsim.step.sharing import core_plan, host_cores
 
     cores = cores or host_cores()
     schedule = fsdp.schedule

@@ -93,7 +93,10 @@ class RunOptions:
     overlap: bool = False
     """``--overlap/--no-overlap``: with ``--ep`` above 1, run each overlapped F&B pair's halves at once (each one's
     all-to-alls under the other's compute, one compute stream between them), or (default) one after the other as
-    torch's runtime does. The prediction follows (:func:`ep_collectives`)."""
+    torch's runtime does. The prediction follows (:func:`run_step`)."""
+    cluster: str | None = None
+    """``--cluster NAME|FILE``: where the run's ranks sit (its groups placed on nodes; hand-offs and collectives
+    across nodes priced on the network); ``None``: one host."""
 
 
 @dataclass(frozen=True)
@@ -214,8 +217,7 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
 
     costs = dataclasses.replace(costs, outputs_held_to_backward=torch_adapter.keeps_forward_outputs())
     shapes = None if options.synthetic else run_memory_inputs(options, schedule, model, spec)
-    fsdp = ep_collectives(fsdp_collectives(schedule, options, shapes, spec), prediction_costs(costs, time_scale),
-                          options, shapes, spec)
+    fsdp = run_step(schedule, prediction_costs(costs, time_scale), options, shapes, spec)
     ac_note = ac_mismatch(options, measured_ac)
     if ac_note is not None:
         costs = dataclasses.replace(costs, notes=(*costs.notes, ac_note))
@@ -341,47 +343,42 @@ def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSour
         return None
 
 
-def fsdp_collectives(schedule: Schedule, options: RunOptions, shapes: tuple[JobShapes, list[list[str]]] | None,
-                     spec: ExecSpec) -> Any:
-    """The step with FSDP's exposed all-gathers and reduce-scatters for ``--dp-shard`` above 1
-    (:func:`ppsim.fsdp.fsdp_step`), costed from the profile's measured collectives (else its p2p alpha/beta)."""
-    from ppsim.fsdp import CollectiveCosts, FsdpStep, fsdp_step
-
-    if spec.dp_shard <= 1 or shapes is None:
-        return FsdpStep(schedule=schedule, extra_s={})
-    costs = None
-    if options.profile is not None:
-        from ppsim.profile import load_profile
-
-        costs = CollectiveCosts.from_profile(load_profile(options.profile))
+def run_step(schedule: Schedule, stage_costs: Any, options: RunOptions,
+             shapes: tuple[JobShapes, list[list[str]]] | None, spec: ExecSpec) -> Any:
+    """The run's step by the one step model (:func:`ppsim.step.build.build_step`): FSDP's exposed all-gathers and
+    reduce-scatters for ``--dp-shard`` above 1, EP's all-to-alls for ``--ep`` above 1, priced by the profile's
+    measured collectives (else its p2p alpha/beta; EP without either: the stated default ratio) on the run's
+    cluster (``--cluster``; this host's processes otherwise). EP runs go through torchtitan's helpers and torch's
+    runtime, which runs an overlapped F&B pair's halves one after the other; on CPU ranks ppsim runs them at once
+    (``spec.overlap``, :mod:`ppsim.calibrate.execute.overlap`), so a pair hides one direction's all-to-alls under the
+    other's compute (``"dualpipe"``); otherwise every all-to-all is exposed (``"sequential"``)."""
     from ppsim.job.degrees import Degrees
+    from ppsim.step.build import StepJob, build_step
+    from ppsim.step.pricing import CollectiveCosts
 
-    efsdp = Degrees(pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard, ep=spec.ep).efsdp
-    return fsdp_step(schedule, shapes=shapes[0], stage_modules=shapes[1], dp_shard=spec.dp_shard, costs=costs,
-                     efsdp=efsdp)
-
-
-def ep_collectives(step: Any, stage_costs: Any, options: RunOptions,
-                   shapes: tuple[JobShapes, list[list[str]]] | None, spec: ExecSpec) -> Any:
-    """``step`` with EP's all-to-alls for ``--ep`` above 1 (:func:`ppsim.ep.ep_step`), costed from the profile's
-    measured all-to-alls or p2p alpha/beta, else the stated default ratio. EP runs go through torchtitan's helpers
-    and torch's runtime, which runs an overlapped F&B pair's halves one after the other; on CPU ranks ppsim runs
-    them at once (``spec.overlap``, :mod:`ppsim.calibrate.execute.overlap`), so a pair hides one direction's
-    all-to-alls under the other's compute (``overlap="dualpipe"``); otherwise every all-to-all is exposed
-    (``"sequential"``)."""
-    from ppsim.ep import ep_step
-    from ppsim.fsdp import CollectiveCosts
-
-    if spec.ep <= 1 or shapes is None:
-        return step
+    if shapes is None or (spec.dp_shard <= 1 and spec.ep <= 1):
+        return build_step(schedule, stage_costs, None)
     costs, in_blocks = None, False
+    cluster = None
+    if options.cluster is not None:
+        from ppsim.step.cluster import load_cluster
+
+        cluster = load_cluster(options.cluster)
     if options.profile is not None:
         from ppsim.profile import load_profile
 
         prof = load_profile(options.profile)
-        costs, in_blocks = CollectiveCosts.from_profile(prof), prof.expert_parallel_degree == spec.ep
-    return ep_step(step, stage_costs, shapes=shapes[0], stage_modules=shapes[1], ep=spec.ep, costs=costs,
-                   overlap="dualpipe" if spec.overlap else "sequential", in_blocks=in_blocks)
+        costs, in_blocks = CollectiveCosts.from_profile(prof, cluster), prof.expert_parallel_degree == spec.ep
+    degrees = Degrees(pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard, ep=spec.ep)
+    placement = None
+    if cluster is not None:
+        from ppsim.step.placement import place
+
+        placement = place(degrees, cluster.gpus_per_node, cluster_name=f"--cluster {cluster.name}")
+    job = StepJob(shapes=shapes[0], stage_modules=shapes[1], degrees=degrees, costs=costs, placement=placement,
+                  ep_overlap="dualpipe" if spec.overlap else "sequential", ep_in_blocks=in_blocks,
+                  activation_bytes=shapes[0].boundary_bytes)
+    return build_step(schedule, stage_costs, job)
 
 
 def _measured_ac(options: RunOptions) -> str:
@@ -527,7 +524,7 @@ def check_machine(options: RunOptions, schedule: Schedule, model: ModelSource) -
     """Refuse more local ranks than this machine holds (cores for real ranks; memory for all), with the estimate."""
     if options.override_limits:
         return
-    from ppsim.sharing import host_cores
+    from ppsim.step.sharing import host_cores
 
     ranks = schedule.num_ranks
     cores = host_cores()
@@ -945,7 +942,7 @@ def _per_action(schedule: Schedule, step: tuple[Any, ...], predicted: SimResult)
     halves: dict[tuple[int, int], list[Any]] = {}
     for c in step:
         halves.setdefault((c.rank, c.position), []).append(c)
-    from ppsim.fsdp import original_positions
+    from ppsim.step.fsdp import original_positions
 
     at = original_positions(predicted.schedule, schedule)  # FSDP's collectives are actions of the prediction's own
     out: list[dict[str, Any]] = []

@@ -237,11 +237,11 @@ def _local_rank(ctx: RankContext, spec: ExecSpec, body: RankBody) -> Measurement
 
 def pin_to_rank_cores(spec: ExecSpec, rank: int) -> None:
     """Pin this local process to its pipeline copy's cores where the run's processes outnumber them and each PP rank
-    has several (FSDP/TP peers; :func:`ppsim.sharing.core_plan`). torchtitan's mesh puts PP outermost: process
+    has several (FSDP/TP peers; :func:`ppsim.step.sharing.core_plan`). torchtitan's mesh puts PP outermost: process
     ``rank`` is at FSDP/TP position ``rank % (dp_shard x tp)`` of its PP rank."""
     import os
 
-    from ppsim.sharing import core_plan
+    from ppsim.step.sharing import core_plan
 
     if not hasattr(os, "sched_setaffinity"):  # not Linux: the OS places the processes
         return

@@ -51,6 +51,7 @@ from ppsim.limits import (  # work and memory limits (``--allow-large`` lifts th
     MEMORY_SHARE,
 )
 from ppsim.profile import WHOLE_BACKWARD_OPS, HostLoad, Stat, load_profile
+from ppsim.step.kinds import CollectiveKind
 
 if TYPE_CHECKING:
     from ppsim.calibrate.execute.launch import World
@@ -427,7 +428,7 @@ def check_limits(opts: CalibrationOptions) -> None:
     if opts.override_limits:
         return
     from ppsim.calibrate.models import fmt_count
-    from ppsim.sharing import host_cores
+    from ppsim.step.sharing import host_cores
 
     cores = host_cores()
     for option, ranks in (("--tp", opts.tensor_parallel_degree), ("--ep", opts.expert_parallel_degree)):
@@ -993,7 +994,7 @@ def _measure_collectives(opts: CalibrationOptions, world: World | None, device: 
                  f"buffer) up to {largest / 2**20:.0f} MiB (each costs alpha + bytes / beta)")
     if ep > 2:
         fits += comm.measure_local_collectives(sizes, group_size=ep, backend=backend, warmup=opts.warmup, reps=reps,
-                                               timeout_s=opts.init_timeout_s, ops=("all_to_all",))
+                                               timeout_s=opts.init_timeout_s, ops=(CollectiveKind.ALL_TO_ALL.value,))
         notes.append(f"all-to-all also measured on {ep} local {backend} processes (the EP group of --ep {ep})")
     return fits
 
@@ -1055,10 +1056,10 @@ def shared_probe(opts: CalibrationOptions, doc: dict[str, Any], rec: Recorder, *
     """The FSDP probe (CPU, torchtitan models, a host with fewer cores than its processes): the reference 1F1B with
     each rank ``dp_shard`` 2 processes, pinned as ``ppsim run`` pins them, so its processes time-share the cores as a
     PP x FSDP run's do; ``runtime.shared_scale`` is the time-sharing slowdown with which the one step model
-    (:func:`ppsim.fsdp.fsdp_step` under :func:`ppsim.sharing.shared_cores_step`) gives its measured step
+    (:func:`ppsim.step.build.build_step` under :func:`ppsim.step.sharing.shared_cores_step`) gives its measured step
     (:func:`ppsim.calibrate.measure.runtime_model.fit_shared_scale`). Never a run being predicted."""
     from ppsim.calibrate.measure import runtime_model as rm
-    from ppsim.sharing import host_cores
+    from ppsim.step.sharing import host_cores
 
     key = "runtime.shared"
     runtime = rec.doc.get("runtime")
@@ -1107,11 +1108,12 @@ def probe_shared(opts: CalibrationOptions, doc: dict[str, Any], runtime: dict[st
     from ppsim.calibrate.torchtitan.parts import module_names_per_stage
     from ppsim.calibrate.torchtitan.shapes import run_shapes
     from ppsim.costs import CostSpec
-    from ppsim.fsdp import CollectiveCosts, fsdp_step
     from ppsim.job.degrees import Degrees
     from ppsim.profile import Profile
     from ppsim.schedules import get_schedule
-    from ppsim.sharing import host_cores
+    from ppsim.step.build import StepJob, build_step
+    from ppsim.step.pricing import CollectiveCosts
+    from ppsim.step.sharing import host_cores
 
     profile = Profile.from_dict({**doc, "runtime": runtime}, source=str(opts.output), allow_incomplete=True)
     ranks, microbatches = rm.probe_shape(False)
@@ -1128,9 +1130,10 @@ def probe_shared(opts: CalibrationOptions, doc: dict[str, Any], runtime: dict[st
     shapes = run_shapes(opts.model_source, tp=1, fsdp=True, profile=profile, dp_shard=dp_shard, ep=ep,
                         ac=opts.activation_checkpoint)
     modules = module_names_per_stage(opts.model_source, schedule.num_stages, costs.split_counts)
-    step = fsdp_step(schedule, shapes=shapes, stage_modules=modules, dp_shard=dp_shard,
-                     costs=CollectiveCosts.from_profile(profile),
-                     efsdp=Degrees(pp=ranks, dp_shard=dp_shard, ep=ep).efsdp)
+    job = StepJob(shapes=shapes, stage_modules=modules, degrees=Degrees(pp=ranks, dp_shard=dp_shard, ep=ep),
+                  costs=CollectiveCosts.from_profile(profile), ep_overlap="sequential",
+                  ep_in_blocks=profile.expert_parallel_degree == ep)
+    step = build_step(schedule, costs, job)
     return rm.fit_shared_scale(measurement, step, costs, per_rank=dp_shard, cores=host_cores())
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from ppsim.errors import PPSimError
 from ppsim.profile import P2PPair, P2PProfile, P2PSample, Stat
+from ppsim.step.kinds import CollectiveKind
 
 Tick = Callable[[], None]
 
@@ -193,7 +194,8 @@ def measure_local_pair(sizes: Sequence[int], *, backend: str = "gloo", warmup: i
 
 
 # --- FSDP's collectives and EP's all-to-all -------------------------------------------------------------------------
-COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "all_to_all")
+COLLECTIVE_OPS = tuple(k.value for k in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER,
+                                         CollectiveKind.ALL_TO_ALL))
 """What :func:`_collectives` times: FSDP2's two collectives and EP's token exchange."""
 ALL_TO_ALL_REFUSAL = "all_to_all:"
 """How the line refusing a backend without ``all_to_all_single`` starts (it passes the launcher unchanged)."""
@@ -221,7 +223,7 @@ def _collectives(group_size: int, rank: int, *, sizes: Sequence[int], warmup: in
     ``n / group_size`` bytes, all get ``n``), ``reduce_scatter_tensor`` (each gives ``n``, keeps its
     ``n / group_size`` sum) and ``all_to_all_single`` (each rank sends ``n`` bytes in all, ``n / group_size`` to each
     rank, itself included, and receives as much: ``n`` is each rank's whole buffer, the size
-    :func:`ppsim.ep.all_to_all_seconds` costs). A barrier starts every sample, so a sample is the slowest rank's
+    :func:`ppsim.step.ep.all_to_all_seconds` costs). A barrier starts every sample, so a sample is the slowest rank's
     finish. A backend without ``all_to_all_single`` is one line (:func:`all_to_all_unsupported`)."""
     import torch
     import torch.distributed as dist

@@ -18,7 +18,7 @@ parallelism, as a job at that degree has it), the model config takes the EP shar
 ``ParallelismConfig(expert_parallel_degree=E)`` (``update_from_config``: the routed experts' layout), and the
 model's own ``parallelize`` places each rank's experts and wires the dispatcher to the ``ep`` mesh, with the SPMD
 backend ``ppsim run --ep`` runs (:data:`EP_SPMD_BACKEND`). FSDP is not applied (ppsim's step model adds FSDP's
-collectives itself: :mod:`ppsim.fsdp`). Each rank feeds its own microbatch (tokens are per rank under data
+collectives itself: :mod:`ppsim.step.fsdp`). Each rank feeds its own microbatch (tokens are per rank under data
 parallelism: its inputs drawn from ``seed + rank``), so a MoE layer's F and B include its dispatch and combine
 all-to-alls at degree ``E``. Only units holding a MoE layer are measured so; the others (a dense layer, the
 embedding, the head) see no EP and are measured on one process.

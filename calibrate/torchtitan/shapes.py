@@ -461,7 +461,7 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
 
 
 def _moe_fields(layer_cfgs: Sequence[Any], *, tokens: int, tp: int, dim: int, ep: int) -> dict[str, Any]:
-    """The MoE layers' names, top-k and per-rank dispatch tokens for EP's all-to-alls (:mod:`ppsim.ep`); none at
+    """The MoE layers' names, top-k and per-rank dispatch tokens for EP's all-to-alls (:mod:`ppsim.step.ep`); none at
     ``ep`` 1."""
     moe_cfgs = [(i, cfg.moe) for i, cfg in enumerate(layer_cfgs) if getattr(cfg, "moe", None) is not None]
     if ep <= 1 or not moe_cfgs:

@@ -248,7 +248,7 @@ def _check_pinned_tp(covers: tuple[ProfileCover, ...], pins: dict[str, int]) -> 
 
 def _collective_costs(path: Path, prof: Any) -> Any:
     """The profile's FSDP collective costs, and on stderr where they come from (dp_shard > 1 candidates)."""
-    from ppsim.fsdp import CollectiveCosts
+    from ppsim.step.pricing import CollectiveCosts
 
     costs = CollectiveCosts.from_profile(prof)
     if not costs.available:
@@ -268,7 +268,7 @@ def _as_run_here(request: PlanRequest) -> PlanRequest:
     import dataclasses
 
     from ppsim.profile import load_profile
-    from ppsim.sharing import host_cores
+    from ppsim.step.sharing import host_cores
 
     if load_profile(request.profiles[0].path).device != "cpu":
         return request

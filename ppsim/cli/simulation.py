@@ -27,6 +27,7 @@ from ppsim.cli.options import (
     JOB_CONTEXT,
     AllocatorOpt,
     AllowLargeOpt,
+    ClusterOpt,
     CostScopeOpt,
     CostsOpt,
     DirectionsOpt,
@@ -53,10 +54,11 @@ if TYPE_CHECKING:
     from ppsim.cli.common import Inputs
     from ppsim.cli.job_memory import JobShapesOnce
     from ppsim.costs import StageCosts
-    from ppsim.fsdp import FsdpStep
     from ppsim.io import MemoryCap
     from ppsim.ir import Schedule
     from ppsim.result import SimResult
+    from ppsim.step.cluster import Cluster
+    from ppsim.step.model import Step
 
 
 @app.command("simulate", context_settings=JOB_CONTEXT)
@@ -78,6 +80,7 @@ def simulate_cmd(
     layers_per_stage: LayersPerStageOpt = None,
     torchtitan_config: TorchtitanConfigOpt = None,
     recompute: RecomputeOpt = None,
+    cluster: ClusterOpt = None,
     allocator: AllocatorOpt = "expandable",
 ) -> None:
     """Discrete-event replay; with -s A,B,C (or -s A -s B) simulates several and ranks them by makespan."""
@@ -96,7 +99,7 @@ def simulate_cmd(
     comparison = compare(
         names, builder=lambda name: inputs.schedule(name, directions, allow_large=allow_large),
         costs=cost_model, scope=cost_scope, memory_cap=cap, allow_large=allow_large,
-        recompute=recompute_for(recompute), fsdp=fsdp_of(inputs, shapes), ep=ep_of(inputs, shapes),
+        recompute=recompute_for(recompute), step=step_of(inputs, shapes, cluster_of(cluster)),
     )
     warn_comparison(comparison, several=len(names) > 1)
     results, memory = with_job(list(comparison.results), inputs, shapes, None if cap is None else cap.bytes)
@@ -109,32 +112,21 @@ def simulate_cmd(
         typer.echo(f"memory cap: {cap.describe()}")
 
 
-def fsdp_of(inputs: Inputs, shapes: JobShapesOnce | None) -> Callable[[Schedule], FsdpStep] | None:
-    """The step of a config function's job at dp_shard > 1 timed by a profile, with FSDP's exposed collectives in it
-    (:func:`ppsim.fsdp.fsdp_step`, as ``run`` and ``plan`` time it); ``None`` otherwise."""
-    from ppsim.errors import JobMemoryError
-
-    job, prof = inputs.job, inputs.cost_model.profile
-    if shapes is None or job is None or job.stage_modules is None or prof is None:
+def cluster_of(text: str | None) -> Cluster | None:
+    """``--cluster NAME|FILE`` read (:func:`ppsim.step.cluster.load_cluster`); ``None`` when not given."""
+    if text is None:
         return None
-    try:
-        job_shapes, degrees = shapes.get()
-    except JobMemoryError:
-        return None  # the memory table says why
-    if degrees.dp_shard <= 1:
-        return None
-    from ppsim.fsdp import CollectiveCosts, fsdp_step
+    from ppsim.step.cluster import load_cluster
 
-    costs = CollectiveCosts.from_profile(prof)
-    modules = job.stage_modules
-    return lambda schedule: fsdp_step(schedule, shapes=job_shapes, stage_modules=modules, dp_shard=degrees.dp_shard,
-                                      costs=costs, efsdp=degrees.efsdp)
+    return load_cluster(text)
 
 
-def ep_of(inputs: Inputs, shapes: JobShapesOnce | None) -> Callable[[FsdpStep, StageCosts], FsdpStep] | None:
-    """The step of a config function's MoE job at expert_parallel_degree > 1 with EP's exposed all-to-alls in it
-    (:func:`ppsim.ep.ep_step`: costed from the profile where it has them, else the stated default, so also without
-    a profile); ``None`` otherwise."""
+def step_of(inputs: Inputs, shapes: JobShapesOnce | None,
+            cluster: Cluster | None = None) -> Callable[[Schedule, StageCosts], Step] | None:
+    """A config function's job timed by the one step model (:func:`ppsim.step.build.build_step`: FSDP's collectives
+    at dp_shard > 1 where a profile or the cluster prices them, EP's all-to-alls at expert_parallel_degree > 1 (the
+    stated default without either), the hand-offs on their links), its groups placed on ``cluster``; ``None`` for a
+    job without shapes (a schedule alone)."""
     from ppsim.errors import JobMemoryError
 
     job, prof = inputs.job, inputs.cost_model.profile
@@ -144,16 +136,25 @@ def ep_of(inputs: Inputs, shapes: JobShapesOnce | None) -> Callable[[FsdpStep, S
         job_shapes, degrees = shapes.get()
     except JobMemoryError:
         return None  # the memory table says why
-    if degrees.ep <= 1 or not job_shapes.moe_layers:
+    if degrees.dp_shard <= 1 and degrees.ep <= 1 and cluster is None:
         return None
-    from ppsim.ep import ep_step
-    from ppsim.fsdp import CollectiveCosts
+    from ppsim.step.build import StepJob, build_step
+    from ppsim.step.pricing import CollectiveCosts
 
-    costs = None if prof is None else CollectiveCosts.from_profile(prof)
-    modules = job.stage_modules
-    in_blocks = prof is not None and prof.expert_parallel_degree == degrees.ep  # `calibrate --ep`: in the layers
-    return lambda step, stage_costs: ep_step(step, stage_costs, shapes=job_shapes, stage_modules=modules,
-                                             ep=degrees.ep, costs=costs, in_blocks=in_blocks)
+    costs = None if prof is None else CollectiveCosts.from_profile(prof, cluster)
+    placement = None
+    if cluster is not None:
+        from ppsim.step.placement import place
+
+        placement = place(degrees, cluster.gpus_per_node, cluster_name=f"--cluster {cluster.name}")
+    if prof is None:
+        costs = None  # unit costs: a price in seconds has no unit to join (FSDP said unpriced; EP's stated ratio)
+    step_job = StepJob(shapes=job_shapes, stage_modules=job.stage_modules, degrees=degrees, costs=costs,
+                       placement=placement,
+                       # `calibrate --ep`: the all-to-alls are in the layers' measured costs
+                       ep_in_blocks=prof is not None and prof.expert_parallel_degree == degrees.ep,
+                       activation_bytes=job_shapes.boundary_bytes)
+    return lambda schedule, stage_costs: build_step(schedule, stage_costs, step_job)
 
 
 def print_results(results: list[SimResult]) -> None:
@@ -223,6 +224,7 @@ def plot_cmd(
     layers_per_stage: LayersPerStageOpt = None,
     torchtitan_config: TorchtitanConfigOpt = None,
     recompute: RecomputeOpt = None,
+    cluster: ClusterOpt = None,
 ) -> None:
     """Gantt chart like the DualPipe figure (default file <schedule>_r<R>_m<M>.png); prints its path."""
     from ppsim.viz import PLOT_FORMATS
@@ -263,8 +265,8 @@ def plot_cmd(
         from ppsim.cli.job_memory import job_shapes_of
 
         shapes = job_shapes_of(inputs, torchtitan_config, job_overrides(ctx, torchtitan_config))
-    fsdp, ep = fsdp_of(inputs, shapes), ep_of(inputs, shapes)
-    if fsdp is None and ep is None:
+    timed = step_of(inputs, shapes, cluster_of(cluster))
+    if timed is None:
         result = run_simulation(sched, cost_model, cost_scope, cap, recompute_for(recompute)(name, sched))
     else:  # the step simulate times (ppsim.compare), so figure and JSON agree
         from ppsim.compare import compare
@@ -272,7 +274,7 @@ def plot_cmd(
         by_option = recompute_for(recompute)
         comparison = compare([name], builder=lambda _: sched, costs=cost_model, scope=cost_scope, memory_cap=cap,
                              figure=True, allow_large=allow_large, recompute=lambda _, s: by_option(name, s),
-                             fsdp=fsdp, ep=ep)
+                             step=timed)
         warn_comparison(comparison, several=False)
         result = comparison.results[0]
     if memory or cap is not None:  # a job's figure draws its memory from the same count as simulate's verdict
@@ -320,6 +322,7 @@ def report_cmd(
         Optional[float], typer.Option("--search-time", help="Seconds for --search (default 10).")
     ] = None,
     recompute: RecomputeOpt = None,
+    cluster: ClusterOpt = None,
 ) -> None:
     """One self-contained HTML page comparing schedules: ranking, Gantts, memory, bubbles."""
     if output.suffix.lower() not in (".html", ".htm"):
@@ -378,7 +381,7 @@ def report_cmd(
     shapes = job_shapes_of(inputs, torchtitan_config, overrides)
     comparison = compare(list(names) + list(searched), builder=builder, costs=cost_model, scope=cost_scope,
                          memory_cap=cap, figure=True, allow_large=allow_large, recompute=recomputed,
-                         fsdp=fsdp_of(inputs, shapes), ep=ep_of(inputs, shapes))  # the step simulate times
+                         step=step_of(inputs, shapes, cluster_of(cluster)))  # the step simulate times
     warn_comparison(comparison, several=len(names) > 1)
     from dataclasses import replace
 

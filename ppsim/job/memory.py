@@ -368,7 +368,9 @@ class _EventLog:
         self.events: list[AllocEvent] = []
         self.live: dict[str, list[tuple[str, str, int, str]]] = {c: [] for c in (*self.STREAM, "setup")}
         self.level = dict.fromkeys(self.STREAM, 0)
-        self.index, self.stage, self.microbatch, self.st = -1, 0, 0, None
+        self.index, self.stage = -1, 0
+        self.microbatch: int | None = 0
+        self.st: _Stage | None = None
         self._n = 0
 
     def alloc(self, part: str, key: str, nbytes: int, stream: str) -> None:
@@ -403,11 +405,13 @@ class _EventLog:
 
     def _pieces(self, part: str, amount: int) -> list[int]:
         st = self.st
-        per = {"act": st.saved_pieces if st else (),
-               "gathered": tuple(n * self.param for n in ((st.kept_pieces if self.no_pipeline else st.numel_pieces)
-                                                          if st else ())),
-               "accum": tuple(n * self.reduce for n in (st.numel_pieces if st else ())),
-               "grads": tuple(n * self.master for n in (st.sharded_pieces if st else ()))}[part]
+        empty: tuple[int, ...] = ()
+        numel = st.numel_pieces if st else empty
+        kept = (st.kept_pieces if self.no_pipeline else st.numel_pieces) if st else empty
+        per: tuple[int, ...] = {"act": st.saved_pieces if st else empty,
+                                "gathered": tuple(n * self.param for n in kept),
+                                "accum": tuple(n * self.reduce for n in numel),
+                                "grads": tuple(n * self.master for n in (st.sharded_pieces if st else empty))}[part]
         taken, total = [], 0
         for p in per:
             if p and total + p <= amount:
@@ -496,13 +500,13 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
         nonlocal best, high
         if log is not None:
             log.move(log.levels(state, act=extra_act, grads=extra_grads, transient=transient), parts)
-        parts = {"parameters": sharded * master, "gradients": state["accum"] + state["grads"] + extra_grads,
+        by_part = {"parameters": sharded * master, "gradients": state["accum"] + state["grads"] + extra_grads,
                  "optimizer": shapes.optimizer_states * sharded * master, "activations": state["act"] + extra_act,
                  "other": state["gathered"] + buffers + transient + shapes.workspace_bytes}
-        total = sum(parts.values())
+        total = sum(by_part.values())
         high = max(high, total)
         if total > best[0]:
-            best = (total, parts, label)
+            best = (total, by_part, label)
 
     def held() -> int:  # what the rank holds between computations
         return ((1 + shapes.optimizer_states) * sharded * master + buffers + shapes.workspace_bytes

@@ -1,5 +1,5 @@
-"""Expert parallelism's all-to-alls in a pipeline's simulated step: the one step model of EP's token exchange for
-``simulate --torchtitan-config`` (:func:`ep_step`), beside FSDP's (:mod:`ppsim.fsdp`), whose step it extends.
+"""Expert parallelism's all-to-alls in a pipeline's simulated step: the EP pass of the one step model
+(:func:`ppsim.step.build.build_step`), after FSDP's (:mod:`ppsim.step.fsdp`), whose step it extends.
 
 **What is issued.** With EP degree ``E > 1`` each MoE layer's forward sends its tokens to their experts' ranks
 (*dispatch*) and brings the experts' outputs back (*combine*): two all-to-alls; its backward does the two again with
@@ -10,10 +10,12 @@ all-to-alls in each F and ``2L`` in each B or I (the backward's input half carri
 
 **What one costs** (:func:`all_to_all_seconds`), in this order, the notes saying which:
 
-1. the profile's measured ``all_to_all`` samples (its ``collectives``, by group size, interpolated over sizes and
-   scaled to ``E`` ranks as :class:`ppsim.fsdp.CollectiveCosts` does for FSDP's collectives);
-2. else the profile's p2p alpha/beta, as a pairwise exchange: ``(E - 1) * alpha + bytes leaving / beta``;
-3. else (unit costs, or a profile with neither) the stated default :data:`DEFAULT_COMM_RATIO`: a MoE layer's two
+1. the profile's measured ``all_to_all`` samples (its ``collectives``, by group size and nodes, interpolated over
+   sizes and scaled to ``E`` ranks within a node as :class:`ppsim.step.pricing.CollectiveCosts` does for every op);
+2. else the cluster's model (``--cluster``): grouped point-to-point bounded by the links within a node and by the
+   node's NICs across nodes, on the EP group's placement (:mod:`ppsim.step.collectives`);
+3. else the profile's p2p alpha/beta, as a pairwise exchange: ``(E - 1) * (alpha + bytes / E / beta)``;
+4. else (unit costs, or a profile with neither) the stated default :data:`DEFAULT_COMM_RATIO`: a MoE layer's two
    forward all-to-alls take as long as its forward compute, DeepSeek-V3's "computation-to-communication ratio of
    approximately 1:1" for cross-node EP (technical report, section 3.2.1). A stage's compute in MoE layers is its
    F times the MoE layers' share of its layers (the head counted as one layer, the embedding as none).
@@ -43,7 +45,7 @@ all-to-alls in each F and ``2L`` in each B or I (the backward's input half carri
   the first chunk's dispatch and the last chunk's combine are exposed, the other two halves hide under the other
   chunk's experts: ``t + 2 * max(0, t/2 - e/2)`` instead of ``2t``. Overlapped pairs keep DeepSeek's rule.
 
-The all-to-alls' count, total and exposed time go on the step (``FsdpStep.collectives["all_to_all"]``) and from
+The all-to-alls' count, total and exposed time go on the step (``Step.collectives["all_to_all"]``) and from
 there on the result (``simulate --json``'s ``collectives``). Routing is taken as balanced (no hot experts), the
 all-to-alls of different microbatches never contend, and a recomputed backward's extra forward is not counted as
 overlappable. This module imports no torch."""
@@ -53,11 +55,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ppsim.fsdp import CollectiveCosts, FsdpStep
 from ppsim.ir import Action, ActionType, Schedule
 from ppsim.result import CollectiveTotals, CommSpan
+from ppsim.step.kinds import CollectiveKind
+from ppsim.step.model import Step
+from ppsim.step.pricing import CollectiveCosts
+
+if TYPE_CHECKING:
+    from ppsim.step.build import StepJob
+
+A2A = CollectiveKind.ALL_TO_ALL
 
 DEFAULT_COMM_RATIO = 1.0
 """Without measured costs: a MoE layer's forward all-to-alls (dispatch + combine) over its forward compute
@@ -78,25 +87,18 @@ def all_to_all_bytes(shapes: Any) -> int:
     return shapes.moe_tokens * shapes.moe_top_k * shapes.dim * DTYPE_BYTES[shapes.param_dtype]
 
 
-def all_to_all_seconds(num_bytes: int, *, ep: int, costs: CollectiveCosts | None) -> float | None:
-    """One all-to-all of ``num_bytes`` a rank over ``ep`` ranks from the profile's measured ``all_to_all`` or its
-    p2p alpha/beta; ``None`` without either (the caller uses :data:`DEFAULT_COMM_RATIO`)."""
-    if costs is None or not (any(m.op == "all_to_all" for m in costs.measured)
-                             or (costs.p2p_alpha_s is not None and costs.p2p_bytes_per_s)):
+def all_to_all_seconds(num_bytes: int, *, ep: int, costs: CollectiveCosts | None, nodes: int = 1) -> float | None:
+    """One all-to-all of ``num_bytes`` a rank over ``ep`` ranks on ``nodes`` nodes, priced by ``costs``; ``None``
+    without any price (the caller uses :data:`DEFAULT_COMM_RATIO`)."""
+    if costs is None or not costs.can_price(A2A):
         return None
-    return costs.seconds("all_to_all", num_bytes, group_size=ep)
+    return costs.seconds(A2A, num_bytes, group_size=ep, nodes=nodes)
 
 
-def describe(costs: CollectiveCosts | None, ep: int) -> str:
+def describe(costs: CollectiveCosts | None, ep: int, nodes: int = 1) -> str:
     """Where one all-to-all's cost comes from, for the notes."""
-    measured = [m for m in (costs.measured if costs is not None else ()) if m.op == "all_to_all"]
-    if measured:
-        fit = min(measured, key=lambda m: (abs(m.group_size - ep), -m.group_size))
-        scaled = "" if fit.group_size == ep else f", scaled to {ep} ranks"
-        return f"all-to-all measured on {fit.group_size} ranks{scaled}"
-    if costs is not None and costs.p2p_alpha_s is not None and costs.p2p_bytes_per_s:
-        return ("all-to-all as a pairwise exchange over the profile's p2p alpha/beta (the profile measured no "
-                "all_to_all)")
+    if costs is not None and costs.can_price(A2A):
+        return costs.source(A2A, ep, nodes)
     return (f"no measured all-to-all or p2p alpha/beta, so the stated default: a MoE layer's forward all-to-alls take "
             f"{DEFAULT_COMM_RATIO:g}x its forward compute (DeepSeek-V3's ~1:1 for cross-node EP); calibrate with p2p "
             "for a measured cost")
@@ -132,10 +134,12 @@ def _stage_modules(schedule: Schedule, stage_modules: Sequence[Sequence[str]], s
 
 
 def stage_comms(schedule: Schedule, stage_costs: Any, *, shapes: Any, stage_modules: Sequence[Sequence[str]],
-                ep: int, costs: CollectiveCosts | None) -> list[StageComm]:
-    """Each stage's :class:`StageComm` (``stage_costs``: the schedule's :class:`ppsim.costs.StageCosts`)."""
+                ep: int, costs: CollectiveCosts | None, nodes: int = 1, time_scale: float = 1.0) -> list[StageComm]:
+    """Each stage's :class:`StageComm` (``stage_costs``: the schedule's :class:`ppsim.costs.StageCosts`; priced
+    seconds are divided by ``time_scale``, the simulation's seconds per cost unit)."""
     moe_layers = frozenset(shapes.moe_layers)
-    measured = all_to_all_seconds(all_to_all_bytes(shapes), ep=ep, costs=costs)
+    priced = all_to_all_seconds(all_to_all_bytes(shapes), ep=ep, costs=costs, nodes=nodes)
+    measured = None if priced is None else priced / time_scale
     out = []
     for stage in range(schedule.num_stages):
         layers, share = moe_share(_stage_modules(schedule, stage_modules, stage), moe_layers)
@@ -182,17 +186,19 @@ def exposed_seconds(schedule: Schedule, stage_costs: Any, action: Action, comms:
     return 2 * c.layers, total, c.layers * (t + 2 * max(0.0, t / 2 - experts / 2))
 
 
-def ep_step(step: FsdpStep, stage_costs: Any, *, shapes: Any, stage_modules: Sequence[Sequence[str]], ep: int,
-            costs: CollectiveCosts | None, overlap: str = "dualpipe", in_blocks: bool = False) -> FsdpStep:
-    """``step`` (the schedule, FSDP's collectives in it or not: :func:`ppsim.fsdp.fsdp_step`) with EP's exposed
+def ep_pass(step: Step, stage_costs: Any, job: StepJob) -> Step:
+    """``step`` (the schedule, FSDP's collectives in it or not: :mod:`ppsim.step.fsdp`) with EP's exposed
     all-to-alls added to its actions' ``extra_s`` and their totals in its ``collectives``. At ``ep`` 1 or for a
     dense model, ``step`` unchanged. ``stage_costs``: the :class:`ppsim.costs.StageCosts` the step is simulated
     with (the pairs' halves, and the default cost's compute)."""
+    ep, shapes, overlap, in_blocks = job.degrees.ep, job.shapes, job.ep_overlap, job.ep_in_blocks
     assert overlap in OVERLAPS, overlap
     if ep <= 1 or not shapes.moe_layers:
         return step
     schedule = step.schedule
-    comms = stage_comms(schedule, stage_costs, shapes=shapes, stage_modules=stage_modules, ep=ep, costs=costs)
+    span = job.span("ep")
+    comms = stage_comms(schedule, stage_costs, shapes=shapes, stage_modules=job.stage_modules, ep=ep,
+                        costs=job.costs, nodes=span.nodes, time_scale=job.time_scale)
     extra = dict(step.extra_s)
     spans = dict(step.comm_spans)
     count, total, exposed = 0, 0.0, 0.0
@@ -205,22 +211,24 @@ def ep_step(step: FsdpStep, stage_costs: Any, *, shapes: Any, stage_modules: Seq
             added = e - t if in_blocks else e
             if added:
                 extra[(rank, pos)] = extra.get((rank, pos), 0.0) + added
-            spans[(rank, pos)] = spans.get((rank, pos), CommSpan(0.0, 0.0)).plus(t, e, "all_to_all")
+            spans[(rank, pos)] = spans.get((rank, pos), CommSpan(0.0, 0.0)).plus(t, e, A2A.value)
     unit = "s" if stage_costs.unit == "s" else " units"
     nbytes = all_to_all_bytes(shapes)
     how = ("overlapped F&B pairs run one half after the other in this runtime: every all-to-all waited for"
            if _has_pairs(schedule) and overlap == "sequential" else
            "overlapped F&B pairs hide one direction under the other" if _has_pairs(schedule)
            else "no overlapped F&B pairs: eager actions wait for them")
-    note = (f"EP (ep {ep}): a dispatch and a combine all-to-all per MoE layer in each F and each B/I, "
+    where = f" over {span.nodes} nodes" if span.nodes > 1 else ""
+    note = (f"EP (ep {ep}{where}): a dispatch and a combine all-to-all per MoE layer in each F and each B/I, "
             f"{nbytes * (ep - 1) // ep / 2**20:.2f} MiB leaving a rank per all-to-all per microbatch; {count} in the "
             f"step, {total:.4g}{unit} of which {exposed:.4g}{unit} exposed ({how}"
-            f"{', eager ones chunked as torchtitan' if overlap == 'chunked' else ''}); {describe(costs, ep)}"
+            f"{', eager ones chunked as torchtitan' if overlap == 'chunked' else ''}); "
+            f"{describe(job.costs, ep, span.nodes)}"
             + ("; the profile's MoE layers were measured at this degree, their all-to-alls in their F and B, so only "
                "the hidden part is taken from the step" if in_blocks else ""))
-    collectives = {**step.collectives, "all_to_all": CollectiveTotals(count, total, exposed)}
-    return dataclasses.replace(step, extra_s=extra, notes=(*step.notes, note), collectives=collectives,
-                               comm_spans=spans)
+    totals = CollectiveTotals(count, total, exposed, job.placed("ep", count, A2A, nbytes))
+    return dataclasses.replace(step, extra_s=extra, notes=(*step.notes, note),
+                               collectives={**step.collectives, A2A.value: totals}, comm_spans=spans)
 
 
 def _has_pairs(schedule: Schedule) -> bool:

@@ -10,10 +10,10 @@ from enum import Enum
 class CollectiveKind(str, Enum):
     """A collective (or point-to-point) operation, as nccl-tests and torch.distributed name them."""
 
+    ALL_TO_ALL = "all_to_all"
     ALL_GATHER = "all_gather"
     REDUCE_SCATTER = "reduce_scatter"
     ALL_REDUCE = "all_reduce"
-    ALL_TO_ALL = "all_to_all"
     SEND_RECV = "send_recv"
 
     def __str__(self) -> str:
@@ -36,4 +36,4 @@ class CollectiveKind(str, Enum):
 
 
 ALL_KINDS: tuple[CollectiveKind, ...] = tuple(CollectiveKind)
-"""Every kind, in the order results and tables list them."""
+"""Every kind, in the order results and tables list them (``simulate --json``'s ``collectives``)."""

@@ -44,7 +44,7 @@ from ppsim.result import SimResult
 
 COMPUTE = frozenset({ActionType.F, ActionType.B, ActionType.I, ActionType.W, ActionType.OVERLAP_F_B})
 COLLECTIVES = frozenset({ActionType.UNSHARD, ActionType.REDUCE_GRAD})
-"""FSDP's exposed collectives (:func:`ppsim.fsdp.lower`): CPU work on a host whose cores are shared (gloo)."""
+"""FSDP's exposed collectives (:func:`ppsim.step.fsdp.lower`): CPU work on a host whose cores are shared (gloo)."""
 CPU_WORK = COMPUTE | COLLECTIVES
 ROUNDS = 6
 

@@ -390,7 +390,7 @@ def test_run_with_more_fsdp_tp_processes_than_the_host_holds_is_refused_before_c
         degrees: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torchtitan")
     nothing_runs(monkeypatch)
-    monkeypatch.setattr("ppsim.sharing.host_cores", lambda: 2)
+    monkeypatch.setattr("ppsim.step.sharing.host_cores", lambda: 2)
     result = runner.invoke(app, [*RUN_TITAN, *degrees])
     assert result.exit_code == 2, result.output
     line = result.stderr.strip().splitlines()[-1]
@@ -426,7 +426,7 @@ CAL_TITAN = ["calibrate", "--model", "torchtitan:llama3/debugmodel", "--reps", "
 def test_calibrate_tp_beyond_the_hosts_cores_is_refused_before_measuring(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torchtitan")
-    monkeypatch.setattr("ppsim.sharing.host_cores", lambda: 2)
+    monkeypatch.setattr("ppsim.step.sharing.host_cores", lambda: 2)
     out = tmp_path / "c.json"
     result = runner.invoke(app, [*CAL_TITAN, "--tp", "16", "-o", str(out)])
     assert result.exit_code == 2, result.output

@@ -6,8 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppsim.job.allocator import (LARGE_BUFFER, SMALL_BUFFER, AllocEvent, CachingAllocator, replay, round_size,
-                                 segment_size, should_split)
+from ppsim.job.allocator import (
+    LARGE_BUFFER,
+    SMALL_BUFFER,
+    AllocEvent,
+    CachingAllocator,
+    replay,
+    round_size,
+    segment_size,
+    should_split,
+)
 
 MiB = 1 << 20
 

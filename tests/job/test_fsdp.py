@@ -13,23 +13,17 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from step_helpers import fsdp_step
 from typer.testing import CliRunner
 
 from ppsim.compare import build, compare
 from ppsim.costs import parse_costs
-from ppsim.fsdp import (
-    CollectiveCosts,
-    MeasuredCollective,
-    fsdp_step,
-    fsdp_units,
-    lower,
-    original_positions,
-    ring_seconds,
-)
 from ppsim.ir import ActionType
 from ppsim.job.memory import BlockShapes, JobShapes
 from ppsim.schedules import get_schedule
 from ppsim.simulator import simulate
+from ppsim.step.fsdp import fsdp_units, lower, original_positions
+from ppsim.step.pricing import CollectiveCosts, MeasuredCollective, ring_seconds
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 PROFILE = DATA / "llama3_debugmodel_s32_mem.profile.json"  # measured p2p, no collectives
@@ -156,16 +150,16 @@ def test_compare_simulates_the_step_with_its_collectives_and_says_so() -> None:
     sched = get_schedule("1F1B", 2, 4)
     plain = compare(["1F1B"], builder=lambda _: sched, costs=parse_costs("F=1,B=2"))
     fsdp = compare(["1F1B"], builder=lambda _: sched, costs=parse_costs("F=1,B=2"),
-                   fsdp=lambda s: fsdp_step(s, shapes=_shapes(), stage_modules=MODULES, dp_shard=2,
-                                            costs=_measured()))
+                   step=lambda s, _: fsdp_step(s, shapes=_shapes(), stage_modules=MODULES, dp_shard=2,
+                                               costs=_measured()))
     assert fsdp.best.makespan > plain.best.makespan
     assert any("FSDP (dp_shard 2)" in n for n in fsdp.notes)
 
 
 # --- plan ------------------------------------------------------------------------------------------------------
-def _plan_timer(schedule: Any, job: Any, profile: str | None, unit: str, *, fsdp: Any = None) -> Any:
+def _plan_timer(schedule: Any, job: Any, profile: str | None, unit: str, *, step: Any = None) -> Any:
     return compare([schedule.name], builder=lambda _: schedule, costs=parse_costs(unit), scope="stage",
-                   fsdp=fsdp).best
+                   step=step).best
 
 
 def _plan_shapes(tp: int, mb_size: int, ac: str) -> JobShapes:
@@ -245,7 +239,7 @@ def test_simulate_of_a_config_job_at_dp_shard_2_holds_the_collectives(tmp_path: 
 
 
 def _shared(name: str, ranks: int, mb: int, *, per_rank: int, cores: int) -> tuple[float, float]:
-    from ppsim.sharing import shared_cores_step
+    from ppsim.step.sharing import shared_cores_step
 
     schedule = get_schedule(name, ranks, mb)
     costs = parse_costs("F=1,B=2")
@@ -274,7 +268,7 @@ def test_local_processes_beyond_the_cores_stretch_computations_by_how_many_compu
 def _toy_shared(scale: float) -> float:
     """GPipe, 2 PP ranks x dp_shard 2 on 2 cores (one core per copy of the pipeline), 1 microbatch, F=1, B=2, no
     gathers, reduce-scatters 0.5 (stage 0) and 2 (stage 1): rank 0's B and rank 1's REDUCE_GRAD start together at 4."""
-    from ppsim.fsdp import FsdpStep
+    from ppsim.step.model import Step as FsdpStep
 
     sched = get_schedule("GPipe", 2, 1)
     costs = parse_costs("F=1,B=2")
@@ -300,7 +294,7 @@ def test_the_fsdp_probe_gives_the_time_sharing_slowdown_that_reproduces_its_meas
     import types
 
     from ppsim.calibrate.measure.runtime_model import fit_shared_scale
-    from ppsim.fsdp import FsdpStep
+    from ppsim.step.model import Step as FsdpStep
 
     sched = get_schedule("GPipe", 2, 1)
     low = lower(sched, gather_s=[0.0, 0.0], reduce_s=[0.5, 2.0])
@@ -313,7 +307,7 @@ def test_the_fsdp_probe_gives_the_time_sharing_slowdown_that_reproduces_its_meas
 
 
 def test_run_pins_each_copy_of_the_pipeline_to_cores_of_its_own_only_when_processes_outnumber_the_cores() -> None:
-    from ppsim.sharing import core_plan, sharing
+    from ppsim.step.sharing import core_plan, sharing
 
     assert core_plan(4, 1, 2) is None and core_plan(2, 2, 4) is None  # one process per PP rank; enough cores
     assert core_plan(2, 2, 2) == ((0,), (1,))
@@ -342,7 +336,7 @@ def test_a_local_worker_is_pinned_to_its_copys_cores() -> None:
 def test_runs_prediction_on_a_cpu_host_stretches_only_with_more_processes_than_cores() -> None:
     pytest.importorskip("torch")
     from ppsim.calibrate.execute.predict import predict_step
-    from ppsim.fsdp import FsdpStep
+    from ppsim.step.model import Step as FsdpStep
 
     schedule = get_schedule("1F1B", 2, 8)
     costs = parse_costs("F=1,B=2")
@@ -378,12 +372,12 @@ def test_the_fsdp_probe_runs_only_where_runs_time_share_and_a_failure_leaves_the
     rec = recorder()
     calibration.shared_probe(builtin, rec.doc, rec, log=lambda _: None)
     assert rec.done == [] and rec.doc["notes"] == []  # FSDP runs take torchtitan models only
-    monkeypatch.setattr("ppsim.sharing.host_cores", lambda: 1)
+    monkeypatch.setattr("ppsim.step.sharing.host_cores", lambda: 1)
     rec = recorder()
     calibration.shared_probe(titan, rec.doc, rec, log=lambda _: None)
     assert rec.done == ["runtime.shared"] and "shared_scale" not in rec.doc["runtime"]
     assert "FSDP probe failed (RuntimeError: gloo went away)" in rec.doc["notes"][0]
-    monkeypatch.setattr("ppsim.sharing.host_cores", lambda: 64)
+    monkeypatch.setattr("ppsim.step.sharing.host_cores", lambda: 64)
     rec = recorder()
     calibration.shared_probe(titan, rec.doc, rec, log=lambda _: None)
     assert rec.done == ["runtime.shared"] and "have a core each" in rec.doc["notes"][0]
@@ -394,19 +388,25 @@ def test_under_ep_a_moe_layers_experts_are_gathered_on_their_own_mesh_and_not_at
     its routed experts (EP-local) on ``efsdp`` -- one collective each, none for the experts at ``efsdp`` 1 (each
     rank holds its experts whole). Without EP everything is one collective on ``dp_shard``. By hand: 100 dense and
     800 expert elements, a flat cost per collective plus 1 s per MB."""
-    from ppsim.fsdp import stage_collective_seconds, unit_groups
+    from ppsim.job.degrees import Degrees
     from ppsim.job.memory import DTYPE_BYTES, BlockShapes, JobShapes
+    from ppsim.step.build import StepJob
+    from ppsim.step.fsdp import stage_collective_seconds, unit_groups
 
     experts = "moe.routed_experts.inner_experts.w1"
     moe = BlockShapes("moe", (("attention.wq", (10, 10)), (experts, (8, 10, 10))), saved_bytes=0,
                       sparse=frozenset({experts}))
     shapes = JobShapes(source="toy", blocks={"layers.0": moe}, tp=1, boundary_bytes=0)
-    assert unit_groups(shapes, ["layers.0"], dp_shard=2, efsdp=None) == [(900, 2)]
-    assert unit_groups(shapes, ["layers.0"], dp_shard=2, efsdp=1) == [(100, 2)]
-    assert unit_groups(shapes, ["layers.0"], dp_shard=4, efsdp=2) == [(100, 4), (800, 2)]
+    assert unit_groups(shapes, ["layers.0"], dp_shard=2, efsdp=None) == [(900, "fsdp")]
+    assert unit_groups(shapes, ["layers.0"], dp_shard=2, efsdp=1) == [(100, "fsdp")]
+    assert unit_groups(shapes, ["layers.0"], dp_shard=4, efsdp=2) == [(100, "fsdp"), (800, "efsdp")]
+    assert StepJob(shapes=shapes, stage_modules=[], costs=None, degrees=Degrees(pp=1, dp_shard=4, ep=2)).span(
+        "efsdp").ranks == 2
     costs = CollectiveCosts(p2p_alpha_s=0.5, p2p_bytes_per_s=1e6)
-    seconds = {efsdp: stage_collective_seconds(shapes, [["layers.0"]], dp_shard=2, costs=costs, efsdp=efsdp)[0][0]
-               for efsdp in (None, 1)}
+    seconds = {ep: stage_collective_seconds(StepJob(shapes=shapes, stage_modules=[["layers.0"]], costs=costs,
+                                                    degrees=Degrees(pp=1, dp_shard=2, ep=ep)))[0][0]
+               for ep in (1, 2)}
+    seconds = {None: seconds[1], 1: seconds[2]}  # efsdp: none without EP, 1 at ep 2
     assert seconds[1] < seconds[None]
     per_element = DTYPE_BYTES[shapes.param_dtype]
     assert seconds[1] == pytest.approx(costs.seconds("all_gather", 100 * per_element, group_size=2))

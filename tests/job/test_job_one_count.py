@@ -140,7 +140,7 @@ def test_fsdps_communication_actions_hold_nothing_in_the_count(name: str) -> Non
     """A step lowered with FSDP's UNSHARD / REDUCE_GRAD actions (what `simulate --torchtitan-config --profile` judges
     at dp_shard > 1) has the count of the plain order: a REDUCE_GRAD is not a weight backward freeing activations
     (plan, which judges the plain order, and simulate once disagreed by up to 1 % on a 64-GPU job)."""
-    from ppsim.fsdp import lower
+    from ppsim.step.fsdp import lower
 
     schedule = load_schedule(name, 2, 4)
     modules = _modules(schedule.num_stages, 2)

@@ -63,12 +63,12 @@ def _request(**kw: Any) -> PlanRequest:
     return PlanRequest(**base)
 
 
-def _unit_timer(schedule: Any, job: Any, profile: str | None, unit: str, fsdp: Any = None) -> Any:
+def _unit_timer(schedule: Any, job: Any, profile: str | None, unit: str, step: Any = None) -> Any:
     from ppsim.compare import compare
     from ppsim.costs import load_costs
 
     costs = load_costs(costs=unit)
-    return compare([schedule.name], builder=lambda _: schedule, costs=costs, scope="stage", fsdp=fsdp).best
+    return compare([schedule.name], builder=lambda _: schedule, costs=costs, scope="stage", step=step).best
 
 
 def _build(name: str, ranks: int, mb: int, v: int) -> Any:

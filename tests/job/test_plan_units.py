@@ -160,11 +160,11 @@ def test_link_bandwidth_reads_gb_per_s_within_and_across_nodes() -> None:
 
 
 # --- seconds and unit costs, never one list or one axis ----------------------------------------------------------
-def _mixed_timer(schedule: Any, job: Any, profile: str | None, unit: str, fsdp: Any = None) -> Any:
+def _mixed_timer(schedule: Any, job: Any, profile: str | None, unit: str, step: Any = None) -> Any:
     """Seconds where a profile covers the candidate (a step of a few seconds), unit costs elsewhere."""
     import dataclasses
 
-    sim = _unit_timer(schedule, job, profile, unit, fsdp)
+    sim = _unit_timer(schedule, job, profile, unit, step)
     return dataclasses.replace(sim, makespan=sim.makespan * 1e-2) if profile else sim
 
 

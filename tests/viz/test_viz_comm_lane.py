@@ -7,13 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex
+from step_helpers import ep_step
 
 from ppsim.costs import parse_costs
-from ppsim.ep import ep_step
-from ppsim.fsdp import CollectiveCosts, FsdpStep, MeasuredCollective
 from ppsim.job.memory import BlockShapes, JobShapes
 from ppsim.schedules import get_schedule
 from ppsim.simulator import simulate
+from ppsim.step.model import Step as FsdpStep
+from ppsim.step.pricing import CollectiveCosts, MeasuredCollective
 from ppsim.viz import _data, gantt, interactive
 
 
@@ -164,7 +165,7 @@ def test_fsdps_spans_name_their_kinds_for_the_hover() -> None:
                        reduce_dtype="float32")
     measured = CollectiveCosts(measured=tuple(MeasuredCollective(op, 2, ((1000, 1.0), (2000, 2.0)), 1000)
                                               for op in ("all_gather", "reduce_scatter")))
-    from ppsim.fsdp import fsdp_step
+    from step_helpers import fsdp_step
 
     step = fsdp_step(schedule, shapes=shapes, stage_modules=[(f"layers.{i}",) for i in range(4)], dp_shard=2,
                      costs=measured)
