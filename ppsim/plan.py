@@ -95,6 +95,15 @@ class UnitRates:
         """Links of infinite bandwidth: communication costs nothing (unit costs as compute alone)."""
         return math.isinf(self.intra_node_bytes_per_s) and math.isinf(self.inter_node_bytes_per_s)
 
+    @classmethod
+    def of_cluster(cls, cluster: Any) -> UnitRates:
+        """A cluster's rates: its device's peak at :data:`DEFAULT_MFU`, its link within a node, and its NICs'
+        bandwidth shared by a node's GPUs."""
+        return cls(flops_per_s=cluster.device.peak_flops * DEFAULT_MFU,
+                   intra_node_bytes_per_s=cluster.intra_node.bandwidth_Bps,
+                   inter_node_bytes_per_s=cluster.inter_node.bandwidth_Bps * cluster.nics_per_node
+                   / cluster.gpus_per_node)
+
     def describe(self) -> str:
         return (f"TP and FSDP collectives charged at {self.intra_node_bytes_per_s / 1e9:g} GB/s within a node and "
                 f"{self.inter_node_bytes_per_s / 1e9:g} GB/s across nodes per GPU, against a layer's compute at "
@@ -183,19 +192,18 @@ class PlanRequest:
 
 
     def model_cluster(self) -> Any:
-        """The cluster the candidates run on: ``--cluster``'s, its links replaced by ``--link-bandwidth``'s where
-        given (:attr:`unit_rates`), on nodes of :attr:`gpus_per_node`."""
+        """The cluster the candidates run on (``--cluster``, else an HGX H100 node's), its links those of
+        :attr:`unit_rates` (``--link-bandwidth`` where given), on nodes of :attr:`gpus_per_node`."""
         from ppsim.step.cluster import Link, load_cluster
 
         base = self.cluster if self.cluster is not None else load_cluster("h100")
         rates = self.unit_rates
-        intra = base.intra_node if rates.intra_node_bytes_per_s == NVLINK_BYTES_PER_S and self.cluster is not None \
-            else Link(bandwidth_Bps=rates.intra_node_bytes_per_s, latency_s=base.intra_node.latency_s)
-        inter = base.inter_node if rates.inter_node_bytes_per_s == INTER_NODE_BYTES_PER_S and self.cluster is not None \
-            else Link(bandwidth_Bps=rates.inter_node_bytes_per_s, latency_s=base.inter_node.latency_s)
-        return dataclasses.replace(base, intra_node=intra, inter_node=inter, gpus_per_node=self.gpus_per_node,
-                                   nics_per_node=max(1, base.nics_per_node * self.gpus_per_node
-                                                     // base.gpus_per_node))
+        nics = max(1, base.nics_per_node * self.gpus_per_node // base.gpus_per_node)
+        per_nic = rates.inter_node_bytes_per_s * self.gpus_per_node / nics  # the rates are per GPU
+        return dataclasses.replace(
+            base, gpus_per_node=self.gpus_per_node, nics_per_node=nics,
+            intra_node=Link(bandwidth_Bps=rates.intra_node_bytes_per_s, latency_s=base.intra_node.latency_s),
+            inter_node=Link(bandwidth_Bps=per_nic, latency_s=base.inter_node.latency_s))
 
 
 @dataclass(frozen=True)

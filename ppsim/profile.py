@@ -534,6 +534,10 @@ class Profile:
     """FSDP's collectives (all-gather, reduce-scatter) and EP's all-to-all per group size, measured beside p2p."""
     expert_parallel_degree: int = 1
     """The expert-parallel degree the MoE layers were measured at (``calibrate --ep``; 1, or absent: unsplit)."""
+    cluster: str | None = None
+    """The cluster the profile was measured on (``calibrate --cluster``: its preset or file name); ``None``: its own
+    host, before clusters were recorded. A profile's measured links replace a cluster's only on that cluster
+    (:class:`ppsim.step.pricing.CollectiveCosts`)."""
     entries: tuple[ProfileEntry, ...] = ()
     """The calibration's other passes (``--tp 1,2 --mb-size 1,2``): each (TP degree, microbatch size) but the
     first, which is this profile's own blocks."""
@@ -653,6 +657,8 @@ class Profile:
             out["tensor_parallel_degree"] = self.tensor_parallel_degree
         if self.expert_parallel_degree != 1:
             out["expert_parallel_degree"] = self.expert_parallel_degree
+        if self.cluster is not None:
+            out["cluster"] = self.cluster
         if self.collectives:
             out["collectives"] = [c.to_dict() for c in self.collectives]
         if self.entries:
@@ -1070,6 +1076,7 @@ class _Reader:
             collectives=self.records(CollectiveFit, d.get("collectives"), "collectives"),
             expert_parallel_degree=self.int_(d.get("expert_parallel_degree", 1), "expert_parallel_degree",
                                              minimum=1),
+            cluster=None if d.get("cluster") is None else self.str_(d.get("cluster"), "cluster"),
             entries=self.entries(d.get("entries"), extra.get("blocks"), model=model,
                                  tp=self.int_(d.get("tensor_parallel_degree", 1), "tensor_parallel_degree", minimum=1),
                                  complete=complete, allow_incomplete=partial_ok, ops=ops),

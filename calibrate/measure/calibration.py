@@ -117,6 +117,8 @@ class CalibrationOptions:
     """torchtitan's activation checkpointing (``none``/``selective``/``full``): each measured unit's blocks wrapped
     with its policy as ``ppsim run --activation-checkpoint`` wraps a model part, so F, B and FB hold the backward's
     rerun; I and W not measured (:func:`ppsim.calibrate.measure.harness.measure_benches`)."""
+    cluster: str | None = None
+    """The cluster this calibration runs on (``--cluster``), recorded in the profile."""
     passes: tuple[CalibrationPass, ...] = ()
     """Every pass (``--tp`` x ``--mb-size``), the first at ``tensor_parallel_degree`` and ``config.mb_size``;
     empty: that one alone."""
@@ -1246,6 +1248,7 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
         **({"activation_checkpoint": opts.activation_checkpoint} if opts.activation_checkpoint != "none" else {}),
         **({"tensor_parallel_degree": opts.tensor_parallel_degree} if opts.tensor_parallel_degree > 1 else {}),
         **({"expert_parallel_degree": opts.expert_parallel_degree} if opts.expert_parallel_degree > 1 else {}),
+        **({"cluster": opts.cluster} if opts.cluster is not None else {}),
         **({"entries": [entry_document(opts.for_pass(p)) for p in opts.all_passes[1:]]}
            if len(opts.all_passes) > 1 else {}),
     }
@@ -1358,7 +1361,11 @@ class Recorder:
         if self.writer:
             from ppsim.io import write_atomic
 
-            write_atomic(self.path, json.dumps(self.doc, indent=1, allow_nan=False) + "\n")
+            try:
+                write_atomic(self.path, json.dumps(self.doc, indent=1, allow_nan=False) + "\n")
+            except (PPSimError, OSError) as exc:  # the disk filled meanwhile: every measurement is in the progress file
+                raise PPSimError(f"{exc}; the measurements are kept in {progress_path(self.path)}: make room and "
+                                 "run the same command with --resume to write the profile") from None
             progress_path(self.path).unlink(missing_ok=True)
 
     def finish(self, key: str) -> None:

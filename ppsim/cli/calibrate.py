@@ -18,6 +18,7 @@ from ppsim.cli._app import app
 from ppsim.cli.common import job_overrides, user_errors, warn
 from ppsim.cli.options import (
     JOB_CONTEXT,
+    ClusterOpt,
     DType,
     DTypeOpt,
     FfnOpt,
@@ -119,12 +120,19 @@ def calibrate_cmd(
         Optional[str], typer.Option("--max-size", metavar="BYTES", help="With --collectives: the largest size "
                                     "timed (from 4 KiB, x4 each step; default 64MiB).")
     ] = None,
+    cluster: ClusterOpt = None,
 ) -> None:
     """Measure the model's blocks (embedding, layer, head), the per-stage overhead, p2p cost and the runtime's
     overheads on this machine; write a profile that serves any schedule and stage count."""
+    cluster_name = None
+    if cluster is not None:
+        from ppsim.cli.simulation import cluster_of
+
+        found = cluster_of(cluster)  # a bad --cluster is one line before anything is measured
+        cluster_name = None if found is None else found.name
     if collectives:
         _collectives_cmd(ctx, output=output, device=device.value, warmup=warmup, reps=reps, max_size=max_size,
-                         init_timeout=init_timeout, model=model, preset=preset)
+                         init_timeout=init_timeout, model=model, preset=preset, cluster=cluster_name)
         return
     if max_size is not None:
         raise PPSimError(f"--max-size {max_size}: only with --collectives; add --collectives or drop --max-size")
@@ -162,7 +170,7 @@ def calibrate_cmd(
         output=output, config=config, num_stages=stages, device=device.value, warmup=warmup, reps=reps,
         resume=resume, p2p=p2p, probe=probe, check_stages=check_stages, init_timeout_s=init_timeout,
         override_limits=override_limits, source=source, tensor_parallel_degree=degrees[0], expert_parallel_degree=ep,
-        activation_checkpoint=activation_checkpoint, passes=passes if len(passes) > 1 else (),
+        activation_checkpoint=activation_checkpoint, passes=passes if len(passes) > 1 else (), cluster=cluster_name,
     )
     try:
         check_all_limits(request)  # memory before torch; then the dtype's speed here, which the time divides by
@@ -181,7 +189,8 @@ def calibrate_cmd(
 
 
 def _collectives_cmd(ctx: typer.Context, *, output: Path, device: str, warmup: int, reps: int,
-                     max_size: str | None, init_timeout: float, model: str | None, preset: str | None) -> None:
+                     max_size: str | None, init_timeout: float, model: str | None, preset: str | None,
+                     cluster: str | None = None) -> None:
     """``calibrate --collectives``: the collectives at every placement, written into ``-o`` as each placement
     finishes (so a Ctrl-C, exit 130, keeps them); defaults 1 warm-up and 5 timed repetitions."""
     from ppsim.io import parse_bytes
@@ -210,6 +219,8 @@ def _collectives_cmd(ctx: typer.Context, *, output: Path, device: str, warmup: i
 
         found.extend(timings)
         doc = dict(base)
+        if cluster is not None:
+            doc["cluster"] = cluster  # the cluster these links were measured on
         doc["collectives"] = coll.merge_fits(base.get("collectives") or [], coll.to_fits(found))
         note = (f"collectives measured by `ppsim calibrate --collectives` ({warmup} warm-up + {reps} timed, up to "
                 f"{max_bytes} bytes)")

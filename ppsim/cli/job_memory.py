@@ -94,7 +94,7 @@ def job_shapes_of(inputs: Inputs, torchtitan_config: object, overrides: Sequence
 
 
 def job_memory_of(inputs: Inputs, result: SimResult, shapes: JobShapesOnce | None, cap: int | None,
-                  *, say: bool = True) -> list[RankMemory] | None:
+                  *, say: bool = True, allocator: str | None = None) -> list[RankMemory] | None:
     """Each PP rank's memory for a config function's job (``None`` for a TOML job: its model is not built)."""
     job = inputs.job
     if shapes is None or job is None or job.stage_modules is None:
@@ -113,7 +113,7 @@ def job_memory_of(inputs: Inputs, result: SimResult, shapes: JobShapesOnce | Non
         _say_what_is_counted(inputs, result, job_shapes, degrees)
     memory = job_memory(job_shapes, degrees=degrees, schedule=result.schedule, stage_modules=job.stage_modules,
                         recompute=result.recompute, cap_bytes=cap)
-    mode = _allocator_asked()
+    mode = check_allocator(allocator)
     if mode is None:
         return memory
     import dataclasses
@@ -130,31 +130,16 @@ def job_memory_of(inputs: Inputs, result: SimResult, shapes: JobShapesOnce | Non
     return [dataclasses.replace(m, reserved=r) for m, r in zip(memory, reserved)]
 
 
-_ALLOCATOR: list[str] = []
-"""The running command's ``--allocator`` (set by its option's callback, :func:`allocator_asked`, for the command's
-duration); empty for a command without the option (no replay)."""
-
-
-def allocator_asked(value: object) -> object:
-    """``--allocator``'s callback: keeps the mode while the command runs (checked where it is used)."""
-    import click
-
-    _ALLOCATOR[:] = [str(getattr(value, "value", value))]
-    ctx = click.get_current_context(silent=True)
-    if ctx is not None:
-        ctx.call_on_close(_ALLOCATOR.clear)
-    return value
-
-
-def _allocator_asked() -> str | None:
-    if not _ALLOCATOR:
+def check_allocator(mode: str | None) -> str | None:
+    """``--allocator``'s value checked (one line naming the modes); ``None``: no replay (plot, report)."""
+    if mode is None:
         return None
     from ppsim.job.allocator import MODES
 
-    if _ALLOCATOR[0] not in MODES:
-        raise JobMemoryError(f"--allocator {_ALLOCATOR[0]}: one of {', '.join(MODES)} (expandable: "
+    if mode not in MODES:
+        raise JobMemoryError(f"--allocator {mode}: one of {', '.join(MODES)} (expandable: "
                              "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, as torchtitan launches)")
-    return _ALLOCATOR[0]
+    return mode
 
 
 def _say_what_is_counted(inputs: Inputs, result: SimResult, shapes: JobShapes, degrees: Degrees) -> None:
@@ -176,15 +161,16 @@ def _say_what_is_counted(inputs: Inputs, result: SimResult, shapes: JobShapes, d
 
 
 def with_job(results: list[SimResult], inputs: Inputs, shapes: JobShapesOnce | None,
-             cap: int | None) -> tuple[list[SimResult], list[RankMemory] | None]:
-    """``results`` with a config function's job memory in each (the first one's memory returned for its table);
-    unchanged for any other job."""
+             cap: int | None, *, allocator: str | None = None) -> tuple[list[SimResult], list[RankMemory] | None]:
+    """``results`` with a config function's job memory in each (the first one's memory returned for its table;
+    ``allocator``: the caching allocator's mode to replay for the verdict, ``None`` none); unchanged for any other
+    job."""
     from ppsim.job.memory import with_job_memory
 
     first: list[RankMemory] | None = None
     out = []
     for i, result in enumerate(results):
-        memory = job_memory_of(inputs, result, shapes, cap, say=i == 0)
+        memory = job_memory_of(inputs, result, shapes, cap, say=i == 0, allocator=allocator)
         if memory is None:
             return results, None
         first = first if first is not None else memory

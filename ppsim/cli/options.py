@@ -88,7 +88,11 @@ MemCapOpt = Annotated[
     Optional[str], typer.Option("--memory-cap", help="Flag ranks whose peak memory exceeds CAP per rank: bytes "
                                 "(80GB = 80e9, 80GiB = 80*2^30) or activations (8act).")
 ]
-AllocatorOpt = Annotated[str, typer.Option("--allocator", callback=lambda value: __import__("ppsim.cli.job_memory", fromlist=["_"]).allocator_asked(value), help="With --torchtitan-config: replay the CUDA caching allocator with expandable (torchtitan's PYTORCH_CUDA_ALLOC_CONF) or default segments; --memory-cap then judges its reserved peak plus the CUDA context and NCCL's buffers.")]
+AllocatorOpt = Annotated[str, typer.Option(
+    "--allocator",
+    help="With --torchtitan-config: replay the CUDA caching allocator with expandable (torchtitan's "
+    "PYTORCH_CUDA_ALLOC_CONF) or default segments; --memory-cap then judges its reserved peak plus the CUDA context "
+    "and NCCL's buffers.")]
 CostScopeOpt = Annotated[
     Optional[CostScope],
     typer.Option(

@@ -14,7 +14,7 @@ import typer
 
 from ppsim.cli._app import app
 from ppsim.cli.common import console, echo_json, user_errors
-from ppsim.cli.options import JOB_CONTEXT, JsonOpt, output_file
+from ppsim.cli.options import JOB_CONTEXT, ClusterOpt, JsonOpt, output_file
 from ppsim.errors import PPSimError
 
 if TYPE_CHECKING:
@@ -39,7 +39,8 @@ def plan_cmd(
                                                    "llama3:llama3_8b; override keys with --parallelism.KEY VALUE.")],
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs the job runs on.")],
     memory_cap: Annotated[str, typer.Option("--memory-cap", help="Each device's memory: 80GiB (2^30) or 80GB.")],
-    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node (TP stays within one).")] = 8,
+    gpus_per_node: Annotated[Optional[int], typer.Option(
+        "--gpus-per-node", help="GPUs per node (TP stays within one); default: the cluster's, else 8.")] = None,
     profile: Annotated[Optional[list[Path]], typer.Option(
         "--profile", help="Profile JSON from `ppsim calibrate` (repeatable): times the candidates it covers: each "
         "(TP degree, tokens per microbatch) it measured (`calibrate --tp 1,2 --mb-size 1,2` measures several)."
@@ -57,10 +58,12 @@ def plan_cmd(
         "--memory-as-run", help="With --profile: judge memory as `ppsim run` executes each candidate on the "
         "profile's device (its dtype, no optimizer step), to check the plan against runs; default: the training "
         "job.")] = False,
+    cluster: ClusterOpt = None,
 ) -> None:
     """The fastest configuration of a torchtitan job that fits each device's memory, with the overrides to launch
     it."""
     from ppsim.cli import command_started
+    from ppsim.cli.simulation import cluster_of
     from ppsim.plan import UnitRates, link_rates
     from ppsim.plan_search import OrderSearch, PlanStopped, ShapeCache, Simulations, plan
 
@@ -68,10 +71,15 @@ def plan_cmd(
     if output is not None and output.suffix.lower() != ".html":
         raise PPSimError(f"-o {output}: plan writes one offline HTML page; use a name ending in .html, e.g. "
                          "-o plan.html")
-    rates = UnitRates() if link_bandwidth is None else link_rates(link_bandwidth)
-    request = _request(torchtitan_config, list(ctx.args), gpus=gpus, gpus_per_node=gpus_per_node,
+    machines = cluster_of(cluster)
+    rates = (link_rates(link_bandwidth) if link_bandwidth is not None
+             else UnitRates.of_cluster(machines) if machines is not None else UnitRates())
+    per_node = gpus_per_node if gpus_per_node is not None else machines.gpus_per_node if machines is not None else 8
+    if machines is not None:
+        machines.nodes_for(gpus)  # whole nodes, one line otherwise
+    request = _request(torchtitan_config, list(ctx.args), gpus=gpus, gpus_per_node=per_node,
                        memory_cap=memory_cap, profiles=profile or [], time_limit=time_limit, top=top)
-    request = dataclasses.replace(request, unit_rates=rates)
+    request = dataclasses.replace(request, unit_rates=rates, cluster=machines)
     if memory_as_run and not request.profiles:
         raise PPSimError("--memory-as-run: needs --profile (the device and dtype `ppsim run` would execute on); "
                          "add --profile P.json, or drop --memory-as-run")
@@ -100,7 +108,13 @@ def _print_result(result: Plan, orders: OrderSearch, output: Path | None, *, job
     if output is not None and result.best is not None:
         from ppsim.viz.plan_page import write_plan_page  # plotly only when asked
 
-        typer.echo(f"wrote {write_plan_page(result, output, job=job)}", err=True)
+        try:
+            typer.echo(f"wrote {write_plan_page(result, output, job=job)}", err=True)
+        except (PPSimError, OSError) as exc:  # the disk filled during the search: the plan itself is not lost
+            from ppsim.plan import to_dict
+
+            echo_json(to_dict(result, job=job))
+            raise PPSimError(f"{exc}; the plan's JSON is on stdout, nothing searched is lost") from None
     if json_out:
         from ppsim.plan import to_dict
 

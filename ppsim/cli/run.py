@@ -21,6 +21,7 @@ from ppsim.cli.calibrate import check_output, fmt_bytes, model_options, resolve_
 from ppsim.cli.common import job_overrides, user_errors, warn
 from ppsim.cli.options import (
     JOB_CONTEXT,
+    ClusterOpt,
     DTypeOpt,
     LayersOpt,
     MbOpt,
@@ -184,6 +185,7 @@ def run_cmd(
     ep: EpOpt = 1,
     overlap: OverlapOpt = False,
     activation_checkpoint: RunAcOpt = None,
+    cluster: ClusterOpt = None,
 ) -> None:
     """Execute the schedule on R processes with torch's pipeline runtime; check gradients; compare with ppsim's
     before-run prediction."""
@@ -194,6 +196,10 @@ def run_cmd(
     for path, what in ((output, "-o"), (plot, "--plot"), (profile_out, "--profile-out")):
         if path is not None:
             check_output(path, what, suffix=".json" if what == "--profile-out" else None)
+    if cluster is not None:
+        from ppsim.cli.simulation import cluster_of
+
+        cluster_of(cluster)  # a bad --cluster is one line before anything starts
     overrides = job_overrides(ctx, torchtitan_config)
     if schedule is None and torchtitan_config is None:
         raise PPSimError("--schedule/-s is required (or --torchtitan-config MODULE:CONFIG or job.toml); e.g. -s 1F1B "
@@ -219,6 +225,7 @@ def run_cmd(
         seed=seed, timeout_s=timeout, save_calibration=save_calibration, override_limits=override_limits,
         split=split, layers_per_stage=layers_per_stage, recompute=recompute, executor=executor.value,
         dp_shard=dp_shard, tp=tp, ep=ep, overlap=overlap, activation_checkpoint=activation_checkpoint or "none",
+        cluster=cluster,
     )
     job = None
     if torchtitan_config is not None:

@@ -84,9 +84,10 @@ def simulate_cmd(
     allocator: AllocatorOpt = "expandable",
 ) -> None:
     """Discrete-event replay; with -s A,B,C (or -s A -s B) simulates several and ranks them by makespan."""
-    from ppsim.cli.job_memory import job_shapes_of, print_memory, with_job, with_memory
+    from ppsim.cli.job_memory import check_allocator, job_shapes_of, print_memory, with_job, with_memory
     from ppsim.compare import compare
 
+    check_allocator(allocator)
     overrides = job_overrides(ctx, torchtitan_config)
     inputs = build_inputs(schedule, ranks, mb, stages_per_rank, costs=costs, profile=profile, split=split,
                           layers_per_stage=layers_per_stage, torchtitan_config=torchtitan_config,
@@ -102,7 +103,8 @@ def simulate_cmd(
         recompute=recompute_for(recompute), step=step_of(inputs, shapes, cluster_of(cluster)),
     )
     warn_comparison(comparison, several=len(names) > 1)
-    results, memory = with_job(list(comparison.results), inputs, shapes, None if cap is None else cap.bytes)
+    results, memory = with_job(list(comparison.results), inputs, shapes, None if cap is None else cap.bytes,
+                               allocator=allocator)
     if json_out:
         echo_json(with_memory(results[0].to_dict(), memory) if len(names) == 1 else [r.to_dict() for r in results])
         return

@@ -101,6 +101,9 @@ def build_step(schedule: Schedule, stage_costs: Any, job: StepJob | None) -> Ste
     step = Step(schedule=schedule, extra_s={})
     if job is None:
         return step
+    warning = None if job.costs is None else job.costs.mismatch()
+    if warning is not None:
+        step = step.plus(note=warning)
     step = fsdp_pass(step, job)
     step = ep_pass(step, stage_costs, job)
     step = pipeline_pass(step, stage_costs, job)

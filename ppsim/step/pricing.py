@@ -120,6 +120,15 @@ class CollectiveCosts:
         return dataclasses.replace(cluster, intra_node=intra or cluster.intra_node,
                                    inter_node=inter or cluster.inter_node)
 
+    def mismatch(self) -> str | None:
+        """A warning when the profile was measured on another cluster than the one asked, naming both."""
+        if self.cluster is None or self.measured_on is None or self._same_cluster():
+            return None
+        return (f"warning: the profile was measured on cluster {self.measured_on!r}, the job is priced on "
+                f"{self.cluster.name!r}: its measured collectives are used only for placements it measured, and its "
+                f"links do not replace {self.cluster.name!r}'s; calibrate on {self.cluster.name!r} "
+                "(`ppsim calibrate --cluster ...`) for its own")
+
     def _same_cluster(self) -> bool:
         if self.cluster is None:
             return False

@@ -432,7 +432,8 @@ def test_every_record_field_is_checked_as_its_type_says(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("where", "value", "needle"), [
     ("runtime.probe", {"ranks": 0}, "runtime.probe.ranks must be an integer >= 1, got 0"),
     ("collectives[0]", {"group_size": 1}, "collectives[0].group_size must be an integer >= 2, got 1"),
-    ("collectives[0]", {"op": "broadcast"}, "collectives[0].op must be one of all_to_all, all_gather, reduce_scatter, all_reduce, send_recv"),
+    ("collectives[0]", {"op": "broadcast"},
+     "collectives[0].op must be one of all_to_all, all_gather, reduce_scatter, all_reduce, send_recv"),
     ("p2p.pairs[0]", {"beta_bytes_per_s": 0}, "p2p.pairs[0].beta_bytes_per_s must be a finite number > 0, got 0"),
     ("runtime", {"recv_posting": "late"}, "runtime.recv_posting must be one of early, consumer, got 'late'"),
     ("runtime.synthetic", {"synthetic": {}}, "runtime.synthetic.synthetic must be null inside runtime.synthetic"),
