@@ -109,13 +109,7 @@ def _print_result(result: Plan, orders: OrderSearch, output: Path | None, *, job
         from ppsim.viz.plan_page import write_plan_page  # plotly only when asked
 
         try:
-            try:
             typer.echo(f"wrote {write_plan_page(result, output, job=job)}", err=True)
-        except (PPSimError, OSError) as exc:  # the disk filled during the search: the plan itself is not lost
-            from ppsim.plan import to_dict
-
-            echo_json(to_dict(result, job=job))
-            raise PPSimError(f"{exc}; the plan's JSON is on stdout, nothing searched is lost") from None
         except (PPSimError, OSError) as exc:  # the disk filled during the search: the plan itself is not lost
             from ppsim.plan import to_dict
 
