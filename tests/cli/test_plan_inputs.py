@@ -112,4 +112,5 @@ def test_a_command_run_in_process_after_main_counts_from_its_own_start(monkeypat
     monkeypatch.setattr(sys, "argv", ["ppsim", "--version"])
     with pytest.raises(SystemExit):
         main()
-    assert abs(command_started() - time.monotonic()) < 1.0
+    after_main = time.monotonic()
+    assert after_main <= command_started() <= time.monotonic()  # its own start, not the process's (no timed bound)

