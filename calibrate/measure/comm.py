@@ -229,6 +229,9 @@ def _collectives(group_size: int, rank: int, *, sizes: Sequence[int], warmup: in
     import torch.distributed as dist
 
     cuda = torch.device(device).type == "cuda"
+    # torch's current names where this torch has them (2.13 deprecates the older two with a FutureWarning)
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     out: dict[str, dict[int, list[float]]] = {op: {n: [] for n in sizes} for op in ops}
     bufs = {n: (torch.zeros(max(n // 4 // group_size, 1), dtype=torch.float32, device=device),
                 torch.zeros(max(n // 4 // group_size, 1) * group_size, dtype=torch.float32, device=device),
@@ -243,9 +246,9 @@ def _collectives(group_size: int, rank: int, *, sizes: Sequence[int], warmup: in
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 if op == "all_gather":
-                    dist.all_gather_into_tensor(full, shard)
+                    all_gather(full, shard)
                 elif op == "reduce_scatter":
-                    dist.reduce_scatter_tensor(shard, full)
+                    reduce_scatter(shard, full)
                 else:
                     try:
                         dist.all_to_all_single(received, full)
