@@ -152,7 +152,7 @@ def ranked(entries: Sequence[Entry]) -> list[tuple[str, SimResult]]:
 
     ok = {id(r): n for n, r in entries if not isinstance(r, str)}
     results = [r for _, r in entries if not isinstance(r, str)]
-    return [(ok[id(r)], r) for r in rank(results)]  # type: ignore[arg-type]
+    return [(ok[id(r)], r) for r in rank(results)]
 
 
 def gantt_figures(results: Sequence[tuple[str, SimResult]]) -> list[Any]:

@@ -493,7 +493,7 @@ def _with_masks(source: ModelSource, model: nn.Module) -> nn.Module:
             attention_masks = self.get_attention_masks(pos)
         return base(self, tokens, positions, attention_masks)
 
-    model.forward = types.MethodType(forward, model)  # type: ignore[method-assign]
+    model.forward = types.MethodType(forward, model)
     return model
 
 

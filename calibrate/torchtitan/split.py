@@ -54,7 +54,7 @@ def pipeline_metadata(parallelism: Any, *, num_ranks: int, num_layers: int) -> t
     dims = SimpleNamespace(pp=num_ranks)
     model = SimpleNamespace(layers=[None] * num_layers)
     try:
-        return tuple(pp._get_pipeline_metadata(dims, parallelism, model))  # type: ignore[return-value]
+        return tuple(pp._get_pipeline_metadata(dims, parallelism, model))
     except ValueError as exc:
         raise SplitError(f"torchtitan refuses the pipeline: {str(exc).splitlines()[0]}") from None
 
