@@ -370,17 +370,61 @@ def _p2p_link(span: Span, cluster: Cluster) -> Link:
 # ---------------------------------------------------------------------------------------------------------- gloo
 
 def _gloo_terms(kind: CollectiveKind, nbytes: int, span: Span) -> tuple[str, tuple[int, float], tuple[int, float]]:
-    """gloo's algorithm and its (messages, bytes) in series on the intra-node link and on the inter-node link."""
+    """gloo's algorithm and its (messages, bytes) on the intra-node link and on the inter-node link (the bytes in
+    the link's busier direction, as the time counts them: a pair's two directions that do not overlap add up).
+
+    As torch 2.x's ProcessGroupGloo runs them (and as measured on ``scripts/cluster-local.sh``'s emulated nodes):
+
+    * all_gather: ``gloo::allgather``, a ring of n - 1 steps of nbytes/n, each step in two halves kept in flight.
+      Where the ring's two neighbours are one rank on the other node (2 ranks on 2 nodes), one TCP pair carries
+      both directions at once, and gloo's pair overlaps them only by about half (:data:`GLOO_PAIR_AG_SERIAL`).
+    * all_reduce: ``gloo::allreduce``'s ring (reduce-scatter then all-gather, 2(n - 1) steps of nbytes/n), its
+      receives posted ahead in segments, so both directions of a pair run at once.
+    * reduce_scatter: torch's ``reduce_scatter_tensor_coalesced`` clones the input and all-reduces the whole
+      buffer (then copies its chunk out): an all_reduce plus one copy of nbytes (:func:`gloo_copy_bytes`).
+    * all_to_all: ``gloo::alltoall``, pairwise: n - 1 exchanges one after another, a node's cross-node bytes
+      sharing its link. In the exchange with the rank n/2 away (when that rank is on another node) each pair
+      sends and receives at once, and a gloo pair carries the two directions one after the other in an order
+      neither side chooses: the node's link then carries, per direction, the expected busier share of its
+      ``k`` such pairs (2 E[max(j, k - j)], j ~ Binomial(k, 1/2), chunks instead of k).
+    * send_recv: direct.
+    """
     n, ppn = span.ranks, span.ranks_per_node
     chunk = nbytes / n
     if kind is P2P:
         return ("direct", (1, nbytes), (0, 0.0)) if span.nodes == 1 else ("direct", (0, 0.0), (1, nbytes))
     if kind is A2A:
-        return "pairwise", (ppn - 1, (ppn - 1) * chunk), (n - ppn, ppn * (n - ppn) * chunk)
-    steps = _steps(kind, n)
+        inter_bytes = ppn * (n - ppn) * chunk
+        if span.nodes > 1 and n % 2 == 0 and (n // 2) // ppn % span.nodes:  # the half-way partner is elsewhere
+            inter_bytes += (_serial_pairs_load(ppn) - ppn) * chunk
+        return "pairwise", (ppn - 1, (ppn - 1) * chunk), (n - ppn, inter_bytes)
+    steps = _steps(AR if kind is RS else kind, n)
     if span.nodes == 1:
         return "ring", (steps, steps * chunk), (0, 0.0)
-    return "ring", (steps, steps * chunk), (steps, steps * chunk)
+    cross = steps * chunk
+    if kind is AG and ppn == 1 and n == 2:
+        cross *= GLOO_PAIR_AG_SERIAL
+    return "ring", (steps, steps * chunk), (steps, cross)
+
+
+GLOO_PAIR_AG_SERIAL = 1.5
+"""How many times one direction's bytes a gloo TCP pair takes when both of its directions carry one all_gather
+step at once (2 ranks on 2 nodes): 2 would be one after the other, 1 full duplex. Measured on the emulated nodes at
+1 Gbit/s, 4-64 MiB: 1.45-1.6 (a send_recv alone runs at the link's rate; an all_to_all exchange on one pair takes
+2.0; the all_reduce ring, which posts its receives ahead, 1.0)."""
+
+
+def _serial_pairs_load(k: int) -> float:
+    """Chunks the busier direction of a link carries when ``k`` pairs each move one chunk each way, one direction
+    after the other in a random order: 2 E[max(j, k - j)], j ~ Binomial(k, 1/2)."""
+    return 2 * sum(math.comb(k, j) * max(j, k - j) for j in range(k + 1)) / 2 ** k
+
+
+def gloo_copy_bytes(kind: CollectiveKind, nbytes: int) -> float:
+    """Bytes a collective copies in memory one after its transfers (torch's gloo reduce_scatter clones its input
+    before the all-reduce), priced at the intra-node link's bandwidth (a CPU host's loopback runs at its copy
+    speed)."""
+    return float(nbytes) if kind is RS else 0.0
 
 
 def _gloo(kind: CollectiveKind, nbytes: int, span: Span, cluster: Cluster) -> Prediction:
@@ -389,6 +433,7 @@ def _gloo(kind: CollectiveKind, nbytes: int, span: Span, cluster: Cluster) -> Pr
     inter = cluster.inter_node.seconds(bx, mx) if mx else 0.0
     # a ring's steps run in lock step (the slower link paces them); pairwise exchanges run one after another
     seconds = intra + inter if algo == "pairwise" else max(intra, inter)
+    seconds += gloo_copy_bytes(kind, nbytes) / cluster.intra_node.bandwidth_Bps
     return _prediction(kind, nbytes, span, seconds, algo, "tcp")
 
 
@@ -443,22 +488,37 @@ class Measured:
 
 
 def fit_links(samples: Iterable[Sample]) -> tuple[Link | None, Link | None]:
-    """The gloo model's intra- and inter-node links fitted to samples: least squares of seconds = messages x
-    latency + bytes / bandwidth over the link each sample's model puts its time on (nodes = 1: intra, nodes > 1:
-    inter). A link gets None without two samples of different shape or when the fit is not physical."""
+    """The gloo model's intra- and inter-node links fitted to samples: least squares of the relative error of
+    seconds = messages x latency + bytes / bandwidth over the link each sample's model puts its time on (nodes = 1:
+    intra, nodes > 1: inter; relative, so the small sizes fix the latency and the large ones the bandwidth). The
+    intra link is fitted first; a cross-node sample's time in series on it (an all_to_all's exchanges within the
+    node, reduce_scatter's copy) is taken off before the inter link's fit. A link gets None without two samples of
+    different shape or when the fit is not physical."""
     rows: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
+    series: list[tuple[float, float]] = []
     for s in samples:
         span = Span(s.ranks, s.nodes)
         if span.ranks < 2:
             continue
-        _, (mi, bi), (mx, bx) = _gloo_terms(s.kind, s.nbytes, span)
-        across = span.nodes > 1
-        rows[across].append((float(mx), bx, s.seconds) if across else (float(mi), bi, s.seconds))
-    return _fit(rows[False]), _fit(rows[True])
+        algo, (mi, bi), (mx, bx) = _gloo_terms(s.kind, s.nbytes, span)
+        copy = gloo_copy_bytes(s.kind, s.nbytes)
+        if span.nodes > 1:
+            rows[True].append((float(mx), bx, s.seconds))
+            series.append((float(mi) if algo == "pairwise" else 0.0, (bi if algo == "pairwise" else 0.0) + copy))
+        else:
+            rows[False].append((float(mi), bi + copy, s.seconds))
+    intra = _fit(rows[False])
+    if intra is not None:
+        rows[True] = [(m, b, t - (mi * intra.latency_s + bi / intra.bandwidth_Bps))
+                      for (m, b, t), (mi, bi) in zip(rows[True], series)]
+        rows[True] = [r for r in rows[True] if r[2] > 0]
+    return intra, _fit(rows[True])
 
 
 def _fit(rows: list[tuple[float, float, float]]) -> Link | None:
-    """Least squares of t = m * alpha + b * beta (2 x 2 normal equations); a Link when alpha >= 0 and beta > 0."""
+    """Weighted least squares of t = m * alpha + b * beta, each row by 1/t (relative error; 2 x 2 normal
+    equations); a Link when alpha >= 0 and beta > 0."""
+    rows = [(m / t, b / t, 1.0) for m, b, t in rows if t > 0]
     if len(rows) < 2:
         return None
     smm = sum(m * m for m, _, _ in rows)

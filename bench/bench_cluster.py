@@ -1,0 +1,231 @@
+"""The step model across nodes on this machine: two emulated nodes (``scripts/cluster-local.sh``, root needed).
+
+    python bench/bench_cluster.py collectives [--repeats 2] [--max-size 64MiB]
+    python bench/bench_cluster.py run [--repeats 2] [--profile llama.json]
+
+``collectives``: per repeat, (1) ``calibrate --collectives`` on 2 local processes inside node 0 (nodes=1 samples and
+the in-node send_recv, the p2p), (2) a cross-node calibration A (torchrun, one per node), (3) another, B, the
+measurement compared against. Table 1: every op across both nodes (2 ranks, 1 a node; 4 ranks, 2 a node) as the
+cluster model prices it (``CollectiveCosts(...).seconds(kind, nbytes, group_size=, nodes=2)`` on
+``bench/data/emulated-2x2-1gbit.toml``: its inter link from the file, its intra link fitted to calibration 1)
+against B. Table 2: the same with both links fitted (``fit_links``) to A, never to B.
+
+``run``: ``ppsim run`` of PP 2 x FSDP 2 (torchtitan llama3 debug model) under torchrun across the nodes with
+``--cluster``, FSDP within a node and PP across (torchtitan's mesh: PP outermost), in the nodes'
+ranks' order torchrun gives (node by node). FSDP across the nodes is not reachable this way (it would need ranks 0
+and 2 on one node; see docs/emulated-nodes.md). Predicted step before the run against the measured one.
+
+Every number is printed with the command that made it and the spread over repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+SCRIPT = REPO / "scripts" / "cluster-local.sh"
+PY = Path(sys.executable)
+TORCHRUN = PY.parent / "torchrun"
+CLUSTER = REPO / "bench" / "data" / "emulated-2x2-1gbit.toml"
+PREFIX = "bench"
+ADDRS = ("10.77.0.1", "10.77.0.2")
+
+
+def sh(args: list[str], **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, text=True, capture_output=True, **kw)
+
+
+def start_nodes(prefix: str) -> None:
+    done = sh(["bash", str(SCRIPT), "start", "--nodes", "2", "--link", "1gbit", "--prefix", prefix])
+    if done.returncode:
+        sys.exit(f"cluster-local start failed: {done.stderr.strip()}")
+
+
+def in_node(prefix: str, args: list[str], timeout: float = 600) -> str:
+    cmd = ["bash", str(SCRIPT), "exec", "0", "--prefix", prefix, "--", str(PY), "-m", "ppsim.cli", *args]
+    done = sh(cmd, timeout=timeout, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode:
+        sys.exit(f"failed: {shlex.join(cmd)}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def across(prefix: str, args: list[str], *, port: int, order: tuple[int, int] = (0, 1), timeout: float = 900,
+           per_node: int = 2) -> tuple[list[str], str]:
+    """One torchrun per node; ``order[i]``: the node rank torchrun on node ``i`` takes (``--node-rank``, static
+    rendezvous on node 0's address). Returns every node's output and the command of node 0."""
+    procs, cmds = [], []
+    for node in (0, 1):
+        cmd = ["bash", str(SCRIPT), "exec", str(node), "--prefix", prefix, "--", str(TORCHRUN), "--nnodes", "2",
+               "--nproc-per-node", str(per_node), "--node-rank", str(order[node]), "--master-addr", ADDRS[0],
+               "--master-port", str(port), "--local-addr", ADDRS[node], *args]
+        cmds.append(cmd)
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                                      env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True))
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    for p, out, cmd in zip(procs, outs, cmds):
+        if p.returncode:
+            sys.exit(f"failed ({p.returncode}): {shlex.join(cmd)}\n{out[-3000:]}")
+    return outs, " & ".join(shlex.join(c[c.index("--") + 1:]) for c in cmds)
+
+
+def cmdline(args: list[str]) -> str:
+    return "ppsim " + shlex.join(args)
+
+
+# --------------------------------------------------------------------------------------------------- collectives
+def samples(path: Path) -> list:
+    from ppsim.calibrate.measure.collectives import samples_from_profile
+    from ppsim.profile import load_profile
+
+    return samples_from_profile(load_profile(path, allow_incomplete=True))
+
+
+def compare(costs, measured: list) -> list[tuple]:
+    rows = []
+    for s in measured:
+        if s.nodes < 2:
+            continue
+        pred = costs.seconds(s.kind, s.nbytes, group_size=s.ranks, nodes=s.nodes)
+        rows.append((s.kind.value, s.ranks, s.nbytes, s.seconds, pred, pred / s.seconds - 1))
+    return rows
+
+
+def summary(rows: list[tuple]) -> tuple[float, float, str]:
+    errs = [abs(r[5]) for r in rows]
+    worst = max(rows, key=lambda r: abs(r[5]))
+    return statistics.median(errs), max(errs), f"{worst[0]} {worst[1]} ranks {worst[2] / 2**20:g} MiB"
+
+
+def print_table(title: str, rows: list[tuple]) -> None:
+    print(f"\n{title}\n")
+    print("| op | ranks (nodes 2) | size | measured ms | predicted ms | error |")
+    print("|---|---|---|---|---|---|")
+    for op, ranks, nbytes, meas, pred, err in rows:
+        size = f"{nbytes / 2**20:g} MiB" if nbytes >= 2**20 else f"{nbytes // 1024} KiB"
+        print(f"| {op} | {ranks} | {size} | {meas * 1e3:.3f} | {pred * 1e3:.3f} | {err * 100:+.1f} % |")
+    med, worst, where = summary(rows)
+    print(f"\nmedian |error| {med * 100:.1f} %, worst {worst * 100:.1f} % ({where})")
+
+
+def collectives(args: argparse.Namespace) -> None:
+    from ppsim.step.cluster import load_cluster
+    from ppsim.step.collectives import fit_links
+    from ppsim.step.pricing import CollectiveCosts
+
+    start_nodes(args.prefix)
+    cluster = load_cluster(str(CLUSTER))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for rep in range(args.repeats):
+        stamp = f"{rep}-{int(time.time())}"
+        intra_path, a_path, b_path = (out / f"intra-{stamp}.json", out / f"cross-a-{stamp}.json",
+                                      out / f"cross-b-{stamp}.json")
+        intra_args = ["calibrate", "--collectives", "--max-size", args.max_size, "--cluster", str(CLUSTER), "-o",
+                      str(intra_path)]
+        in_node(args.prefix, intra_args)
+        cross = ["-m", "ppsim.cli", "calibrate", "--collectives", "--max-size", args.max_size, "--cluster",
+                 str(CLUSTER), "-o"]
+        _, cmd_a = across(args.prefix, [*cross, str(a_path)], port=29650 + 2 * rep)
+        _, cmd_b = across(args.prefix, [*cross, str(b_path)], port=29651 + 2 * rep)
+        print(f"\n## repeat {rep + 1}\n\nin-node calibration (node 0, 2 local processes): "
+              f"`scripts/cluster-local.sh exec 0 -- {cmdline(intra_args)}`\ncross-node A (fitted): `{cmd_a}`\n"
+              f"cross-node B (compared): `{cmd_b}`")
+        from ppsim.profile import load_profile
+
+        # 1: intra link from the in-node calibration, inter link from the cluster file
+        costs = CollectiveCosts.from_profile(load_profile(intra_path, allow_incomplete=True), cluster)
+        model = costs.model_cluster()
+        rows1 = compare(costs, samples(b_path))
+        print_table(f"Table 1 (repeat {rep + 1}): in-node calibration + {CLUSTER.name}'s inter link "
+                    f"(intra fitted {model.intra_node.bandwidth_Bps / 1e6:.0f} MB/s, "
+                    f"{model.intra_node.latency_s * 1e6:.0f} us; inter {model.inter_node.bandwidth_Bps / 1e6:.1f} "
+                    f"MB/s, {model.inter_node.latency_s * 1e6:.0f} us) vs cross-node B", rows1)
+        # 2: both links fitted to cross-node calibration A
+        intra, inter = fit_links(samples(a_path))
+        fitted = dataclasses.replace(cluster, intra_node=intra or cluster.intra_node,
+                                     inter_node=inter or cluster.inter_node)
+        rows2 = compare(CollectiveCosts(cluster=fitted), samples(b_path))
+        print_table(f"Table 2 (repeat {rep + 1}): links fitted to cross-node A (intra "
+                    f"{fitted.intra_node.bandwidth_Bps / 1e6:.0f} MB/s, {fitted.intra_node.latency_s * 1e6:.0f} us; "
+                    f"inter {fitted.inter_node.bandwidth_Bps / 1e6:.1f} MB/s, "
+                    f"{fitted.inter_node.latency_s * 1e6:.0f} us) vs cross-node B", rows2)
+        results.append((summary(rows1), summary(rows2)))
+    print("\n## summary\n\n| repeat | table 1 median / worst | table 2 median / worst |\n|---|---|---|")
+    for i, ((m1, w1, _), (m2, w2, _)) in enumerate(results):
+        print(f"| {i + 1} | {m1 * 100:.1f} % / {w1 * 100:.1f} % | {m2 * 100:.1f} % / {w2 * 100:.1f} % |")
+    if len(results) > 1:
+        for k, name in ((0, "table 1"), (1, "table 2")):
+            meds = [r[k][0] * 100 for r in results]
+            print(f"{name}: median |error| over repeats {min(meds):.1f}-{max(meds):.1f} %")
+
+
+# ----------------------------------------------------------------------------------------------------------- run
+def run(args: argparse.Namespace) -> None:
+    start_nodes(args.prefix)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    profile = Path(args.profile) if args.profile else out / "llama3-debug.json"
+    model = ["--model", "torchtitan:llama3/debugmodel", "--layers", "4", "--seq-len", "64", "--mb-size", "1"]
+    if not profile.exists():
+        cal = ["calibrate", *model, "--warmup", "1", "--reps", "5", "--no-probe", "-o", str(profile)]
+        in_node(args.prefix, cal, timeout=900)
+        print(f"profile: `{cmdline(cal)}`")
+        cross = ["-m", "ppsim.cli", "calibrate", "--collectives", "--max-size", "16MiB", "--cluster", str(CLUSTER),
+                 "-o", str(profile)]
+        _, cmd = across(args.prefix, cross, port=29670)
+        print(f"collectives into it: `{cmd}`")
+    # torchrun numbers ranks node by node and torchtitan's mesh puts PP outermost: with 2 ranks a node, PP 2 x
+    # dp_shard 2 always has FSDP within a node and PP across (FSDP across would need ranks 0 and 2 on one node)
+    placements = {"PP across nodes, FSDP within": (0, 1)}
+    rows = {name: [] for name in placements}
+    for rep in range(args.repeats):
+        for name, order in placements.items():
+            path = out / f"run-{'pp' if order else 'fsdp'}-{rep}.json"
+            cli = ["run", *model[:2], "--profile", str(profile), "-s", "1F1B", "-r", "2", "-m", "4", "--dp-shard", "2",
+                   "--steps", str(args.steps), "--warmup", "2", "--cluster", str(CLUSTER), "--json"]
+            outs, cmd = across(args.prefix, ["-m", "ppsim.cli", *cli], port=29680 + rep * 2 + (order is None))
+            text = next(o for o in outs if '"measured_step_s"' in o)
+            doc = json.loads(text[text.index("{"):text.rindex("}") + 1])
+            path.write_text(json.dumps(doc, indent=1))
+            meas, pred = doc["measured_step_s"], doc["predicted_step_s"]
+            rows[name].append((meas, pred))
+            print(f"{name} (repeat {rep + 1}): measured {meas:.3f} s, predicted {pred:.3f} s "
+                  f"({(pred / meas - 1) * 100:+.1f} %): `{cmd}`")
+    print("\n| placement | measured s (repeats) | predicted s | median error |\n|---|---|---|---|")
+    for name, got in rows.items():
+        errs = [p / m - 1 for m, p in got]
+        print(f"| {name} | {', '.join(f'{m:.3f}' for m, _ in got)} | {', '.join(f'{p:.3f}' for _, p in got)} | "
+              f"{statistics.median(errs) * 100:+.1f} % |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=("collectives", "run"))
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--max-size", default="64MiB")
+    ap.add_argument("--prefix", default=PREFIX)
+    ap.add_argument("--out", default="/tmp/bench-cluster")
+    ap.add_argument("--profile")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--stop", action="store_true", help="stop the nodes at the end")
+    args = ap.parse_args()
+    try:
+        (collectives if args.what == "collectives" else run)(args)
+    finally:
+        if args.stop:
+            sh(["bash", str(SCRIPT), "stop", "--prefix", args.prefix])
+
+
+if __name__ == "__main__":
+    main()
