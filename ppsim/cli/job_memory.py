@@ -111,9 +111,9 @@ def job_memory_of(inputs: Inputs, result: SimResult, shapes: JobShapesOnce | Non
         return None
     if say:
         _say_what_is_counted(inputs, result, job_shapes, degrees)
-    memory = job_memory(job_shapes, degrees=degrees, schedule=result.schedule, stage_modules=job.stage_modules,
-                        recompute=result.recompute, cap_bytes=cap)
     mode = check_allocator(allocator)
+    memory = job_memory(job_shapes, degrees=degrees, schedule=result.schedule, stage_modules=job.stage_modules,
+                        recompute=result.recompute, cap_bytes=cap, with_events=mode is not None)
     if mode is None:
         return memory
     import dataclasses
@@ -121,7 +121,8 @@ def job_memory_of(inputs: Inputs, result: SimResult, shapes: JobShapesOnce | Non
     from ppsim.job.outside import reserved_per_rank
 
     reserved = reserved_per_rank(job_shapes, degrees=degrees, schedule=result.schedule,
-                                 stage_modules=job.stage_modules, recompute=result.recompute, mode=mode, cap_bytes=cap)
+                                 stage_modules=job.stage_modules, recompute=result.recompute, mode=mode, cap_bytes=cap,
+                                 events=[m.events for m in memory])
     if say:
         for note in reserved[0].notes if reserved else ():
             typer.echo(f"memory: {note}", err=True)

@@ -97,8 +97,8 @@ class OutOfMemory(Exception):  # noqa: N818 -- internal signal, turned into Allo
     pass
 
 
-@dataclass
-class _Block:
+@dataclass(eq=False, slots=True)
+class _Block:  # compared by identity: a segment finds its block with list.index in C
     addr: int
     size: int
     state: str  # "free", "used" or "unmapped"
@@ -117,6 +117,14 @@ class _Segment:
 
     def page_down(self, addr: int) -> int:
         return self.base + (addr - self.base) // self.page * self.page
+
+    def merge_around(self, blk: _Block) -> None:
+        """Merge a block just freed with its free neighbours (what :meth:`normalize` does, locally)."""
+        i = self.blocks.index(blk)
+        if i + 1 < len(self.blocks) and self.blocks[i + 1].state == "free":
+            blk.size += self.blocks.pop(i + 1).size
+        if i > 0 and self.blocks[i - 1].state == "free":
+            self.blocks[i - 1].size += self.blocks.pop(i).size
 
     def normalize(self) -> None:
         """Merge neighbouring free blocks (and neighbouring unmapped ranges)."""
@@ -226,11 +234,12 @@ class CachingAllocator:
         for seg in self.segments:
             if seg.pool != pool:
                 continue
-            for i, b in enumerate(seg.blocks):
-                if b.state != "free" or b.size < nbytes:
-                    continue
-                grows = i + 1 < len(seg.blocks) and seg.blocks[i + 1].state == "unmapped"
-                key = (b.size + (seg.blocks[i + 1].size if grows else 0), b.size, b.addr)
+            blocks = seg.blocks
+            fits = [i for i, b in enumerate(blocks) if b.state == "free" and b.size >= nbytes]  # most are used
+            for i in fits:
+                b = blocks[i]
+                grows = i + 1 < len(blocks) and blocks[i + 1].state == "unmapped"
+                key = (b.size + (blocks[i + 1].size if grows else 0), b.size, b.addr)
                 if best is None or key < best[0]:
                     best = (key, seg, i)
         return None if best is None else (best[1], best[2])
@@ -261,18 +270,26 @@ class CachingAllocator:
 
     @staticmethod
     def _map(seg: _Segment, start: int, stop: int, page_end: int) -> None:
+        """Map the unmapped blocks among ``seg.blocks[start:stop]`` up to ``page_end`` (free), merging the free
+        blocks of that stretch and its neighbours; the rest of the list is untouched."""
+        lo, hi = max(start - 1, 0), min(stop + 1, len(seg.blocks))
         rebuilt: list[_Block] = []
-        for k, blk in enumerate(seg.blocks):
+        for k in range(lo, hi):
+            blk = seg.blocks[k]
+            parts = [blk]
             if start <= k < stop and blk.state == "unmapped":
                 upto = min(blk.addr + blk.size, page_end)
+                parts = []
                 if upto > blk.addr:
-                    rebuilt.append(_Block(blk.addr, upto - blk.addr, "free"))
+                    parts.append(_Block(blk.addr, upto - blk.addr, "free"))
                 if blk.addr + blk.size > upto:
-                    rebuilt.append(_Block(upto, blk.addr + blk.size - upto, "unmapped"))
-            else:
-                rebuilt.append(blk)
-        seg.blocks = rebuilt
-        seg.normalize()
+                    parts.append(_Block(upto, blk.addr + blk.size - upto, "unmapped"))
+            for part in parts:
+                if part.size and rebuilt and rebuilt[-1].state == part.state and part.state in ("free", "unmapped"):
+                    rebuilt[-1].size += part.size
+                elif part.size:
+                    rebuilt.append(part)
+        seg.blocks[lo:hi] = rebuilt
 
     def _find(self, pool: tuple[bool, str], nbytes: int) -> tuple[_Segment, int] | None:
         hit = self._best_fit(pool, nbytes)
@@ -311,7 +328,7 @@ class CachingAllocator:
         seg, blk = self._live.pop(handle)
         blk.state = "free"
         self.allocated -= blk.size
-        seg.normalize()
+        seg.merge_around(blk)
 
     def release_cached(self) -> None:
         """torch's ``release_cached_blocks``: free every wholly free segment; unmap every whole page of a free

@@ -12,7 +12,8 @@ measured it), not counted here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ppsim.job.allocator import AllocatorTrace, AllocEvent, replay
@@ -161,21 +162,37 @@ def with_workspace(events: tuple[AllocEvent, ...], workspace_bytes: int) -> tupl
 
 def reserved_per_rank(shapes: object, *, degrees: Degrees, schedule: object, stage_modules: object,
                       recompute: object = frozenset(), mode: str = "expandable", cap_bytes: int | None = None,
-                      measured: Mapping[str, int] | None = None) -> list[RankReserved]:
+                      measured: Mapping[str, int] | None = None,
+                      events: Sequence[tuple[AllocEvent, ...]] | None = None) -> list[RankReserved]:
     """Each PP rank's replayed reserved peak (:func:`ppsim.job.memory.memory_events` through
     :func:`ppsim.job.allocator.replay` in ``mode``, within what the cap leaves beside the outside terms) and its
     outside-the-allocator bytes."""
     from ppsim.job.memory import memory_events
 
-    events = memory_events(shapes, degrees=degrees, schedule=schedule, stage_modules=stage_modules,  # type: ignore[arg-type]
-                           recompute=recompute)  # type: ignore[arg-type]
+    if events is None:  # ``events``: each rank's, where the caller's own count kept them (with_events=True)
+        events = memory_events(shapes, degrees=degrees, schedule=schedule,  # type: ignore[arg-type]
+                               stage_modules=stage_modules, recompute=recompute)  # type: ignore[arg-type]
     workspace = getattr(shapes, "workspace_bytes", 0)
     out = []
+    replayed: dict[tuple[object, ...], AllocatorTrace] = {}  # ranks whose events are alike replay once
     for rank, evs in enumerate(events):
         outside = outside_allocator(degrees, pp_peers=pp_peers_of(schedule, rank), measured=measured)
         capacity = None if cap_bytes is None else max(0, cap_bytes - outside.total_bytes)
         notes = () if workspace else (f"cuBLAS workspace: {CUBLAS_HANDLES} x {CUBLAS_WORKSPACE_BYTES // MiB} MiB "
                                       "(torch's default on Hopper, no profile measured it) replayed in the allocator",)
-        out.append(RankReserved(rank, replay(with_workspace(evs, workspace), mode, capacity_bytes=capacity),
-                                outside, cap_bytes, notes))
+        stream = with_workspace(evs, workspace)
+        key = (capacity, *_shape_of(stream))
+        if key not in replayed:
+            replayed[key] = replay(stream, mode, capacity_bytes=capacity)
+        trace = replayed[key]
+        if trace.oom is not None:  # the same event of this rank's own order
+            trace = dataclasses.replace(trace, oom=dataclasses.replace(trace.oom, index=stream[trace.oom.event].index))
+        out.append(RankReserved(rank, trace, outside, cap_bytes, notes))
     return out
+
+
+def _shape_of(events: Sequence[AllocEvent]) -> tuple[tuple[int, str, int], ...]:
+    """The events without their actions' positions, tags renamed by first appearance: two ranks alike in this replay
+    alike (the allocator sees sizes, streams and order only)."""
+    ids: dict[str, int] = {}
+    return tuple((e.nbytes, e.stream, ids.setdefault(e.tag, len(ids))) for e in events)
