@@ -60,6 +60,21 @@ class World:
     backend: str
 
 
+def join_local_world(ctx: Any, *, backend: str, timeout_s: float) -> Any:
+    """A local rank started by :func:`run_local` joins its world: one compute thread, its GPU under NCCL, the
+    process group over the launcher's store. Returns the device its tensors go on."""
+    import torch
+
+    torch.set_num_threads(1)
+    device: Any = "cpu"
+    if backend == "nccl":
+        torch.cuda.set_device(ctx.rank)
+        device = torch.device("cuda", ctx.rank)
+    init_world(backend=backend, timeout_s=timeout_s, store=ctx.store(timeout_s), rank=ctx.rank,
+               world_size=ctx.world_size)
+    return device
+
+
 def init_world(*, backend: str, timeout_s: float, init_method: str = "env://", store: Any = None,
                rank: int | None = None, world_size: int | None = None) -> World:
     """Join the process group (``torchrun``'s environment by default); a peer that never comes is a one-line error."""

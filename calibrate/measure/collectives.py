@@ -367,18 +367,11 @@ def merge_fits(old: Sequence[dict[str, Any]], new: Sequence[Any]) -> list[dict[s
 def _local_rank(ctx: Any, backend: str, sizes: list[int], warmup: int, reps: int, timeout_s: float,
                 kinds: tuple[str, ...]) -> list[Timing]:
     """One of :func:`measure_local`'s processes: the whole group is one node."""
-    import torch
     import torch.distributed as dist
 
-    from ppsim.calibrate.execute.launch import init_world
+    from ppsim.calibrate.execute.launch import join_local_world
 
-    torch.set_num_threads(1)
-    device: Any = "cpu"
-    if backend == "nccl":
-        torch.cuda.set_device(ctx.rank)
-        device = torch.device("cuda", ctx.rank)
-    init_world(backend=backend, timeout_s=timeout_s, store=ctx.store(timeout_s), rank=ctx.rank,
-               world_size=ctx.world_size)
+    device = join_local_world(ctx, backend=backend, timeout_s=timeout_s)
     try:
         found = measure_collectives(sizes=sizes, kinds=[CollectiveKind(k) for k in kinds], warmup=warmup, reps=reps,
                                     device=device, layout=[list(range(ctx.world_size))],

@@ -69,7 +69,7 @@ def fit_alpha_beta(sizes: Sequence[int], times: Sequence[float]) -> tuple[float,
 
 
 # --- process groups: see ppsim.calibrate.execute.launch (re-exported here for callers of this module) ----------------
-from ppsim.calibrate.execute.launch import World, free_port, init_world, torchrun_world_size  # noqa: E402,F401
+from ppsim.calibrate.execute.launch import World, free_port, init_world, join_local_world, torchrun_world_size  # noqa: E402,F401,E501
 
 
 def _pingpong(peer: int, *, initiator: bool, sizes: Sequence[int], warmup: int, reps: int, device: Any,
@@ -154,15 +154,9 @@ def combine_pairs(pairs: Sequence[P2PPair], reference_bytes: int) -> P2PProfile:
 def _local_pair_rank(ctx: Any, backend: str, sizes: list[int], warmup: int, reps: int,
                      timeout_s: float) -> dict[int, list[float]]:
     """One of the two local processes (started by :func:`ppsim.calibrate.execute.launch.run_local`)."""
-    import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    device: Any = "cpu"
-    if backend == "nccl":
-        torch.cuda.set_device(ctx.rank)
-        device = torch.device("cuda", ctx.rank)
-    init_world(backend=backend, timeout_s=timeout_s, store=ctx.store(timeout_s), rank=ctx.rank, world_size=2)
+    device = join_local_world(ctx, backend=backend, timeout_s=timeout_s)
     try:
         times = _pingpong(1 - ctx.rank, initiator=ctx.rank == 0, sizes=sizes, warmup=warmup, reps=reps,
                           device=device, tick=lambda: ctx.send("rep") if ctx.rank == 0 else None)
@@ -266,16 +260,9 @@ def _collectives(group_size: int, rank: int, *, sizes: Sequence[int], warmup: in
 def _local_collectives_rank(ctx: Any, backend: str, sizes: list[int], warmup: int, reps: int, timeout_s: float,
                             ops: tuple[str, ...] = COLLECTIVE_OPS) -> dict[str, dict[int, list[float]]]:
     """One of the local processes of :func:`measure_local_collectives`."""
-    import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    device: Any = "cpu"
-    if backend == "nccl":
-        torch.cuda.set_device(ctx.rank)
-        device = torch.device("cuda", ctx.rank)
-    init_world(backend=backend, timeout_s=timeout_s, store=ctx.store(timeout_s), rank=ctx.rank,
-               world_size=ctx.world_size)
+    device = join_local_world(ctx, backend=backend, timeout_s=timeout_s)
     try:
         times = _collectives(ctx.world_size, ctx.rank, sizes=sizes, warmup=warmup, reps=reps, device=device, ops=ops)
         dist.barrier()

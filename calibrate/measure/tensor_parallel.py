@@ -157,18 +157,11 @@ def _unit_rank(ctx: Any, opts: CalibrationOptions, unit: Any) -> dict[str, Any] 
     import torch
     import torch.distributed as dist
 
-    from ppsim.calibrate.execute.launch import init_world
+    from ppsim.calibrate.execute.launch import join_local_world
     from ppsim.calibrate.measure import harness
     from ppsim.calibrate.measure.harness import unit_fields
 
-    torch.set_num_threads(1)
-    device: Any = "cpu"
-    backend = "gloo"
-    if opts.device == "cuda":
-        torch.cuda.set_device(ctx.rank)
-        device, backend = torch.device("cuda", ctx.rank), "nccl"
-    init_world(backend=backend, timeout_s=opts.init_timeout_s, store=ctx.store(opts.init_timeout_s), rank=ctx.rank,
-               world_size=ctx.world_size)
+    device = join_local_world(ctx, backend="nccl" if opts.device == "cuda" else "gloo", timeout_s=opts.init_timeout_s)
     try:
         source = opts.model_source
         ep = opts.expert_parallel_degree
