@@ -231,11 +231,13 @@ def prepared_config(source: ModelSource, parallelism: Any = None) -> Any:
     return config
 
 
-def ep_parallelism(ep: int) -> Any:
-    """torchtitan's ``ParallelismConfig`` with expert-parallel degree ``ep`` (what the sharding plan reads)."""
+def ep_parallelism(ep: int, tp: int = 1) -> Any:
+    """torchtitan's ``ParallelismConfig`` with expert-parallel degree ``ep`` and tensor-parallel degree ``tp`` (what
+    the sharding plan reads: without it ``update_from_config`` is never called and ``parallelize`` shards nothing by
+    TP)."""
     from torchtitan.config import ParallelismConfig
 
-    return ParallelismConfig(expert_parallel_degree=ep)
+    return ParallelismConfig(expert_parallel_degree=ep, tensor_parallel_degree=tp)
 
 
 # --- resolve -----------------------------------------------------------------------------------------------------

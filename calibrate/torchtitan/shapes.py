@@ -46,13 +46,16 @@ def degrees_of(parallelism: Any) -> Degrees:
 
 def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
                activation_checkpoint: str | None = None, profile: Any = None,
-               as_run: bool = False, microbatch_size: int | None = None) -> tuple[JobShapes, Degrees]:
+               as_run: bool = False, microbatch_size: int | None = None,
+               local_cache: dict[Any, Any] | None = None) -> tuple[JobShapes, Degrees]:
     """The TP-local shapes of ``MODULE:CONFIG``'s model and the job's degrees, ``settings`` being its
     :class:`ppsim.job.settings.JobSettings` (overrides applied); ``activation_checkpoint`` (``none``/``full``) counts
     another checkpoint mode than the config's (``plan`` compares them). With a ``profile``, the training job with
     the activations the profile measured (``as_run``: the job as ``ppsim run`` executes it on the profile's device,
     to check a plan against runs) (:func:`profile_shapes`: its measured activations where it covers the job's
-    microbatch), else as torchtitan trains it (mixed precision, AdamW, the activation formula)."""
+    microbatch), else as torchtitan trains it (mixed precision, AdamW, the activation formula).
+    ``local_cache``: the parameters' local shapes and buffers kept by (TP, EP) degree between calls on the same job
+    (``plan``'s candidates differ in their degrees and batch only; the model's parallelize is the expensive part)."""
     import torch
 
     with converters_set_aside() as set_aside:
@@ -90,7 +93,14 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
                                                                 *ep_note), **moe_fields), degrees
     model_cfg.update_from_config(config=config)
     buffers: dict[str, int] = {}
-    local = _local_shapes(model_cfg, degrees.tp, buffers, ep=degrees.ep, dp_shard=degrees.fsdp)
+    cache_key = (degrees.tp, degrees.ep)  # the local shapes do not depend on how far FSDP shards
+    if local_cache is not None and cache_key in local_cache:
+        local, kept = local_cache[cache_key]
+        buffers.update(kept)
+    else:
+        local = _local_shapes(model_cfg, degrees.tp, buffers, ep=degrees.ep, dp_shard=degrees.fsdp)
+        if local_cache is not None:
+            local_cache[cache_key] = (local, dict(buffers))
     kinds: dict[tuple[tuple[str, tuple[int, ...]], ...], int] = {}
     kind_of = [kinds.setdefault(local[f"layers.{i}"], len(kinds)) for i in range(len(layers))]
     tokens = training.seq_len * mb_size
@@ -405,7 +415,7 @@ def run_shapes(source: Any, *, tp: int = 1, fsdp: bool = False, profile: Any = N
         from ppsim.calibrate.models.torchtitan import ep_parallelism, prepared_config
 
         buffers: dict[str, int] = {}
-        model_cfg = prepared_config(source, ep_parallelism(ep) if ep > 1 else None)
+        model_cfg = prepared_config(source, ep_parallelism(ep, tp))  # the sharding plan: TP-local shapes
         layer_cfgs = list(model_cfg.layers)
         local = _local_shapes(model_cfg, tp, buffers, ep=ep, dp_shard=dp_shard)
     else:
