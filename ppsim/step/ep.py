@@ -64,7 +64,7 @@ from ppsim.step.model import Step
 from ppsim.step.pricing import CollectiveCosts
 
 if TYPE_CHECKING:
-    from ppsim.step.build import StepJob
+    from ppsim.step.job import StepJob
 
 A2A = CollectiveKind.ALL_TO_ALL
 

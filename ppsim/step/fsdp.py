@@ -34,7 +34,7 @@ from ppsim.step.kinds import CollectiveKind
 from ppsim.step.model import Step
 
 if TYPE_CHECKING:
-    from ppsim.step.build import StepJob
+    from ppsim.step.job import StepJob
 
 INLINE_GATHER = ("gpipe", "1f1b")
 """torch's single-stage schedules (``PipelineScheduleSingle``): the gathers run inside the first forward."""

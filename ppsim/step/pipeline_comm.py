@@ -20,7 +20,7 @@ from ppsim.step.kinds import CollectiveKind
 from ppsim.step.model import Step
 
 if TYPE_CHECKING:
-    from ppsim.step.build import StepJob
+    from ppsim.step.job import StepJob
 
 P2P = CollectiveKind.SEND_RECV
 PROBE_BYTES = 64 * 2**20
