@@ -90,8 +90,9 @@ def eight_b(profile: Path) -> list[dict[str, Any]]:
     for dp, pub in ((8, 5762), (128, 5605)):
         c = steps[dp]["collectives"]
         how = (f"`{shown(EIGHT_B.format(dp=dp), profile)}`: step {steps[dp]['makespan']:.4f} s, of which all-gather "
-               f"{c['all_gather']['exposed_s'] * 1e3:.1f} ms + reduce-scatter {c['reduce_scatter']['exposed_s'] * 1e3:.1f}"
-               f" ms exposed ({c['all_gather']['placement'][0]['algorithm']}); tokens/s/GPU = 2 x 8192 / step")
+               f"{c['all_gather']['exposed_s'] * 1e3:.1f} ms + reduce-scatter "
+               f"{c['reduce_scatter']['exposed_s'] * 1e3:.1f} ms exposed "
+               f"({c['all_gather']['placement'][0]['algorithm']}); tokens/s/GPU = 2 x 8192 / step")
         rows.append(row(f"8B FSDP {dp}: tokens/s/GPU", pub, tps[dp], how))
     change, pub_change = tps[128] / tps[8] - 1, 5605 / 5762 - 1
     print(f"| 8B, 8 -> 128 GPUs: change | {pub_change:+.2%} | {change:+.2%} | {100 * (change - pub_change):+.2f} "
@@ -182,8 +183,9 @@ def deepseek(out: Path) -> list[dict[str, Any]]:
              "forward": 2 * a2a / f_compute, "exposed": a.exposed_s / a.total_s}]
     rows.append(row("DeepSeek-V3 tokens/s/GPU", 1543, tokens_per_gpu,
                     f"step {result.makespan:.3f} s for {mbs} sequences of {seq} per pipeline of 16 GPUs, bubble "
-                    f"{result.bubble_ratio:.1%} (busiest rank {max(busy):.1f} s, least {min(busy):.1f} s); layers from FLOPs at {MFU:.0%} of {H800_BF16 / 1e12:.0f} TFLOP/s "
-                    f"bf16; one all-to-all {a2a * 1e3:.2f} ms ({nbytes / 2**20:.0f} MiB a rank over {span.ranks} "
+                    f"{result.bubble_ratio:.1%} (busiest rank {max(busy):.1f} s, least {min(busy):.1f} s); layers from "
+                    f"FLOPs at {MFU:.0%} of {H800_BF16 / 1e12:.0f} TFLOP/s bf16; one all-to-all {a2a * 1e3:.2f} ms "
+                    f"({nbytes / 2**20:.0f} MiB a rank over {span.ranks} "
                     f"ranks on {span.nodes} nodes)"))
     return rows
 

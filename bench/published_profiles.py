@@ -152,8 +152,9 @@ def derive_llama(measured: Profile, target: str, *, mb_size: int = 1, tp: int = 
         options={"seq_len": seq, "mb_size": mb_size, "dtype": measured.model.dtype})
     rule = (f"derived by bench/published_profiles.py from {measured.model.preset} measured on {measured.device_name} "
             f"(TP 1, microbatch {measured.model.mb_size}): layer times x {layer:.6f} (FLOPs per layer and microbatch, "
-            f"2 x params + 4 x dim x seq per token, {dst.layer_flops(seq) / 1e6:.1f} vs {src.layer_flops(seq) / 1e6:.1f}"
-            f" MFLOP/token, x {tokens_ratio:g} tokens, / TP {tp}); head x {head:.6f}, embedding x {embed:.6f}")
+            f"2 x params + 4 x dim x seq per token, {dst.layer_flops(seq) / 1e6:.1f} vs "
+            f"{src.layer_flops(seq) / 1e6:.1f} MFLOP/token, x {tokens_ratio:g} tokens, / TP {tp}); head x {head:.6f}, "
+            f"embedding x {embed:.6f}")
     notes = [rule]
     if tp > 1:
         notes.append(f"TP {tp}: {comm * 1e3:.3f} ms of sequence-parallel collectives per layer and direction (2 "
