@@ -586,7 +586,7 @@ def run(program: Program) -> tuple[np.ndarray, np.ndarray]:
     input_a, input_b = _view(program.input_a), _view(program.input_b)
     delay_a: Sequence[float] = _view(program.delay_a)
     delay_b: Sequence[float] = _view(program.delay_b)
-    if program.costs.p2p_alpha is None and program.post_delay is None:
+    if program.costs.p2p_alpha is None and program.post_delay is None and not program.costs.rank_links:
         # a flat comm: every input the engine gets past comes from another rank and arrives `comm` after its
         # producer (one on the same rank lies later there, so that action never runs): one shared float
         delay_a = delay_b = [float(program.costs.comm)] * n
