@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from one_line import one_line_error
 from typer.testing import CliRunner
 
-from one_line import one_line_error
 from ppsim.cli import app
 from ppsim.costs import parse_costs
 from ppsim.errors import PPSimError
