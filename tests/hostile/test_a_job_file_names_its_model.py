@@ -14,8 +14,8 @@ from tests.one_line import one_line_error
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("text", ["", "\n# nothing here\n", "[training]\nseq_len = 128\n", "[job]\ndescription = \"x\"\n",
-                                  "[model]\n", "[parallelism]\n"])
+@pytest.mark.parametrize("text", ["", "\n# nothing here\n", "[training]\nseq_len = 128\n",
+                                  "[job]\ndescription = \"x\"\n", "[model]\n", "[parallelism]\n"])
 def test_a_job_file_that_names_no_model_is_refused_in_one_line(tmp_path: Path, text: str) -> None:
     path = tmp_path / "empty.toml"
     path.write_text(text)
