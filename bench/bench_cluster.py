@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> None:
     for rep in range(args.repeats):
         for name, order in placements.items():
             path = out / f"run-{'pp' if order else 'fsdp'}-{rep}.json"
-            cli = ["run", *model[:2], "--profile", str(profile), "-s", "1F1B", "-r", "2", "-m", "4", "--dp-shard", "2",
+            cli = ["run", "--profile", str(profile), "-s", "1F1B", "-r", "2", "-m", "4", "--dp-shard", "2",
                    "--steps", str(args.steps), "--warmup", "2", "--cluster", str(CLUSTER), "--json"]
             outs, cmd = across(args.prefix, ["-m", "ppsim.cli", *cli], port=29680 + rep * 2 + (order is None))
             text = next(o for o in outs if '"measured_step_s"' in o)

@@ -191,3 +191,30 @@ def test_old_profile_collectives_read_as_one_node(tmp_path: Path) -> None:
     bad.write_text(json.dumps({**doc, "collectives": [{**old, "nodes": 0}]}))
     with pytest.raises(Exception, match="nodes"):
         load_profile(bad, allow_incomplete=True)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_run_across_nodes_predicts_with_the_cluster(nodes: list[str], tmp_path: Path) -> None:
+    """One PP 2 x FSDP 2 step of torchtitan's llama3 debug model under torchrun across the 2 nodes, predicted with
+    ``--cluster`` (2 ranks a node: torchtitan's mesh puts FSDP within a node and the PP hand-offs across)."""
+    pytest.importorskip("torchtitan")
+    cluster = tmp_path / "two-nodes.toml"
+    cluster.write_text('name = "two-nodes"\ngpus_per_node = 2\nnodes = 2\nnics_per_node = 1\nbackend = "gloo"\n'
+                       'intra_node = {bandwidth_GBps = 2, latency_us = 50}\n'
+                       'inter_node = {bandwidth_GBps = 0.1196, latency_us = 50}\n'
+                       'device = {name = "CPU", peak_tflops = 0.05, memory_GiB = 16}\n')
+    model = ["--model", "torchtitan:llama3/debugmodel", "--layers", "2", "--seq-len", "32", "--mb-size", "1"]
+    profile = tmp_path / "llama3.json"
+    done = subprocess.run([sys.executable, "-m", "ppsim.cli", "calibrate", *model, "--warmup", "1", "--reps", "2",
+                           "--no-probe", "-o", str(profile)], capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+                          cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    outs = _torchrun_across(nodes, ["-m", "ppsim.cli", "run", "--profile", str(profile), "-s", "1F1B",
+                                    "-r", "2", "-m", "2", "--dp-shard", "2", "--steps", "1", "--warmup", "1",
+                                    "--probes", "0", "--cluster", str(cluster), "--json"], port=29533)
+    text = next(out for out in outs if '"measured_step_s"' in out)
+    doc = json.loads(text[text.index("{"):text.rindex("}") + 1])
+    assert doc["measured_step_s"] > 0 and doc["predicted_step_s"] > 0
+    notes = " ".join(doc["prediction_inputs"]["notes"])
+    assert "sit on different nodes" in notes and "cross the network" in notes, notes
