@@ -91,11 +91,13 @@ class CommSpan(NamedTuple):
     total: float
     exposed: float
     kinds: tuple[str, ...] = ()
+    across: bool = False
+    """Some of these collectives cross nodes (their group spans more than one node of the cluster)."""
 
-    def plus(self, total: float, exposed: float, kind: str) -> CommSpan:
-        """This span with ``total`` more of ``kind``, ``exposed`` of it exposed."""
+    def plus(self, total: float, exposed: float, kind: str, across: bool = False) -> CommSpan:
+        """This span with ``total`` more of ``kind``, ``exposed`` of it exposed (``across``: over the network)."""
         return CommSpan(self.total + total, self.exposed + exposed,
-                        self.kinds if kind in self.kinds else (*self.kinds, kind))
+                        self.kinds if kind in self.kinds else (*self.kinds, kind), self.across or across)
 
 
 @dataclass(frozen=True, eq=False)

@@ -217,6 +217,9 @@ def recompute_note(result: SimResult) -> str:
 COMM_PARTS = ("hidden", "exposed")
 COMM_COLORS = {"hidden": "#C39BD3", "exposed": "#6A1B9A"}
 COMM_LABELS = {"exposed": "Communication, exposed", "hidden": "Communication, hidden"}
+#: collectives whose group spans several nodes (over the network) are hatched in the lane
+ACROSS_HATCH = "////"
+ACROSS_LABEL = "Across nodes (hatched)"
 COMM_LANE_COLOR = "#F2F2F2"
 """The lane's track (where a rank's actions hold no collectives)."""
 COLLECTIVE_WORDS = {"all_to_all": "all-to-all", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter"}
@@ -267,10 +270,13 @@ class LaneSpan:
     exposed: float
     kinds: tuple[str, ...]
     action: str
+    across: bool = False
+    """Some of the action's collectives cross nodes (drawn hatched)."""
 
     @property
     def kind_words(self) -> str:
-        return " + ".join(COLLECTIVE_WORDS.get(k, k) for k in self.kinds) or "collectives"
+        words = " + ".join(COLLECTIVE_WORDS.get(k, k) for k in self.kinds) or "collectives"
+        return words + (" (across nodes)" if self.across else "")
 
 
 def comm_lane(result: SimResult) -> list[LaneSpan]:
@@ -288,8 +294,9 @@ def comm_lane(result: SimResult) -> list[LaneSpan]:
         action = str(result.schedule.actions[rank][pos])
         hidden = min(span.total - span.exposed, max(0.0, e - span.exposed - s))
         if hidden > 0:
-            out.append(LaneSpan(rank, pos, "hidden", s, s + hidden, span.total, span.exposed, span.kinds, action))
+            out.append(LaneSpan(rank, pos, "hidden", s, s + hidden, span.total, span.exposed, span.kinds, action,
+                                span.across))
         if span.exposed > 0:
             out.append(LaneSpan(rank, pos, "exposed", max(s, e - span.exposed), e, span.total, span.exposed,
-                                span.kinds, action))
+                                span.kinds, action, span.across))
     return out

@@ -162,11 +162,15 @@ def legend_entries(result: SimResult, cells: list[_data.Cell] | None = None) -> 
         handles.append(_Swatch((COLORS["B"],), width=1.0, hatch=RECOMPUTE_HATCH))
         labels.append(RECOMPUTE_LABEL)
     if result.comm_spans and not (cells is None and is_dense(result)):  # the lane, where drawn
-        present_parts = {span.part for span in _data.comm_lane(result)}
+        strips = _data.comm_lane(result)
+        present_parts = {span.part for span in strips}
         for part in COMM_PARTS:
             if part in present_parts:
                 handles.append(_Swatch((COMM_COLORS[part],), width=1.0, height=0.35))
                 labels.append(COMM_LABELS[part])
+        if any(span.across for span in strips):
+            handles.append(_Swatch((COMM_COLORS["exposed"],), width=1.0, height=0.35, hatch=_data.ACROSS_HATCH))
+            labels.append(_data.ACROSS_LABEL)
     key = _data.digit_key(result)
     if key.by is not None and not (cells is None and is_dense(result)):  # a dense chart has no digits
         handles.append(_Swatch((COLORS["F"],), width=0.5, digit="0", digit_color=DIGIT_COLORS[0]))
@@ -461,11 +465,15 @@ def _draw_comm_lane(result: SimResult, ax: Axes, lane: tuple[float, float]) -> N
                                      facecolors=COMM_LANE_COLOR, edgecolors="none", zorder=1, gid="comm-lane"))
     strips = _data.comm_lane(result)
     for part in COMM_PARTS:
-        sel = [(s.rank, s.start, s.end) for s in strips if s.part == part]
-        if sel:
-            a = np.array(sel, dtype=float)
-            ax.add_collection(PolyCollection(_rects(a[:, 0], a[:, 1], a[:, 2], lane), facecolors=COMM_COLORS[part],
-                                             edgecolors="none", zorder=4.5, gid=f"comm-{part}"))
+        for across in (False, True):
+            sel = [(s.rank, s.start, s.end) for s in strips if s.part == part and s.across == across]
+            if sel:
+                a = np.array(sel, dtype=float)
+                ax.add_collection(PolyCollection(
+                    _rects(a[:, 0], a[:, 1], a[:, 2], lane), facecolors=COMM_COLORS[part],
+                    edgecolors="white" if across else "none", linewidths=0,
+                    hatch=_data.ACROSS_HATCH if across else None,
+                    zorder=4.5, gid=f"comm-{part}" + ("-across" if across else "")))
 
 
 def draw_memory(result: SimResult, ax: Axes, *, row_label: str = "Device", time_max: float | None = None) -> None:

@@ -206,7 +206,9 @@ def add_lane_traces(
         fig.add_trace(go.Bar(
             orientation="h", y=np.fromiter((s.rank for s in sel), float, len(sel)) + centre, base=start,
             x=end - start, width=width, name=COMM_LABELS[part], legendgroup=legendgroup_prefix + f"comm-{part}",
-            showlegend=legend, marker=dict(color=COMM_COLORS[part], line=dict(width=0)), customdata=custom,
+            showlegend=legend, customdata=custom,
+            marker=dict(color=COMM_COLORS[part], line=dict(width=0),
+                        pattern=dict(shape=["/" if s.across else "" for s in sel])),  # across nodes: hatched
             hovertemplate=_LANE_HOVER, textposition="none", meta=[f"comm-{part}", unit, row_label, part],
         ), **loc)
 

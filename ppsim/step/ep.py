@@ -211,7 +211,7 @@ def ep_pass(step: Step, stage_costs: Any, job: StepJob) -> Step:
             added = e - t if in_blocks else e
             if added:
                 extra[(rank, pos)] = extra.get((rank, pos), 0.0) + added
-            spans[(rank, pos)] = spans.get((rank, pos), CommSpan(0.0, 0.0)).plus(t, e, A2A.value)
+            spans[(rank, pos)] = spans.get((rank, pos), CommSpan(0.0, 0.0)).plus(t, e, A2A.value, span.nodes > 1)
     unit = "s" if stage_costs.unit == "s" else " units"
     nbytes = all_to_all_bytes(shapes)
     how = ("overlapped F&B pairs run one half after the other in this runtime: every all-to-all waited for"

@@ -154,9 +154,13 @@ def fsdp_pass(step: Step, job: StepJob) -> Step:
     exposed_after = sum(lowered.extra_s.values()) - exposed_gather  # reduce-scatters, then HSDP's all-reduces
     share = sum(reduce) / (sum(reduce) + sum(allreduce)) if sum(reduce) + sum(allreduce) > 0 else 1.0
     exposed_reduce = exposed_after * share
-    spans = {k: CommSpan(t, t, (RS.value if is_reduce[k] else AG.value,)) for k, t in lowered.extra_s.items()}
     meshes = [mesh for modules in job.stage_modules for unit in fsdp_units(modules)
               for _, mesh in unit_groups(job.shapes, unit, dp_shard=dp_shard, efsdp=job.degrees.efsdp)]
+    gather_across = any(job.span(mesh).nodes > 1 for mesh in set(meshes))
+    reduce_across = gather_across or job.span("dp_replicate").nodes > 1
+    spans = {k: CommSpan(t, t, (RS.value,), reduce_across) if is_reduce[k] else CommSpan(t, t, (AG.value,),
+                                                                                          gather_across)
+             for k, t in lowered.extra_s.items()}
     placed = tuple(p for mesh in dict.fromkeys(meshes) for p in job.placed(mesh, meshes.count(mesh), AG))
     totals = {AG.value: CollectiveTotals(len(meshes), sum(gather) / scale, exposed_gather, placed),
               RS.value: CollectiveTotals(len(meshes), sum(reduce) / scale, exposed_reduce,
