@@ -47,9 +47,20 @@ NO_PIPELINE = "none"
 """A pp 1 candidate's schedule: torchtitan runs no pipeline; its microbatches are gradient accumulation steps, each
 forward and backward in turn on the one stage (timed and counted as 1F1B on one rank)."""
 MICROBATCH_SIZE_KEY = "parallelism.pipeline_parallel_microbatch_size"
-DEGREE_KEYS = {k: v for k, v in degrees.DEGREE_KEYS.items() if k != "ep"}
-"""The degrees whose product is the GPU count (expert parallelism reuses the data-parallel ranks)."""
+DEGREE_KEYS = dict(degrees.DEGREE_KEYS)
+"""Every degree a plan sets or keeps pinned (``--parallelism.KEY VALUE``), by :class:`Degrees` field."""
+WORLD_KEYS = tuple(k for k in DEGREE_KEYS if k != "ep")
+"""The degrees whose product is the GPU count (expert parallelism reuses the ``dp_shard x cp x tp`` ranks)."""
 MAX_STAGES_PER_RANK = 4
+MAX_LOCAL_EXPERTS = 32
+"""EP degrees the plan tries on a MoE model (unless pinned): powers of two dividing the routed experts and
+``dp_shard x cp x tp`` that leave each rank at most this many experts of a layer (fewer EP ranks gather more experts
+per rank; DeepSeek-V3 trains 256 experts at EP 64, 4 a rank); where none does, the largest valid degree."""
+CP_MIN_SEQ_LEN = 32768
+"""The plan varies context parallelism only for sequences at least this long (or where the user pins it)."""
+CP_DEGREES = (1, 2, 4, 8)
+"""CP degrees the plan tries for long sequences: within a node with TP (``cp x tp <= --gpus-per-node``), the
+sequence divisible by ``2 x cp`` (torchtitan's head-tail load balancer)."""
 
 
 class PlanError(PPSimError):
@@ -135,6 +146,8 @@ class ModelFacts:
     num_kv_heads: int
     source: str = ""
     """``torchtitan:FAMILY/FLAVOR``: a profile must be of the same model."""
+    num_experts: int | None = None
+    """A MoE layer's routed experts (``None``: a dense model, EP 1)."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +187,7 @@ class PlanRequest:
     gpus_per_node: int
     cap_bytes: int
     pinned: Mapping[str, int] = field(default_factory=dict)
-    """Degrees the user fixed (``pp``, ``tp``, ``dp_shard``, ``dp_replicate``, ``cp``)."""
+    """Degrees the user fixed (``pp``, ``tp``, ``dp_shard``, ``dp_replicate``, ``cp``, ``ep``)."""
     profiles: tuple[ProfileCover, ...] = ()
     time_limit_s: float = 60.0
     top: int = 5
@@ -230,14 +243,19 @@ class Candidate:
         return "1F1B" if self.schedule == NO_PIPELINE else self.schedule
 
     @property
-    def shape_key(self) -> tuple[int, int, str]:
-        """What its model shapes depend on (``shapes_for``'s arguments): TP degree, microbatch size, checkpoint mode."""
-        return (self.degrees.tp, self.microbatch_size, self.activation_checkpoint)
+    def shape_key(self) -> tuple[int, int, str, int, int]:
+        """What its model shapes depend on (:func:`shapes_of`): TP degree, microbatch size, checkpoint mode, EP and
+        CP degrees."""
+        return (self.degrees.tp, self.microbatch_size, self.activation_checkpoint, self.degrees.ep, self.degrees.cp)
 
     def overrides(self, settings: JobSettings) -> tuple[str, ...]:
-        """torchtitan's command-line overrides that launch it (each ``--KEY VALUE``)."""
+        """torchtitan's command-line overrides that launch it (each ``--KEY VALUE``); EP and CP where the candidate
+        or the job sets them above 1."""
         d = self.degrees
         out = [f"--parallelism.{DEGREE_KEYS[k]} {getattr(d, k)}" for k in ("pp", "tp", "dp_shard", "dp_replicate")]
+        for k in ("cp", "ep"):
+            if getattr(d, k) != 1 or int(settings.parallelism.get(DEGREE_KEYS[k], 1) or 1) != 1:
+                out.append(f"--parallelism.{DEGREE_KEYS[k]} {getattr(d, k)}")
         if self.schedule == NO_PIPELINE:  # gradient accumulation: global / (local x data parallel) steps
             global_batch = self.local_batch_size * d.dp_shard * d.dp_replicate
             return (*out, f"--training.local_batch_size {self.microbatch_size}",
@@ -385,32 +403,64 @@ def _node_gpus(request: PlanRequest) -> int:
 
 
 def degree_layouts(request: PlanRequest, batch: int) -> list[Degrees]:
-    """Every (pp, tp, dp_shard, dp_replicate) whose product is the GPU count: TP within a node and dividing the
-    heads, PP at most the layers (1: no pipeline, with HSDP's replicas across nodes too), the data-parallel degree
-    dividing the global batch; pins kept."""
+    """Every (pp, tp, cp, dp_shard, dp_replicate) whose product is the GPU count, each with its EP degrees: TP within
+    a node and dividing the heads, CP where the sequence is long (:func:`cp_options`), PP at most the layers (1: no
+    pipeline, with HSDP's replicas across nodes too), the data-parallel degree dividing the global batch, EP over
+    :func:`ep_options`; pins kept."""
     n, pins, model = request.num_gpus, request.pinned, request.model
     node_layout(n, request.gpus_per_node)
     _check_pins(request)
-    cp = pins.get("cp", 1)
     out: list[Degrees] = []
     for pp in ([pins["pp"]] if "pp" in pins else _divisors(n, at_most=model.num_layers)):
         if pp == 1 and batch_shape(request.settings).keys.size != MICROBATCH_SIZE_KEY:
             continue  # gradient accumulation is read from 0.3.0's keys only
         for tp in ([pins["tp"]] if "tp" in pins else _divisors(_node_gpus(request), at_most=model.num_heads)):
-            for rep in _replicas(request, pp):
-                rest, rem = divmod(n, pp * tp * cp * rep)
-                if rem or rest < 1 or pp > model.num_layers or model.num_heads % tp or model.num_kv_heads % tp:
-                    continue
-                if ("dp_shard" in pins and pins["dp_shard"] != rest) or batch % (rest * rep):
-                    continue
-                out.append(Degrees(pp=pp, tp=tp, dp_shard=rest, dp_replicate=rep, cp=cp))
+            for cp in cp_options(request, tp):
+                for rep in _replicas(request, pp):
+                    rest, rem = divmod(n, pp * tp * cp * rep)
+                    if rem or rest < 1 or pp > model.num_layers or model.num_heads % tp or model.num_kv_heads % tp:
+                        continue
+                    if ("dp_shard" in pins and pins["dp_shard"] != rest) or batch % (rest * rep):
+                        continue
+                    for ep in ep_options(request, rest * cp * tp):
+                        out.append(Degrees(pp=pp, tp=tp, dp_shard=rest, dp_replicate=rep, cp=cp, ep=ep))
     if not out:
         raise PlanError(f"--gpus {n}: no degrees make it up (PP 1..{model.num_layers} layers, TP dividing "
                         f"{request.gpus_per_node} GPUs per node and the {model.num_heads} heads / "
                         f"{model.num_kv_heads} kv heads, data parallel dividing the global batch of {batch}"
+                        + (", EP dividing dp_shard x cp x tp" if "ep" in pins else "")
                         + (f", pinned {_pins_text(pins)}" if pins else "") + "); pick a GPU count such as "
                         f"{2 * request.gpus_per_node if request.gpus_per_node > 1 else 2}")
     return out
+
+
+def ep_options(request: PlanRequest, carved: int) -> list[int]:
+    """The EP degrees a layout of ``carved = dp_shard x cp x tp`` ranks is tried at: the pinned one (where it
+    divides ``carved``), 1 for a dense model, else the powers of two dividing the routed experts and ``carved``
+    that leave at most :data:`MAX_LOCAL_EXPERTS` experts a rank, or where none does the largest valid degree
+    (a power of two where one divides both)."""
+    if "ep" in request.pinned:
+        ep = request.pinned["ep"]
+        return [ep] if carved % ep == 0 else []
+    experts = request.model.num_experts
+    if not experts:
+        return [1]
+    valid = [e for e in range(1, min(experts, carved) + 1) if experts % e == 0 and carved % e == 0]
+    powers = [e for e in valid if e & (e - 1) == 0]
+    chosen = [e for e in powers if experts // e <= MAX_LOCAL_EXPERTS]
+    return chosen or [max(powers or valid)]
+
+
+def cp_options(request: PlanRequest, tp: int) -> list[int]:
+    """The CP degrees tried with TP degree ``tp``: the pinned one; 1 for sequences shorter than
+    :data:`CP_MIN_SEQ_LEN`; else :data:`CP_DEGREES` that divide ``seq_len / 2`` (torchtitan's load balancer cuts
+    each sequence into ``2 x cp`` chunks) and keep ``cp x tp`` within a node (CP's all-gathers ride NVLink)."""
+    if "cp" in request.pinned:
+        return [request.pinned["cp"]]
+    seq = batch_shape(request.settings).seq_len
+    if seq < CP_MIN_SEQ_LEN:
+        return [1]
+    return [cp for cp in CP_DEGREES if seq % (2 * cp) == 0 and cp * tp <= _node_gpus(request)] or [1]
 
 
 def _replicas(request: PlanRequest, pp: int) -> list[int]:
@@ -427,20 +477,36 @@ def _pins_text(pins: Mapping[str, int]) -> str:
 
 
 def _check_pins(request: PlanRequest) -> None:
-    """Pinned degrees must multiply into the GPU count and keep TP within a node and dividing the heads."""
+    """Pinned degrees must multiply into the GPU count (EP apart: it reuses the ``dp_shard x cp x tp`` ranks) and keep
+    TP within a node and dividing the heads; a pinned EP must divide the routed experts (a dense model: 1); a pinned
+    CP must divide the sequence into ``2 x cp`` chunks."""
     pins, n = request.pinned, request.num_gpus
     below_one = {k: v for k, v in pins.items() if v < 1}  # before any division by them
     if below_one:
         raise PlanError(f"pinned degrees {_pins_text(below_one)}: a degree must be at least 1; pass "
                         f"--parallelism.{DEGREE_KEYS[next(iter(below_one))]} 1 or more")
-    product = math.prod(pins.values()) if pins else 1
+    world = {k: v for k, v in pins.items() if k in WORLD_KEYS}
+    product = math.prod(world.values()) if world else 1
     fix = "drop one of the --parallelism.*_degree overrides or change --gpus"
-    if n % product or (set(pins) >= {"pp", "tp", "dp_shard", "dp_replicate", "cp"} and product != n):
-        raise PlanError(f"pinned degrees {_pins_text(pins)} multiply to {product}, which does not divide --gpus {n}; "
+    if n % product or (set(world) >= set(WORLD_KEYS) and product != n):
+        raise PlanError(f"pinned degrees {_pins_text(world)} multiply to {product}, which does not divide --gpus {n}; "
                         f"{fix}")
     if "tp" in pins and pins["tp"] > request.gpus_per_node:
         raise PlanError(f"pinned tensor_parallel_degree {pins['tp']} is more than --gpus-per-node "
                         f"{request.gpus_per_node}: TP stays within a node; {fix}")
+    experts = request.model.num_experts
+    ep = pins.get("ep", 1)
+    if ep > 1 and not experts:
+        raise PlanError(f"pinned expert_parallel_degree {ep}: the model has no experts (a dense model); pass "
+                        "--parallelism.expert_parallel_degree 1 or drop it")
+    if experts and experts % ep:
+        raise PlanError(f"pinned expert_parallel_degree {ep} does not divide the model's {experts} routed experts; "
+                        f"pick a divisor of {experts}, or drop it and let the plan choose")
+    seq = batch_shape(request.settings).seq_len
+    if pins.get("cp", 1) > 1 and seq % (2 * pins["cp"]):
+        raise PlanError(f"pinned context_parallel_degree {pins['cp']}: the sequence length {seq} is not divisible by "
+                        f"2 x cp = {2 * pins['cp']} (torchtitan's load balancer cuts each sequence into 2 x cp "
+                        "chunks); pick a CP degree that divides seq_len / 2")
     try:
         check_degrees(Degrees(pp=pins.get("pp", 2), tp=pins.get("tp", 1)), num_heads=request.model.num_heads,
                       num_kv_heads=request.model.num_kv_heads, num_layers=request.model.num_layers)
@@ -563,7 +629,17 @@ def lower_bound(c: Candidate, request: PlanRequest) -> float:
 
 
 # --- judging one candidate ------------------------------------------------------------------------------------
-ShapesFor = Callable[[int, int, str], JobShapes]
+ShapesFor = Callable[..., JobShapes]
+"""``shapes_for(tp, microbatch_size, activation_checkpoint)``, and ``ep=`` / ``cp=`` keywords where the candidate's
+EP or CP degree is above 1 (:func:`shapes_of`)."""
+
+
+def shapes_of(shapes_for: ShapesFor, c: Candidate) -> JobShapes:
+    """The candidate's model shapes: ``shapes_for(tp, microbatch_size, activation_checkpoint)``, with ``ep=`` and
+    ``cp=`` only where they are above 1 (a dense job's caller needs to know nothing of them)."""
+    tp, size, ac, ep, cp = c.shape_key
+    extra = {k: v for k, v in (("ep", ep), ("cp", cp)) if v != 1}
+    return shapes_for(tp, size, ac, **extra)
 Build = Callable[[str, int, int, int], Any]
 """``build(schedule_name, ranks, microbatches, stages_per_rank) -> Schedule``."""
 Simulate = Callable[..., Any]
@@ -596,7 +672,7 @@ def job_of(c: Candidate, request: PlanRequest) -> Any:
     settings = request.settings
     par = dict(settings.parallelism)
     tr = dict(settings.training)
-    for k in ("pp", "tp", "dp_shard", "dp_replicate"):
+    for k in DEGREE_KEYS:
         par[DEGREE_KEYS[k]] = getattr(c.degrees, k)
     par["pipeline_parallel_schedule"] = c.schedule
     par["pipeline_parallel_schedule_csv"] = ""
@@ -661,7 +737,7 @@ class Judge:
             counts = resolve_split(job.split, request.model.num_layers, num_stages, schedule=c.order_name)
             schedule = order or self.build(c.order_name, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
             check_checkpointed_backward(c, schedule)
-            shapes = self.shapes_for(*c.shape_key)
+            shapes = shapes_of(self.shapes_for, c)
             modules = stage_modules(request.model.num_layers, counts)
             memory = tuple(job_memory(shapes, degrees=c.degrees, schedule=schedule, stage_modules=modules,
                                       cap_bytes=request.cap_bytes))
@@ -746,8 +822,9 @@ def describe(c: Candidate) -> str:
     d = c.degrees
     lps = f", {c.layers_per_stage} layers per stage" if c.layers_per_stage is not None else ""
     name = f"search's order ({c.csv}, stages placed as {c.schedule})" if c.csv else c.schedule
-    degrees = f"pp {d.pp} x tp {d.tp} x dp_shard {d.dp_shard}" + (f" x dp_replicate {d.dp_replicate}"
-                                                                   if d.dp_replicate > 1 else "")
+    degrees = (f"pp {d.pp} x tp {d.tp}" + (f" x cp {d.cp}" if d.cp > 1 else "") + f" x dp_shard {d.dp_shard}"
+               + (f" x dp_replicate {d.dp_replicate}" if d.dp_replicate > 1 else "")
+               + (f", ep {d.ep}" if d.ep > 1 else ""))
     if c.schedule == NO_PIPELINE:
         steps = "step" if c.num_microbatches == 1 else "steps"
         return (f"{degrees}, no pipeline: {c.num_microbatches} gradient accumulation {steps} of {c.microbatch_size}, "

@@ -44,6 +44,7 @@ from ppsim.plan import (
     job_of,
     lower_bound,
     nothing_fits,
+    shapes_of,
     unit_costs,
 )
 
@@ -91,17 +92,29 @@ class Simulations:
 class ShapeCache:
     """``compute(tp, microbatch_size, activation_checkpoint)`` once per key (the model's TP-local shapes)."""
 
-    compute: Callable[[int, int, str], JobShapes]
-    _cache: dict[tuple[int, int, str], JobShapes] = field(default_factory=dict, repr=False)
+    compute: Callable[..., JobShapes]
+    _cache: dict[tuple[Any, ...], JobShapes | PPSimError] = field(default_factory=dict, repr=False)
 
-    def has(self, key: tuple[int, int, str]) -> bool:
-        return key in self._cache
+    def has(self, key: tuple[Any, ...]) -> bool:
+        """Whether the shapes at a candidate's :attr:`~ppsim.plan.Candidate.shape_key` are made (or refused)."""
+        tp, size, ac, *rest = key
+        ep, cp = (rest + [1, 1])[:2]
+        extra = sorted({k: v for k, v in (("ep", ep), ("cp", cp)) if v != 1}.items())
+        return (tp, size, ac, *extra) in self._cache
 
-    def __call__(self, tp: int, microbatch_size: int, activation_checkpoint: str) -> JobShapes:
-        key = (tp, microbatch_size, activation_checkpoint)
+    def __call__(self, tp: int, microbatch_size: int, activation_checkpoint: str, **degrees: int) -> JobShapes:
+        """The shapes at this key (``degrees``: ``ep=``, ``cp=`` above 1); a key whose shapes cannot be made
+        (one line: torchtitan refuses the degrees) raises the same error again without computing it again."""
+        key = (tp, microbatch_size, activation_checkpoint, *sorted(degrees.items()))
         if key not in self._cache:
-            self._cache[key] = self.compute(*key)
-        return self._cache[key]
+            try:
+                self._cache[key] = self.compute(tp, microbatch_size, activation_checkpoint, **degrees)
+            except PPSimError as exc:
+                self._cache[key] = exc
+        found = self._cache[key]
+        if isinstance(found, PPSimError):
+            raise found
+        return found
 
 
 @dataclass(frozen=True)
@@ -268,15 +281,31 @@ def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Build | None = N
     return result
 
 
+ORDER_TIERS = (20_000, 200_000)
+"""Computations in a candidate's order (all ranks) that split the space into tiers judged one after the other:
+judging one candidate's memory (and timing it) walks its whole order, about 10 us a computation, so a job of a
+large global batch (thousands of microbatches at PP 32) judges its cheap candidates before its huge ones."""
+
+
+def order_size(c: Candidate) -> int:
+    """The forwards in the candidate's order, all ranks: what judging it costs (its backwards are as many)."""
+    return c.degrees.pp * c.num_stages_per_rank * c.num_microbatches
+
+
 def memory_order(space: Sequence[Candidate], request: PlanRequest) -> list[Candidate]:
-    """The order memory is judged in: grouped by model shapes (the expensive call, once per group), the groups in
-    order of their lowest lower bound, each group in lower-bound order. A group judged is cheap to judge whole, so
-    every configuration of the first shapes (where one that fits often is) is judged before the next shapes are
-    computed."""
-    first: dict[tuple[int, int, str], float] = {}
+    """The order memory is judged in: by tier of :func:`order_size` (:data:`ORDER_TIERS`: the cheap ones first),
+    within a tier grouped by model shapes (the expensive call, once per group), the groups in order of their lowest
+    lower bound, each group in lower-bound order. A group judged is cheap to judge whole, so every configuration of
+    the first shapes (where one that fits often is) is judged before the next shapes are computed."""
+    def tier(c: Candidate) -> int:
+        return sum(order_size(c) > t for t in ORDER_TIERS)
+
+    first: dict[tuple[int, tuple[int, int, str, int, int]], float] = {}
     for c in space:
-        first[c.shape_key] = min(first.get(c.shape_key, math.inf), lower_bound(c, request))
-    return sorted(space, key=lambda c: (first[c.shape_key], c.shape_key, lower_bound(c, request)))
+        key = (tier(c), c.shape_key)
+        first[key] = min(first.get(key, math.inf), lower_bound(c, request))
+    return sorted(space, key=lambda c: (tier(c), first[(tier(c), c.shape_key)], c.shape_key, lower_bound(c, request),
+                                        order_size(c)))
 
 
 def _judge_named(found: _Found, space: Sequence[Candidate], judge: Judge, budget: Budget, share: float,
@@ -384,7 +413,7 @@ def searched(timed: Sequence[Judged], judge: Judge, *, searcher: Searcher,
         seen.add(config)
         named = judge.build(c.schedule, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
         cover = covering_profile(c, request)
-        unit = unit_costs(c, request, judge.shapes_for(*c.shape_key)).text()
+        unit = unit_costs(c, request, shapes_of(judge.shapes_for, c)).text()
         found = searcher(named, job_of(c, request), cover, unit,
                          SEARCH_SHARE * left / (NUM_SEARCHED - len(seen) + 1), c)
         if found is None:

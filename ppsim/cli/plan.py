@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 PLAN_KEYS = ("pipeline_parallel_degree", "tensor_parallel_degree", "data_parallel_shard_degree",
              "data_parallel_replicate_degree", "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
              "pipeline_parallel_microbatch_size", "pipeline_parallel_layers_per_stage", "local_batch_size",
-             "num_pp_microbatches", "num_tokens_per_microbatch_per_dp_rank")
+             "num_pp_microbatches", "num_tokens_per_microbatch_per_dp_rank", "expert_parallel_degree",
+             "context_parallel_degree")
 
 
 @app.command("plan", context_settings=JOB_CONTEXT)
@@ -214,9 +215,10 @@ def _model_facts(value: str, settings: Any) -> ModelFacts:
     with converters_set_aside():
         layers = list(trainer_config(value).model_spec.model.layers)
     attn = layers[0].attention
+    experts = [getattr(getattr(layer, "moe", None), "num_experts", None) for layer in layers]
     return ModelFacts(num_layers=len(layers), num_heads=attn.n_heads,
                       num_kv_heads=getattr(attn, "n_kv_heads", None) or attn.n_heads,
-                      source=settings.model_source or value)
+                      source=settings.model_source or value, num_experts=next((e for e in experts if e), None))
 
 
 def _checkpoint_modes(value: str) -> tuple[str, ...]:
@@ -320,15 +322,21 @@ def _shapes(value: str, request: PlanRequest, *, as_run: bool = False) -> Callab
     keys = batch_shape(request.settings).keys
     seq = batch_shape(request.settings).seq_len
 
-    def compute(tp: int, mb_size: int, ac: str) -> JobShapes:
+    def compute(tp: int, mb_size: int, ac: str, ep: int = 1, cp: int = 1) -> JobShapes:
         size = mb_size if keys.size.endswith("microbatch_size") else mb_size * seq
+        # the shapes depend on TP, EP and CP, not on how far FSDP shards (job_memory does): the fewest dp_shard
+        # ranks EP can be carved out of
+        dp_shard = ep // math.gcd(ep, cp * tp)
         args = [*request.user_overrides, "--parallelism.tensor_parallel_degree", str(tp),
-                "--parallelism.data_parallel_shard_degree", "1", f"--{keys.size}", str(size)]
+                "--parallelism.data_parallel_shard_degree", str(dp_shard), "--parallelism.expert_parallel_degree",
+                str(ep), "--parallelism.context_parallel_degree", str(cp), f"--{keys.size}", str(size)]
         with job_config_context(value):
             settings = read_job_settings(value, args)
         profile = _memory_profile(request, tp, mb_size * seq)
-        return job_shapes(value, settings, activation_checkpoint=ac, profile=profile, as_run=as_run)[0]
+        return job_shapes(value, settings, activation_checkpoint=ac, profile=profile, as_run=as_run,
+                          local_cache=local)[0]
 
+    local: dict[Any, Any] = {}  # the model's parallelize once per (TP, EP) degree
     return compute
 
 
@@ -399,11 +407,13 @@ def _print_table(result: Plan, unit: str, *, title: str) -> None:
     ranked = result.ranked_in(unit)
     what = "timed in seconds (--profile)" if unit == "s" else "ranked by unit costs (no profile covers them)"
     table = Table(title=f"{title}\n{what}" if title else what)
-    for col in ("#", "pp", "tp", "dp", "schedule", "m", "size", "v", "AC", "peak GiB",
+    shown = ranked[:result.request.top]
+    extra = [k for k in ("cp", "ep") if any(getattr(j.candidate.degrees, k) > 1 for j in shown)]  # MoE, long seqs
+    for col in ("#", "pp", "tp", *extra, "dp", "schedule", "m", "size", "v", "AC", "peak GiB",
                 *(("step s", "tok/s/GPU") if unit == "s" else ("rel. step",))):
         table.add_column(col)
     base = ranked[0].relative_step if ranked and ranked[0].relative_step else 1.0
-    for i, j in enumerate(ranked[:result.request.top]):
+    for i, j in enumerate(shown):
         c, d = j.candidate, j.candidate.degrees
         if unit == "s":
             step_s = j.step_s or 0.0
@@ -412,7 +422,8 @@ def _print_table(result: Plan, unit: str, *, title: str) -> None:
         else:
             step = (f"{(j.relative_step or 0) / base:.3f}",)
         name = f"{c.schedule} searched" if c.csv else c.schedule
-        table.add_row(str(i + 1), str(d.pp), str(d.tp), str(d.dp_shard * d.dp_replicate), name,
+        table.add_row(str(i + 1), str(d.pp), str(d.tp), *(str(getattr(d, k)) for k in extra),
+                      str(d.dp_shard * d.dp_replicate), name,
                       str(c.num_microbatches), str(c.microbatch_size), str(c.num_stages_per_rank),
                       c.activation_checkpoint, f"{j.peak_bytes / GIB:.2f}", *step)
     console().print(table)

@@ -462,10 +462,16 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
                                 sum(m * shapes.boundary_bytes * d for d in directions))
     # a first stage's I does nothing (torch skips it; its W is the whole backward)
     # communication actions (FSDP's UNSHARD/REDUCE_GRAD in a lowered step) hold nothing of their own here
-    comps = [(c, str(a)) for a in schedule.actions[rank] if a.is_compute for c in a.computations
-             if not (c.type is ActionType.I and stages[c.stage].first)]
-    owner = [pos for pos, a in enumerate(schedule.actions[rank]) if a.is_compute for c in a.computations
-             if not (c.type is ActionType.I and stages[c.stage].first)]
+    # (the action itself is the label: written out only for the high point, :func:`_label`)
+    comps: list[tuple[Any, Any]] = []
+    owner: list[int] = []
+    skip_i = {s for s, st in enumerate(stages) if st.first}
+    for pos, a in enumerate(schedule.actions[rank]):
+        if a.is_compute:
+            for c in a.computations:
+                if not (c.stage in skip_i and c.type is ActionType.I):
+                    comps.append((c, a))
+                    owner.append(pos)
     backward = (ActionType.B, ActionType.W)
     firsts: dict[tuple[int, ActionType], int] = {}
     lasts: dict[tuple[int, ActionType], int] = {}
@@ -495,22 +501,25 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
                     log.alloc("setup", f"s{s}recv{k}", shapes.boundary_bytes, "compute")
         log.alloc("setup", "workspace", shapes.workspace_bytes, "compute")
 
-    def consider(transient: int, extra_act: int, label: str, extra_grads: int = 0,
+    fixed = (1 + shapes.optimizer_states) * sharded * master + buffers + shapes.workspace_bytes
+
+    def consider(transient: int, extra_act: int, label: Any, extra_grads: int = 0,
                  parts: Sequence[tuple[int, str]] = ()) -> None:
         nonlocal best, high
         if log is not None:
             log.move(log.levels(state, act=extra_act, grads=extra_grads, transient=transient), parts)
-        by_part = {"parameters": sharded * master, "gradients": state["accum"] + state["grads"] + extra_grads,
-                 "optimizer": shapes.optimizer_states * sharded * master, "activations": state["act"] + extra_act,
-                 "other": state["gathered"] + buffers + transient + shapes.workspace_bytes}
-        total = sum(by_part.values())
-        high = max(high, total)
-        if total > best[0]:
-            best = (total, by_part, label)
+        total = (fixed + state["accum"] + state["grads"] + extra_grads + state["act"] + extra_act + state["gathered"]
+                 + transient)
+        if total > high:
+            high = total
+        if total > best[0]:  # the parts only for a new high point (the same sum, part by part)
+            best = (total, {"parameters": sharded * master, "gradients": state["accum"] + state["grads"] + extra_grads,
+                            "optimizer": shapes.optimizer_states * sharded * master,
+                            "activations": state["act"] + extra_act,
+                            "other": state["gathered"] + buffers + transient + shapes.workspace_bytes}, label)
 
     def held() -> int:  # what the rank holds between computations
-        return ((1 + shapes.optimizer_states) * sharded * master + buffers + shapes.workspace_bytes
-                + state["gathered"] + state["accum"] + state["grads"] + state["act"])
+        return fixed + state["gathered"] + state["accum"] + state["grads"] + state["act"]
 
     start = held()
     over_time = [[0, 0] for _ in schedule.actions[rank]]  # per action: (change when it ends, its high - before)
@@ -534,13 +543,13 @@ def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], ra
     static = {"parameters": sharded * master, "optimizer": shapes.optimizer_states * sharded * master,
               "gradients": sharded * master, "gathered_parameters": sum(stages[s].gathered for s in own) * param,
               "p2p_buffers": buffers - module_buffers, "module_buffers": module_buffers}
-    return RankMemory(rank=rank, parts=best[1], during=best[2], cap_bytes=cap_bytes, static_bytes=static,
+    return RankMemory(rank=rank, parts=best[1], during=str(best[2]), cap_bytes=cap_bytes, static_bytes=static,
                       end_bytes=end, start_bytes=start,
                       over_time=tuple((d, p) for (d, p), c in zip(over_time, computes) if c),
                       events=() if log is None else tuple(log.events))
 
 
-def _walk_one(shapes: JobShapes, stages: list[_Stage], c: Any, i: int, label: str, *, state: dict[str, int],
+def _walk_one(shapes: JobShapes, stages: list[_Stage], c: Any, i: int, label: Any, *, state: dict[str, int],
               consider: Any, recompute: AbstractSet[tuple[int, int]], dtypes: tuple[int, int, int],
               no_pipeline: bool,
               firsts: Mapping[tuple[int, ActionType], int], lasts: Mapping[tuple[int, ActionType], int],
@@ -569,7 +578,7 @@ def _walk_one(shapes: JobShapes, stages: list[_Stage], c: Any, i: int, label: st
 
 
 def _no_pipeline_step(st: _Stage, kind: ActionType, *, rc: bool, dtypes: tuple[int, int, int],
-                      state: dict[str, int], consider: Any, label: str, first: bool, first_backward: bool,
+                      state: dict[str, int], consider: Any, label: Any, first: bool, first_backward: bool,
                       last: bool) -> None:
     """One F or B of a job without a pipeline (``pipeline_parallel_degree`` 1, FSDP applied), as torchtitan's FSDP2
     defaults run it: each ``fully_shard`` unit (the embedding, each layer) is gathered for its forward and again for
@@ -603,7 +612,7 @@ def _no_pipeline_step(st: _Stage, kind: ActionType, *, rc: bool, dtypes: tuple[i
 
 
 def _backward_step(shapes: JobShapes, st: _Stage, kind: ActionType, *, rc: bool, dtypes: tuple[int, int, int],
-                   state: dict[str, int], consider: Any, label: str, first: bool, last: bool,
+                   state: dict[str, int], consider: Any, label: Any, first: bool, last: bool,
                    accumulating: bool) -> None:
     """One B, I or W of stage ``st``: its high point (``consider``), then what it frees or keeps for W.
 
