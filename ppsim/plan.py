@@ -805,17 +805,41 @@ def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence
 
 
 # --- what a plan found, for people --------------------------------------------------------------------------
+def refusal_rule(reason: str) -> str:
+    """A "cannot run" reason as the rule that refused it: the numbers and schedule names taken out, so the same rule
+    on different candidates counts once (``"N stages for N layers ..."``)."""
+    import re
+
+    text = reason.removeprefix("cannot run: ")
+    text = re.sub(r"\b(" + "|".join(SCHEDULES) + r")\b", "S", text)
+    return re.sub(r"\d+(\.\d+)?", "N", text)
+
+
 def nothing_fits(result: Plan) -> str:
+    """Why no candidate is ranked when every one was judged, in one line: how many could not run (and the rule that
+    refused most of them, with one of its reasons), how many ran but none fits the cap (with the smallest peak among
+    them and its candidate), and what to change."""
+    from collections import Counter
+
     cap = result.request.cap_bytes
-    with_memory = [j for j in result.judged if j.memory]
-    if not with_memory:
-        reasons = {j.reason for j in result.judged}
-        return (f"--gpus {result.request.num_gpus}: none of the {len(result.judged)} candidates can run "
-                f"({'; '.join(sorted(reasons))[:300]}); change the job's batch or the GPU count")
-    smallest = min(with_memory, key=lambda j: j.peak_bytes)
-    return (f"--memory-cap {fmt_bytes(cap)}: no candidate fits; the smallest peak is "
-            f"{smallest.peak_bytes / GIB:.2f} GiB ({describe(smallest.candidate)}); raise the cap to at least that "
-            "or use more GPUs")
+    ran = [j for j in result.judged if j.memory]
+    refused = [j for j in result.judged if not j.memory]
+    rules = Counter(refusal_rule(j.reason) for j in refused)
+    said = ""
+    if refused:
+        rule, count = rules.most_common(1)[0]
+        example = next(j.reason for j in refused if refusal_rule(j.reason) == rule).removeprefix("cannot run: ")
+        example = example if len(example) <= 240 else example[:237] + "..."
+        said = (f"{len(refused)} could not run ({count} of them: {example}"
+                + (f"; {len(rules) - 1} other rule{'s' if len(rules) > 2 else ''}" if len(rules) > 1 else "") + ")")
+    if not ran:
+        return (f"--gpus {result.request.num_gpus}: none of the {len(result.judged)} candidates can run: {said}; "
+                "change the job's batch, the GPU count or the pinned degrees")
+    smallest = min(ran, key=lambda j: j.peak_bytes)
+    ran_text = f"all {len(ran)} candidates ran" if not refused else f"{len(ran)} of the {len(result.judged)} ran"
+    return (f"--memory-cap {fmt_bytes(cap)}: no candidate fits; the smallest peak is {smallest.peak_bytes / GIB:.2f} "
+            f"GiB ({describe(smallest.candidate)}); {ran_text} and none fits" + (f", {said}" if said else "")
+            + "; raise the cap to at least that or use more GPUs")
 
 
 def describe(c: Candidate) -> str:

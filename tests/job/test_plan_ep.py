@@ -221,3 +221,58 @@ def test_order_size_counts_every_ranks_forwards() -> None:
     c = next(c for c in candidates(request, global_batch(request.settings, 8)) if c.num_stages_per_rank == 2)
     assert isinstance(c, Candidate)
     assert order_size(c) == c.degrees.pp * 2 * c.num_microbatches
+
+
+# --- nothing fits, or nothing can run: counted apart --------------------------------------------------------------
+def _judged(request: Any, n_refused: int, peaks: list[int]) -> Any:
+    from ppsim.job.memory import RankMemory
+    from ppsim.plan import Judged, Plan
+
+    space = candidates(request, global_batch(request.settings, request.num_gpus))
+    judged = []
+    for k in range(n_refused):
+        reason = (f"cannot run: {k + 7} stages for 6 layers + embedding (1) + head (1) = 8 weighted layers: every "
+                  "stage needs at least one" if k else "cannot run: DualPipeV splits its backward into I and W")
+        judged.append(Judged(space[k], (), reason=reason))
+    for i, peak in enumerate(peaks):
+        mem = RankMemory(rank=0, parts={"activations": peak}, during="0F0", cap_bytes=request.cap_bytes)
+        judged.append(Judged(space[n_refused + i], (), memory=(mem,), reason="over"))
+    return Plan(request=request, global_batch=4, judged=tuple(judged), ranked=(), num_candidates=len(judged),
+                memory_judged=len(judged))
+
+
+def test_nothing_fits_counts_those_that_could_not_run_apart_from_those_that_ran_over_the_cap() -> None:
+    from ppsim.plan import nothing_fits
+
+    request = _moe_request(cap_bytes=2**30)
+    line = nothing_fits(_judged(request, 4, [5 * 2**30, 3 * 2**30, 4 * 2**30]))
+    assert "\n" not in line
+    assert "no candidate fits; the smallest peak is 3.00 GiB (" in line
+    assert "3 of the 7 ran and none fits" in line
+    # the rule that refused most (3 of the 4, numbers aside), with one of its reasons, and the other rule counted
+    assert "4 could not run (3 of them: 8 stages for 6 layers" in line and "1 other rule)" in line
+    assert line.endswith("raise the cap to at least that or use more GPUs")
+
+
+def test_nothing_can_run_names_the_rule_that_refused_most() -> None:
+    from ppsim.plan import nothing_fits
+
+    line = nothing_fits(_judged(_moe_request(), 3, []))
+    assert line.startswith("--gpus 8: none of the 3 candidates can run: 3 could not run (2 of them: ")
+    assert "every stage needs at least one; 1 other rule)" in line and "\n" not in line
+
+
+def test_all_ran_and_none_fits_says_so() -> None:
+    from ppsim.plan import nothing_fits
+
+    line = nothing_fits(_judged(_moe_request(cap_bytes=2**20), 0, [2**30, 2**31]))
+    assert "the smallest peak is 1.00 GiB" in line and "all 2 candidates ran and none fits;" in line
+    assert "could not run" not in line
+
+
+def test_the_plan_exits_with_the_count_when_nothing_fits() -> None:
+    request = _moe_request(cap_bytes=1000)
+    with pytest.raises(PlanError) as info:
+        plan(request, shapes_for=_moe_shapes_for(), build=_build, simulate=_unit_timer)
+    text = str(info.value)
+    assert "no candidate fits; the smallest peak is" in text and "none fits" in text and "\n" not in text
