@@ -35,6 +35,14 @@ from ppsim.errors import PPSimError, RankLostError
 #: Modules the fork server imports once, so every worker starts with them loaded.
 PRELOAD = ("torch", "torch.distributed", "ppsim.calibrate.models.transformer", "ppsim.calibrate.execute.executor",
            "ppsim.calibrate.measure.comm")
+_extra_preload: list[str] = []
+
+
+def preload(*modules: str) -> None:
+    """Have the fork server import ``modules`` too (a torchtitan model's runner and family: about 8 s of imports each
+    worker would otherwise repeat; a calibration's probes start six). Effective only before this process's first
+    :func:`run_local` starts the fork server; a module that does not import is skipped by it."""
+    _extra_preload.extend(m for m in modules if m not in _extra_preload)
 _PR_SET_PDEATHSIG = 1
 _PR_SET_TIMERSLACK = 29
 
@@ -180,7 +188,7 @@ def run_local(
     import torch.distributed as dist
 
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
+    ctx.set_forkserver_preload([*PRELOAD, *_extra_preload])
     _start_forkserver_deaf_to_ctrl_c()
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
     queue = ctx.SimpleQueue()

@@ -81,6 +81,9 @@ class ExecSpec:
     """With ``ep`` above 1 on CPU ranks: run each ``OVERLAP_F_B`` pair's halves at once, each one's all-to-alls under
     the other's compute (:mod:`ppsim.calibrate.execute.overlap`); ``False``: one after the other, as torch's runtime
     runs them."""
+    timing_only: bool = False
+    """Only the timed steps' times are read (the calibration's runtime probes): no untimed allocator-peak step, no
+    gradients gathered, no reference check (each costs about a step or more, and a probe reads none of them)."""
 
     @property
     def world_size(self) -> int:
@@ -612,11 +615,15 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
             step_ends.append(t1)  # on CUDA after the synchronisation: the host time the step's work ended
             if run.comm_stats is not None:
                 comm.append(run.comm_stats.as_dict())
-        losses = []
-        peak_allocated, during, spans = _allocator_peak_step(run, modules, device, cuda, args, kwargs, losses)
+        if spec.timing_only:
+            peak_allocated, during, spans = None, None, ()
+        else:
+            losses = []
+            peak_allocated, during, spans = _allocator_peak_step(run, modules, device, cuda, args, kwargs, losses)
 
-    grads = {run.grad_name(s, name): _full_grad(p.grad) for s, mod in run.parts.items()
-             for name, p in mod.named_parameters() if p.grad is not None}
+    grads = {} if spec.timing_only else {
+        run.grad_name(s, name): _full_grad(p.grad) for s, mod in run.parts.items()
+        for name, p in mod.named_parameters() if p.grad is not None}
     params = [p for m in modules for p in m.parameters()]
     memory = MeasuredPeak(
         rank=pp_rank, peak_activation_bytes=saved.peak,
@@ -787,7 +794,7 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
     import torch
 
     from ppsim.calibrate.execute.launch import cpu_name
-    from ppsim.calibrate.execute.numerics import check_against_reference
+    from ppsim.calibrate.execute.numerics import ReferenceCheck, check_against_reference
 
     schedule = spec.schedule
     worst: dict[int, MeasuredPeak] = {}
@@ -822,7 +829,8 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
     # one rank per chain holds its last stage (DualPipe: two), each chain the same number of microbatches
     chain_losses = [g["loss"] for g in gathered if g["loss"] is not None]
     loss = sum(chain_losses) / len(chain_losses)
-    ref = reference(grads) if reference is not None else check_against_reference(
+    ref = ReferenceCheck(ref_loss=loss, grad_max_abs_diff=0.0, grad_ref_max_abs=0.0, num_params_checked=0) \
+        if spec.timing_only else reference(grads) if reference is not None else check_against_reference(
         spec.model, schedule.num_stages, schedule.num_microbatches, grads, synthetic=spec.synthetic, seed=spec.seed,
         device=device, source=spec.source)
     notes: list[str] = []

@@ -37,8 +37,9 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -356,8 +357,15 @@ def decide_at_size(opts: CalibrationOptions) -> CalibrationOptions:
     return dataclasses.replace(opts, at_size=at_size)
 
 
-def estimate_line(opts: CalibrationOptions) -> str:
-    """The estimate ``calibrate`` prints first: memory alive at once, and time."""
+def estimate_line(opts: CalibrationOptions, done: Sequence[str] = ()) -> str:
+    """The estimate ``calibrate`` prints first: memory alive at once, and time (every phase's but those ``done``,
+    :func:`phase_estimates`)."""
+    return _estimate_text(opts, sum(seconds for _, seconds in phase_estimates(opts, done=done)))
+
+
+def _estimate_text(opts: CalibrationOptions, seconds: float | None) -> str:
+    """:func:`estimate_line` with the time given (``None``: the units and the probe as :func:`estimate` counts
+    them)."""
     opts = decide_speed(decide_at_size(opts))
     source = opts.model_source
     have = device_memory_bytes(opts.device)
@@ -373,10 +381,192 @@ def estimate_line(opts: CalibrationOptions) -> str:
                 f"{source.estimate.param_bytes / 2**30:,.4g} GiB, is never materialised): the largest, the {est.block} "
                 f"({est.weight_bytes / 2**30:.3g} GiB of weights), needs about {est.need_bytes / 2**30:.3g} GiB with "
                 f"its gradients and activations (microbatch {opts.config.mb_size}x{opts.config.seq_len}){probe}; "
-                f"about {_duration(est.seconds)} on {opts.device}{rate}{avail}")
-    seconds, need = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
+                f"about {_duration(est.seconds if seconds is None else seconds)} on {opts.device}{rate}{avail}")
+    units_s, need = estimate(source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=opts.probe,
                              check_stages=opts.check_stages, flops_per_s=flops_rate(opts))
+    seconds = units_s if seconds is None else seconds
     return f"estimate: about {need / 2**30:.3g} GiB, about {_duration(seconds)} on {opts.device}{rate}{avail}"
+
+
+#: One local worker's start, in seconds of one idle core, before it measures: the fork from the forkserver (torch
+#: preloaded), the imports beyond it, the model built whole and cut into its stages, the gloo group formed. Measured on
+#: this project's 2-core host: a torchtitan flavor's imports and build took 8.6 s and 5.3 s there under load; the
+#: builtin model and the communication workers import nothing heavy beyond torch.
+WORKER_START_S = {"builtin": 2.0, "python": 4.0, "torchtitan": 4.0}
+COMM_WORKER_START_S = 1.5
+#: The fork server's own start with a torchtitan model's imports (:func:`preload_workers`), once, in the first phase
+#: that starts workers.
+TITAN_PRELOAD_S = 6.0
+#: Loopback gloo between local processes (the p2p and collective phases' estimate): a message's fixed cost (a
+#: barrier is one) and bandwidth; p2p measured alpha 60-90 us and beta 1.7-3.1 GB/s here, busy cores double alpha.
+LOOPBACK_ALPHA_S = 2e-4
+LOOPBACK_BYTES_PER_S = 1.5e9
+#: A heartbeat line at least this often inside every phase (:class:`PhaseProgress`).
+HEARTBEAT_S = 30.0
+
+
+def unit_seconds(opts: CalibrationOptions) -> float:
+    """The estimated time of one pass's units (its probe left out)."""
+    opts = decide_at_size(opts)
+    if opts.at_size:
+        return at_size_estimate(opts.model_source, device=opts.device, reps=opts.reps, warmup=opts.warmup,
+                                probe=False, flops_per_s=flops_rate(opts)).seconds
+    return estimate(opts.model_source, device=opts.device, reps=opts.reps, warmup=opts.warmup, probe=False,
+                    check_stages=opts.check_stages, flops_per_s=flops_rate(opts))[0]
+
+
+def _workers_start_s(processes: int, per_process_s: float, cores: int) -> float:
+    """Wall time for ``processes`` local workers to start at once on ``cores`` cores."""
+    return per_process_s * processes / max(1, min(processes, cores))
+
+
+def _loopback_s(sizes: list[int], exchanges: float) -> float:
+    return sum(exchanges * (LOOPBACK_ALPHA_S + n / LOOPBACK_BYTES_PER_S) for n in sizes)
+
+
+def comm_phases(opts: CalibrationOptions) -> list[tuple[str, float]]:
+    """The p2p and collective phases' estimates (two local processes each; a third with ``--ep`` above 2)."""
+    from ppsim.calibrate.measure import comm
+    from ppsim.step.sharing import host_cores
+
+    cores = host_cores()
+    start = _workers_start_s(2, COMM_WORKER_START_S, cores)
+    p2p_reps = opts.warmup + max(opts.reps, 30)
+    # a ping-pong: two messages per exchange
+    p2p = start + _loopback_s(comm.p2p_sizes(opts.config.boundary_bytes), 2 * p2p_reps)
+    largest = min(COLLECTIVE_MAX_BYTES, max(1 << 20, opts.model_source.estimate.largest_layer_param_bytes))
+    sizes = comm.collective_sizes(largest)
+    reps = opts.warmup + max(opts.reps, 10)
+    collectives = start + _loopback_s(sizes, 3 * 2 * reps)  # three ops, each after a barrier
+    ep = opts.expert_parallel_degree
+    if ep > 2:
+        collectives += _workers_start_s(ep, COMM_WORKER_START_S, cores) + _loopback_s(sizes, 2 * reps * ep / 2)
+    return [("p2p", p2p), ("collectives", collectives)]
+
+
+def probe_phases(opts: CalibrationOptions) -> list[tuple[str, float]]:
+    """The runtime probes' estimates: each probe's workers started (:data:`WORKER_START_S`), then
+    ``PROBE_WARMUP + PROBE_STEPS`` steps of the reference 1F1B; a step is its ranks' computation (F and B, about 3
+    forwards, of the whole model per microbatch at the units' FLOP rate) spread over the pipeline's fill and drain,
+    or over the host's cores where the processes outnumber them; the synthetic probe's ranks sleep their costs."""
+    from ppsim.calibrate.measure import runtime_model as rm
+    from ppsim.step.sharing import host_cores
+
+    source = opts.model_source
+    if opts.at_size:
+        source = probe_source(source)
+    config, est = source.config, source.estimate
+    if config.layers < rm.PROBE_RANKS:
+        return []
+    cores = host_cores()
+    tokens, item = config.mb_size * config.seq_len, config.itemsize
+    layer_flops = (2 * tokens * max(1, est.largest_layer_param_bytes // item)
+                   + 4 * tokens * config.seq_len * config.hidden)
+    model_flops = config.layers * layer_flops + 2 * tokens * max(1, est.head_param_bytes // item)
+    per_microbatch = 3 * model_flops / flops_rate(opts)  # F + B of the whole model, one microbatch
+    steps = PROBE_WARMUP + PROBE_STEPS
+
+    def step_s(ranks: int, microbatches: int, dp: int = 1, *, sleeps: bool = False) -> float:
+        per_rank = microbatches * per_microbatch / ranks
+        pipelined = per_rank * (microbatches + ranks - 1) / microbatches
+        if sleeps:
+            return pipelined
+        return max(pipelined, dp * microbatches * per_microbatch / max(1, min(ranks * dp, cores)))
+
+    start = WORKER_START_S.get(source.scheme, WORKER_START_S["python"])
+    ranks, microbatches = rm.probe_shape(False)
+    phases = [("runtime probe (real)", _workers_start_s(ranks, start, cores) + steps * step_s(ranks, microbatches))]
+    s_ranks, s_microbatches = rm.probe_shape(True)
+    phases.append(("runtime probe (synthetic)", _workers_start_s(s_ranks, WORKER_START_S["builtin"], cores)
+                   + steps * step_s(s_ranks, s_microbatches, sleeps=True)))
+    dp = shared_probe_dp_shard(opts)
+    if opts.device == "cpu" and source.scheme == "torchtitan" and ranks * dp > cores:
+        phases.append(("runtime probe (FSDP)", _workers_start_s(ranks * dp, start, cores)
+                       + steps * step_s(ranks, microbatches, dp)))
+    return phases
+
+
+#: Each phase's key in a profile's ``done`` (a resumed calibration skips those; the passes' units by their own key).
+PHASE_DONE = {"p2p": "p2p", "collectives": "collectives", "runtime probe (real)": "runtime.real",
+              "runtime probe (synthetic)": "runtime.synthetic", "runtime probe (FSDP)": "runtime.shared"}
+
+
+def phase_estimates(opts: CalibrationOptions, *, done: Sequence[str] = ()) -> list[tuple[str, float]]:
+    """Every phase ``calibrate`` will run, in order, with its estimated seconds: each pass's units, p2p and the
+    collectives, each runtime probe; those in ``done`` (a ``--resume``) left out."""
+    opts = decide_speed(decide_at_size(opts))
+    passes = opts.all_passes
+    phases = [("units" if len(passes) == 1 else f"units, pass {i}/{len(passes)} ({p.describe()})",
+               unit_seconds(opts.for_pass(p))) for i, p in enumerate(passes, start=1)
+              if ("units" if i == 1 else p.done_key) not in done]
+    workers = len(phases)  # the first phase that starts local workers starts the fork server
+    if opts.p2p:
+        phases += comm_phases(opts)
+    if opts.probe:
+        phases += probe_phases(opts)
+    phases = [(name, seconds) for name, seconds in phases if PHASE_DONE.get(name) not in done]
+    if opts.model_source.scheme == "torchtitan" and len(phases) > workers:
+        name, seconds = phases[workers]
+        phases[workers] = (name, seconds + TITAN_PRELOAD_S)
+    return phases
+
+
+def phase_lines(phases: list[tuple[str, float]]) -> list[str]:
+    """The phases' estimates as ``calibrate`` prints them, one line each."""
+    return [f"  {name}: about {_span(seconds)}" for name, seconds in phases]
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return _duration(seconds)
+
+
+class PhaseProgress:
+    """One phase of a calibration, with a line at least every ``every`` seconds while it runs: the phase's own lines
+    (:meth:`log`) count, and where none came for that long a heartbeat names the phase, its time so far and its
+    estimate (a daemon thread, :meth:`tick`). On a normal end, one line with the time it took against its estimate.
+    ``log=None``: silent (the ranks that do not write)."""
+
+    def __init__(self, name: str, estimate_s: float | None, log: Callable[[str], None] | None, *,
+                 clock: Callable[[], float] = time.monotonic, every: float = HEARTBEAT_S) -> None:
+        self.name, self.estimate_s, self._log, self.clock, self.every = name, estimate_s, log, clock, every
+        self.started = self.last = clock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def log(self, line: str) -> None:
+        self.last = self.clock()
+        if self._log is not None:
+            self._log(line)
+
+    def _about(self) -> str:
+        return "" if self.estimate_s is None else f" (estimate {_span(self.estimate_s)})"
+
+    def tick(self) -> float:
+        """A heartbeat if none of the phase's lines came for ``every`` seconds; the seconds until the next is due."""
+        now = self.clock()
+        if now - self.last >= self.every:
+            self.log(f"  {self.name}: {_span(now - self.started)} so far{self._about()}")
+        return max(0.05, self.last + self.every - self.clock())
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.tick()):
+            pass
+
+    def __enter__(self) -> PhaseProgress:
+        self.started = self.last = self.clock()
+        if self._log is not None:
+            self._thread = threading.Thread(target=self._beat, name=f"ppsim-progress-{self.name}", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if exc_type is None:
+            self.log(f"  {self.name} done in {_span(self.clock() - self.started)}{self._about()}")
 
 
 def pass_seconds(opts: CalibrationOptions) -> float:
@@ -389,16 +579,20 @@ def pass_seconds(opts: CalibrationOptions) -> float:
                     check_stages=opts.check_stages, flops_per_s=flops_rate(opts))[0]
 
 
-def estimate_lines(opts: CalibrationOptions) -> list[str]:
-    """What ``calibrate`` prints first: the estimate, and with several passes, each pass's and their total."""
+def estimate_lines(opts: CalibrationOptions, done: Sequence[str] = ()) -> list[str]:
+    """What ``calibrate`` prints first: the estimate, with several passes each pass's, then every phase it will
+    run with its own estimate (:func:`phase_estimates`; a resumed one's ``done`` left out) and their total."""
     passes = opts.all_passes
-    if len(passes) == 1:
-        return [estimate_line(opts)]
     opts = decide_speed(opts)
-    total = sum(pass_seconds(opts.for_pass(p)) for p in passes)
+    phases = phase_estimates(opts, done=done)
+    total = sum(seconds for _, seconds in phases)
+    every = f"every phase, about {_duration(total)} in all:" if phases else "every phase is done already"
+    if len(passes) == 1:
+        return [estimate_line(opts, done) if done else estimate_line(opts), every, *phase_lines(phases)]
     return [f"estimate: {len(passes)} passes (--tp x --mb-size), about {_duration(total)} in all",
-            *(f"  pass {i}/{len(passes)} ({p.describe()}): {estimate_line(opts.for_pass(p))}"
-              for i, p in enumerate(passes, start=1))]
+            *(f"  pass {i}/{len(passes)} ({p.describe()}): "
+              f"{_estimate_text(opts.for_pass(p), unit_seconds(opts.for_pass(p)))}"
+              for i, p in enumerate(passes, start=1)), every, *phase_lines(phases)]
 
 
 def check_all_limits(opts: CalibrationOptions) -> None:
@@ -711,7 +905,7 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
     if writer and opts.resume:
         doc = resume_document(opts, doc, log=log)
     if writer:  # once the lock is held and a resume agrees: a refused calibration's stderr is its error line
-        for line in estimate_lines(opts):  # what is alive at once (a refusal of the estimate carries it)
+        for line in estimate_lines(opts, doc["done"]):  # what is alive at once (a refusal carries it); what is left
             log(line)
         log(opts.model_source.summary())
     rec = Recorder(doc, opts.output, writer=writer)
@@ -724,6 +918,11 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
     prior_wall = float((rec.doc.get("method") or {}).get("wall_s") or 0.0)
     load_at_start = _load_avg()
     rec.save()
+    estimates = dict(phase_estimates(opts, done=rec.done)) if writer else {}
+    preload_workers(opts)
+
+    def phase(name: str) -> PhaseProgress:  # a line at least every HEARTBEAT_S in each phase (the writing rank)
+        return PhaseProgress(name, estimates.get(name), log if writer else None)
 
     # 1. units, their repetitions interleaved (the writing rank; under torchrun the others wait for p2p); one pass
     # per (--tp, --mb-size), the first into the profile's own blocks, the others into its entries
@@ -736,7 +935,9 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
             log(f"pass {i + 1}/{len(passes)}: {chosen.describe()}")
         started_pass = time.perf_counter()
         pass_rec = rec if i == 0 else EntryRecorder(rec, i - 1)
-        measure_blocks(decide_at_size(opts.for_pass(chosen)), pass_rec, device, log=log)
+        name = "units" if len(passes) == 1 else f"units, pass {i + 1}/{len(passes)} ({chosen.describe()})"
+        with phase(name) as units:
+            measure_blocks(decide_at_size(opts.for_pass(chosen)), pass_rec, device, log=units.log)
         pass_rec.finish(key)
         if len(passes) > 1:
             log(f"pass {i + 1}/{len(passes)} done ({time.perf_counter() - started_pass:.0f} s)")
@@ -746,16 +947,16 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
     # 2. p2p
     notes = list(rec.doc["notes"])
     if opts.p2p and "p2p" not in rec.done:
-        if writer:
-            log("measuring p2p latency and bandwidth")
-        result = _measure_p2p(opts, world, comm.p2p_sizes(opts.config.boundary_bytes), device, notes=notes)
+        with phase("p2p") as p2p:
+            p2p.log("measuring p2p latency and bandwidth")
+            result = _measure_p2p(opts, world, comm.p2p_sizes(opts.config.boundary_bytes), device, notes=notes)
         rec.doc["p2p"] = None if result is None else result.to_dict()
         rec.doc["notes"] = notes
         rec.finish("p2p")
     if opts.p2p and "collectives" not in rec.done:
-        if writer:
-            log("measuring FSDP's all-gather and reduce-scatter and EP's all-to-all")
-        fits = _measure_collectives(opts, world, device, notes=notes)
+        with phase("collectives") as collectives:
+            collectives.log("measuring FSDP's all-gather and reduce-scatter and EP's all-to-all")
+            fits = _measure_collectives(opts, world, device, notes=notes)
         rec.doc["collectives"] = [f.to_dict() for f in fits]
         rec.doc["notes"] = notes
         rec.finish("collectives")
@@ -766,7 +967,7 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
 
     # 3. runtime probe (local ranks; the writing rank only)
     if opts.probe and writer:
-        run_probes(opts, rec, log=log)
+        run_probes(opts, rec, log=log, estimates=estimates)
     if not writer:
         return None
     method = dict(rec.doc.get("method") or {})
@@ -785,6 +986,17 @@ def _calibrate(opts: CalibrationOptions, world: World | None, *, started: float,
     if warning:
         log(warning)
     return rec.doc
+
+
+def preload_workers(opts: CalibrationOptions) -> None:
+    """A torchtitan model's probe workers (and its EP/TP units' workers) start from a fork server that imported
+    torchtitan's pipeline helpers and the model's family once (:func:`ppsim.calibrate.execute.launch.preload`)."""
+    source = opts.model_source
+    if source.scheme == "torchtitan" and source.family:
+        from ppsim.calibrate.execute import launch
+
+        launch.preload("torchtitan.distributed.pipeline_parallel", f"torchtitan.models.{source.family}",
+                       "ppsim.calibrate.models.torchtitan", "ppsim.calibrate.torchtitan.runner")
 
 
 def _load_avg() -> float:
@@ -1001,7 +1213,8 @@ def _measure_collectives(opts: CalibrationOptions, world: World | None, device: 
     return fits
 
 
-def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], None]) -> None:
+def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], None],
+               estimates: dict[str, float] | None = None) -> None:
     """The runtime probe: the reference schedule under torch's runtime, real then synthetic; fitted into
     ``runtime`` (each part resumable)."""
     import torch
@@ -1034,9 +1247,11 @@ def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], 
         if key in rec.done:
             continue
         ranks, microbatches = rm.probe_shape(part == "synthetic")
-        log(f"runtime probe ({part}): {rm.PROBE_SCHEDULE} on {ranks} local ranks, "
-            f"{microbatches} microbatches, {PROBE_STEPS} steps")
-        fitted, (ranks, microbatches) = probe(probe_opts, probe_doc, synthetic=part == "synthetic")
+        name = f"runtime probe ({part})"
+        with PhaseProgress(name, (estimates or {}).get(name), log) as progress:
+            progress.log(f"{name}: {rm.PROBE_SCHEDULE} on {ranks} local ranks, "
+                         f"{microbatches} microbatches, {PROBE_STEPS} steps")
+            fitted, (ranks, microbatches) = probe(probe_opts, probe_doc, synthetic=part == "synthetic")
         probe_info = {"schedule": rm.PROBE_SCHEDULE, "ranks": ranks, "microbatches": microbatches,
                       "steps": PROBE_STEPS}
         section = {**fitted, "recv_posting": "consumer", "synthetic": None, "probe": probe_info}
@@ -1046,7 +1261,9 @@ def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], 
             runtime["synthetic"] = section
         rec.doc["runtime"] = runtime
         rec.finish(key)
-    shared_probe(probe_opts, probe_doc, rec, log=log)
+    name = "runtime probe (FSDP)"
+    with PhaseProgress(name, (estimates or {}).get(name), log) as progress:
+        shared_probe(probe_opts, probe_doc, rec, log=progress.log)
 
 
 #: The FSDP probe's degree: each of the reference 1F1B's ranks is this many processes (torchtitan's ``fully_shard``).
@@ -1125,6 +1342,7 @@ def probe_shared(opts: CalibrationOptions, doc: dict[str, Any], runtime: dict[st
     spec = steps.ExecSpec(
         schedule=schedule, model=opts.config, backend="gloo", device="cpu", num_steps=PROBE_STEPS,
         num_warmup=PROBE_WARMUP, num_probes=0, seed=opts.seed, timeout_s=max(120.0, 4 * opts.init_timeout_s),
+        timing_only=True,  # the fit reads the timed steps only (no memory step, gradients or reference check)
         layer_counts=costs.split_counts, source=opts.source, dp_shard=dp_shard,
         activation_checkpoint=opts.activation_checkpoint, ep=ep,
     )
@@ -1173,6 +1391,7 @@ def probe(opts: CalibrationOptions, doc: dict[str, Any], *,
         schedule=schedule, model=model, synthetic=synthetic, sleep_s=sleep_s,
         backend="nccl" if opts.device == "cuda" else "gloo", device=opts.device, num_steps=PROBE_STEPS,
         num_warmup=PROBE_WARMUP, num_probes=0, seed=opts.seed, timeout_s=max(120.0, 4 * opts.init_timeout_s),
+        timing_only=True,  # the fit reads the timed steps only (no memory step, gradients or reference check)
         layer_counts=None if synthetic else costs.split_counts, source=None if synthetic else opts.source,
         activation_checkpoint="none" if synthetic else opts.activation_checkpoint,  # as the blocks were timed
     )
