@@ -793,7 +793,7 @@ def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence
         costs = cover.collectives
     elif unit is not None and request is not None and unit.time_scale > 0 and not request.unit_rates.free:
         costs, scale = CollectiveCosts(cluster=cluster), unit.time_scale
-    if costs is None and shared is None and c.degrees.ep <= 1:
+    if costs is None and shared is None and c.degrees.ep <= 1 and c.degrees.cp <= 1:
         return None
     gpus_per_node = request.gpus_per_node if request is not None else c.degrees.world_size
     job = StepJob(shapes=shapes, stage_modules=modules, degrees=c.degrees, costs=costs,

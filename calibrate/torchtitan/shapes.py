@@ -73,13 +73,14 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
     attn = layers[0].attention
     experts = getattr(getattr(layers[-1], "moe", None), "num_experts", None)
     check_degrees(degrees, num_heads=attn.n_heads, num_kv_heads=getattr(attn, "n_kv_heads", None) or attn.n_heads,
-                  num_layers=len(layers), num_experts=experts,
+                  num_layers=len(layers), num_experts=experts, seq_len=training.seq_len,
                   fix="pass --parallelism.KEY VALUE with a degree that divides it")
     ac = activation_checkpoint or mode_of(config.activation_checkpoint)
     moe_cfgs = [(i, cfg.moe) for i, cfg in enumerate(layers) if getattr(cfg, "moe", None) is not None]
     moe_fields = dict(moe_layers=tuple(f"layers.{i}" for i, _ in moe_cfgs),
                       moe_top_k=moe_cfgs[0][1].router.top_k if moe_cfgs else 0,
-                      moe_tokens=training.seq_len * parallelism.pipeline_parallel_microbatch_size // degrees.tp,
+                      moe_tokens=training.seq_len * parallelism.pipeline_parallel_microbatch_size // degrees.tp
+                      // degrees.cp,
                       dim=model_cfg.dim)
     if profile is not None:
         shapes = profile_shapes(profile, tp=degrees.tp, seq_len=training.seq_len,
@@ -103,7 +104,7 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
             local_cache[cache_key] = (local, dict(buffers))
     kinds: dict[tuple[tuple[str, tuple[int, ...]], ...], int] = {}
     kind_of = [kinds.setdefault(local[f"layers.{i}"], len(kinds)) for i in range(len(layers))]
-    tokens = training.seq_len * mb_size
+    tokens = training.seq_len * mb_size // degrees.cp  # CP: each rank holds 1/cp of every sequence
     sp = degrees.tp > 1 and parallelism.enable_sequence_parallel
     dim = model_cfg.dim
     act_bytes = torch.empty((), dtype=getattr(torch, training.mixed_precision_param)).element_size()
@@ -118,6 +119,8 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
                              tp=degrees.tp, sp=sp, ac=ac, act_bytes=act_bytes,
                              heads=layers[i].attention.n_heads // degrees.tp, moe=moe, functional_comm=functional,
                              forced_recompute=forced, attention_stats=_attention_stats(layers[i].attention))
+        block = _with_cp_kv(block, cp=degrees.cp, ac=ac, kv_bytes=tokens * kv_width(layers[i].attention, dim)
+                            // degrees.tp * act_bytes)
         blocks[f"layers.{i}"] = dataclasses.replace(block, buffer_bytes=buffers.get(f"layers.{i}", 0),
                                                     sparse=frozenset(n for n, _ in tensors if n.startswith(_EXPERTS)))
     blocks["tok_embeddings"] = BlockShapes("embedding", local["tok_embeddings"], saved_bytes=tokens * 8)
@@ -146,6 +149,7 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
         reshard_after_forward=parallelism.fsdp_reshard_after_forward == "always",
         receives_just_in_time=receives_just_in_time(torch.__version__),
         notes=tuple(notes) + tuple(dict.fromkeys(set_aside)) + tuple(extra), **moe_fields,
+        cp_kv_bytes=tokens * kv_width(attn, dim) // degrees.tp * act_bytes if degrees.cp > 1 else 0,
     )
     return shapes, degrees
 
@@ -232,6 +236,34 @@ def _moe_of(layer_cfg: Any, tensors: Sequence[tuple[str, tuple[int, ...]]], *, e
     limited = (router.num_limited_groups or 0) if groups else 0
     return _Moe(top_k=router.top_k, topk_per_token=router.top_k + 2 * groups + limited, hidden=w1[0][1], ep=ep,
                 expert_share=tp if ep > 1 else 1, router_share=tp if ep > 1 and sp else 1)
+
+
+def kv_width(attention_cfg: Any, dim: int) -> int:
+    """Elements of one token's K and V together at TP 1, as the attention op takes them: MLA (DeepSeek-V3)
+    ``n_heads x (qk_nope + qk_rope)`` and ``n_heads x v_head_dim``; GQA ``2 x n_kv_heads x head_dim``."""
+    heads = attention_cfg.n_heads
+    if getattr(attention_cfg, "qk_nope_head_dim", None):
+        a = attention_cfg
+        return heads * (a.qk_nope_head_dim + a.qk_rope_head_dim) + heads * a.v_head_dim
+    kv_heads = getattr(attention_cfg, "n_kv_heads", None) or heads
+    head_dim = getattr(attention_cfg, "head_dim", None) or dim // heads
+    return 2 * kv_heads * head_dim
+
+
+def _with_cp_kv(block: BlockShapes, *, cp: int, ac: str, kv_bytes: int) -> BlockShapes:
+    """A layer under context parallelism (torchtitan 0.3.0's FlexAttention path, ``apply_cp_to_forward``): its
+    attention all-gathers K and V over the ``cp`` ranks (``flex_cp_allgather``) and computes on the whole sequence's
+    K/V, which flex attention saves for its backward. ``kv_bytes``: this rank's own K/V (``tokens / cp``). Without
+    checkpointing the gathered K/V (``cp x kv_bytes``; the local ones they are made from counted beside them) are
+    saved to the backward; under selective checkpointing (the gather is no op its policy saves) and full
+    checkpointing they are regathered inside the backward: held while the layer's forward and backward run."""
+    if cp <= 1:
+        return block
+    gathered = cp * kv_bytes
+    if ac == "none":
+        return dataclasses.replace(block, saved_bytes=block.saved_bytes + gathered)
+    return dataclasses.replace(block, forward_transient_bytes=block.forward_transient_bytes + gathered,
+                               backward_transient_bytes=block.backward_transient_bytes + gathered)
 
 
 def _attention_stats(attention_cfg: Any) -> int:

@@ -262,6 +262,23 @@ def check_run_values(*, ranks: int | None, mb: int | None, stages_per_rank: int 
     check_timeout("--timeout", timeout, least=1.0)
 
 
+def refuse_cp_on_cpu(overrides: list[str], device: str) -> None:
+    """Context parallelism on CPU ranks, refused in one line: torch's SDPA context-parallel path
+    (``_enable_context_parallel_dispatcher``) handles only CUDA's attention kernels (flash, efficient, cuDNN)."""
+    from ppsim.job.overrides import split_overrides
+
+    given, _ = split_overrides(overrides, ())
+    text = given.get("parallelism.context_parallel_degree", "1")
+    try:
+        cp = int(text)
+    except ValueError:
+        raise PPSimError(f"--parallelism.context_parallel_degree {text!r}: not an integer; e.g. 2") from None
+    if cp > 1 and device != "cuda":
+        raise PPSimError(f"--parallelism.context_parallel_degree {cp}: context parallelism on {device} ranks cannot "
+                         "run (torch's SDPA context-parallel path handles only CUDA's attention kernels); run with "
+                         "--backend nccl on GPUs, or set it to 1 (`ppsim simulate` counts CP without running it)")
+
+
 def job_request(request: RunOptions, torchtitan_config: str, overrides: list[str], *, model: str | None,
                 preset: str | None, sizes: ModelOptions, device: str,
                 activation_checkpoint: str | None = None) -> tuple[JobRun, RunOptions]:
@@ -271,6 +288,7 @@ def job_request(request: RunOptions, torchtitan_config: str, overrides: list[str
 
     from ppsim.calibrate.torchtitan.job import run_inputs
 
+    refuse_cp_on_cpu(overrides, device)
     job = run_inputs(torchtitan_config, overrides, options=sizes, model=model, preset=preset,
                      profile=request.profile, schedule=request.schedule or None, num_ranks=request.num_ranks,
                      num_microbatches=request.num_microbatches, stages_per_rank=request.num_stages_per_rank,

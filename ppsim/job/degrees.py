@@ -43,7 +43,8 @@ DEGREE_KEYS = {"pp": "pipeline_parallel_degree", "tp": "tensor_parallel_degree",
 
 
 def check_degrees(degrees: Degrees, *, num_heads: int, num_kv_heads: int, num_layers: int,
-                  num_experts: int | None = None, world_size: int | None = None, fix: str = "") -> None:
+                  num_experts: int | None = None, world_size: int | None = None, fix: str = "",
+                  seq_len: int | None = None) -> None:
     """Refuse (one line) degrees torchtitan could not run: a product that is not the world size, a TP degree that
     does not divide the heads, an EP degree on a dense model or that divides neither the experts nor
     ``dp_shard x cp x tp`` (torchtitan carves EP out of them), more PP ranks than layers."""
@@ -70,6 +71,10 @@ def check_degrees(degrees: Degrees, *, num_heads: int, num_kv_heads: int, num_la
         raise DegreesError(f"expert_parallel_degree {degrees.ep} does not divide dp_shard x cp x tp = {carved} "
                            "(torchtitan carves EP out of them); pick an EP degree that divides both "
                            f"{carved} and the experts")
+    if seq_len is not None and degrees.cp > 1 and seq_len % (2 * degrees.cp):
+        raise DegreesError(f"context_parallel_degree {degrees.cp}: the sequence length {seq_len} is not divisible by "
+                           f"2 x cp = {2 * degrees.cp} (torchtitan's head-tail load balancer cuts each sequence into "
+                           "2 x cp chunks); pick a CP degree that divides seq_len / 2")
     if degrees.pp > num_layers:
         raise DegreesError(f"pipeline_parallel_degree {degrees.pp} is more than the model's {num_layers} layers"
                            f"{tail}")

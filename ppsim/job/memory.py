@@ -143,6 +143,10 @@ class JobShapes:
     the sequence over the TP ranks before it dispatches)."""
     dim: int = 0
     """The model's hidden size: what a dispatched or combined token carries, in ``param_dtype``."""
+    cp_kv_bytes: int = 0
+    """Under context parallelism: one rank's K and V of one layer and microbatch (``tokens / cp`` of them, TP-local,
+    in ``param_dtype``), which each layer's attention all-gathers over the ``cp`` ranks (:mod:`ppsim.step.cp`); 0
+    without CP."""
 
 
 @dataclass(frozen=True)
@@ -318,10 +322,6 @@ def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
     ``stage_modules[s]``: stage ``s``'s module names (torchtitan's split), in forward order; ``recompute``: the
     (stage, microbatch) pairs whose activations are recomputed in their backward (only the stage's input is kept);
     ``with_events``: each rank's :attr:`RankMemory.events` too."""
-    if degrees.cp > 1:
-        raise JobMemoryError(f"context_parallel_degree {degrees.cp}: ppsim does not count context parallelism yet "
-                             "(each rank would hold a 1/cp share of every sequence's activations); drop "
-                             "--parallelism.context_parallel_degree, or set it to 1")
     if len(stage_modules) != schedule.num_stages:
         raise JobMemoryError(f"the job splits the model into {len(stage_modules)} stages, the schedule has "
                            f"{schedule.num_stages}; the split must give each stage its modules")

@@ -11,7 +11,8 @@ order torch's runtime lowers them:
 4. the host's cores shared by local processes (``ppsim run`` on CPU, :mod:`ppsim.step.sharing`) at simulation.
 
 TP's per-layer collectives stay inside the layers' measured costs (a profile at the job's TP degree) or the plan's
-unit costs; context parallelism will be one more pass. Prices come from one place,
+unit costs. Context parallelism's K/V all-gathers and their gradients' reduce-scatters are one more pass
+(:func:`ppsim.step.cp.cp_pass`, after EP). Prices come from one place,
 :class:`ppsim.step.pricing.CollectiveCosts`, on each group's placement (:mod:`ppsim.step.placement`). This module
 imports no torch."""
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from ppsim.ir import Schedule
+from ppsim.step.cp import cp_pass
 from ppsim.step.ep import ep_pass
 from ppsim.step.fsdp import fsdp_pass
 from ppsim.step.job import StepJob
@@ -40,6 +42,7 @@ def build_step(schedule: Schedule, stage_costs: Any, job: StepJob | None) -> Ste
         step = step.plus(note=warning)
     step = fsdp_pass(step, job)
     step = ep_pass(step, stage_costs, job)
+    step = cp_pass(step, stage_costs, job)
     step = pipeline_pass(step, stage_costs, job)
     if job.shared is not None:
         from dataclasses import replace

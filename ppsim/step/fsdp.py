@@ -88,7 +88,7 @@ def stage_collective_seconds(job: StepJob) -> tuple[list[float], list[float], li
     for modules in job.stage_modules:
         g = r = a = 0.0
         for unit in fsdp_units(modules):
-            for n, mesh in unit_groups(shapes, unit, dp_shard=job.degrees.dp_shard, efsdp=job.degrees.efsdp):
+            for n, mesh in unit_groups(shapes, unit, dp_shard=job.degrees.fsdp, efsdp=job.degrees.efsdp):
                 span = job.span(mesh)
                 g += costs.seconds(AG, n * gather_b, group_size=span.ranks, nodes=span.nodes)
                 r += costs.seconds(RS, n * reduce_b, group_size=span.ranks, nodes=span.nodes)
@@ -135,7 +135,7 @@ def lower(schedule: Schedule, *, gather_s: Sequence[float], reduce_s: Sequence[f
 def fsdp_pass(step: Step, job: StepJob) -> Step:
     """``step`` with FSDP's exposed collectives lowered into it (``job.time_scale``: seconds per cost unit of the
     simulation). At ``dp_shard`` 1, or without any price (said in the notes), ``step`` unchanged."""
-    dp_shard = job.degrees.dp_shard
+    dp_shard = job.degrees.fsdp  # the dense parameters' mesh: dp_shard x cp
     if dp_shard <= 1:
         return step
     costs = job.costs

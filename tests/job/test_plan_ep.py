@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from job.test_plan import _build, _request, _settings, _unit_timer
+
 from ppsim.errors import PPSimError
 from ppsim.job.memory import BlockShapes, JobShapes
 from ppsim.plan import (
@@ -174,10 +174,9 @@ def test_a_moe_plan_judges_each_ep_with_its_own_shapes_and_launches_the_best_wit
 
 
 def test_the_ep_pass_prices_the_all_to_alls_in_a_candidates_step() -> None:
-    from ppsim.plan import step_collectives, unit_costs
+    from ppsim.plan import job_of, stage_modules, step_collectives, unit_costs
     from ppsim.plan_search import build_named
     from ppsim.split import resolve_split
-    from ppsim.plan import stage_modules, job_of
 
     request = _moe_request()
     shapes_for = _moe_shapes_for()
