@@ -127,8 +127,14 @@ def job_shapes(value: str, settings: Any, *, notes: Sequence[str] = (),
     norm_tokens = tokens // degrees.tp if sp else tokens
     blocks["norm"] = BlockShapes("head", local["norm"], saved_bytes=norm_tokens * dim * act_bytes)
     vocab_local = local["lm_head"][0][1][0]
-    blocks["lm_head"] = BlockShapes("head", local["lm_head"], saved_bytes=tokens * (dim + vocab_local) * act_bytes,
-                                    backward_transient_bytes=tokens * vocab_local * 4)
+    # the loss as torchtitan computes it (cross_entropy_loss: F.cross_entropy(pred.float())): the head saves its input,
+    # and the log-softmax saves its fp32 output for the backward; while it runs, the fp32 copy of the logits is held
+    # beside the bf16 logits (the stage's output); its backward holds the nll-loss gradient and the log-softmax's
+    # input gradient, both fp32 logits-sized, beside the saved log-softmax (as `run_shapes` counts a run's)
+    logits_fp32 = tokens * vocab_local * 4
+    blocks["lm_head"] = BlockShapes("head", local["lm_head"], saved_bytes=tokens * dim * act_bytes + logits_fp32,
+                                    forward_transient_bytes=logits_fp32 if act_bytes < 4 else 0,
+                                    backward_transient_bytes=2 * logits_fp32)
     extra = [f"activation_checkpoint {ac!r}" + (": counted as its policy saves (docs/memory.md)"
                                                  if ac == "selective" else "")]
     if ac == "none" and (len(kinds) > 1 or any(_linear_names(t) is None for t in kinds)):

@@ -103,14 +103,18 @@ def test_a_degree_the_job_counts_is_never_called_not_honoured() -> None:
     assert "not honoured" not in result.output and "counts pp 2 x tp 2 x dp_shard 2" in result.output
 
 
-def test_context_parallelism_is_refused_not_silently_dropped() -> None:
+def test_context_parallelism_is_counted_not_silently_dropped() -> None:
+    """CP 2 halves each rank's tokens, so a layer's saved activations (beyond the gathered K/V) are counted at half;
+    the memory line names the degree."""
     pytest.importorskip("torchtitan")
-    result = runner.invoke(app, ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel",
-                                 "--parallelism.pipeline_parallel_degree", "2",
-                                 "--parallelism.context_parallel_degree", "2",
-                                 "--parallelism.data_parallel_shard_degree", "1",
-                                 "--memory-cap", "1GiB"])
-    assert result.exit_code == 2 and "context_parallel_degree 2" in result.output
+    args = ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel", "--parallelism.pipeline_parallel_degree",
+            "2", "--parallelism.data_parallel_shard_degree", "1", "--memory-cap", "1GiB", "--json"]
+    plain = runner.invoke(app, args)
+    cp = runner.invoke(app, [*args, "--parallelism.context_parallel_degree", "2"])
+    assert plain.exit_code == 0 and cp.exit_code == 0, cp.output
+    acts = [json.loads(r.stdout)["per_rank"][0]["memory_parts"]["activations"] for r in (plain, cp)]
+    assert acts[1] < acts[0]
+    assert "x cp 2" in cp.stderr
 
 
 def test_a_job_without_a_pipeline_regathers_units_and_holds_only_sharded_gradients() -> None:
