@@ -120,6 +120,7 @@ start() {
     NODES=$((10#$NODES))
     [[ -n $LINK ]] || bad "start needs --link RATE (e.g. --link 1gbit)"
     rate_ok "$LINK" || bad "--link $LINK: not a tc rate; e.g. 1gbit, 200mbit, 10gbit, 125mbps"
+    (( $(rate_bytes "$LINK") >= 1 )) || bad "--link $LINK: a link of no bandwidth (under 1 byte/s); give a rate above 0, e.g. 1gbit"
     [[ -z $DELAY ]] || delay_ok "$DELAY" || bad "--delay $DELAY: not a time; e.g. 1ms, 200us"
     check_rights
 

@@ -208,6 +208,8 @@ def _collectives_cmd(ctx: typer.Context, *, output: Path, device: str, warmup: i
     max_bytes = parse_bytes(max_size, option="--max-size") if max_size is not None else None
     if max_bytes is not None and max_bytes < 4:
         raise PPSimError(f"--max-size {max_size}: at least 4 bytes (one float); e.g. --max-size 64MiB")
+    if max_bytes is not None and device == "cpu":
+        _check_collective_memory(max_bytes, max_size)
     base = _collectives_base(output, model=model, preset=preset, device=device)
     from ppsim.calibrate.measure import collectives as coll
 
@@ -248,6 +250,25 @@ def _collectives_cmd(ctx: typer.Context, *, output: Path, device: str, warmup: i
 
     if os.environ.get("RANK", "0") == "0":
         typer.echo(str(output))
+
+
+def _check_collective_memory(max_bytes: int, text: str | None) -> None:
+    """``--max-size`` on CPU ranks: each of this host's ranks holds about two buffers of the largest size (an
+    all_to_all's input and output); more than the host's memory is one line before anything starts."""
+    import os
+
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "2") or 2)
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    need = 2 * max_bytes * max(ranks, 1)
+    if need > memory:
+        from ppsim.io import fmt_bytes
+
+        raise PPSimError(f"--max-size {text}: {max(ranks, 1)} local ranks hold about 2 x {fmt_bytes(max_bytes)} each "
+                         f"({fmt_bytes(need)}), more than this host's {fmt_bytes(memory)}; give at most "
+                         f"--max-size {fmt_bytes(memory // (4 * max(ranks, 1)))}")
 
 
 def _collectives_torchrun(*, device: str, warmup: int, reps: int, max_bytes: int, init_timeout: float,

@@ -4,6 +4,7 @@ table of `ppsim list --clusters`."""
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -29,6 +30,9 @@ def collective_cmd(
     nodes: Annotated[Optional[int], typer.Option(
         "--nodes", help="Nodes the ranks spread over evenly (default: as few whole nodes as hold them).")] = None,
     cluster: ClusterOpt = None,
+    profile: Annotated[Optional[Path], typer.Option(
+        "--profile", help="Profile JSON from `ppsim calibrate --collectives`: its measured samples replace the "
+        "model at the placements it measured (and its links, measured on this cluster, the cluster's).")] = None,
     backend: Annotated[Optional[Backend], typer.Option(
         "--backend", case_sensitive=False, help="Collective library (default: the cluster's).")] = None,
     json_out: JsonOpt = False,
@@ -36,7 +40,7 @@ def collective_cmd(
     """One collective's predicted time, algorithm and bandwidths (nccl-tests' sizes and bus bandwidth)."""
     from ppsim.io import parse_bytes
     from ppsim.step.cluster import load_cluster
-    from ppsim.step.collectives import Span, predict
+    from ppsim.step.collectives import Measured, Sample, Span, predict
     from ppsim.step.kinds import CollectiveKind
 
     try:
@@ -49,13 +53,25 @@ def collective_cmd(
         raise PPSimError(f"--nodes {nodes}: a group spans at least 1 node; give a positive count")
     nbytes = parse_bytes(size, option="--size")
     assert nbytes is not None
-    chosen = load_cluster(cluster or "h100").with_backend(backend.value if backend is not None else None)
+    chosen = load_cluster("h100" if cluster is None else cluster).with_backend(backend.value if backend is not None else None)
     if nodes is None:
         nodes = chosen.nodes_for(ranks)
     elif ranks % nodes:
         raise PPSimError(f"--ranks {ranks} over --nodes {nodes}: ranks spread evenly over nodes; use a number of "
                          f"nodes that divides {ranks}")
-    result = predict(kind, nbytes, Span(ranks, nodes), chosen)
+    measured = None
+    if profile is not None:  # read after every cheap check: a mistake above is the one line
+        from ppsim.profile import load_profile
+        from ppsim.step.pricing import CollectiveCosts
+
+        costs = CollectiveCosts.from_profile(load_profile(profile, allow_incomplete=True), chosen)
+        warning = costs.mismatch()
+        if warning:
+            typer.echo(warning, err=True)
+        measured = Measured.from_samples(Sample(CollectiveKind(m.op), m.group_size, m.nodes, b, t)
+                                         for m in costs.measured for b, t in m.points)
+        chosen = costs.model_cluster() or chosen
+    result = predict(kind, nbytes, Span(ranks, nodes), chosen, measured=measured)
     if json_out:
         echo_json({**result.to_dict(), "cluster": chosen.name, "backend": chosen.backend})
         return

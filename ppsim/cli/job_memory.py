@@ -137,6 +137,7 @@ def check_allocator(mode: str | None) -> str | None:
         return None
     from ppsim.job.allocator import MODES
 
+    mode = mode.strip().lower()  # any case, as schedule and preset names
     if mode not in MODES:
         raise JobMemoryError(f"--allocator {mode}: one of {', '.join(MODES)} (expandable: "
                              "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, as torchtitan launches)")
@@ -207,31 +208,13 @@ def with_memory(per_run: dict[str, Any], memory: list[RankMemory] | None) -> dic
     for row, mem in zip(per_run["per_rank"], memory):
         assert row["peak_memory_bytes"] == mem.peak_memory_bytes, "one count of the job's memory"
         res = mem.reserved
-        row.update(memory_parts=dict(mem.parts), fits=mem.fits if res is None else res.fits,
-                   memory_during=mem.during, memory_verdict=verdict(mem) or None, memory_held=dict(mem.static_bytes),
+        row.update(memory_parts=dict(mem.parts), fits=mem.fits,
+                   memory_during=mem.during, memory_verdict=mem.verdict() or None, memory_held=dict(mem.static_bytes),
                    reserved_peak_bytes=None if res is None else res.reserved_peak_bytes,
                    outside_allocator_bytes=None if res is None else res.outside_allocator_bytes)
         if res is not None:
             row.update(allocator=res.trace.to_dict(), outside_allocator=res.outside.to_dict())
     return per_run
-
-
-def verdict(mem: RankMemory) -> str:
-    """The rank's verdict: the allocator's reserved peak plus what lives outside it against the cap where the
-    allocator was replayed (:attr:`RankMemory.reserved`), else the tensors' peak (:meth:`RankMemory.verdict`)."""
-    res = mem.reserved
-    if res is None or res.cap_bytes is None:
-        return mem.verdict()
-    if res.trace.oom is not None:
-        oom = res.trace.oom
-        need = oom.reserved_bytes + oom.nbytes + res.outside_allocator_bytes - res.cap_bytes
-        return (f"over by {max(need, 0) / 2**30:.2f} GiB on rank {mem.rank} during {mem.during} (out of memory: the "
-                f"allocator could not reserve {fmt_gib(oom.nbytes)} more at {fmt_gib(oom.reserved_bytes)} reserved, "
-                f"+ {fmt_gib(res.outside_allocator_bytes)} outside it)")
-    gap = (res.cap_bytes - res.device_bytes) / 2**30
-    if gap >= 0:
-        return f"fits, {gap:.2f} GiB free (reserved + outside)"
-    return f"over by {-gap:.2f} GiB on rank {mem.rank} during {mem.during} (reserved + outside)"
 
 
 def print_memory(memory: list[RankMemory] | None, cap_text: str | None, cap: int | None) -> None:
@@ -248,7 +231,7 @@ def print_memory(memory: list[RankMemory] | None, cap_text: str | None, cap: int
     for col in ("rank", *PARTS, "peak", *extra, "during", "verdict"):
         table.add_column(col, justify="left" if col in ("during", "verdict") else "right")
     for m in memory:
-        said = verdict(m) or "-"
+        said = m.verdict() or "-"
         res = m.reserved
         cells = () if not replayed else (("-", "-") if res is None else
                                          (f"{res.reserved_peak_bytes / 2**30:.2f}",

@@ -199,7 +199,14 @@ def run_cmd(
     if cluster is not None:
         from ppsim.cli.simulation import cluster_of
 
-        cluster_of(cluster)  # a bad --cluster is one line before anything starts
+        found = cluster_of(cluster)  # a bad --cluster is one line before anything starts
+        if found is not None and found.backend != backend.value:
+            preset = "a preset such as h100" if backend.value == "nccl" else "the this-host preset"
+            raise PPSimError(
+                f"--cluster {cluster} runs its collectives on {found.backend} but --backend is {backend.value}: the "
+                f"prediction would price {found.backend}'s collectives for a {backend.value} run; give a cluster of "
+                f"backend {backend.value} ({preset}, or backend = \"{backend.value}\" in the file) or --backend "
+                f"{found.backend}")
     overrides = job_overrides(ctx, torchtitan_config)
     if schedule is None and torchtitan_config is None:
         raise PPSimError("--schedule/-s is required (or --torchtitan-config MODULE:CONFIG or job.toml); e.g. -s 1F1B "

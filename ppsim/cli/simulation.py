@@ -97,6 +97,10 @@ def simulate_cmd(
     if inputs.job is None or inputs.job.stage_modules is None:  # a job's memory comes from its shapes
         warn_cap_without_bytes(cap, cost_model)
     shapes = job_shapes_of(inputs, torchtitan_config, overrides)
+    if shapes is None and getattr(ctx.get_parameter_source("allocator"), "name", "DEFAULT") not in (
+            "DEFAULT", "DEFAULT_MAP"):
+        raise PPSimError(f"--allocator {allocator}: replays a job's tensors, and a schedule alone has none; give "
+                         "--torchtitan-config (a job with shapes) or drop --allocator")
     comparison = compare(
         names, builder=lambda name: inputs.schedule(name, directions, allow_large=allow_large),
         costs=cost_model, scope=cost_scope, memory_cap=cap, allow_large=allow_large,
@@ -132,6 +136,10 @@ def step_of(inputs: Inputs, shapes: JobShapesOnce | None,
     from ppsim.errors import JobMemoryError
 
     job, prof = inputs.job, inputs.cost_model.profile
+    if (shapes is None or job is None or job.stage_modules is None) and cluster is not None:
+        typer.echo(f"note: --cluster {cluster.name}: a schedule alone (no --torchtitan-config job) has no parallel "
+                   "groups to place, so the cluster is not used (hand-offs cost the costs' comm); give "
+                   "--torchtitan-config to place a job's ranks on it", err=True)
     if shapes is None or job is None or job.stage_modules is None:
         return None
     try:
@@ -149,6 +157,7 @@ def step_of(inputs: Inputs, shapes: JobShapesOnce | None,
         from ppsim.step.placement import place
 
         placement = place(degrees, cluster.gpus_per_node, cluster_name=f"--cluster {cluster.name}")
+        cluster.nodes_for(degrees.world_size)  # a cluster of fewer nodes than the job needs: one line
     if prof is None:
         costs = None  # unit costs: a price in seconds has no unit to join (FSDP said unpriced; EP's stated ratio)
     step_job = StepJob(shapes=job_shapes, stage_modules=job.stage_modules, degrees=degrees, costs=costs,

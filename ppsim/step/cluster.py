@@ -29,6 +29,17 @@ GB = 1e9
 """Bandwidths in files are decimal gigabytes per second, as nccl-tests prints them."""
 GiB = 1 << 30
 BACKENDS = ("nccl", "gloo")
+MAX_FILE_BYTES = 1 << 20
+"""A cluster file is a few keys; a larger file is refused before it is read."""
+MAX_COUNT = 1_000_000
+"""The largest gpus_per_node, nics_per_node and nodes a file may give."""
+BANDWIDTH_GBPS = (1e-6, 1e6)
+"""A link's bandwidth in GB/s, from 1 kB/s to 1 PB/s: outside is a unit mistake (and would overflow the model)."""
+MAX_LATENCY_US = 1e7
+"""A link's latency, at most 10 s."""
+PEAK_TFLOPS = (1e-6, 1e6)
+MEMORY_GIB = (1e-6, float(1 << 33))
+"""A device's memory: 1 KiB-ish to 8 EiB (ppsim's largest size)."""
 
 
 class ClusterError(PPSimError):
@@ -225,6 +236,9 @@ def preset_names() -> list[str]:
 def load_cluster(text: str) -> Cluster:
     """A preset by name (any case) or a cluster file (``.toml`` / ``.json``)."""
     key = text.strip().lower()
+    if not key:
+        raise ClusterError(f"--cluster {text!r}: empty; choose one of {', '.join(preset_names())} or give a cluster "
+                           "file (docs/cluster.md)")
     found = _by_name().get(key)
     if found is not None:
         return found
@@ -235,7 +249,15 @@ def load_cluster(text: str) -> Cluster:
     if not path.is_file():
         raise ClusterError(f"--cluster {text!r}: file not found; check the path, or use a preset "
                            f"({', '.join(PRESETS)})")
-    return parse_cluster(path.read_text(encoding="utf-8"), fmt=path.suffix.lower().lstrip("."), where=str(path))
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise ClusterError(f"--cluster {text!r}: {path.stat().st_size} bytes, more than a cluster file's "
+                           f"{MAX_FILE_BYTES} (a few keys); give the cluster file (docs/cluster.md)")
+    try:
+        body = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ClusterError(f"--cluster {text!r}: not UTF-8 text (byte {exc.start}); give a TOML or JSON cluster "
+                           "file (docs/cluster.md)") from None
+    return parse_cluster(body, fmt=path.suffix.lower().lstrip("."), where=str(path))
 
 
 def parse_cluster(text: str, *, fmt: str = "toml", where: str = "cluster file") -> Cluster:
@@ -290,10 +312,27 @@ def _missing(where: str, key: str, rule: str) -> ClusterError:
     return ClusterError(f"{where}: {key} is missing; it must be {rule} (docs/cluster.md)")
 
 
-def _number(value: Any, key: str, where: str, rule: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ClusterError(f"{where}: {key} = {value!r}; it must be {rule}; set a positive number")
-    return float(value)
+def _shown(value: Any) -> str:
+    """A value for a one-line message (a huge integer cut to its digit count)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return repr(value)
+
+
+def _number(value: Any, key: str, where: str, rule: str, low: float, high: float) -> float:
+    """A positive number within [low, high] (a value outside is a typo or a unit mistake, never a cluster)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ClusterError(f"{where}: {key} = {_shown(value)}; it must be {rule}; set a positive number")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number) or number <= 0:
+        raise ClusterError(f"{where}: {key} = {_shown(value)}; it must be {rule}; set a positive number")
+    if not low <= number <= high:
+        raise ClusterError(f"{where}: {key} = {_shown(value)}; it must be {rule}, from {low:g} to {high:g}; check "
+                           "the unit (docs/cluster.md)")
+    return number
 
 
 def _count(data: Mapping[str, Any], key: str, where: str) -> int:
@@ -301,7 +340,11 @@ def _count(data: Mapping[str, Any], key: str, where: str) -> int:
         raise _missing(where, key, "a positive whole number")
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ClusterError(f"{where}: {key} = {value!r}; it must be a positive whole number; set it to 1 or more")
+        raise ClusterError(f"{where}: {key} = {_shown(value)}; it must be a positive whole number; set it to 1 or "
+                           "more")
+    if value > MAX_COUNT:
+        raise ClusterError(f"{where}: {key} = {_shown(value)}; it must be a whole number from 1 to {MAX_COUNT:,}; "
+                           "set a real count")
     return value
 
 
@@ -321,18 +364,22 @@ def _table(data: Mapping[str, Any], key: str, keys: tuple[str, ...], where: str)
 
 def _link(data: Mapping[str, Any], key: str, where: str) -> Link:
     t = _table(data, key, _LINK_KEYS, where)
-    bw = _number(t["bandwidth_GBps"], f"{key}.bandwidth_GBps", where, "positive (GB/s per direction)")
+    bw = _number(t["bandwidth_GBps"], f"{key}.bandwidth_GBps", where, "positive (GB/s per direction)",
+                 *BANDWIDTH_GBPS)
     lat = t["latency_us"]
-    if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not math.isfinite(lat) or lat < 0:
-        raise ClusterError(f"{where}: {key}.latency_us = {lat!r}; it must be a latency in microseconds, 0 or more; "
-                           "set a number such as 5")
+    rule = f"a latency in microseconds, 0 to {MAX_LATENCY_US:g}"
+    if isinstance(lat, bool) or not isinstance(lat, (int, float)):
+        raise ClusterError(f"{where}: {key}.latency_us = {_shown(lat)}; it must be {rule}; set a number such as 5")
+    too_large = isinstance(lat, int) and abs(lat) > MAX_LATENCY_US  # before float(): 10**400 would overflow
+    if too_large or not math.isfinite(lat) or not 0 <= lat <= MAX_LATENCY_US:
+        raise ClusterError(f"{where}: {key}.latency_us = {_shown(lat)}; it must be {rule}; set a number such as 5")
     return Link(bw * GB, float(lat) / 1e6)
 
 
 def _device(data: Mapping[str, Any], where: str) -> Device:
     t = _table(data, "device", _DEVICE_KEYS, where)
-    peak = _number(t["peak_tflops"], "device.peak_tflops", where, "positive (dense TFLOP/s)")
-    memory = _number(t["memory_GiB"], "device.memory_GiB", where, "positive (GiB per device)")
+    peak = _number(t["peak_tflops"], "device.peak_tflops", where, "positive (dense TFLOP/s)", *PEAK_TFLOPS)
+    memory = _number(t["memory_GiB"], "device.memory_GiB", where, "positive (GiB per device)", *MEMORY_GIB)
     return Device(_text(t.get("name", "device"), "device.name", where), peak * 1e12, round(memory * GiB))
 
 

@@ -123,10 +123,23 @@ def _prediction(kind: CollectiveKind, nbytes: int, span: Span, seconds: float, a
     return Prediction(kind, nbytes, span, seconds, algorithm, protocol, algbw, algbw * bus_factor(kind, span.ranks))
 
 
+MAX_GROUP_RANKS = 1_000_000_000
+"""The largest group priced (beyond it the model's floats would overflow; no cluster is near it)."""
+MAX_BYTES = (1 << 63) - 1
+"""The largest size priced (8 EiB, as ``ppsim.io.parse_bytes`` reads sizes)."""
+
+
 def check(kind: CollectiveKind, nbytes: int, span: Span, cluster: Cluster) -> None:
     """Refuse (one line) a size or a placement the cluster cannot hold."""
     if nbytes < 0:
         raise CollectiveError(f"size {nbytes} bytes: a collective moves 0 bytes or more; give a size such as 64MiB")
+    if nbytes > MAX_BYTES:
+        raise CollectiveError(f"size {nbytes} bytes: more than {MAX_BYTES} (8 EiB), the largest size ppsim prices; "
+                              "give a smaller size")
+    if span.ranks > MAX_GROUP_RANKS:
+        shown = span.ranks if span.ranks < 10**15 else f"an integer of {len(str(span.ranks))} digits"
+        raise CollectiveError(f"ranks {shown}: more than {MAX_GROUP_RANKS:,}, the largest group ppsim prices; "
+                              "give fewer ranks")
     if span.ranks_per_node > cluster.gpus_per_node:
         raise CollectiveError(
             f"{span.ranks} ranks on {span.nodes} node(s) puts {span.ranks_per_node} on a node of cluster "
@@ -417,7 +430,14 @@ step at once (2 ranks on 2 nodes): 2 would be one after the other, 1 full duplex
 def _serial_pairs_load(k: int) -> float:
     """Chunks the busier direction of a link carries when ``k`` pairs each move one chunk each way, one direction
     after the other in a random order: 2 E[max(j, k - j)], j ~ Binomial(k, 1/2)."""
-    return 2 * sum(math.comb(k, j) * max(j, k - j) for j in range(k + 1)) / 2 ** k
+    # max(j, k - j) = k/2 + |j - k/2|; the binomial's mean absolute deviation in de Moivre's closed form,
+    # (k - m) C(k, m) / 2**k with m = floor(k/2): one term, so a node of a million ranks prices at once
+    m = k // 2
+    if k <= 1000:
+        mad = (k - m) * math.comb(k, m) / 2 ** k
+    else:  # in logs: 2**k overflows a float
+        mad = (k - m) * math.exp(math.lgamma(k + 1) - math.lgamma(m + 1) - math.lgamma(k - m + 1) - k * math.log(2))
+    return k + 2 * mad
 
 
 def gloo_copy_bytes(kind: CollectiveKind, nbytes: int) -> float:

@@ -140,6 +140,10 @@ def fsdp_pass(step: Step, job: StepJob) -> Step:
         return step
     costs = job.costs
     if costs is None or not costs.available:
+        if job.placement is not None:  # --cluster given: its prices are seconds, the step's unit costs are not
+            return step.plus(note=(
+                f"FSDP collectives (dp_shard {dp_shard}) not in the step: --cluster prices them in seconds and the "
+                "step is in unit costs (no --profile); give --profile (`ppsim calibrate`) to include them"))
         return step.plus(note=(
             f"FSDP collectives (dp_shard {dp_shard}) not in the step: the profile measured no all-gather / "
             "reduce-scatter and has no p2p alpha/beta, and no --cluster was given; calibrate with p2p or give "
