@@ -269,3 +269,20 @@ def test_calibrate_collectives_output_mistakes_keep_what_was_there(tmp_path: Pat
     other.write_text("{\"not\": \"a profile\"}")
     one_line_error(runner.invoke(app, ["calibrate", "--collectives", "--max-size", "1e18", "-o", str(other)]))
     assert other.read_text() == "{\"not\": \"a profile\"}"
+
+
+# --- a job on a cluster ------------------------------------------------------------------------------------------
+@pytest.mark.torch
+def test_a_job_on_a_cluster_of_too_few_nodes_and_without_a_profile(tmp_path: Path) -> None:
+    """A file's ``nodes`` was never checked against the job (8 GPUs ran on a 1-node cluster of 4), and a job with
+    ``--cluster`` but no ``--profile`` was told "no --cluster was given"."""
+    pytest.importorskip("torchtitan.models")
+    job = ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel", "--parallelism.pipeline_parallel_degree",
+           "2", "--parallelism.data_parallel_shard_degree", "4"]
+    small = _file(tmp_path, {**_with(None, "gpus_per_node", 4), "nodes": 1})
+    line = one_line_error(runner.invoke(app, [*job, "--cluster", small]))
+    assert "8 GPUs need 2 nodes" in line and "has 1" in line
+    result = runner.invoke(app, [*job, "--cluster", "h100"])
+    assert result.exit_code == 0, result.output
+    assert "no --cluster was given" not in result.output
+    assert "--cluster prices them in seconds" in result.output and "--profile" in result.output
