@@ -201,7 +201,7 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
         check_machine(options, schedule, early)  # before calibrating
         runner = choose_runner(options.executor, early, schedule, synthetic=False)
     chosen = _recompute_set(options, schedule)
-    costs, time_scale, model, source = costs_and_model(options, schedule, device)
+    costs, time_scale, model, source, prof = costs_and_model(options, schedule, device)
     measured_ac = _measured_ac(options)
     spec = dataclasses.replace(exec_spec(options, schedule, costs, time_scale, model, device), recompute=chosen,
                                dp_shard=options.dp_shard, tp=options.tp, ep=options.ep,
@@ -216,8 +216,8 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     from ppsim.job.memory import job_memory
 
     costs = dataclasses.replace(costs, outputs_held_to_backward=torch_adapter.keeps_forward_outputs())
-    shapes = None if options.synthetic else run_memory_inputs(options, schedule, model, spec)
-    fsdp = run_step(schedule, prediction_costs(costs, time_scale), options, shapes, spec)
+    shapes = None if options.synthetic else run_memory_inputs(options, schedule, model, spec, profile=prof)
+    fsdp = run_step(schedule, prediction_costs(costs, time_scale), options, shapes, spec, profile=prof)
     ac_note = ac_mismatch(options, measured_ac)
     if ac_note is not None:
         costs = dataclasses.replace(costs, notes=(*costs.notes, ac_note))
@@ -321,16 +321,17 @@ def check_run_degrees(options: RunOptions, schedule: Schedule, source: ModelSour
                   fix="pass --dp-shard/--tp whose product with -r is the process count and that divide the heads")
 
 
-def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSource,
-                      spec: ExecSpec) -> tuple[JobShapes, list[list[str]]] | None:
+def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSource, spec: ExecSpec, *,
+                      profile: Any = None) -> tuple[JobShapes, list[list[str]]] | None:
     """The run's shapes (:func:`ppsim.calibrate.torchtitan.shapes.run_shapes`) and its stages' module names, for
     :func:`ppsim.job.memory.job_memory` and the FSDP collectives; ``None`` where the model's blocks cannot be named as
-    torchtitan's stage modules (a stderr note says so)."""
+    torchtitan's stage modules (a stderr note says so). ``profile``: the profile the costs came from (``--profile``,
+    or the calibration the run made first), whose measured activation bytes the prediction takes."""
     from ppsim.calibrate.torchtitan.parts import stage_modules_of
     from ppsim.calibrate.torchtitan.shapes import run_shapes
 
-    prof = None
-    if options.profile is not None:
+    prof = profile
+    if prof is None and options.profile is not None:
         from ppsim.profile import load_profile
 
         prof = load_profile(options.profile)
@@ -344,14 +345,15 @@ def run_memory_inputs(options: RunOptions, schedule: Schedule, source: ModelSour
 
 
 def run_step(schedule: Schedule, stage_costs: Any, options: RunOptions,
-             shapes: tuple[JobShapes, list[list[str]]] | None, spec: ExecSpec) -> Any:
+             shapes: tuple[JobShapes, list[list[str]]] | None, spec: ExecSpec, *, profile: Any = None) -> Any:
     """The run's step by the one step model (:func:`ppsim.step.build.build_step`): FSDP's exposed all-gathers and
     reduce-scatters for ``--dp-shard`` above 1, EP's all-to-alls for ``--ep`` above 1, priced by the profile's
     measured collectives (else its p2p alpha/beta; EP without either: the stated default ratio) on the run's
     cluster (``--cluster``; this host's processes otherwise). EP runs go through torchtitan's helpers and torch's
     runtime, which runs an overlapped F&B pair's halves one after the other; on CPU ranks ppsim runs them at once
     (``spec.overlap``, :mod:`ppsim.calibrate.execute.overlap`), so a pair hides one direction's all-to-alls under the
-    other's compute (``"dualpipe"``); otherwise every all-to-all is exposed (``"sequential"``)."""
+    other's compute (``"dualpipe"``); otherwise every all-to-all is exposed (``"sequential"``). ``profile``: the
+    profile the costs came from (``--profile``, or the calibration the run made first)."""
     from ppsim.job.degrees import Degrees
     from ppsim.step.build import StepJob, build_step
     from ppsim.step.pricing import CollectiveCosts
@@ -364,10 +366,12 @@ def run_step(schedule: Schedule, stage_costs: Any, options: RunOptions,
         from ppsim.step.cluster import load_cluster
 
         cluster = load_cluster(options.cluster)
-    if options.profile is not None:
+    prof = profile
+    if prof is None and options.profile is not None:
         from ppsim.profile import load_profile
 
         prof = load_profile(options.profile)
+    if prof is not None:
         costs, in_blocks = CollectiveCosts.from_profile(prof, cluster), prof.expert_parallel_degree == spec.ep
     degrees = Degrees(pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard, ep=spec.ep)
     placement = None
@@ -573,35 +577,39 @@ def _gib(n: float) -> str:
 
 def costs_and_model(
     options: RunOptions, schedule: Schedule, device: str
-) -> tuple[StageCosts, float, ModelSource, str]:
+) -> tuple[StageCosts, float, ModelSource, str, Any]:
     """Costs for the prediction (and for synthetic sleeps), composed for ``schedule``; seconds per cost unit; the
-    executed model; where the costs came from. A profile is read exactly as ``simulate --profile`` reads it
-    (``load_costs`` with the same split options, then ``for_schedule``)."""
+    executed model; where the costs came from; the profile they came from (``None`` for a cost string and on
+    torchrun ranks other than 0). A profile is read exactly as ``simulate --profile`` reads it (``load_costs`` with
+    the same split options, then ``for_schedule``). Without ``--profile`` the run calibrates first at its own
+    expert-parallel degree and checkpoint mode (:func:`calibrate_here`), so the profile covers the job it runs: its
+    MoE layers' costs hold the run's all-to-alls and its measured activation bytes the run's expert shards."""
     from ppsim.costs import parse_costs
+    from ppsim.profile import load_profile
 
     if options.costs is not None and not options.synthetic:
         raise PPSimError(
             "--costs applies to --synthetic runs only; a real run takes its costs from --profile (or calibrates)"
         )
     if options.profile is not None:
+        prof = load_profile(options.profile)
         if not options.synthetic:  # its MoE layers' costs hold the all-to-alls and expert shards of its EP degree
-            from ppsim.profile import load_profile
-
-            load_profile(options.profile).check_expert_parallel(options.ep, source=str(options.profile))
-        return profile_costs(options, options.profile, schedule, device)
+            prof.check_expert_parallel(options.ep, source=str(options.profile))
+        return (*profile_costs(options, options.profile, schedule, device), prof)
     if options.synthetic:
-        return parse_costs(options.costs), options.time_unit_s, run_source(options), "cost string"
+        return parse_costs(options.costs), options.time_unit_s, run_source(options), "cost string", None
     model = run_source(options)
     path, where = calibrate_here(model, device, save_to=options.save_calibration,
-                                 activation_checkpoint=options.activation_checkpoint)
+                                 activation_checkpoint=options.activation_checkpoint, ep=options.ep)
     if path is None:  # a torchrun rank other than 0: it only executes, rank 0 predicts
-        return parse_costs(None), 1.0, model, where
+        return parse_costs(None), 1.0, model, where, None
     try:
         costs, scale, model, _ = profile_costs(options, path, schedule, device, model=model)
+        prof = load_profile(path)  # read before an unsaved calibration's folder goes
     finally:
         if options.save_calibration is None:  # the unsaved calibration's folder: read, so no longer needed
             shutil.rmtree(path.parent, ignore_errors=True)
-    return costs, scale, model, where
+    return costs, scale, model, where, prof
 
 
 def profile_costs(options: RunOptions, path: Path, schedule: Schedule, device: str, *,
@@ -683,10 +691,11 @@ def synthetic_runtime(costs: StageCosts, profile: Any) -> StageCosts:
 
 
 def calibrate_here(model: ModelSource, device: str, *, save_to: Path | None = None,
-                   activation_checkpoint: str = "none") -> tuple[Path | None, str]:
-    """Calibrate ``model`` on this machine as `ppsim calibrate` does (its blocks timed under the run's
-    ``activation_checkpoint``); returns the profile's path (``None`` on torchrun ranks other than 0) and a
-    description of where it is. ``save_to`` is
+                   activation_checkpoint: str = "none", ep: int = 1) -> tuple[Path | None, str]:
+    """Calibrate ``model`` on this machine as `ppsim calibrate` does, for the job the run executes: its blocks timed
+    under the run's ``activation_checkpoint``, its MoE layers at the run's expert-parallel degree ``ep`` (the experts
+    split over ``ep`` local ranks, the run's all-to-all exchange inside; ``ppsim calibrate --ep``); returns the
+    profile's path (``None`` on torchrun ranks other than 0) and a description of where it is. ``save_to`` is
     created new: an existing file there (a user's) is refused, never replaced."""
     import sys
 
@@ -695,8 +704,10 @@ def calibrate_here(model: ModelSource, device: str, *, save_to: Path | None = No
 
     def run(path: Path) -> Path | None:
         opts = CalibrationOptions(output=path, config=model.config, device=device, source=model,
-                                  activation_checkpoint=activation_checkpoint)
-        print(f"no --profile: calibrating the {model.text} model on {device} first", file=sys.stderr, flush=True)
+                                  activation_checkpoint=activation_checkpoint, expert_parallel_degree=ep)
+        at = f" at --ep {ep}" if ep > 1 else ""
+        print(f"no --profile: calibrating the {model.text} model on {device} first{at} (--activation-checkpoint "
+              f"{activation_checkpoint})", file=sys.stderr, flush=True)
         return path if calibrate(opts) is not None else None
 
     if save_to is not None and not writes_profile():

@@ -306,6 +306,11 @@ def job_request(request: RunOptions, torchtitan_config: str, overrides: list[str
     if job_tp != request.tp:  # run executes its own --tp/--dp-shard, never silently the job's degree
         warn([f"warning: the job's tensor_parallel_degree is {job_tp}; this run executes --tp {request.tp} (pass "
               f"--tp {job_tp} to run the job's)"])
+    job_ep = job.job.expert_parallel_degree
+    if job_ep != request.ep:  # the same for EP: the run, its calibration and its prediction are at --ep
+        carve = "" if request.dp_shard * request.tp % job_ep == 0 else f" --dp-shard {job_ep}"
+        warn([f"warning: the job's expert_parallel_degree is {job_ep}; this run executes --ep {request.ep} (and "
+              f"calibrates and predicts at it; pass --ep {job_ep}{carve} to run the job's)"])
     # synthetic stages sleep their costs: no model for torchtitan's checkpointing to wrap
     mode = activation_checkpoint or (None if request.synthetic else job.job.activation_checkpoint) or "none"
     return job, replace(
