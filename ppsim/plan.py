@@ -202,6 +202,10 @@ class PlanRequest:
     shared_cores: int | None = None
     """Judging candidates as ``ppsim run`` executes them on this CPU host (``plan --memory-as-run`` with a CPU
     profile): its cores, which a candidate's local processes share (:class:`ppsim.step.model.Step` ``shared``)."""
+    allocator: str | None = "expandable"
+    """The CUDA caching allocator's mode replayed for the verdict (reserved plus outside it against the cap, as
+    ``simulate`` judges); ``None``: the tensors' peak (``--memory-as-run`` on a CPU host, which has no such
+    allocator)."""
 
 
     def model_cluster(self) -> Any:
@@ -297,6 +301,13 @@ class Judged:
     @property
     def peak_bytes(self) -> int:
         return max((m.peak_memory_bytes for m in self.memory), default=0)
+
+    @property
+    def device_bytes(self) -> int:
+        """What the verdict judged at the fullest rank: reserved plus outside the allocator where it was replayed,
+        else the tensors' peak."""
+        return max((m.peak_memory_bytes if m.reserved is None else m.reserved.device_bytes for m in self.memory),
+                   default=0)
 
     @property
     def step_unit(self) -> str | None:
@@ -743,6 +754,8 @@ class Judge:
                                       cap_bytes=request.cap_bytes))
         except PPSimError as exc:
             return Judged(c, overrides, reason=f"cannot run: {exc}"), None
+        memory = with_reserved(memory, request, shapes=shapes, degrees=c.degrees, schedule=schedule,
+                               modules=modules)
         judged = Judged(c, overrides, memory=memory)
         if judged.fits:
             return judged, Prepared(job=job, schedule=schedule, shapes=shapes, modules=modules)
@@ -770,6 +783,20 @@ class Judge:
         """Memory, then the step where it fits: the verdict and the simulated step (or ``None``)."""
         j, prepared = self.memory(c, order=order)
         return (j, None) if prepared is None else self.time(j, prepared)
+
+
+def with_reserved(memory: tuple[RankMemory, ...], request: PlanRequest, *, shapes: JobShapes, degrees: Degrees,
+                  schedule: Any, modules: Any) -> tuple[RankMemory, ...]:
+    """Each rank's memory with the caching allocator replayed and what lives outside it, so the verdict judges
+    reserved plus outside, as ``simulate`` does (:mod:`ppsim.job.outside`). Only where the tensors alone fit: the
+    reserved peak is never below them, so a candidate over the cap by its tensors is over by more."""
+    if request.allocator is None or not all(m.fits for m in memory):
+        return memory
+    from ppsim.job.outside import reserved_per_rank
+
+    reserved = reserved_per_rank(shapes, degrees=degrees, schedule=schedule, stage_modules=modules,
+                                 mode=request.allocator, cap_bytes=request.cap_bytes)
+    return tuple(dataclasses.replace(m, reserved=r) for m, r in zip(memory, reserved))
 
 
 def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence[str]],
@@ -835,9 +862,9 @@ def nothing_fits(result: Plan) -> str:
     if not ran:
         return (f"--gpus {result.request.num_gpus}: none of the {len(result.judged)} candidates can run: {said}; "
                 "change the job's batch, the GPU count or the pinned degrees")
-    smallest = min(ran, key=lambda j: j.peak_bytes)
+    smallest = min(ran, key=lambda j: j.device_bytes)
     ran_text = f"all {len(ran)} candidates ran" if not refused else f"{len(ran)} of the {len(result.judged)} ran"
-    return (f"--memory-cap {fmt_bytes(cap)}: no candidate fits; the smallest peak is {smallest.peak_bytes / GIB:.2f} "
+    return (f"--memory-cap {fmt_bytes(cap)}: no candidate fits; the smallest peak is {smallest.device_bytes / GIB:.2f} "
             f"GiB ({describe(smallest.candidate)}); {ran_text} and none fits" + (f", {said}" if said else "")
             + "; raise the cap to at least that or use more GPUs")
 
@@ -876,6 +903,9 @@ def to_dict(result: Plan, *, job: str) -> dict[str, Any]:
             "activation_checkpoint": c.activation_checkpoint, "recompute": c.activation_checkpoint,  # old alias
             "fits": j.fits,
             "peak_memory_bytes": [m.peak_memory_bytes for m in j.memory],
+            "reserved_peak_bytes": [None if m.reserved is None else m.reserved.reserved_peak_bytes for m in j.memory],
+            "outside_allocator_bytes": [None if m.reserved is None else m.reserved.outside_allocator_bytes
+                                        for m in j.memory],
             "memory_parts": [dict(m.parts) for m in j.memory],
             "step_s": j.step_s, "tokens_per_s_per_gpu": tps, "relative_step": j.relative_step,
             "step_unit": j.step_unit,  # "s" | "unit" | null: the two are ranked apart, never against each other

@@ -60,6 +60,10 @@ def plan_cmd(
         "profile's device (its dtype, no optimizer step), to check the plan against runs; default: the training "
         "job.")] = False,
     cluster: ClusterOpt = None,
+    allocator: Annotated[str, typer.Option(
+        "--allocator", help="The caching allocator replayed for the verdict: expandable (torchtitan's launch) or "
+        "default segments, judging reserved plus what lives outside the allocator (CUDA context, NCCL's buffers) "
+        "against the cap, as simulate does; none: the tensors' peak alone.")] = "expandable",
 ) -> None:
     """The fastest configuration of a torchtitan job that fits each device's memory, with the overrides to launch
     it."""
@@ -80,11 +84,12 @@ def plan_cmd(
         machines.nodes_for(gpus)  # whole nodes, one line otherwise
     request = _request(torchtitan_config, list(ctx.args), gpus=gpus, gpus_per_node=per_node,
                        memory_cap=memory_cap, profiles=profile or [], time_limit=time_limit, top=top)
-    request = dataclasses.replace(request, unit_rates=rates, cluster=machines)
+    request = dataclasses.replace(request, unit_rates=rates, cluster=machines,
+                                  allocator=_allocator_mode(allocator, memory_as_run=memory_as_run))
     if memory_as_run and not request.profiles:
         raise PPSimError("--memory-as-run: needs --profile (the device and dtype `ppsim run` would execute on); "
                          "add --profile P.json, or drop --memory-as-run")
-    if memory_as_run:
+    if memory_as_run:  # judged as `run` measures a run: the tensors' peak (no allocator: _allocator_mode)
         request = _as_run_here(request)
     simulations = Simulations()
     orders = OrderSearch(simulations, folder=output.parent if output is not None else Path("."),
@@ -275,6 +280,20 @@ def _collective_costs(path: Path, prof: Any) -> Any:
     typer.echo(f"plan: FSDP's collectives (dp_shard > 1) in the step from {path}: {costs.describe(groups[0])}",
                err=True)
     return costs
+
+
+def _allocator_mode(text: str, *, memory_as_run: bool) -> str | None:
+    """``--allocator``: a mode the verdict replays, or ``None`` (``none``, or ``--memory-as-run``: a run's count is
+    the tensors')."""
+    from ppsim.cli.job_memory import check_allocator
+
+    mode = text.strip().lower()
+    if mode == "none" or memory_as_run:
+        return None
+    try:
+        return check_allocator(mode)
+    except PPSimError as exc:
+        raise PPSimError(f"{exc}; or none (judge the tensors' peak alone)") from None
 
 
 # --- the callbacks ---------------------------------------------------------------------------------------------

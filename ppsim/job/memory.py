@@ -180,16 +180,37 @@ class RankMemory:
 
     @property
     def fits(self) -> bool | None:
+        """Against the cap: the allocator's reserved peak plus what lives outside it where the allocator was
+        replayed (:attr:`reserved`), else the tensors' peak; ``None`` without a cap."""
+        if self.reserved is not None and self.reserved.cap_bytes is not None:
+            return bool(self.reserved.fits)
         return None if self.cap_bytes is None else self.peak_memory_bytes <= self.cap_bytes
 
     def verdict(self) -> str:
-        """``fits, X GiB free`` or ``over by X GiB on rank r during <action>`` (empty without a cap)."""
+        """``fits, X GiB free`` or ``over by X GiB on rank r during <action>`` (empty without a cap), on reserved plus
+        outside where the allocator was replayed (said in brackets), else on the tensors' peak."""
+        res = self.reserved
+        if res is not None and res.cap_bytes is not None:
+            return self._reserved_verdict(res)
         if self.cap_bytes is None:
             return ""
         gap = (self.cap_bytes - self.peak_memory_bytes) / GIB
         if gap >= 0:
             return f"fits, {gap:.2f} GiB free"
         return f"over by {-gap:.2f} GiB on rank {self.rank} during {self.during}"
+
+    def _reserved_verdict(self, res: Any) -> str:
+        if res.trace.oom is not None:
+            oom = res.trace.oom
+            need = oom.reserved_bytes + oom.nbytes + res.outside_allocator_bytes - res.cap_bytes
+            return (f"over by {max(need, 0) / GIB:.2f} GiB on rank {self.rank} during {self.during} (out of memory: "
+                    f"the allocator could not reserve {oom.nbytes / GIB:.2f} GiB more at "
+                    f"{oom.reserved_bytes / GIB:.2f} GiB reserved, + {res.outside_allocator_bytes / GIB:.2f} GiB "
+                    "outside it)")
+        gap = (res.cap_bytes - res.device_bytes) / GIB
+        if gap >= 0:
+            return f"fits, {gap:.2f} GiB free (reserved + outside)"
+        return f"over by {-gap:.2f} GiB on rank {self.rank} during {self.during} (reserved + outside)"
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "peak_memory_bytes": self.peak_memory_bytes, "memory_parts": dict(self.parts),

@@ -58,7 +58,8 @@ def _shapes_for(saved: int) -> Any:
 
 def _request(**kw: Any) -> PlanRequest:
     base: dict[str, Any] = dict(settings=_settings(), user_overrides=(), model=ModelFacts(6, 4, 2, "toy"),
-                                num_gpus=4, gpus_per_node=2, cap_bytes=10**6, activation_checkpoints=("none", "full"))
+                                num_gpus=4, gpus_per_node=2, cap_bytes=10**6, activation_checkpoints=("none", "full"),
+                                allocator=None)  # the plan's mechanics on toy caps: the tensors' peak
     base.update(kw)
     return PlanRequest(**base)
 
@@ -488,3 +489,22 @@ def test_the_plan_pages_memory_over_time_peaks_at_the_plans_per_rank_verdict(tmp
     assert [s.peak_memory_bytes for s in result.best_timeline.per_rank] == drawn
     page = write_plan_page(result, tmp_path / "plan.html", job="toy:job")
     assert page.exists()
+
+
+def test_the_plans_verdict_judges_reserved_plus_outside_the_allocator_as_simulate_does() -> None:
+    """With the caching allocator replayed (the default of `plan`, as of `simulate`), a candidate whose tensors fit
+    is over the cap when the allocator's reserved peak plus the CUDA context and NCCL's buffers are not: here the
+    toy's tensors are a few MB and the outside terms alone about 0.8 GiB."""
+    from ppsim.plan import Judge, candidates
+
+    tensors = _plan(_request(cap_bytes=2**29, top=10**6))  # the tensors' peak alone: fits
+    assert tensors.ranked and all(m.reserved is None for j in tensors.ranked for m in j.memory)
+    request = _request(cap_bytes=2**29, top=10**6, allocator="expandable")
+    # the smallest: one NCCL group and the context outside the allocator, not the toy's MB
+    with pytest.raises(PlanError, match=r"no candidate fits; the smallest peak is 0\.[5-9]\d GiB"):
+        _plan(request)
+    judge = Judge(request, shapes_for=_shapes_for(2000), build=_build, simulate=_unit_timer)
+    judged, prepared = judge.memory(candidates(request, global_batch(request.settings, 4))[0])
+    assert prepared is None and not judged.fits and "outside" in judged.reason
+    assert all(m.reserved is not None and m.peak_memory_bytes < 2**29 < m.reserved.device_bytes
+               for m in judged.memory)

@@ -215,7 +215,7 @@ def _cli(monkeypatch: pytest.MonkeyPatch, *extra: str) -> Any:
     monkeypatch.setattr(cli_plan, "_shapes", lambda *a, **kw: _shapes_for(2000))
     monkeypatch.setattr(Simulations, "simulate", lambda self, *a, **kw: _mixed_timer(*a, **kw))
     return runner.invoke(app, ["plan", "--torchtitan-config", "toy:job", "--gpus", "4", "--memory-cap", "1GiB",
-                               *extra], env={"COLUMNS": "200"})
+                               "--allocator", "none", *extra], env={"COLUMNS": "200"})  # the toy's 10 MB cap
 
 
 def test_plan_prints_seconds_and_unit_costs_in_separate_tables(monkeypatch: pytest.MonkeyPatch) -> None:
