@@ -53,7 +53,8 @@ def collective_cmd(
         raise PPSimError(f"--nodes {nodes}: a group spans at least 1 node; give a positive count")
     nbytes = parse_bytes(size, option="--size")
     assert nbytes is not None
-    chosen = load_cluster("h100" if cluster is None else cluster).with_backend(backend.value if backend is not None else None)
+    chosen = load_cluster("h100" if cluster is None else cluster).with_backend(
+        backend.value if backend is not None else None)
     if nodes is None:
         nodes = chosen.nodes_for(ranks)
     elif ranks % nodes:
