@@ -132,15 +132,19 @@ def job_memory_of(inputs: Inputs, result: SimResult, shapes: JobShapesOnce | Non
 
 
 def check_allocator(mode: str | None) -> str | None:
-    """``--allocator``'s value checked (one line naming the modes); ``None``: no replay (plot, report)."""
+    """``--allocator``'s value checked (one line naming the modes); ``None``: no replay (``none``; plot, report),
+    the verdict on the tensors' peak."""
     if mode is None:
         return None
     from ppsim.job.allocator import MODES
 
     mode = mode.strip().lower()  # any case, as schedule and preset names
+    if mode == "none":
+        return None
     if mode not in MODES:
         raise JobMemoryError(f"--allocator {mode}: one of {', '.join(MODES)} (expandable: "
-                             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, as torchtitan launches)")
+                             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, as torchtitan launches), or none "
+                             "(the tensors' peak alone)")
     return mode
 
 

@@ -92,7 +92,7 @@ AllocatorOpt = Annotated[str, typer.Option(
     "--allocator",
     help="With --torchtitan-config: replay the CUDA caching allocator with expandable (torchtitan's "
     "PYTORCH_CUDA_ALLOC_CONF) or default segments; --memory-cap then judges its reserved peak plus the CUDA context "
-    "and NCCL's buffers.")]
+    "and NCCL's buffers; none: no replay, the tensors' peak alone.")]
 CostScopeOpt = Annotated[
     Optional[CostScope],
     typer.Option(

@@ -287,13 +287,8 @@ def _allocator_mode(text: str, *, memory_as_run: bool) -> str | None:
     the tensors')."""
     from ppsim.cli.job_memory import check_allocator
 
-    mode = text.strip().lower()
-    if mode == "none" or memory_as_run:
-        return None
-    try:
-        return check_allocator(mode)
-    except PPSimError as exc:
-        raise PPSimError(f"{exc}; or none (judge the tensors' peak alone)") from None
+    mode = check_allocator(text)
+    return None if memory_as_run else mode
 
 
 # --- the callbacks ---------------------------------------------------------------------------------------------
