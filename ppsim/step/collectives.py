@@ -536,9 +536,13 @@ def fit_links(samples: Iterable[Sample]) -> tuple[Link | None, Link | None]:
 
 
 def _fit(rows: list[tuple[float, float, float]]) -> Link | None:
-    """Weighted least squares of t = m * alpha + b * beta, each row by 1/t (relative error; 2 x 2 normal
-    equations); a Link when alpha >= 0 and beta > 0."""
-    rows = [(m / t, b / t, 1.0) for m, b, t in rows if t > 0]
+    """A link from rows of (messages, bytes, seconds) in two steps, each from the sizes that decide it: the bandwidth
+    from an unweighted least-squares fit of t = m * alpha + b / bandwidth (the large sizes, whose times are long,
+    decide it), then the latency as the median over the latency-bound rows (those whose bytes take under half their
+    time at that bandwidth) of (t - b / bandwidth) / m. A relative-error fit let the small sizes' scheduling noise on
+    a shared host set the bandwidth too (one gave a link faster than its own rate limit). None without two rows of
+    different shape or when the bandwidth is not positive."""
+    rows = [(m, b, t) for m, b, t in rows if t > 0]
     if len(rows) < 2:
         return None
     smm = sum(m * m for m, _, _ in rows)
@@ -549,10 +553,9 @@ def _fit(rows: list[tuple[float, float, float]]) -> Link | None:
     det = smm * sbb - smb * smb
     if det <= 1e-12 * max(smm * sbb, 1e-300):
         return None
-    alpha = (smt * sbb - sbt * smb) / det
     beta = (smm * sbt - smb * smt) / det
     if beta <= 0:
         return None
-    if alpha < 0:  # a latency cannot be negative: refit the bandwidth alone
-        alpha, beta = 0.0, sbt / sbb
+    bound = [(t - b * beta) / m for m, b, t in rows if m > 0 and b * beta < t / 2]
+    alpha = max(0.0, statistics.median(bound)) if bound else max(0.0, (smt * sbb - sbt * smb) / det)
     return Link(1.0 / beta, alpha)
