@@ -6,6 +6,8 @@ the step from the profile alone, execute it with torch's pipeline runtime (`ppsi
     python bench/bench_fidelity.py --profile p.json # reuse a calibration (made by `ppsim calibrate`)
     python bench/bench_fidelity.py -o fidelity.json # also keep every row
     python bench/bench_fidelity.py --only torchtitan # torchtitan's llama3 and deepseek_v3 debug models only
+    python bench/bench_fidelity.py --config real:1F1B:2:8 --config real:DualPipe:4:8 --repeats 3  # chosen rows,
+                                                    # each run 3 times (rounds alternate), the noise per row
 
 Every prediction is `ppsim simulate --profile` of the configuration (the profile's blocks composed into the
 configuration's stages, with the runtime section the calibration probe fitted): it is printed before the run starts
@@ -21,6 +23,12 @@ error, spread (half the p10-p90 range of the timed steps over the median: the ru
 error, and the largest per-rank error of peak activation bytes. Overall: median, p90 and worst |error|, the share of
 rows within their own noise, and ranking agreement: of every pair of schedules at the same (group, ranks,
 microbatches, model) whose measured steps differ by more than both spreads, the share ppsim orders correctly.
+
+Each row also holds the step measured under both definitions of its end (one measurement): ``measured_s`` ends when
+the last rank leaves the runtime's ``step()`` (since 2026-11-27), ``measured_compute_end_s`` at the last
+computation's end (before), with ``error_pct`` and ``error_compute_end_pct``. ``--repeats N`` runs the selected rows
+N times in alternating rounds; the summary then gives each configuration's spread over the repeats (the machine's
+noise between runs) beside its spread within a run.
 
 Targets (issue 9): real median <= 7 %, p90 <= 15 %; synthetic median <= 2 %, worst <= 5 %; activations within 10 %.
 Issue 17: torchtitan median <= 7 %, p90 <= 15 %.
@@ -158,6 +166,21 @@ def predict(cfg: Config, path: Path, schedule: Any) -> float:
     return simulate(schedule, costs).makespan
 
 
+def parse_config(text: str) -> Config:
+    """``GROUP:SCHEDULE:RANKS:MICROBATCHES[:V]`` (e.g. ``real:DualPipe:4:8``, ``real:Interleaved1F1B:2:8:2``)."""
+    parts = text.split(":")
+    if len(parts) not in (4, 5) or parts[0] not in ("real", "synthetic"):
+        raise SystemExit(f"--config {text!r}: GROUP:SCHEDULE:RANKS:MICROBATCHES[:V], GROUP real or synthetic")
+    v = int(parts[4]) if len(parts) == 5 else None
+    return Config(parts[0], parts[1], int(parts[2]), int(parts[3]), v)
+
+
+def compute_end_spans(report: Any) -> list[float]:
+    """Per timed step: the last computation's end minus the first computation's start (the step's end before
+    2026-11-27), from the same measurement as ``measured_steps_s``."""
+    return [max(c.end for c in step) - min(c.start for c in step) for step in report.measurement.steps]
+
+
 def run_one(cfg: Config, path: Path, steps: int) -> dict[str, Any]:
     from ppsim.calibrate.execute.run import RunOptions, execute
 
@@ -167,12 +190,14 @@ def run_one(cfg: Config, path: Path, steps: int) -> dict[str, Any]:
         num_steps=steps, num_warmup=2, num_probes=0, timeout_s=900, split=split_text(cfg),
     ), log=lambda line: None)  # the model line would break the table's row
     assert report is not None
-    return report.to_dict()
+    data = report.to_dict()
+    data["compute_end_steps_s"] = compute_end_spans(report)
+    return data
 
 
 def titan_profiles(args: argparse.Namespace, folder: Path) -> dict[str, Path] | None:
     """The torchtitan group's profiles (calibrated here unless given); ``None`` when the group is not run."""
-    if args.only not in (None, "torchtitan") or (args.quick and args.only != "torchtitan"):
+    if args.only not in (None, "torchtitan") or (args.quick and args.only != "torchtitan") or args.config:
         return None
     try:
         import torchtitan.distributed.pipeline_parallel  # noqa: F401
@@ -192,6 +217,26 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
+def summarize_repeats(rows: list[dict[str, Any]]) -> None:
+    """Per configuration over its repeats: the measured step's range (the machine's noise between runs), the
+    errors' range under both step ends, and the median spread within a run."""
+    by_label: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_label.setdefault(f"{r['group']} {r['label']}", []).append(r)
+    print("per configuration over its repeats: measured step min-max (spread between runs), error min / median / max "
+          "(step to the last rank's exit | to the last computation's end), median spread within a run")
+    for label, sel in by_label.items():
+        ms = [r["measured_s"] for r in sel]
+        errs = sorted(r["error_pct"] for r in sel)
+        old = sorted(r["error_compute_end_pct"] for r in sel)
+        between = (max(ms) - min(ms)) / 2 / statistics.median(ms) * 100
+        print(f"  {label:<40} {min(ms) * 1e3:.0f}-{max(ms) * 1e3:.0f} ms (+-{between:.1f}%); error "
+              f"{errs[0]:+.1f} / {statistics.median(errs):+.1f} / {errs[-1]:+.1f}% | {old[0]:+.1f} / "
+              f"{statistics.median(old):+.1f} / {old[-1]:+.1f}%; within a run "
+              f"{statistics.median(r['spread_pct'] for r in sel):.1f}%")
+    print()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="8 configurations, 5 timed steps")
@@ -203,6 +248,9 @@ def main() -> int:
                         help='size options for calibrating the torchtitan models, e.g. "--seq-len 128 --mb-size 1" '
                         "(default: the debug flavors' defaults)")
     parser.add_argument("--steps", type=int, help="timed steps per run (default 10; --quick 5)")
+    parser.add_argument("--config", action="append", default=[], metavar="GROUP:SCHEDULE:R:M[:V]",
+                        help="run these configurations only (repeatable), e.g. real:DualPipe:4:8")
+    parser.add_argument("--repeats", type=int, default=1, help="run the selected configurations N times (rounds)")
     parser.add_argument("-o", "--output", type=Path, help="write every row as JSON")
     args = parser.parse_args()
     steps = args.steps or (5 if args.quick else 10)
@@ -229,9 +277,10 @@ def main() -> int:
           flush=True)
     rows: list[dict[str, Any]] = []
     header = (f"{'group':<10} {'configuration':<40} {'predicted':>10} {'measured':>10} {'error':>7} {'spread':>7} "
-              f"{'bubble':>7} {'act.err':>7}")
+              f"{'bubble':>7} {'act.err':>7} {'comp.end':>10} {'error':>7}")
     print(header)
-    for cfg in configs(args.quick):
+    chosen = [parse_config(c) for c in args.config] or configs(args.quick)
+    for cfg in chosen * args.repeats:
         if (args.only and cfg.group != args.only) or (cfg.group == "torchtitan" and titan is None):
             continue
         path, schedule = profile_for(doc, cfg, folder, titan)
@@ -242,11 +291,17 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 - a benchmark row fails, the rest go on
             print(f"FAILED: {str(exc).splitlines()[0][:80]}", flush=True)
             continue
-        assert abs(data["predicted_step_s"] - predicted) <= 1e-9 * predicted  # the run predicted the same
+        if abs(data["predicted_step_s"] - predicted) > 1e-9 * predicted:
+            # more computing ranks than cores: the run's before-run prediction shares the cores (processor sharing
+            # over the simulated step, ppsim/step/sharing.py), which plain `simulate --profile` does not
+            assert cfg.num_ranks > 2, (data["predicted_step_s"], predicted)
+            predicted = data["predicted_step_s"]
+            print(f"(cores shared: the run predicted {predicted * 1e3:.1f}ms before it started)", end=" ")
         if cfg.group == "torchtitan":
             assert "stages and schedule built by torchtitan's pipeline helpers" in data["notes"], data["notes"]
         steps_s = data["measured_steps_s"]
         measured = data["measured_step_s"]
+        compute_end = statistics.median(data["compute_end_steps_s"])
         spread = (percentile(steps_s, 0.9) - percentile(steps_s, 0.1)) / 2 / measured * 100
         error = (predicted - measured) / measured * 100
         bubble = 100 * (data["bubble_ratio_predicted"] - data["bubble_ratio_measured"])
@@ -258,13 +313,18 @@ def main() -> int:
                "activation_error_pct": act_err if act else None, "steps_s": steps_s, "schedule": cfg.schedule,
                "grad_ok": data["grad_ok"], "loss_match": data["loss_match"],
                "grad_max_abs_diff": data["grad_max_abs_diff"], "explained_error_pct": data["explained_error_pct"],
-               "costs_only_error_pct": data["step_error_costs_only_pct"]}
+               "costs_only_error_pct": data["step_error_costs_only_pct"],
+               "measured_compute_end_s": compute_end,
+               "error_compute_end_pct": (predicted - compute_end) / compute_end * 100,
+               "compute_end_steps_s": data["compute_end_steps_s"]}
         rows.append(row)
         act_text = f"{act_err:>6.1f}%" if act_err == act_err else f"{'-':>7}"  # synthetic: not compared
         numerics = "" if data["grad_ok"] and data["loss_match"] else " NUMERICS MISMATCH"
-        print(f"{measured * 1e3:>8.1f}ms {error:>+6.1f}% {spread:>6.1f}% {bubble:>+6.1f} {act_text}{numerics}",
-              flush=True)
+        print(f"{measured * 1e3:>8.1f}ms {error:>+6.1f}% {spread:>6.1f}% {bubble:>+6.1f} {act_text} "
+              f"{compute_end * 1e3:>8.1f}ms {row['error_compute_end_pct']:>+6.1f}%{numerics}", flush=True)
     print()
+    if args.repeats > 1:
+        summarize_repeats(rows)
     for group in GROUPS:
         sel = [r for r in rows if r["group"] == group]
         if not sel:
@@ -280,11 +340,16 @@ def main() -> int:
         for same in by_key.values():
             for i, a in enumerate(same):
                 for b in same[i + 1:]:
+                    if a["label"] == b["label"]:  # --repeats: one configuration run twice is no pair
+                        continue
                     sa, sb = a["spread_pct"] * a["measured_s"] / 100, b["spread_pct"] * b["measured_s"] / 100
                     if abs(a["measured_s"] - b["measured_s"]) > sa + sb:
                         pairs += 1
                         agree += (a["predicted_s"] < b["predicted_s"]) == (a["measured_s"] < b["measured_s"])
         costs_only = [abs(r["costs_only_error_pct"]) for r in sel]
+        old = [abs(r["error_compute_end_pct"]) for r in sel]
+        print(f"{group}: step ending at the last computation's end (before 2026-11-27): |error| median "
+              f"{statistics.median(old):.1f}%, p90 {percentile(old, 0.9):.1f}%, worst {max(old):.1f}%")
         print(f"{group}: {len(sel)} configurations; |error| median {statistics.median(errs):.1f}%, p90 "
               f"{percentile(errs, 0.9):.1f}%, worst {max(errs):.1f}%; within own noise {noise:.0%}; median run "
               f"spread {statistics.median(r['spread_pct'] for r in sel):.1f}%; |bubble error| median "
