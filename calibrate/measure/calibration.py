@@ -1262,6 +1262,9 @@ def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], 
         rec.doc["runtime"] = runtime
         rec.finish(key)
     name = "runtime probe (FSDP)"
+    if estimates is not None and name not in estimates:  # not a phase of this calibration (the estimate said so)
+        shared_probe(probe_opts, probe_doc, rec, log=log)
+        return
     with PhaseProgress(name, (estimates or {}).get(name), log) as progress:
         shared_probe(probe_opts, probe_doc, rec, log=progress.log)
 

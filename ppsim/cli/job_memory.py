@@ -118,11 +118,12 @@ def job_memory_of(inputs: Inputs, result: SimResult, shapes: JobShapesOnce | Non
         return memory
     import dataclasses
 
-    from ppsim.job.outside import reserved_per_rank
+    from ppsim.job.outside import check_cap_above_outside, reserved_per_rank
 
     reserved = reserved_per_rank(job_shapes, degrees=degrees, schedule=result.schedule,
                                  stage_modules=job.stage_modules, recompute=result.recompute, mode=mode, cap_bytes=cap,
                                  events=[m.events for m in memory])
+    check_cap_above_outside(reserved)
     if say:
         for note in reserved[0].notes if reserved else ():
             typer.echo(f"memory: {note}", err=True)

@@ -196,3 +196,17 @@ def _shape_of(events: Sequence[AllocEvent]) -> tuple[tuple[int, str, int], ...]:
     alike (the allocator sees sizes, streams and order only)."""
     ids: dict[str, int] = {}
     return tuple((e.nbytes, e.stream, ids.setdefault(e.tag, len(ids))) for e in events)
+
+
+def check_cap_above_outside(reserved: Sequence[RankReserved]) -> None:
+    """Refuse (one line) a cap that what lives outside the allocator alone fills on some rank: no tensor could be
+    allocated, so the question asked cannot be the one meant."""
+    from ppsim.errors import JobMemoryError
+
+    for r in reserved:
+        if r.cap_bytes is not None and r.outside_allocator_bytes >= r.cap_bytes:
+            raise JobMemoryError(
+                f"--memory-cap {r.cap_bytes / 2**30:.2f} GiB: below what lives outside the caching allocator on rank "
+                f"{r.rank} ({r.outside_allocator_bytes / 2**30:.2f} GiB: the CUDA context and NCCL's buffers), so no "
+                f"tensor fits at all; give the device's memory (e.g. --memory-cap 80GiB), or --allocator none to "
+                "judge the tensors alone")

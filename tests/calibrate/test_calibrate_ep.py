@@ -141,8 +141,8 @@ def test_calibrate_ep_2_records_the_degree_and_the_moe_layers_costs(ep_profile: 
 def test_simulate_with_the_ep_profile_costs_its_all_to_alls_from_the_measured_fit(ep_profile: Path) -> None:
     from ppsim.calibrate.torchtitan.config import read_job_settings
     from ppsim.calibrate.torchtitan.shapes import job_shapes
-    from ppsim.ep import all_to_all_bytes, all_to_all_seconds
-    from ppsim.fsdp import CollectiveCosts
+    from ppsim.step.ep import all_to_all_bytes, all_to_all_seconds
+    from ppsim.step.pricing import CollectiveCosts
     from ppsim.profile import load_profile
 
     args = ["simulate", "--torchtitan-config", "deepseek_v3:deepseek_v3_debugmodel", "--training.disable_cuda_graphs",
@@ -154,7 +154,7 @@ def test_simulate_with_the_ep_profile_costs_its_all_to_alls_from_the_measured_fi
     ep_lines = [ln for ln in result.stderr.splitlines() if ln.startswith("EP (ep 2)")]
     assert len(ep_lines) == 1 and "all-to-all measured on 2 ranks" in ep_lines[0], result.stderr
     assert "measured at this degree" in ep_lines[0]
-    # each is one all-to-all of one microbatch's buffer over 2 ranks, costed by ppsim.ep from the profile's fit
+    # each is one all-to-all of one microbatch's buffer over 2 ranks, costed by ppsim.step.ep from the profile's fit
     value = "deepseek_v3:deepseek_v3_debugmodel"
     overrides = ("--training.disable_cuda_graphs", "--parallelism.pipeline_parallel_degree", "2",
                  "--parallelism.data_parallel_shard_degree", "2", "--training.seq_len", "32",

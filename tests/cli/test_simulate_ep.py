@@ -1,5 +1,5 @@
 """`simulate --torchtitan-config` of a MoE job with expert_parallel_degree > 1: EP's all-to-alls in the step and
-`--json`'s `collectives` (ppsim.ep); a dense job's JSON without them."""
+`--json`'s `collectives` (ppsim.step.ep); a dense job's JSON without them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""EP's all-to-alls in the simulated step (ppsim.ep): counted per MoE layer, costed from the profile or the stated
+"""EP's all-to-alls in the simulated step (ppsim.step.ep): counted per MoE layer, costed from the profile or the stated
 default, exposed by eager actions, hidden by DualPipe's overlapped F&B pairs; the step's collectives on the result."""
 
 from __future__ import annotations

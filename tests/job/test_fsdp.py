@@ -1,4 +1,4 @@
-"""FSDP's exposed collectives in the simulated step (ppsim.fsdp): costed from the profile's measured all-gather and
+"""FSDP's exposed collectives in the simulated step (ppsim.step.fsdp): costed from the profile's measured all-gather and
 reduce-scatter, placed where torch's pipelining runtime issues them, one model for run, simulate and plan."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import pytest
 from ppsim.job.cache import FORMAT, JobCache, torchtitan_owns
 
 JOB = ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel", "--parallelism.pipeline_parallel_degree", "2",
-       "--parallelism.data_parallel_shard_degree", "2", "--memory-cap", "1GiB", "--json"]
+       "--parallelism.data_parallel_shard_degree", "2", "--memory-cap", "2GiB", "--json"]
 
 
 def _ppsim(args: list[str], cache: Path | str) -> subprocess.CompletedProcess[str]:

@@ -210,7 +210,7 @@ def test_simulate_prints_each_ranks_parts_and_says_how_the_cap_was_read() -> Non
     decimal = runner.invoke(app, [*args, "--memory-cap", "80GB"], env={"COLUMNS": "200"})
     assert decimal.exit_code == 0, decimal.output
     assert "80GB read as 80000000000 bytes" in decimal.output and "fits, " in decimal.output
-    tiny = runner.invoke(app, [*args, "--memory-cap", "1MiB", "--json"])
+    tiny = runner.invoke(app, [*args, "--memory-cap", "1MiB", "--json", "--allocator", "none"])  # the tensors alone
     assert tiny.exit_code == 0, tiny.output
     rows = json.loads(tiny.stdout)["per_rank"]
     assert [r["fits"] for r in rows] == [False, False]
@@ -528,3 +528,15 @@ def test_torchtitans_published_8b_runs_reserved_memory_is_predicted_within_5_per
     rank = json.loads(result.stdout)["per_rank"][0]
     predicted = (rank["reserved_peak_bytes"] + rank["outside_allocator_bytes"]) / 2**30
     assert predicted == pytest.approx(published_gib, rel=0.05)
+
+
+@pytest.mark.torch
+def test_a_cap_below_what_lives_outside_the_allocator_is_refused_in_one_line() -> None:
+    pytest.importorskip("torchtitan.models")
+    from one_line import one_line_error
+
+    args = ["simulate", "--torchtitan-config", "llama3:llama3_debugmodel", "--parallelism.pipeline_parallel_degree",
+            "2", "--parallelism.data_parallel_shard_degree", "2", "--memory-cap", "200MiB"]
+    line = one_line_error(CliRunner().invoke(app, args))
+    assert "below what lives outside the caching allocator" in line and "--allocator none" in line
+    assert CliRunner().invoke(app, [*args, "--allocator", "none"]).exit_code == 0  # the tensors alone: judged
