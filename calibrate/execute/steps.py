@@ -615,9 +615,10 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
             step_ends.append(t1)  # on CUDA after the synchronisation: the host time the step's work ended
             if run.comm_stats is not None:
                 comm.append(run.comm_stats.as_dict())
-        if spec.timing_only:
-            peak_allocated, during, spans = None, None, ()
-        else:
+        spans: tuple[tuple[str, int], ...] = ()
+        peak_allocated: int | None = None
+        during: str | None = None
+        if not spec.timing_only:
             losses = []
             peak_allocated, during, spans = _allocator_peak_step(run, modules, device, cuda, args, kwargs, losses)
 

@@ -141,9 +141,9 @@ def test_calibrate_ep_2_records_the_degree_and_the_moe_layers_costs(ep_profile: 
 def test_simulate_with_the_ep_profile_costs_its_all_to_alls_from_the_measured_fit(ep_profile: Path) -> None:
     from ppsim.calibrate.torchtitan.config import read_job_settings
     from ppsim.calibrate.torchtitan.shapes import job_shapes
+    from ppsim.profile import load_profile
     from ppsim.step.ep import all_to_all_bytes, all_to_all_seconds
     from ppsim.step.pricing import CollectiveCosts
-    from ppsim.profile import load_profile
 
     args = ["simulate", "--torchtitan-config", "deepseek_v3:deepseek_v3_debugmodel", "--training.disable_cuda_graphs",
             "--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "2",
