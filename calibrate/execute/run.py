@@ -114,6 +114,12 @@ class RankMemoryReport:
     predicted_during: str | None = None
     measured_during: str | None = None
     measured_by_action: tuple[tuple[str, int], ...] = ()
+    measured_peak_reserved_bytes: int | None = None
+    """On CUDA: ``max_memory_reserved`` over the allocator's peak step."""
+    predicted_peak_reserved_bytes: int | None = None
+    """On CUDA: the caching allocator's reserved peak, replayed (expandable segments) before the run."""
+    predicted_outside_allocator_bytes: int | None = None
+    """On CUDA: the CUDA context and NCCL's buffers, outside the allocator (stated defaults)."""
 
     @property
     def allocated_error_pct(self) -> float | None:
@@ -231,7 +237,10 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
                                     shared=world is None and device == "cpu" and not options.synthetic)
     memory = None if shapes is None else job_memory(shapes[0], degrees=Degrees(
         pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard, ep=spec.ep), schedule=schedule,
-        stage_modules=shapes[1], recompute=spec.recompute)  # measured on a step whose pairs run in turn
+        stage_modules=shapes[1], recompute=spec.recompute,  # measured on a step whose pairs run in turn
+        with_events=device == "cuda")
+    if memory is not None and shapes is not None and device == "cuda":  # what an out-of-memory judges: reserved
+        memory = with_reserved_prediction(memory, shapes, schedule, spec)
     check_predicted_time(options, predicted)
     if not options.synthetic and int(os.environ.get("RANK", "0")) == 0:  # after every refusal: an error stands alone
         (log or _stderr)(model.summary())
@@ -786,7 +795,8 @@ def build_report(schedule: Schedule, measurement: Measurement, costs: StageCosts
             predicted_peak_activation_bytes=None if peak is None or static is None else peak - static,
             param_bytes=mem.param_bytes, grad_bytes=mem.grad_bytes, predicted_static_bytes=static,
             measured_peak_allocated_bytes=mem.peak_allocated_bytes, measured_during=mem.peak_allocated_during,
-            measured_by_action=mem.allocated_by_action, **_predicted_fields(memory_predicted, mem.rank),
+            measured_by_action=mem.allocated_by_action, measured_peak_reserved_bytes=mem.peak_reserved_bytes,
+            **_predicted_fields(memory_predicted, mem.rank),
         ))
     return RunReport(
         schedule=schedule, measurement=measurement, predicted=predicted, measured_step_s=statistics.median(spans),
@@ -818,12 +828,28 @@ def _all_to_all_json(measurement: Measurement, predicted: SimResult) -> dict[str
     }
 
 
+def with_reserved_prediction(memory: list[Any], shapes: tuple[JobShapes, list[list[str]]], schedule: Schedule,
+                             spec: ExecSpec) -> list[Any]:
+    """A CUDA run's predicted memory with the caching allocator replayed (expandable segments, as torchtitan
+    launches) and the bytes outside it, as ``simulate`` counts them (:mod:`ppsim.job.outside`)."""
+    from ppsim.job.degrees import Degrees
+    from ppsim.job.outside import reserved_per_rank
+
+    degrees = Degrees(pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard, ep=spec.ep)
+    reserved = reserved_per_rank(shapes[0], degrees=degrees, schedule=schedule, stage_modules=shapes[1],
+                                 recompute=spec.recompute, events=[m.events for m in memory])
+    return [dataclasses.replace(m, reserved=r) for m, r in zip(memory, reserved)]
+
+
 def _predicted_fields(memory: list[Any] | None, rank: int) -> dict[str, Any]:
     if memory is None:
         return {}
     mem = memory[rank]
+    res = mem.reserved
     return {"predicted_peak_allocated_bytes": mem.peak_memory_bytes, "predicted_parts": dict(mem.parts),
-            "predicted_during": mem.during}
+            "predicted_during": mem.during,
+            "predicted_peak_reserved_bytes": None if res is None else res.reserved_peak_bytes,
+            "predicted_outside_allocator_bytes": None if res is None else res.outside_allocator_bytes}
 
 
 def _run_json(report: RunReport) -> dict[str, Any]:
@@ -927,6 +953,10 @@ def _run_json(report: RunReport) -> dict[str, Any]:
                 "memory_during_predicted": m.predicted_during,
                 "memory_during_measured": m.measured_during,
                 "allocated_by_action_measured": [list(x) for x in m.measured_by_action],
+                # CUDA runs: the caching allocator's reserved peak, measured and replayed before the run
+                "peak_reserved_bytes_measured": m.measured_peak_reserved_bytes,
+                "peak_reserved_bytes_predicted": m.predicted_peak_reserved_bytes,
+                "outside_allocator_bytes_predicted": m.predicted_outside_allocator_bytes,
             }
             for m in report.memory
         ],

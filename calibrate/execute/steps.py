@@ -123,6 +123,8 @@ class MeasuredPeak:
     """The action (or ``after X``: the gap after it) the allocator-level peak happened in."""
     allocated_by_action: tuple[tuple[str, int], ...] = ()
     """Each action's and gap's allocator-level high point, in the order the rank ran them (CPU count only)."""
+    peak_reserved_bytes: int | None = None
+    """On CUDA: what the caching allocator reserved at its peak over that step (``max_memory_reserved``)."""
 
 
 @dataclass(frozen=True)
@@ -617,10 +619,13 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
                 comm.append(run.comm_stats.as_dict())
         spans: tuple[tuple[str, int], ...] = ()
         peak_allocated: int | None = None
+        peak_reserved: int | None = None
         during: str | None = None
         if not spec.timing_only:
             losses = []
             peak_allocated, during, spans = _allocator_peak_step(run, modules, device, cuda, args, kwargs, losses)
+            if cuda:  # the same step's reserved peak (reset with the allocated one before it)
+                peak_reserved = int(torch.cuda.max_memory_reserved(device))
 
     grads = {} if spec.timing_only else {
         run.grad_name(s, name): _full_grad(p.grad) for s, mod in run.parts.items()
@@ -631,6 +636,7 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
         param_bytes=sum(_local(p).numel() * p.element_size() for p in params),
         grad_bytes=sum(_local(p.grad).numel() * p.grad.element_size() for p in params if p.grad is not None),
         peak_allocated_bytes=peak_allocated, peak_allocated_during=during, allocated_by_action=spans,
+        peak_reserved_bytes=peak_reserved,
     )
     loss = float(torch.stack([x.detach().float() for x in losses]).mean()) if run.has_last else None
     offset = _clock_offset(rank, world, device)
@@ -810,7 +816,8 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
             w = worst[g["rank"]]
             g["memory"] = dataclasses.replace(g["memory"], peak_allocated_bytes=w.peak_allocated_bytes,
                                               peak_allocated_during=w.peak_allocated_during,
-                                              allocated_by_action=w.allocated_by_action)
+                                              allocated_by_action=w.allocated_by_action,
+                                              peak_reserved_bytes=w.peak_reserved_bytes)
     steps: list[tuple[CompTiming, ...]] = []
     kinds = step_kinds(spec)
     for i in range(len(kinds)):

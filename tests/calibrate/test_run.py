@@ -510,3 +510,27 @@ def _cmdline(pid: int) -> bytes:
 
 def _is_python(pid: int) -> bool:
     return b"python" in _cmdline(pid)
+
+
+def test_a_cuda_runs_prediction_carries_the_replayed_reserved_peak_and_the_bytes_outside_the_allocator() -> None:
+    """What an out-of-memory judges on a GPU, predicted before the run as simulate counts it (the caching allocator
+    replayed, the CUDA context and NCCL's buffers beside it); a CPU run has no caching allocator and keeps none."""
+    from ppsim.calibrate.execute.run import _predicted_fields, with_reserved_prediction
+    from ppsim.calibrate.execute.steps import ExecSpec
+    from ppsim.job.degrees import Degrees
+    from ppsim.job.memory import BlockShapes, JobShapes, job_memory
+    from ppsim.schedules import get_schedule
+
+    blocks = {f"layers.{i}": BlockShapes("layer", (("w", (512, 512)),), saved_bytes=3 << 20) for i in range(4)}
+    shapes = JobShapes(source="toy", blocks=blocks, tp=1, boundary_bytes=1 << 20)
+    modules = [["layers.0", "layers.1"], ["layers.2", "layers.3"]]
+    schedule = get_schedule("1F1B", 2, 4)
+    memory = job_memory(shapes, degrees=Degrees(pp=2, dp_shard=2), schedule=schedule, stage_modules=modules,
+                        with_events=True)
+    spec = ExecSpec(schedule=schedule, model=None, backend="nccl", device="cuda", num_steps=1, num_warmup=0,
+                    num_probes=0, seed=0, timeout_s=60.0, dp_shard=2)
+    cpu = _predicted_fields(memory, 0)
+    assert cpu["predicted_peak_reserved_bytes"] is None and cpu["predicted_outside_allocator_bytes"] is None
+    fields = _predicted_fields(with_reserved_prediction(memory, (shapes, modules), schedule, spec), 0)
+    assert fields["predicted_peak_reserved_bytes"] >= fields["predicted_peak_allocated_bytes"]
+    assert fields["predicted_outside_allocator_bytes"] > 0
