@@ -234,7 +234,8 @@ def execute(options: RunOptions, *, log: Callable[[str], None] | None = None) ->
     predicted, costs = predict_step(fsdp, costs, time_scale, recompute=_predicted_recompute(options, schedule, chosen,
                                                                                      measured_ac=measured_ac),
                                     per_rank=options.dp_shard * options.tp,
-                                    shared=world is None and device == "cpu" and not options.synthetic)
+                                    shared=(world is None or _emulated_on_one_host(options)) and device == "cpu"
+                                    and not options.synthetic)
     memory = None if shapes is None else job_memory(shapes[0], degrees=Degrees(
         pp=schedule.num_ranks, tp=spec.tp, dp_shard=spec.dp_shard, ep=spec.ep), schedule=schedule,
         stage_modules=shapes[1], recompute=spec.recompute,  # measured on a step whose pairs run in turn
@@ -826,6 +827,16 @@ def _all_to_all_json(measurement: Measurement, predicted: SimResult) -> dict[str
         "predicted_exposed_s": None if model is None else model.exposed_s,
         "predicted_exposed_share": None if model is None or model.total_s <= 0 else model.exposed_s / model.total_s,
     }
+
+
+def _emulated_on_one_host(options: RunOptions) -> bool:
+    """Whether the run's ``--cluster`` emulates its nodes on this one host (``shared_host``): its torchrun ranks then
+    share this host's cores as local processes do."""
+    if options.cluster is None:
+        return False
+    from ppsim.step.cluster import load_cluster
+
+    return load_cluster(options.cluster).shared_host
 
 
 def with_reserved_prediction(memory: list[Any], shapes: tuple[JobShapes, list[list[str]]], schedule: Schedule,

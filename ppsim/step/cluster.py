@@ -9,8 +9,9 @@ One description feeds every collective's price (:mod:`ppsim.step.collectives`). 
     nics_per_node = 8
     device = {name = "H100 SXM", peak_tflops = 989, memory_GiB = 80}
 
-Optional keys: ``name``, ``source``, ``nvls``, ``backend`` (``nccl`` or ``gloo``), ``nodes``. Every mistake in a file
-is one line (:class:`ClusterError`) naming the key, the rule and the fix.
+Optional keys: ``name``, ``source``, ``nvls``, ``backend`` (``nccl`` or ``gloo``), ``nodes``, ``shared_host``
+(the nodes are emulated on one host and share its cores, as ``scripts/cluster-local.sh`` makes them). Every mistake
+in a file is one line (:class:`ClusterError`) naming the key, the rule and the fix.
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ class Cluster:
     backend: str = "nccl"
     num_nodes: int | None = None
     aliases: tuple[str, ...] = field(default=(), compare=False)
+    shared_host: bool = False
+    """The nodes are emulated on one host (network namespaces) and its processes share that host's cores: a CPU run's
+    prediction stretches compute by processor sharing as for local processes (:mod:`ppsim.step.sharing`)."""
 
     def nodes_for(self, gpus: int) -> int:
         """Nodes a job of ``gpus`` devices fills: 1 for a job within one node, else whole nodes only."""
@@ -126,6 +130,8 @@ class Cluster:
                                "nvls": self.nvls, "backend": self.backend}
         if self.num_nodes is not None:
             out["nodes"] = self.num_nodes
+        if self.shared_host:
+            out["shared_host"] = True
         return out
 
     def to_toml(self) -> str:
@@ -209,7 +215,7 @@ PRESETS: dict[str, Cluster] = {
         source=("the two-node emulation `scripts/cluster-local.sh start --nodes 2 --link 1gbit`: 2 nodes of 2 gloo "
                 "ranks, 1 Gbit/s (0.125 GB/s) and 100 us between them (tc netem), loopback defaults within"),
         gpus_per_node=2, intra_node=_LOOPBACK, inter_node=Link(0.125e9, 100e-6), nics_per_node=1,
-        device=Device("CPU", 50e9, 16 * GiB), backend="gloo", num_nodes=2),
+        device=Device("CPU", 50e9, 16 * GiB), backend="gloo", num_nodes=2, shared_host=True),
 }
 """Named clusters (``--cluster NAME``, case-insensitive; aliases too)."""
 
@@ -278,7 +284,7 @@ def parse_cluster(text: str, *, fmt: str = "toml", where: str = "cluster file") 
 
 
 _KEYS = ("gpus_per_node", "intra_node", "inter_node", "nics_per_node", "device",
-         "name", "source", "nvls", "backend", "nodes")
+         "name", "source", "nvls", "backend", "nodes", "shared_host")
 _LINK_KEYS = ("bandwidth_GBps", "latency_us")
 _DEVICE_KEYS = ("name", "peak_tflops", "memory_GiB")
 
@@ -298,6 +304,7 @@ def cluster_from_dict(data: Mapping[str, Any], *, where: str = "cluster file") -
         nvls=_flag(data.get("nvls", False), "nvls", where),
         backend=_backend(data.get("backend", "nccl"), f"{where}: backend"),
         num_nodes=None if nodes is None else _count(data, "nodes", where),
+        shared_host=_flag(data.get("shared_host", False), "shared_host", where),
     )
 
 
