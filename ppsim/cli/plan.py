@@ -104,7 +104,8 @@ def plan_cmd(
     typer.echo("", err=True)
     typer.echo("memory: " + _memory_rule(bool(request.profiles), as_run=memory_as_run), err=True)
     if any(j.relative_step is not None for j in result.ranked):
-        typer.echo("unit costs: " + _unit_rule(request.unit_rates, given=link_bandwidth is not None), err=True)
+        typer.echo("unit costs: " + _unit_rule(request.unit_rates, given=link_bandwidth is not None,
+                                               cluster=request.cluster), err=True)
     _print_result(result, orders, output, job=torchtitan_config, json_out=json_out)
 
 
@@ -318,10 +319,13 @@ def _memory_rule(profiled: bool, *, as_run: bool) -> str:
             "--profile)")
 
 
-def _unit_rule(rates: Any, *, given: bool) -> str:
+def _unit_rule(rates: Any, *, given: bool, cluster: Any = None) -> str:
     """What unit costs assumed (one stderr line after the plan, where a candidate was ranked by them)."""
-    source = ("--link-bandwidth" if given else "defaults: an H100 node, 989 TFLOP/s bf16 x 40 % MFU, NVLink 450 GB/s, "
-              "400 Gb/s InfiniBand per GPU; --link-bandwidth INTRA,INTER to override")
+    source = ("--link-bandwidth" if given else
+              f"--cluster {cluster.name}: its device's peak x 40 % MFU, its links; --link-bandwidth INTRA,INTER to "
+              "override" if cluster is not None else
+              "defaults: an H100 node, 989 TFLOP/s bf16 x 40 % MFU, NVLink 450 GB/s, 400 Gb/s InfiniBand per GPU; "
+              "--link-bandwidth INTRA,INTER or --cluster to override")
     return f"{rates.describe()} ({source}; docs/plan.md)"
 
 
