@@ -218,12 +218,12 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/bench-cluster")
     ap.add_argument("--profile")
     ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--stop", action="store_true", help="stop the nodes at the end")
+    ap.add_argument("--keep", action="store_true", help="leave the nodes running at the end (default: stop them)")
     args = ap.parse_args()
     try:
         (collectives if args.what == "collectives" else run)(args)
-    finally:
-        if args.stop:
+    finally:  # what the bench started ends with it, unless asked to keep the nodes
+        if not args.keep:
             sh(["bash", str(SCRIPT), "stop", "--prefix", args.prefix])
 
 
