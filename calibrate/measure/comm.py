@@ -44,8 +44,10 @@ def p2p_sizes(boundary_bytes: int, *, factor: int = 4, smallest: int = 4) -> lis
 def fit_alpha_beta(sizes: Sequence[int], times: Sequence[float]) -> tuple[float, float, float]:
     """Fit ``t = alpha + n / beta`` minimising relative residuals; returns ``(alpha_s, beta_bytes_per_s, rms_rel)``.
 
-    alpha is kept >= 0 (refit through the origin otherwise); a non-positive slope (bandwidth beyond what the sizes
-    can show) becomes the largest size moved in a thousandth of the smallest time.
+    alpha is kept >= 0 (refit through the origin otherwise). A non-positive slope (the larger sizes took no longer
+    than the smaller ones: a stalled small transfer on a shared host, or a bandwidth the sizes cannot resolve) becomes
+    the lowest bandwidth the samples allow, the largest size moved in its own measured time, with alpha refitted
+    under it: extrapolating to larger transfers then errs slow, never toward free.
     """
     if len(sizes) != len(times) or len(sizes) < 2:
         raise ValueError("need at least two (size, time) points")
@@ -62,8 +64,9 @@ def fit_alpha_beta(sizes: Sequence[int], times: Sequence[float]) -> tuple[float,
     if a < 0:
         a, b = 0.0, r2 / s22
     if b <= 0:
-        b = min(times) * 1e-3 / max(sizes)
-        a = r1 / s11
+        n_max, t_max = max(zip(sizes, times))
+        b = t_max / n_max
+        a = max(0.0, (r1 - b * r2) / s11)
     rel = [((a + b * n) - t) / t for n, t in zip(sizes, times)]
     return a, 1.0 / b, math.sqrt(sum(r * r for r in rel) / len(rel))
 

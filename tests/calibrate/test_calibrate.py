@@ -43,6 +43,16 @@ def test_fit_reports_relative_error_of_noisy_times() -> None:
     assert a >= 0 and b > 0 and 0.1 < err < 0.3
 
 
+def test_a_flat_or_falling_fit_keeps_the_lowest_bandwidth_the_samples_allow() -> None:
+    # CI, 2026-11-27: a stalled 4 KiB all-to-all outlasted the 1 MiB one; the fit gave 1.8 TB/s over loopback
+    sizes = [4096, 65536, 1 << 20]
+    times = [1.1e-3, 0.9e-3, 0.578e-3]
+    a, b, err = fit_alpha_beta(sizes, times)
+    assert b == pytest.approx((1 << 20) / 0.578e-3)  # 1.8 GB/s: the 1 MiB in its own time
+    assert 0 <= a <= max(times) and err >= 0
+    assert a + (1 << 30) / b >= 1024 * 0.578e-3  # 1 GiB is extrapolated no faster than the samples show
+
+
 def test_p2p_sizes_reach_beyond_the_boundary_tensor() -> None:
     sizes = p2p_sizes(3 << 20)
     assert sizes[0] <= 8 and sizes[-1] >= 4 * (3 << 20) and (3 << 20) in sizes and sizes == sorted(set(sizes))
