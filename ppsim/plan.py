@@ -738,30 +738,36 @@ class Judge:
     def memory(self, c: Candidate, *, order: Any = None) -> tuple[Judged, Prepared | None]:
         """Each PP rank's memory and the verdict; what timing needs where it fits. ``order``: a searched order to
         judge in place of the named schedule's."""
-        from ppsim.split import resolve_split
-
         request = self.request
         overrides = tuple(request.user_overrides) + c.overrides(request.settings)
         try:
-            job = job_of(c, request)
-            num_stages = c.degrees.pp * c.num_stages_per_rank
-            counts = resolve_split(job.split, request.model.num_layers, num_stages, schedule=c.order_name)
-            schedule = order or self.build(c.order_name, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
-            check_checkpointed_backward(c, schedule)
-            shapes = shapes_of(self.shapes_for, c)
-            modules = stage_modules(request.model.num_layers, counts)
-            memory = tuple(job_memory(shapes, degrees=c.degrees, schedule=schedule, stage_modules=modules,
-                                      cap_bytes=request.cap_bytes))
+            prepared = self.prepared(c, order=order)
+            memory = tuple(job_memory(prepared.shapes, degrees=c.degrees, schedule=prepared.schedule,
+                                      stage_modules=prepared.modules, cap_bytes=request.cap_bytes, until_over=True))
         except PPSimError as exc:
             return Judged(c, overrides, reason=f"cannot run: {exc}"), None
-        memory = with_reserved(memory, request, shapes=shapes, degrees=c.degrees, schedule=schedule,
-                               modules=modules)
+        memory = with_reserved(memory, request, shapes=prepared.shapes, degrees=c.degrees,
+                               schedule=prepared.schedule, modules=prepared.modules)
         judged = Judged(c, overrides, memory=memory)
         if judged.fits:
-            return judged, Prepared(job=job, schedule=schedule, shapes=shapes, modules=modules)
+            return judged, prepared
         over = [m for m in memory if not m.fits]
         return dataclasses.replace(judged, reason="; ".join(m.verdict() for m in over[:2])
-                                   + (f" (+{len(over) - 2} ranks)" if len(over) > 2 else "")), None
+                                   + (f" (+{len(over) - 2} ranks)" if len(over) > 2 else "")
+                                   + (" (the ranks after it not counted)" if len(memory) < c.degrees.pp else "")), None
+
+    def prepared(self, c: Candidate, *, order: Any = None) -> Prepared:
+        """The candidate's job, order (``order``, else its named schedule's), shapes and stages' modules: what
+        judging its memory and timing it need (raises :class:`PPSimError` where it cannot run)."""
+        from ppsim.split import resolve_split
+
+        job = job_of(c, self.request)
+        num_stages = c.degrees.pp * c.num_stages_per_rank
+        counts = resolve_split(job.split, self.request.model.num_layers, num_stages, schedule=c.order_name)
+        schedule = order or self.build(c.order_name, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
+        check_checkpointed_backward(c, schedule)
+        return Prepared(job=job, schedule=schedule, shapes=shapes_of(self.shapes_for, c),
+                        modules=stage_modules(self.request.model.num_layers, counts))
 
     def time(self, j: Judged, prepared: Prepared) -> tuple[Judged, Any]:
         """A candidate that fits, timed: with its step and the simulated step (``None`` where it could not be)."""
@@ -795,8 +801,9 @@ def with_reserved(memory: tuple[RankMemory, ...], request: PlanRequest, *, shape
     from ppsim.job.outside import reserved_per_rank
 
     reserved = reserved_per_rank(shapes, degrees=degrees, schedule=schedule, stage_modules=modules,
-                                 mode=request.allocator, cap_bytes=request.cap_bytes)
-    return tuple(dataclasses.replace(m, reserved=r) for m, r in zip(memory, reserved))
+                                 mode=request.allocator, cap_bytes=request.cap_bytes, until_over=True)
+    counted = tuple(dataclasses.replace(m, reserved=r) for m, r in zip(memory, reserved))
+    return counted if all(r.fits is not False for r in reserved) else counted[:len(reserved)]
 
 
 def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence[str]],
@@ -840,6 +847,15 @@ def refusal_rule(reason: str) -> str:
     text = reason.removeprefix("cannot run: ")
     text = re.sub(r"\b(" + "|".join(SCHEDULES) + r")\b", "S", text)
     return re.sub(r"\d+(\.\d+)?", "N", text)
+
+
+def _per_rank(j: Judged) -> list[RankMemory | None]:
+    """A verdict's memory by PP rank, ``None`` for a rank not counted (judging stopped at a rank over the cap); empty
+    where the candidate could not run."""
+    if not j.memory:
+        return []
+    by_rank = {m.rank: m for m in j.memory}
+    return [by_rank.get(r) for r in range(j.candidate.degrees.pp)]
 
 
 def nothing_fits(result: Plan) -> str:
@@ -894,6 +910,7 @@ def to_dict(result: Plan, *, job: str) -> dict[str, Any]:
     for j in order:
         c = j.candidate
         tps = (result.global_batch * seq / (j.step_s * result.request.num_gpus)) if j.step_s else None
+        ranks = _per_rank(j)
         rows.append({
             "pp": c.degrees.pp, "tp": c.degrees.tp, "dp_shard": c.degrees.dp_shard,
             "dp_replicate": c.degrees.dp_replicate, "schedule": c.schedule, "schedule_csv": c.csv,
@@ -902,11 +919,12 @@ def to_dict(result: Plan, *, job: str) -> dict[str, Any]:
             "ep": c.degrees.ep, "cp": c.degrees.cp, "layers_per_stage": c.layers_per_stage,
             "activation_checkpoint": c.activation_checkpoint, "recompute": c.activation_checkpoint,  # old alias
             "fits": j.fits,
-            "peak_memory_bytes": [m.peak_memory_bytes for m in j.memory],
-            "reserved_peak_bytes": [None if m.reserved is None else m.reserved.reserved_peak_bytes for m in j.memory],
-            "outside_allocator_bytes": [None if m.reserved is None else m.reserved.outside_allocator_bytes
-                                        for m in j.memory],
-            "memory_parts": [dict(m.parts) for m in j.memory],
+            "peak_memory_bytes": [None if m is None else m.peak_memory_bytes for m in ranks],
+            "reserved_peak_bytes": [None if m is None or m.reserved is None else m.reserved.reserved_peak_bytes
+                                    for m in ranks],
+            "outside_allocator_bytes": [None if m is None or m.reserved is None else m.reserved.outside_allocator_bytes
+                                        for m in ranks],
+            "memory_parts": [None if m is None else dict(m.parts) for m in ranks],
             "step_s": j.step_s, "tokens_per_s_per_gpu": tps, "relative_step": j.relative_step,
             "step_unit": j.step_unit,  # "s" | "unit" | null: the two are ranked apart, never against each other
             "reason": j.reason or None, "overrides": list(j.overrides),

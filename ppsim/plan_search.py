@@ -15,9 +15,10 @@ Each is made for one plan and dropped with it: nothing is cached between plans.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -248,12 +249,13 @@ class _Found:
 
 def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Build | None = None, simulate: Simulate | None = None,
          progress: Progress | None = None, searcher: Searcher | None = None, started: float | None = None,
-         page: bool = False) -> Plan:
+         page: bool = False, workers: int = 1) -> Plan:
     """Judge every candidate's memory before timing any (:func:`memory_order`: the shapes, the expensive part, once
     per group), then time those that fit in order of their lower bound (pruned by the bound with unit costs), then
     ``searcher``'s orders for the best few configurations, all within the time limit counted from ``started``
     (``time.monotonic()`` when the command began; default now), less a reserve for the output (``page``: an HTML
-    page follows). Ctrl-C keeps what was judged.
+    page follows). ``workers``: processes judging memory at once (:func:`_verdicts`; 1: this process alone).
+    Ctrl-C keeps what was judged.
 
     Raises :class:`PlanError` when no candidate fits the cap, :class:`PlanStopped` when the time limit ran out
     before a candidate that fits was timed."""
@@ -266,7 +268,7 @@ def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Build | None = N
     share = NAMED_SHARE if searcher is not None else 1.0
     found = _Found()
     try:
-        _judge_named(found, space, judge, budget, share, progress)
+        _judge_named(found, space, judge, budget, share, progress, workers)
         if searcher is not None and found.timed:
             _search_orders(found, judge, searcher, budget, progress)
     except KeyboardInterrupt:
@@ -309,14 +311,14 @@ def memory_order(space: Sequence[Candidate], request: PlanRequest) -> list[Candi
 
 
 def _judge_named(found: _Found, space: Sequence[Candidate], judge: Judge, budget: Budget, share: float,
-                 progress: Progress | None) -> None:
+                 progress: Progress | None, workers: int = 1) -> None:
     """The named orders, in rounds: memory in :func:`memory_order` (the first round stops at :data:`MEMORY_SHARE`
     of the time once a candidate fits), then those that fit timed in lower-bound order; again with the candidates
     left while time is left."""
     first = True
     while found.memory_done < len(space):
         before = found.memory_done
-        ready = _judge_memory(found, space, judge, budget, share, progress, leave_for_timing=first)
+        ready = _judge_memory(found, space, judge, budget, share, progress, leave_for_timing=first, workers=workers)
         _time_fitting(found, ready, judge, budget, share, progress)
         first = False
         if found.memory_done == before or not budget.affords(len(found.judged), share=share):
@@ -328,23 +330,101 @@ def _judge_named(found: _Found, space: Sequence[Candidate], judge: Judge, budget
 
 
 def _judge_memory(found: _Found, space: Sequence[Candidate], judge: Judge, budget: Budget, share: float,
-                  progress: Progress | None, *, leave_for_timing: bool) -> dict[int, Prepared]:
+                  progress: Progress | None, *, leave_for_timing: bool, workers: int = 1) -> dict[int, Prepared]:
     """The next candidates' memory, in :func:`memory_order`, while the time's ``share`` lasts (none once it is up);
     ``leave_for_timing``: once one fits, stop at :data:`MEMORY_SHARE` of it. What timing needs, by index, for those
     that fit."""
     ready: dict[int, Prepared] = {}
-    for i in range(found.memory_done, len(space)):
-        new_shape = isinstance(judge.shapes_for, ShapeCache) and not judge.shapes_for.has(space[i].shape_key)
-        fraction = MEMORY_SHARE if ready and leave_for_timing else 1.0
-        if not budget.affords(i, "shape" if new_shape else None, share=share * fraction):
-            break
-        j, prepared = judge.memory(space[i])
-        found.judged.append(j)
-        found.memory_done = i + 1
-        if prepared is not None:
-            ready[i] = prepared
-        _report(progress, "memory", i + 1, len(space), sum(j.fits for j in found.judged), None, budget)
+    verdicts = _verdicts(space, found.memory_done, judge, workers)
+    try:
+        for i in range(found.memory_done, len(space)):
+            new_shape = isinstance(judge.shapes_for, ShapeCache) and not judge.shapes_for.has(space[i].shape_key)
+            fraction = MEMORY_SHARE if ready and leave_for_timing else 1.0
+            if not budget.affords(i, "shape" if new_shape else None, share=share * fraction):
+                break
+            j, prepared = next(verdicts)
+            found.judged.append(j)
+            found.memory_done = i + 1
+            if prepared is not None:
+                ready[i] = prepared
+            _report(progress, "memory", i + 1, len(space), sum(j.fits for j in found.judged), None, budget)
+    finally:
+        verdicts.close()  # the workers stop with it
     return ready
+
+
+FORKED_AT_LEAST = 4
+"""A run of candidates sharing their shapes is judged by forked workers from this many on (fewer: in this process;
+starting workers costs about what one small candidate's judging does)."""
+
+
+def _verdicts(space: Sequence[Candidate], start: int, judge: Judge,
+              workers: int) -> Iterator[tuple[Judged, Prepared | None]]:
+    """``judge.memory`` of ``space[start:]``, in order. With ``workers`` > 1, each run of candidates sharing their
+    shapes (:func:`memory_order` keeps them together) is judged by workers forked once its shapes are made here, so
+    they inherit them (:class:`ppsim.workers.ForkedMap`); the next run's workers start while this run's finish its
+    last candidates, so no core waits on one slow candidate. What timing needs of one that fits is rebuilt here."""
+    from ppsim.workers import ForkedMap, can_fork
+
+    runs = _shape_runs(space, start)
+    if workers <= 1 or not can_fork():
+        for i, end in runs:
+            for k in range(i, end):
+                yield judge.memory(space[k])
+        return
+
+    pools: dict[int, ForkedMap | None] = {}
+
+    def start(r: int) -> None:  # run r's workers, unless started, or too few candidates (judged here)
+        if r >= len(runs) or r in pools:
+            return
+        i, end = runs[r]
+        pools[r] = None
+        if end - i < FORKED_AT_LEAST:
+            return
+        try:
+            shapes_of(judge.shapes_for, space[i])  # here, once: the forked workers inherit them
+        except PPSimError:
+            pass  # each candidate says so when judged
+        pools[r] = ForkedMap(functools.partial(_memory_verdict, judge), space[i:end], workers,
+                             when_all_taken=lambda: start(r + 1))
+
+    try:
+        for r, (i, end) in enumerate(runs):
+            start(r)
+            pool = pools[r]
+            if pool is None:
+                for k in range(i, end):
+                    yield judge.memory(space[k])
+                continue
+            for j in pool:
+                yield j, (judge.prepared(j.candidate) if j.fits else None)
+            pool.close()
+    finally:
+        for pool in pools.values():
+            if pool is not None:
+                pool.close()
+
+
+def _shape_runs(space: Sequence[Candidate], start: int) -> list[tuple[int, int]]:
+    """``space[start:]`` cut into runs of consecutive candidates sharing their shapes, as ``(first, end)``."""
+    runs, i = [], start
+    while i < len(space):
+        end = i + 1
+        while end < len(space) and space[end].shape_key == space[i].shape_key:
+            end += 1
+        runs.append((i, end))
+        i = end
+    return runs
+
+
+def _memory_verdict(judge: Judge, c: Candidate) -> Judged:
+    """A worker's verdict on ``c``, without the allocator's per-event trace (only its peaks cross back)."""
+    j, _ = judge.memory(c)
+    return dataclasses.replace(j, memory=tuple(m if m.reserved is None else dataclasses.replace(
+        m, reserved=dataclasses.replace(m.reserved, trace=dataclasses.replace(m.reserved.trace, reserved=(),
+                                                                              allocated=())))
+        for m in j.memory))
 
 
 def _time_fitting(found: _Found, ready: dict[int, Prepared], judge: Judge, budget: Budget, share: float,

@@ -64,6 +64,9 @@ def plan_cmd(
         "--allocator", help="The caching allocator replayed for the verdict: expandable (torchtitan's launch) or "
         "default segments, judging reserved plus what lives outside the allocator (CUDA context, NCCL's buffers) "
         "against the cap, as simulate does; none: the tensors' peak alone.")] = "expandable",
+    workers: Annotated[Optional[int], typer.Option(
+        "--workers", help="Processes judging candidates' memory at once (default: the cores this process may use; "
+        "1: in this process alone).")] = None,
 ) -> None:
     """The fastest configuration of a torchtitan job that fits each device's memory, with the overrides to launch
     it."""
@@ -72,7 +75,12 @@ def plan_cmd(
     from ppsim.plan import UnitRates, link_rates
     from ppsim.plan_search import OrderSearch, PlanStopped, ShapeCache, Simulations, plan
 
+    from ppsim.workers import available_cores
+
     started = command_started()  # the time limit counts the whole command: start-up and reading the job
+    if workers is not None and workers < 1:
+        raise PPSimError(f"--workers {workers}: must be at least 1 (1 judges in this process alone); e.g. --workers "
+                         f"{available_cores()}, this host's cores")
     if output is not None and output.suffix.lower() != ".html":
         raise PPSimError(f"-o {output}: plan writes one offline HTML page; use a name ending in .html, e.g. "
                          "-o plan.html")
@@ -97,7 +105,7 @@ def plan_cmd(
     try:
         result = plan(request, shapes_for=ShapeCache(_shapes(torchtitan_config, request, as_run=memory_as_run)),
                       simulate=simulations.simulate, progress=_progress_line(), searcher=orders, started=started,
-                      page=output is not None)
+                      page=output is not None, workers=workers if workers is not None else available_cores())
     except PlanStopped as exc:
         typer.echo(f"\nError: {exc}", err=True)
         raise typer.Exit(1) from None

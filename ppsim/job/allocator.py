@@ -34,6 +34,7 @@ per-block metadata.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -98,7 +99,7 @@ class OutOfMemory(Exception):  # noqa: N818 -- internal signal, turned into Allo
 
 
 @dataclass(eq=False, slots=True)
-class _Block:  # compared by identity: a segment finds its block with list.index in C
+class _Block:  # compared and hashed by identity: the free set holds the blocks themselves
     addr: int
     size: int
     state: str  # "free", "used" or "unmapped"
@@ -106,11 +107,62 @@ class _Block:  # compared by identity: a segment finds its block with list.index
 
 @dataclass
 class _Segment:
+    """One segment (``default``) or one pool's address range (``expandable``): its blocks in address order, with
+    the free blocks and the unmapped ranges indexed (torch keeps its free blocks in a set per pool: a best fit looks
+    at the few free blocks, not at every block handed out)."""
+
     pool: tuple[bool, str]  # (small, stream)
     blocks: list[_Block]
     expandable: bool
     page: int = 0
     base: int = 0
+    free: set[_Block] = field(default_factory=set)
+    unmapped: dict[int, _Block] = field(default_factory=dict)
+    """The unmapped ranges by their address."""
+    addrs: list[int] = field(default_factory=list)
+    """``blocks``' addresses, in order: a block's index by bisection."""
+
+    def __post_init__(self) -> None:
+        self.reindex()
+
+    def reindex(self) -> None:
+        self.free = {b for b in self.blocks if b.state == "free"}
+        self.unmapped = {b.addr: b for b in self.blocks if b.state == "unmapped"}
+        self.addrs = [b.addr for b in self.blocks]
+
+    def index(self, blk: _Block) -> int:
+        return bisect_left(self.addrs, blk.addr)
+
+    def replace(self, lo: int, hi: int, new: list[_Block]) -> None:
+        """``blocks[lo:hi] = new``, keeping the indexes."""
+        for b in self.blocks[lo:hi]:
+            self.free.discard(b)
+            if b.state == "unmapped":
+                self.unmapped.pop(b.addr, None)
+        self.blocks[lo:hi] = new
+        self.addrs[lo:hi] = [b.addr for b in new]
+        for b in new:
+            if b.state == "free":
+                self.free.add(b)
+            elif b.state == "unmapped":
+                self.unmapped[b.addr] = b
+
+    def grows_by(self, blk: _Block) -> int:
+        """The unmapped space right after ``blk`` (0 if none): what a free block could grow into."""
+        nxt = self.unmapped.get(blk.addr + blk.size)
+        return 0 if nxt is None else nxt.size
+
+    def hand_out(self, blk: _Block, nbytes: int) -> None:
+        """Mark a free block used for a request of ``nbytes``, splitting off the rest when torch would."""
+        self.free.discard(blk)
+        if should_split(blk.size, nbytes):
+            rest = _Block(blk.addr + nbytes, blk.size - nbytes, "free")
+            blk.size = nbytes
+            i = self.index(blk) + 1
+            self.blocks.insert(i, rest)
+            self.addrs.insert(i, rest.addr)
+            self.free.add(rest)
+        blk.state = "used"
 
     def page_up(self, addr: int) -> int:
         return self.base + -(-(addr - self.base) // self.page) * self.page
@@ -119,11 +171,18 @@ class _Segment:
         return self.base + (addr - self.base) // self.page * self.page
 
     def merge_around(self, blk: _Block) -> None:
-        """Merge a block just freed with its free neighbours (what :meth:`normalize` does, locally)."""
-        i = self.blocks.index(blk)
+        """Free a used block and merge it with its free neighbours (what :meth:`normalize` does, locally)."""
+        blk.state = "free"
+        self.free.add(blk)
+        i = self.index(blk)
         if i + 1 < len(self.blocks) and self.blocks[i + 1].state == "free":
-            blk.size += self.blocks.pop(i + 1).size
+            nxt = self.blocks.pop(i + 1)
+            del self.addrs[i + 1]
+            self.free.discard(nxt)
+            blk.size += nxt.size
         if i > 0 and self.blocks[i - 1].state == "free":
+            self.free.discard(blk)
+            del self.addrs[i]
             self.blocks[i - 1].size += self.blocks.pop(i).size
 
     def normalize(self) -> None:
@@ -137,6 +196,7 @@ class _Segment:
             else:
                 out.append(b)
         self.blocks = out
+        self.reindex()
 
 
 @dataclass(frozen=True)
@@ -199,6 +259,7 @@ class CachingAllocator:
         self.allocated = 0
         self.retries = 0
         self.pool_reserved: dict[tuple[bool, str], int] = {}
+        self.pool_peak: dict[tuple[bool, str], int] = {}
         self._next_addr = 0
         self._live: dict[int, tuple[_Segment, _Block]] = {}
         self._ids = 0
@@ -209,7 +270,9 @@ class CachingAllocator:
 
     def _reserve(self, pool: tuple[bool, str], nbytes: int) -> None:
         self.reserved += nbytes
-        self.pool_reserved[pool] = self.pool_reserved.get(pool, 0) + nbytes
+        now = self.pool_reserved[pool] = self.pool_reserved.get(pool, 0) + nbytes
+        if now > self.pool_peak.get(pool, 0):
+            self.pool_peak[pool] = now
 
     def _new_segment(self, pool: tuple[bool, str], nbytes: int) -> _Segment | None:
         if self.mode == "default":
@@ -229,28 +292,24 @@ class CachingAllocator:
         return seg
 
     # -- finding a block ------------------------------------------------------------------------------------------
-    def _best_fit(self, pool: tuple[bool, str], nbytes: int) -> tuple[_Segment, int] | None:
-        best: tuple[tuple[int, int, int], _Segment, int] | None = None
+    def _best_fit(self, pool: tuple[bool, str], nbytes: int) -> tuple[_Segment, _Block] | None:
+        best: tuple[tuple[int, int, int], _Segment, _Block] | None = None
         for seg in self.segments:
             if seg.pool != pool:
                 continue
-            blocks = seg.blocks
-            fits = [i for i, b in enumerate(blocks) if b.state == "free" and b.size >= nbytes]  # most are used
-            for i in fits:
-                b = blocks[i]
-                grows = i + 1 < len(blocks) and blocks[i + 1].state == "unmapped"
-                key = (b.size + (blocks[i + 1].size if grows else 0), b.size, b.addr)
-                if best is None or key < best[0]:
-                    best = (key, seg, i)
+            for b in seg.free:
+                if b.size >= nbytes:
+                    key = (b.size + seg.grows_by(b), b.size, b.addr)
+                    if best is None or key < best[0]:
+                        best = (key, seg, b)
         return None if best is None else (best[1], best[2])
 
-    def _expand(self, pool: tuple[bool, str], nbytes: int) -> tuple[_Segment, int] | None:
+    def _expand(self, pool: tuple[bool, str], nbytes: int) -> tuple[_Segment, _Block] | None:
         """Map pages for ``nbytes`` in the pool's expandable range; the free block that holds them (or None)."""
         seg = next((s for s in self.segments if s.pool == pool), None) or self._new_segment(pool, nbytes)
         assert seg is not None
-        for i, b in enumerate(seg.blocks):
-            if b.state != "unmapped":
-                continue
+        for addr in sorted(seg.unmapped):
+            i = seg.index(seg.unmapped[addr])
             start = i - 1 if i > 0 and seg.blocks[i - 1].state == "free" else i
             room, j = 0, start
             while j < len(seg.blocks) and seg.blocks[j].state in ("free", "unmapped") and room < nbytes:
@@ -263,9 +322,10 @@ class CachingAllocator:
                          if blk.state == "unmapped")
             if not self._can_reserve(to_map):
                 return None
+            first = seg.blocks[start - 1] if start > 0 else None
             self._map(seg, start, j, page_end)
             self._reserve(pool, to_map)
-            return seg, start
+            return seg, seg.blocks[0 if first is None else seg.index(first) + 1]
         return None  # unreachable: the range's tail is unmapped and unbounded
 
     @staticmethod
@@ -289,16 +349,16 @@ class CachingAllocator:
                     rebuilt[-1].size += part.size
                 elif part.size:
                     rebuilt.append(part)
-        seg.blocks[lo:hi] = rebuilt
+        seg.replace(lo, hi, rebuilt)
 
-    def _find(self, pool: tuple[bool, str], nbytes: int) -> tuple[_Segment, int] | None:
+    def _find(self, pool: tuple[bool, str], nbytes: int) -> tuple[_Segment, _Block] | None:
         hit = self._best_fit(pool, nbytes)
         if hit is not None:
             return hit
         if self.mode == "expandable":
             return self._expand(pool, nbytes)
         seg = self._new_segment(pool, nbytes)
-        return None if seg is None else (seg, 0)
+        return None if seg is None else (seg, seg.blocks[0])
 
     # -- the public operations ------------------------------------------------------------------------------------
     def malloc(self, nbytes: int, stream: str) -> int:
@@ -312,13 +372,8 @@ class CachingAllocator:
             hit = self._find(pool, size)
             if hit is None:
                 raise OutOfMemory(size)
-        seg, i = hit
-        blk = seg.blocks[i]
-        if should_split(blk.size, size):
-            rest = _Block(blk.addr + size, blk.size - size, "free")
-            blk.size = size
-            seg.blocks.insert(i + 1, rest)
-        blk.state = "used"
+        seg, blk = hit
+        seg.hand_out(blk, size)
         self.allocated += blk.size
         self._ids += 1
         self._live[self._ids] = (seg, blk)
@@ -326,7 +381,6 @@ class CachingAllocator:
 
     def free(self, handle: int) -> None:
         seg, blk = self._live.pop(handle)
-        blk.state = "free"
         self.allocated -= blk.size
         seg.merge_around(blk)
 
@@ -351,7 +405,7 @@ class CachingAllocator:
                             _Block(hi, blk.addr + blk.size - hi, "free")]
                 self._reserve(seg.pool, -(hi - lo))
             seg.blocks = rebuilt
-            seg.normalize()
+            seg.normalize()  # drops the empty blocks, reindexes
             kept.append(seg)
         self.segments = kept
 
@@ -365,7 +419,6 @@ def replay(events: Iterable[AllocEvent], mode: str = "expandable", *,
     requested = requested_peak = 0
     reserved: list[int] = []
     allocated: list[int] = []
-    pool_peak: dict[tuple[bool, str], int] = {}
     peak, peak_at, allocated_peak = 0, -1, 0
     oom: OomAt | None = None
     for n, ev in enumerate(events):
@@ -389,11 +442,9 @@ def replay(events: Iterable[AllocEvent], mode: str = "expandable", *,
         allocated_peak = max(allocated_peak, alloc.allocated)
         if alloc.reserved > peak:
             peak, peak_at = alloc.reserved, n
-        for pool, nbytes in alloc.pool_reserved.items():
-            pool_peak[pool] = max(pool_peak.get(pool, 0), nbytes)
     return AllocatorTrace(mode=mode, reserved=tuple(reserved), allocated=tuple(allocated), reserved_peak_bytes=peak,
                           allocated_peak_bytes=allocated_peak, requested_peak_bytes=requested_peak,
                           reserved_peak_event=peak_at,
                           pool_reserved_peak={f"{'small' if s else 'large'}:{st}": b
-                                              for (s, st), b in sorted(pool_peak.items())},
+                                              for (s, st), b in sorted(alloc.pool_peak.items())},
                           retries=alloc.retries, oom=oom)

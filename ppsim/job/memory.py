@@ -337,12 +337,15 @@ def stage_numels(shapes: JobShapes, stage_modules: Sequence[Sequence[str]]) -> l
 
 def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
                stage_modules: Sequence[Sequence[str]], recompute: AbstractSet[tuple[int, int]] = frozenset(),
-               cap_bytes: int | None = None, with_events: bool = False) -> list[RankMemory]:
+               cap_bytes: int | None = None, with_events: bool = False,
+               until_over: bool = False) -> list[RankMemory]:
     """Each PP rank's high point over ``schedule``'s order (its actions as the rank runs them), with its parts.
 
     ``stage_modules[s]``: stage ``s``'s module names (torchtitan's split), in forward order; ``recompute``: the
     (stage, microbatch) pairs whose activations are recomputed in their backward (only the stage's input is kept);
-    ``with_events``: each rank's :attr:`RankMemory.events` too."""
+    ``with_events``: each rank's :attr:`RankMemory.events` too; ``until_over``: stop after the first rank over
+    ``cap_bytes`` (the job does not fit whatever the others hold: ``plan`` judging thousands of candidates), so the
+    list may end before the last rank."""
     if len(stage_modules) != schedule.num_stages:
         raise JobMemoryError(f"the job splits the model into {len(stage_modules)} stages, the schedule has "
                            f"{schedule.num_stages}; the split must give each stage its modules")
@@ -350,8 +353,12 @@ def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
                         last=schedule.next_stage(s) is None, sent=_sends_held(shapes, schedule, s),
                         efsdp=degrees.efsdp)
               for s, mods in enumerate(stage_modules)]
-    return [_rank_memory(shapes, schedule, stages, r, recompute, cap_bytes, degrees, with_events)
-            for r in range(schedule.num_ranks)]
+    out = []
+    for r in range(schedule.num_ranks):
+        out.append(_rank_memory(shapes, schedule, stages, r, recompute, cap_bytes, degrees, with_events))
+        if until_over and out[-1].fits is False:
+            break
+    return out
 
 
 def memory_events(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
@@ -393,6 +400,7 @@ class _EventLog:
         self.microbatch: int | None = 0
         self.st: _Stage | None = None
         self._n = 0
+        self._blocks: dict[tuple[int, str], tuple[int, ...]] = {}
 
     def alloc(self, part: str, key: str, nbytes: int, stream: str) -> None:
         if nbytes <= 0:
@@ -408,31 +416,36 @@ class _EventLog:
     def _free(self, part: str, amount: int) -> list[tuple[str, str, int, str]]:
         """Free ``amount`` bytes of ``part``; what a partly freed tensor leaves, to allocate again."""
         chunks, key = self.live[part], self._key(part)
-        order = ([i for i in reversed(range(len(chunks))) if chunks[i][0] == key]
-                 + [i for i in reversed(range(len(chunks))) if chunks[i][0] != key])
-        gone: set[int] = set()
         again = []
-        for i in order:
-            if amount <= 0:
-                break
-            k, tag, nbytes, stream = chunks[i]
-            self.events.append(AllocEvent(self.index, -nbytes, stream, tag))
-            gone.add(i)
-            if nbytes > amount:
-                again.append((part, k, nbytes - amount, stream))
-            amount -= nbytes
-        self.live[part] = [c for i, c in enumerate(chunks) if i not in gone]
+        for own in (True, False):  # the key's tensors first, then the others; each the latest first
+            i = len(chunks) - 1
+            while i >= 0 and amount > 0:
+                k, tag, nbytes, stream = chunks[i]
+                if (k == key) is own:
+                    self.events.append(AllocEvent(self.index, -nbytes, stream, tag))
+                    del chunks[i]
+                    if nbytes > amount:
+                        again.append((part, k, nbytes - amount, stream))
+                    amount -= nbytes
+                i -= 1
         return again
 
-    def _pieces(self, part: str, amount: int) -> list[int]:
+    def _per_block(self, part: str) -> tuple[int, ...]:
+        """The current stage's bytes of ``part`` block by block (made once per stage and part)."""
         st = self.st
-        empty: tuple[int, ...] = ()
-        numel = st.numel_pieces if st else empty
-        kept = (st.kept_pieces if self.no_pipeline else st.numel_pieces) if st else empty
-        per: tuple[int, ...] = {"act": st.saved_pieces if st else empty,
-                                "gathered": tuple(n * self.param for n in kept),
-                                "accum": tuple(n * self.reduce for n in numel),
-                                "grads": tuple(n * self.master for n in (st.sharded_pieces if st else empty))}[part]
+        if st is None:
+            return ()
+        key = (id(st), part)
+        if key not in self._blocks:
+            kept = st.kept_pieces if self.no_pipeline else st.numel_pieces
+            self._blocks[key] = (st.saved_pieces if part == "act"
+                                 else tuple(n * self.param for n in kept) if part == "gathered"
+                                 else tuple(n * self.reduce for n in st.numel_pieces) if part == "accum"
+                                 else tuple(n * self.master for n in st.sharded_pieces))
+        return self._blocks[key]
+
+    def _pieces(self, part: str, amount: int) -> list[int]:
+        per = self._per_block(part)
         taken, total = [], 0
         for p in per:
             if p and total + p <= amount:

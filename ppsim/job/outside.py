@@ -163,10 +163,11 @@ def with_workspace(events: tuple[AllocEvent, ...], workspace_bytes: int) -> tupl
 def reserved_per_rank(shapes: object, *, degrees: Degrees, schedule: object, stage_modules: object,
                       recompute: object = frozenset(), mode: str = "expandable", cap_bytes: int | None = None,
                       measured: Mapping[str, int] | None = None,
-                      events: Sequence[tuple[AllocEvent, ...]] | None = None) -> list[RankReserved]:
+                      events: Sequence[tuple[AllocEvent, ...]] | None = None,
+                      until_over: bool = False) -> list[RankReserved]:
     """Each PP rank's replayed reserved peak (:func:`ppsim.job.memory.memory_events` through
     :func:`ppsim.job.allocator.replay` in ``mode``, within what the cap leaves beside the outside terms) and its
-    outside-the-allocator bytes."""
+    outside-the-allocator bytes; ``until_over``: stop after the first rank that does not fit the cap."""
     from ppsim.job.memory import memory_events
 
     if events is None:  # ``events``: each rank's, where the caller's own count kept them (with_events=True)
@@ -188,6 +189,8 @@ def reserved_per_rank(shapes: object, *, degrees: Degrees, schedule: object, sta
         if trace.oom is not None:  # the same event of this rank's own order
             trace = dataclasses.replace(trace, oom=dataclasses.replace(trace.oom, index=stream[trace.oom.event].index))
         out.append(RankReserved(rank, trace, outside, cap_bytes, notes))
+        if until_over and out[-1].fits is False:
+            break
     return out
 
 
