@@ -53,6 +53,14 @@ def test_plan_o_with_a_name_not_ending_in_html_is_one_line_exit_2_and_writes_not
     assert len(result.stderr.strip().splitlines()) == 1 and not page.exists()
 
 
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_workers_below_one_is_one_line_exit_2(value: str) -> None:
+    result = runner.invoke(app, _plan_args("--gpus", "2", "--workers", value))
+    assert result.exit_code == 2, result.output
+    assert f"--workers {value}: must be at least 1" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_gpus_that_leave_a_node_partly_filled_are_refused_naming_both_and_the_fix() -> None:
     result = runner.invoke(app, _plan_args("--gpus", "4", "--gpus-per-node", "3"))
     assert result.exit_code == 2, result.output

@@ -508,3 +508,25 @@ def test_the_plans_verdict_judges_reserved_plus_outside_the_allocator_as_simulat
     assert prepared is None and not judged.fits and "outside" in judged.reason
     assert all(m.reserved is not None and m.peak_memory_bytes < 2**29 < m.reserved.device_bytes
                for m in judged.memory)
+
+
+def test_workers_judge_the_same_verdicts_in_the_same_order_as_one_process() -> None:
+    from ppsim.workers import can_fork
+
+    if not can_fork():
+        pytest.skip("needs fork (Linux, macOS)")
+    request = _request(cap_bytes=100_000, num_gpus=8, gpus_per_node=8)  # some fit, some stop at a rank over
+    one, two = (_plan(request, workers=w) for w in (1, 2))
+    assert len(one.judged) > 8  # runs of 4 or more share their shapes: forked
+    assert [(j.candidate, j.fits, j.reason, [m.peak_memory_bytes for m in j.memory]) for j in one.judged] == \
+        [(j.candidate, j.fits, j.reason, [m.peak_memory_bytes for m in j.memory]) for j in two.judged]
+    assert [j.candidate for j in one.ranked] == [j.candidate for j in two.ranked]
+
+
+def test_a_candidate_over_the_cap_is_judged_up_to_its_first_rank_over() -> None:
+    result = _plan(_request(cap_bytes=100_000, num_gpus=8, gpus_per_node=8))
+    over = [j for j in result.judged if j.memory and not j.fits]
+    assert any(len(j.memory) < j.candidate.degrees.pp for j in over)
+    for j in over:
+        assert j.memory[-1].fits is False and all(m.fits for m in j.memory[:-1])
+        assert (len(j.memory) < j.candidate.degrees.pp) == ("the ranks after it not counted" in j.reason)

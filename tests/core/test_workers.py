@@ -1,0 +1,85 @@
+"""ppsim.workers: forked workers give results in order, surface a failure or a lost worker as an error (never a
+wait), and end with their map."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from ppsim.workers import ForkedMap, WorkerLost, available_cores, can_fork
+
+pytestmark = pytest.mark.skipif(not can_fork(), reason="needs fork (Linux, macOS)")
+
+
+def test_results_come_in_the_items_order_whatever_order_they_finish_in() -> None:
+    def task(x: int) -> int:
+        time.sleep(0.05 if x % 3 == 0 else 0.0)  # some items finish after later ones
+        return x * x
+
+    pool = ForkedMap(task, list(range(12)), 2)
+    try:
+        assert list(pool) == [x * x for x in range(12)]
+    finally:
+        pool.close()
+
+
+def test_the_task_is_inherited_not_pickled() -> None:
+    unpicklable = lambda x: x + offset  # noqa: E731 -- a closure over a local: pickle refuses it
+    offset = 7
+    pool = ForkedMap(unpicklable, [1, 2, 3], 3)
+    try:
+        assert list(pool) == [8, 9, 10]
+    finally:
+        pool.close()
+
+
+def test_a_task_that_raises_is_an_error_with_its_traceback() -> None:
+    def task(x: int) -> int:
+        if x == 2:
+            raise ValueError("bad item two")
+        return x
+
+    pool = ForkedMap(task, [0, 1, 2, 3], 2)
+    try:
+        with pytest.raises(RuntimeError, match="bad item two"):
+            list(pool)
+    finally:
+        pool.close()
+
+
+def test_a_worker_killed_mid_item_is_an_error_not_a_hang() -> None:
+    def task(x: int) -> int:
+        if x == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer would
+        return x
+
+    pool = ForkedMap(task, [0, 1, 2], 1)
+    try:
+        with pytest.raises(WorkerLost, match="exit code -9"):
+            list(pool)
+    finally:
+        pool.close()
+
+
+def test_close_ends_every_worker_even_mid_item() -> None:
+    pool = ForkedMap(lambda x: time.sleep(60), [0, 1], 2)
+    procs = list(pool._procs)
+    pool.close()
+    assert all(not p.is_alive() for p in procs)
+
+
+def test_the_callback_runs_once_when_every_item_is_taken() -> None:
+    calls: list[int] = []
+    pool = ForkedMap(lambda x: x, list(range(5)), 2, when_all_taken=lambda: calls.append(1))
+    try:
+        assert list(pool) == list(range(5))
+    finally:
+        pool.close()
+    assert calls == [1]
+
+
+def test_available_cores_is_at_least_one() -> None:
+    assert available_cores() >= 1
