@@ -68,9 +68,9 @@ class OutsideAllocator:
 
 def communicators(degrees: Degrees) -> list[tuple[str, int]]:
     """The process groups a rank's NCCL communicators serve, with their sizes (groups of one make none): FSDP's
-    (``dp_shard`` x ``cp``), the sparse FSDP mesh under EP (``efsdp``), TP's, EP's, data-parallel replication's, and
-    the world's default group (torchtitan's loss reduction and barriers)."""
-    groups = [("fsdp", degrees.dp_shard * degrees.cp), ("tp", degrees.tp), ("ep", degrees.ep),
+    (``dp_shard`` x ``cp``), the sparse FSDP mesh under EP (``efsdp``), TP's, CP's (the K/V all-gathers), EP's,
+    data-parallel replication's, and the world's default group (torchtitan's loss reduction and barriers)."""
+    groups = [("fsdp", degrees.dp_shard * degrees.cp), ("tp", degrees.tp), ("cp", degrees.cp), ("ep", degrees.ep),
               ("dp_replicate", degrees.dp_replicate)]
     if degrees.ep > 1:
         groups.append(("efsdp", degrees.efsdp or 1))

@@ -150,3 +150,12 @@ def test_a_pinned_cp_that_does_not_cut_the_sequence_into_2_cp_chunks_is_refused(
     request = _request(num_gpus=16, gpus_per_node=8, pinned={"cp": 4}, settings=_long(32766))
     with pytest.raises(PlanError, match="sequence length 32766 is not divisible by 2 x cp = 8"):
         degree_layouts(request, 16)
+
+
+def test_cp_has_its_own_nccl_communicator_outside_the_allocator() -> None:
+    from ppsim.job.outside import communicators, outside_allocator
+
+    groups = dict(communicators(Degrees(pp=1, dp_shard=2, cp=4)))
+    assert groups["cp"] == 4 and groups["fsdp"] == 8 and "tp" not in groups
+    with_cp, without = (outside_allocator(Degrees(pp=1, dp_shard=8 // cp, cp=cp)).to_dict() for cp in (4, 1))
+    assert "nccl_cp" in with_cp and "nccl_cp" not in without
