@@ -831,7 +831,8 @@ def step_collectives(c: Candidate, shapes: JobShapes, modules: Sequence[Sequence
         return None
     gpus_per_node = request.gpus_per_node if request is not None else c.degrees.world_size
     job = StepJob(shapes=shapes, stage_modules=modules, degrees=c.degrees, costs=costs,
-                  placement=place(c.degrees, gpus_per_node) if cover is None and cluster is not None else None,
+                  placement=(place(c.degrees, gpus_per_node, rank_order=cluster.rank_order)
+                             if cover is None and cluster is not None else None),
                   time_scale=scale, shared=shared,
                   shared_scale=1.0 if cover is None else cover.shared_scale,  # as `run` reads it
                   activation_bytes=shapes.boundary_bytes)

@@ -388,7 +388,8 @@ def run_step(schedule: Schedule, stage_costs: Any, options: RunOptions,
     if cluster is not None:
         from ppsim.step.placement import place
 
-        placement = place(degrees, cluster.gpus_per_node, cluster_name=f"--cluster {cluster.name}")
+        placement = place(degrees, cluster.gpus_per_node, cluster_name=f"--cluster {cluster.name}",
+                          rank_order=cluster.rank_order)
     job = StepJob(shapes=shapes[0], stage_modules=shapes[1], degrees=degrees, costs=costs, placement=placement,
                   ep_overlap="dualpipe" if spec.overlap else "sequential", ep_in_blocks=in_blocks,
                   activation_bytes=shapes[0].boundary_bytes)

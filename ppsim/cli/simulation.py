@@ -156,7 +156,8 @@ def step_of(inputs: Inputs, shapes: JobShapesOnce | None,
     if cluster is not None:
         from ppsim.step.placement import place
 
-        placement = place(degrees, cluster.gpus_per_node, cluster_name=f"--cluster {cluster.name}")
+        placement = place(degrees, cluster.gpus_per_node, cluster_name=f"--cluster {cluster.name}",
+                          rank_order=cluster.rank_order)
         cluster.nodes_for(degrees.world_size)  # a cluster of fewer nodes than the job needs: one line
     if prof is None:
         costs = None  # unit costs: a price in seconds has no unit to join (FSDP said unpriced; EP's stated ratio)

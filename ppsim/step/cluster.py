@@ -10,7 +10,9 @@ One description feeds every collective's price (:mod:`ppsim.step.collectives`). 
     device = {name = "H100 SXM", peak_tflops = 989, memory_GiB = 80}
 
 Optional keys: ``name``, ``source``, ``nvls``, ``backend`` (``nccl`` or ``gloo``), ``nodes``, ``shared_host``
-(the nodes are emulated on one host and share its cores, as ``scripts/cluster-local.sh`` makes them). Every mistake
+(the nodes are emulated on one host and share its cores, as ``scripts/cluster-local.sh`` makes them),
+``rank_order`` (``block``, torchrun's node-by-node numbering, the default; ``cyclic``, ranks dealt round the nodes as
+Slurm's ``--distribution=cyclic`` deals them). Every mistake
 in a file is one line (:class:`ClusterError`) naming the key, the rule and the fix.
 """
 
@@ -97,6 +99,9 @@ class Cluster:
     shared_host: bool = False
     """The nodes are emulated on one host (network namespaces) and its processes share that host's cores: a CPU run's
     prediction stretches compute by processor sharing as for local processes (:mod:`ppsim.step.sharing`)."""
+    rank_order: str = "block"
+    """How the launcher numbers ranks over the nodes: ``block`` (torchrun: node by node) or ``cyclic`` (dealt round
+    the nodes: Slurm's ``--distribution=cyclic``; :mod:`ppsim.step.placement`)."""
 
     def nodes_for(self, gpus: int) -> int:
         """Nodes a job of ``gpus`` devices fills: 1 for a job within one node, else whole nodes only."""
@@ -132,6 +137,8 @@ class Cluster:
             out["nodes"] = self.num_nodes
         if self.shared_host:
             out["shared_host"] = True
+        if self.rank_order != "block":
+            out["rank_order"] = self.rank_order
         return out
 
     def to_toml(self) -> str:
@@ -284,7 +291,7 @@ def parse_cluster(text: str, *, fmt: str = "toml", where: str = "cluster file") 
 
 
 _KEYS = ("gpus_per_node", "intra_node", "inter_node", "nics_per_node", "device",
-         "name", "source", "nvls", "backend", "nodes", "shared_host")
+         "name", "source", "nvls", "backend", "nodes", "shared_host", "rank_order")
 _LINK_KEYS = ("bandwidth_GBps", "latency_us")
 _DEVICE_KEYS = ("name", "peak_tflops", "memory_GiB")
 
@@ -305,7 +312,19 @@ def cluster_from_dict(data: Mapping[str, Any], *, where: str = "cluster file") -
         backend=_backend(data.get("backend", "nccl"), f"{where}: backend"),
         num_nodes=None if nodes is None else _count(data, "nodes", where),
         shared_host=_flag(data.get("shared_host", False), "shared_host", where),
+        rank_order=_rank_order(data.get("rank_order", "block"), where),
     )
+
+
+RANK_ORDERS = ("block", "cyclic")
+"""How a launcher numbers ranks over nodes (:mod:`ppsim.step.placement`)."""
+
+
+def _rank_order(value: Any, where: str) -> str:
+    if value not in RANK_ORDERS:
+        raise ClusterError(f"{where}: rank_order {value!r}: must be one of {', '.join(RANK_ORDERS)} (block: torchrun's "
+                           "node-by-node numbering; cyclic: ranks dealt round the nodes); fix the file")
+    return str(value)
 
 
 def _known(data: Mapping[str, Any], keys: tuple[str, ...], where: str, prefix: str) -> None:

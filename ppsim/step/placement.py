@@ -1,8 +1,10 @@
 """Where each group of each parallel dimension sits: ranks on nodes, as torchtitan's device mesh orders them.
 
 torchtitan 0.3.0 (``ParallelDims``) builds one mesh ``pp x dp_replicate x dp_shard x cp x tp``, TP innermost, and
-``torchrun`` numbers the ranks node by node (``rank // gpus_per_node`` is the node). So a group of dimension ``d``
-is ``size`` ranks ``stride`` apart, ``stride`` the product of the dimensions inside ``d``:
+``torchrun`` numbers the ranks node by node (``rank // gpus_per_node`` is the node: the ``block`` rank order; a
+launcher that deals ranks round the nodes, as Slurm's ``--distribution=cyclic`` or one torchrun per rank with
+``--node-rank`` dealt so, gives the ``cyclic`` order, ``rank % nodes``). So a group of dimension ``d`` is ``size``
+ranks ``stride`` apart, ``stride`` the product of the dimensions inside ``d``:
 
 ==============  ===========================================  ==========================================
 group           size                                         stride
@@ -64,9 +66,15 @@ def groups(degrees: Degrees) -> dict[str, Group]:
     return out
 
 
-def span_of(group: Group, gpus_per_node: int) -> Span:
-    """The nodes the group's ranks (``0, stride, 2 stride, ...``) touch, and how many of them share one."""
-    nodes = len({(i * group.stride) // gpus_per_node for i in range(group.size)})
+def node_of(rank: int, gpus_per_node: int, nodes: int, rank_order: str = "block") -> int:
+    """The node a rank runs on: ``block`` (torchrun's: node by node), ``cyclic`` (dealt round the nodes)."""
+    return rank % nodes if rank_order == "cyclic" else rank // gpus_per_node
+
+
+def span_of(group: Group, gpus_per_node: int, nodes: int = 0, rank_order: str = "block") -> Span:
+    """The nodes the group's ranks (``0, stride, 2 stride, ...``) touch, and how many of them share one (``nodes``:
+    the job's node count, which the ``cyclic`` order deals over)."""
+    nodes = len({node_of(i * group.stride, gpus_per_node, nodes, rank_order) for i in range(group.size)})
     while group.size % nodes:  # an uneven spread (degrees not dividing a node): counted as the next even one
         nodes += 1
     return Span(group.size, nodes)
@@ -93,17 +101,19 @@ class Placement:
                 "pp_hops_across_nodes": sum(self.pp_crosses)}
 
 
-def place(degrees: Degrees, gpus_per_node: int, *, cluster_name: str = "the cluster") -> Placement:
-    """Place the job on nodes of ``gpus_per_node``; a job of more GPUs than one node must fill whole nodes."""
+def place(degrees: Degrees, gpus_per_node: int, *, cluster_name: str = "the cluster",
+          rank_order: str = "block") -> Placement:
+    """Place the job on nodes of ``gpus_per_node`` in ``rank_order`` (module docstring); a job of more GPUs than
+    one node must fill whole nodes."""
     world = degrees.world_size
     if gpus_per_node < 1:
         raise PlacementError(f"gpus_per_node {gpus_per_node}: must be at least 1; fix {cluster_name}'s file")
     if world > gpus_per_node and world % gpus_per_node:
         raise PlacementError(f"{world} GPUs (pp x dp_replicate x dp_shard x cp x tp) do not fill whole nodes of "
                              f"{gpus_per_node} ({cluster_name}); use a multiple of {gpus_per_node} GPUs")
-    spans = {name: span_of(g, gpus_per_node) for name, g in groups(degrees).items()}
+    nodes = max(1, -(-world // gpus_per_node))
+    spans = {name: span_of(g, gpus_per_node, nodes, rank_order) for name, g in groups(degrees).items()}
     stride = groups(degrees)["pp"].stride
-    crosses = tuple((j * stride) // gpus_per_node != ((j + 1) * stride) // gpus_per_node
-                    for j in range(degrees.pp - 1))
-    return Placement(degrees=degrees, gpus_per_node=gpus_per_node, nodes=max(1, -(-world // gpus_per_node)),
-                     spans=spans, pp_crosses=crosses)
+    crosses = tuple(node_of(j * stride, gpus_per_node, nodes, rank_order)
+                    != node_of((j + 1) * stride, gpus_per_node, nodes, rank_order) for j in range(degrees.pp - 1))
+    return Placement(degrees=degrees, gpus_per_node=gpus_per_node, nodes=nodes, spans=spans, pp_crosses=crosses)

@@ -62,6 +62,15 @@ def test_the_documented_example_parses() -> None:
     assert c.device.memory_bytes == 80 * 2**30
 
 
+def test_rank_order_is_read_round_trips_and_a_bad_one_is_one_line() -> None:
+    c = parse_cluster(EXAMPLE + 'rank_order = "cyclic"\n')
+    assert c.rank_order == "cyclic" and c.to_dict()["rank_order"] == "cyclic"
+    assert parse_cluster(c.to_toml()).rank_order == "cyclic"
+    assert parse_cluster(EXAMPLE).rank_order == "block" and "rank_order" not in parse_cluster(EXAMPLE).to_dict()
+    with pytest.raises(PPSimError, match="rank_order 'round': must be one of block, cyclic"):
+        parse_cluster(EXAMPLE + 'rank_order = "round"\n')
+
+
 @pytest.mark.parametrize("preset", list(PRESETS))
 @pytest.mark.parametrize("suffix", [".toml", ".json"])
 def test_a_file_round_trips(tmp_path: Path, preset: str, suffix: str) -> None:
