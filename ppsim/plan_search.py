@@ -314,42 +314,43 @@ def _judge_named(found: _Found, space: Sequence[Candidate], judge: Judge, budget
                  progress: Progress | None, workers: int = 1) -> None:
     """The named orders, in rounds: memory in :func:`memory_order` (the first round stops at :data:`MEMORY_SHARE`
     of the time once a candidate fits), then those that fit timed in lower-bound order; again with the candidates
-    left while time is left."""
+    left while time is left. The workers judging memory (``workers`` > 1) go on while this process times."""
     first = True
-    while found.memory_done < len(space):
-        before = found.memory_done
-        ready = _judge_memory(found, space, judge, budget, share, progress, leave_for_timing=first, workers=workers)
-        _time_fitting(found, ready, judge, budget, share, progress)
-        first = False
-        if found.memory_done == before or not budget.affords(len(found.judged), share=share):
-            break
+    verdicts = _verdicts(space, found.memory_done, judge, workers)
+    try:
+        while found.memory_done < len(space):
+            before = found.memory_done
+            ready = _judge_memory(found, space, verdicts, judge, budget, share, progress, leave_for_timing=first)
+            _time_fitting(found, ready, judge, budget, share, progress)
+            first = False
+            if found.memory_done == before or not budget.affords(len(found.judged), share=share):
+                break
+    finally:
+        verdicts.close()  # the workers stop with it
     if found.memory_done < len(space) or any(j.reason == TIME_RAN_OUT for j in found.judged):
         fit = sum(j.fits for j in found.judged)
         found.stopped = (f"time limit ({judge.request.time_limit_s:g} s): memory of {found.memory_done} of "
                          f"{len(space)} candidates judged ({fit} fit), {len(found.timed)} of those timed")
 
 
-def _judge_memory(found: _Found, space: Sequence[Candidate], judge: Judge, budget: Budget, share: float,
-                  progress: Progress | None, *, leave_for_timing: bool, workers: int = 1) -> dict[int, Prepared]:
-    """The next candidates' memory, in :func:`memory_order`, while the time's ``share`` lasts (none once it is up);
-    ``leave_for_timing``: once one fits, stop at :data:`MEMORY_SHARE` of it. What timing needs, by index, for those
-    that fit."""
+def _judge_memory(found: _Found, space: Sequence[Candidate], verdicts: Iterator[tuple[Judged, Prepared | None]],
+                  judge: Judge, budget: Budget, share: float, progress: Progress | None, *,
+                  leave_for_timing: bool) -> dict[int, Prepared]:
+    """The next candidates' memory (``verdicts``, :func:`_verdicts` of ``space`` in :func:`memory_order`), while
+    the time's ``share`` lasts (none once it is up); ``leave_for_timing``: once one fits, stop at
+    :data:`MEMORY_SHARE` of it. What timing needs, by index, for those that fit."""
     ready: dict[int, Prepared] = {}
-    verdicts = _verdicts(space, found.memory_done, judge, workers)
-    try:
-        for i in range(found.memory_done, len(space)):
-            new_shape = isinstance(judge.shapes_for, ShapeCache) and not judge.shapes_for.has(space[i].shape_key)
-            fraction = MEMORY_SHARE if ready and leave_for_timing else 1.0
-            if not budget.affords(i, "shape" if new_shape else None, share=share * fraction):
-                break
-            j, prepared = next(verdicts)
-            found.judged.append(j)
-            found.memory_done = i + 1
-            if prepared is not None:
-                ready[i] = prepared
-            _report(progress, "memory", i + 1, len(space), sum(j.fits for j in found.judged), None, budget)
-    finally:
-        verdicts.close()  # the workers stop with it
+    for i in range(found.memory_done, len(space)):
+        new_shape = isinstance(judge.shapes_for, ShapeCache) and not judge.shapes_for.has(space[i].shape_key)
+        fraction = MEMORY_SHARE if ready and leave_for_timing else 1.0
+        if not budget.affords(i, "shape" if new_shape else None, share=share * fraction):
+            break
+        j, prepared = next(verdicts)
+        found.judged.append(j)
+        found.memory_done = i + 1
+        if prepared is not None:
+            ready[i] = prepared
+        _report(progress, "memory", i + 1, len(space), sum(j.fits for j in found.judged), None, budget)
     return ready
 
 
@@ -362,8 +363,9 @@ def _verdicts(space: Sequence[Candidate], start: int, judge: Judge,
               workers: int) -> Iterator[tuple[Judged, Prepared | None]]:
     """``judge.memory`` of ``space[start:]``, in order. With ``workers`` > 1, each run of candidates sharing their
     shapes (:func:`memory_order` keeps them together) is judged by workers forked once its shapes are made here, so
-    they inherit them (:class:`ppsim.workers.ForkedMap`); the next run's workers start while this run's finish its
-    last candidates, so no core waits on one slow candidate. What timing needs of one that fits is rebuilt here."""
+    they inherit them (:class:`ppsim.workers.ForkedMap`); the next run's workers start with this run's, so no core
+    waits on one slow candidate and the workers go on while the caller times what fits. What timing needs of one
+    that fits is rebuilt here."""
     from ppsim.workers import ForkedMap, can_fork
 
     runs = _shape_runs(space, start)
@@ -386,12 +388,12 @@ def _verdicts(space: Sequence[Candidate], start: int, judge: Judge,
             shapes_of(judge.shapes_for, space[i])  # here, once: the forked workers inherit them
         except PPSimError:
             pass  # each candidate says so when judged
-        pools[r] = ForkedMap(functools.partial(_memory_verdict, judge), space[i:end], workers,
-                             when_all_taken=lambda: start(r + 1))
+        pools[r] = ForkedMap(functools.partial(_memory_verdict, judge), space[i:end], workers)
 
     try:
         for r, (i, end) in enumerate(runs):
             start(r)
+            start(r + 1)
             pool = pools[r]
             if pool is None:
                 for k in range(i, end):
@@ -400,6 +402,7 @@ def _verdicts(space: Sequence[Candidate], start: int, judge: Judge,
             for j in pool:
                 yield j, (judge.prepared(j.candidate) if j.fits else None)
             pool.close()
+            del pools[r]
     finally:
         for pool in pools.values():
             if pool is not None:

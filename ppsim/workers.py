@@ -47,12 +47,10 @@ def can_fork() -> bool:
 class ForkedMap:
     """``task(item)`` for each of ``items`` on ``workers`` processes forked now (they inherit ``task`` and the
     items: nothing is pickled but the results); iterating gives the results in the items' order as they come.
-    Each worker takes the next item when it is free, so a slow item holds up one worker only. ``when_all_taken``
-    is called once, while results are awaited, as soon as every item has been taken: the last ones are being
-    computed, and a caller may start the next work beside them."""
+    Each worker takes the next item when it is free, so a slow item holds up one worker only; the workers go on
+    computing while the caller does something else between results."""
 
-    def __init__(self, task: Callable[[Any], Any], items: Sequence[Any], workers: int,
-                 when_all_taken: Callable[[], None] | None = None) -> None:
+    def __init__(self, task: Callable[[Any], Any], items: Sequence[Any], workers: int) -> None:
         import multiprocessing
 
         ctx = multiprocessing.get_context("fork")
@@ -61,7 +59,6 @@ class ForkedMap:
         self._results: Any = ctx.Queue()
         self._got: dict[int, Any] = {}
         self._next = 0
-        self._when_all_taken = when_all_taken
         self._procs = [ctx.Process(target=_serve, args=(task, items, self._taken, self._results), daemon=True,
                                    name=f"ppsim-worker{w}") for w in range(max(1, min(workers, self._n)))]
         try:
@@ -71,11 +68,6 @@ class ForkedMap:
             self.close()
             raise
 
-    @property
-    def all_taken(self) -> bool:
-        """Whether every item has been taken by a worker (the pool is finishing its last ones)."""
-        return int(self._taken.value) >= self._n
-
     def __iter__(self) -> ForkedMap:
         return self
 
@@ -83,9 +75,6 @@ class ForkedMap:
         if self._next >= self._n:
             raise StopIteration
         while self._next not in self._got:
-            if self._when_all_taken is not None and self.all_taken:
-                callback, self._when_all_taken = self._when_all_taken, None
-                callback()
             try:
                 k, ok, value = self._results.get(timeout=POLL_S)
             except queue.Empty:

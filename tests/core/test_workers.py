@@ -71,15 +71,5 @@ def test_close_ends_every_worker_even_mid_item() -> None:
     assert all(not p.is_alive() for p in procs)
 
 
-def test_the_callback_runs_once_when_every_item_is_taken() -> None:
-    calls: list[int] = []
-    pool = ForkedMap(lambda x: x, list(range(5)), 2, when_all_taken=lambda: calls.append(1))
-    try:
-        assert list(pool) == list(range(5))
-    finally:
-        pool.close()
-    assert calls == [1]
-
-
 def test_available_cores_is_at_least_one() -> None:
     assert available_cores() >= 1
