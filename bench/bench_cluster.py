@@ -11,9 +11,11 @@ cluster model prices it (``CollectiveCosts(...).seconds(kind, nbytes, group_size
 against B. Table 2: the same with both links fitted (``fit_links``) to A, never to B.
 
 ``run``: ``ppsim run`` of PP 2 x FSDP 2 (torchtitan llama3 debug model) under torchrun across the nodes with
-``--cluster``, FSDP within a node and PP across (torchtitan's mesh: PP outermost), in the nodes'
-ranks' order torchrun gives (node by node). FSDP across the nodes is not reachable this way (it would need ranks 0
-and 2 on one node; see docs/emulated-nodes.md). Predicted step before the run against the measured one.
+``--cluster``, in two placements: one torchrun of 2 ranks a node (ranks node by node: torchtitan's mesh, PP
+outermost, puts FSDP within a node and PP across), and one torchrun a rank with node ranks 0 and 2 on node 0 and 1
+and 3 on node 1 (ranks dealt round the nodes: FSDP across, PP within), predicted on
+``bench/data/emulated-2x2-1gbit-cyclic.toml`` (``rank_order = "cyclic"``). Predicted step before the run against
+the measured one, and whether the placement predicted faster measures faster.
 
 Every number is printed with the command that made it and the spread over repeats.
 """
@@ -37,6 +39,7 @@ SCRIPT = REPO / "scripts" / "cluster-local.sh"
 PY = Path(sys.executable)
 TORCHRUN = PY.parent / "torchrun"
 CLUSTER = REPO / "bench" / "data" / "emulated-2x2-1gbit.toml"
+CYCLIC = REPO / "bench" / "data" / "emulated-2x2-1gbit-cyclic.toml"
 PREFIX = "bench"
 ADDRS = ("10.77.0.1", "10.77.0.2")
 
@@ -59,15 +62,15 @@ def in_node(prefix: str, args: list[str], timeout: float = 600) -> str:
     return done.stdout
 
 
-def across(prefix: str, args: list[str], *, port: int, order: tuple[int, int] = (0, 1), timeout: float = 900,
-           per_node: int = 2) -> tuple[list[str], str]:
-    """One torchrun per node; ``order[i]``: the node rank torchrun on node ``i`` takes (``--node-rank``, static
-    rendezvous on node 0's address). Returns every node's output and the command of node 0."""
+def across(prefix: str, args: list[str], *, port: int, seats: tuple[tuple[int, int], ...] = ((0, 0), (1, 1)),
+           timeout: float = 900, per_node: int = 2) -> tuple[list[str], str]:
+    """One torchrun per seat ``(emulated node, --node-rank)`` with ``per_node`` ranks each (static rendezvous on
+    node 0's address). Returns every torchrun's output and their commands."""
     procs, cmds = [], []
-    for node in (0, 1):
-        cmd = ["bash", str(SCRIPT), "exec", str(node), "--prefix", prefix, "--", str(TORCHRUN), "--nnodes", "2",
-               "--nproc-per-node", str(per_node), "--node-rank", str(order[node]), "--master-addr", ADDRS[0],
-               "--master-port", str(port), "--local-addr", ADDRS[node], *args]
+    for node, node_rank in seats:
+        cmd = ["bash", str(SCRIPT), "exec", str(node), "--prefix", prefix, "--", str(TORCHRUN), "--nnodes",
+               str(len(seats)), "--nproc-per-node", str(per_node), "--node-rank", str(node_rank), "--master-addr",
+               ADDRS[0], "--master-port", str(port), "--local-addr", ADDRS[node], *args]
         cmds.append(cmd)
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
                                       env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True))
@@ -185,16 +188,19 @@ def run(args: argparse.Namespace) -> None:
                  "-o", str(profile)]
         _, cmd = across(args.prefix, cross, port=29670)
         print(f"collectives into it: `{cmd}`")
-    # torchrun numbers ranks node by node and torchtitan's mesh puts PP outermost: with 2 ranks a node, PP 2 x
-    # dp_shard 2 always has FSDP within a node and PP across (FSDP across would need ranks 0 and 2 on one node)
-    placements = {"PP across nodes, FSDP within": (0, 1)}
+    # torchtitan's mesh puts PP outermost: ranks numbered node by node (one torchrun of 2 a node) put FSDP within a
+    # node and PP across; one torchrun a rank with node ranks 0 and 2 on node 0 deals the ranks round the nodes
+    # (rank_order = "cyclic"): FSDP across, PP within
+    placements = {"PP across nodes, FSDP within": (((0, 0), (1, 1)), 2, CLUSTER),
+                  "FSDP across nodes, PP within": (((0, 0), (1, 1), (0, 2), (1, 3)), 1, CYCLIC)}
     rows = {name: [] for name in placements}
     for rep in range(args.repeats):
-        for name, order in placements.items():
-            path = out / f"run-{'pp' if order else 'fsdp'}-{rep}.json"
+        for k, (name, (seats, per_node, cluster)) in enumerate(placements.items()):
+            path = out / f"run-{'pp' if k == 0 else 'fsdp'}-across-{rep}.json"
             cli = ["run", "--profile", str(profile), "-s", "1F1B", "-r", "2", "-m", "4", "--dp-shard", "2",
-                   "--steps", str(args.steps), "--warmup", "2", "--cluster", str(CLUSTER), "--json"]
-            outs, cmd = across(args.prefix, ["-m", "ppsim.cli", *cli], port=29680 + rep * 2 + (order is None))
+                   "--steps", str(args.steps), "--warmup", "2", "--cluster", str(cluster), "--json"]
+            outs, cmd = across(args.prefix, ["-m", "ppsim.cli", *cli], port=29680 + rep * 2 + k, seats=seats,
+                               per_node=per_node)
             text = next(o for o in outs if '"measured_step_s"' in o)
             doc = json.loads(text[text.index("{"):text.rindex("}") + 1])
             path.write_text(json.dumps(doc, indent=1))
@@ -207,6 +213,11 @@ def run(args: argparse.Namespace) -> None:
         errs = [p / m - 1 for m, p in got]
         print(f"| {name} | {', '.join(f'{m:.3f}' for m, _ in got)} | {', '.join(f'{p:.3f}' for _, p in got)} | "
               f"{statistics.median(errs) * 100:+.1f} % |")
+    (a, got_a), (b, got_b) = rows.items()
+    faster_pred = a if statistics.median(p for _, p in got_a) < statistics.median(p for _, p in got_b) else b
+    faster_meas = a if statistics.median(m for m, _ in got_a) < statistics.median(m for m, _ in got_b) else b
+    print(f"\npredicted faster: {faster_pred}; measured faster (median): {faster_meas}; "
+          f"{'agree' if faster_pred == faster_meas else 'DISAGREE'}")
 
 
 def main() -> None:
