@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -360,7 +360,7 @@ starting workers costs about what one small candidate's judging does)."""
 
 
 def _verdicts(space: Sequence[Candidate], start: int, judge: Judge,
-              workers: int) -> Iterator[tuple[Judged, Prepared | None]]:
+              workers: int) -> Generator[tuple[Judged, Prepared | None], None, None]:
     """``judge.memory`` of ``space[start:]``, in order. With ``workers`` > 1, each run of candidates sharing their
     shapes (:func:`memory_order` keeps them together) is judged by workers forked once its shapes are made here, so
     they inherit them (:class:`ppsim.workers.ForkedMap`); the next run's workers start with this run's, so no core
@@ -377,7 +377,7 @@ def _verdicts(space: Sequence[Candidate], start: int, judge: Judge,
 
     pools: dict[int, ForkedMap | None] = {}
 
-    def start(r: int) -> None:  # run r's workers, unless started, or too few candidates (judged here)
+    def launch(r: int) -> None:  # run r's workers, unless started, or too few candidates (judged here)
         if r >= len(runs) or r in pools:
             return
         i, end = runs[r]
@@ -392,8 +392,8 @@ def _verdicts(space: Sequence[Candidate], start: int, judge: Judge,
 
     try:
         for r, (i, end) in enumerate(runs):
-            start(r)
-            start(r + 1)
+            launch(r)
+            launch(r + 1)
             pool = pools[r]
             if pool is None:
                 for k in range(i, end):

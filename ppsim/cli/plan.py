@@ -74,7 +74,6 @@ def plan_cmd(
     from ppsim.cli.simulation import cluster_of
     from ppsim.plan import UnitRates, link_rates
     from ppsim.plan_search import OrderSearch, PlanStopped, ShapeCache, Simulations, plan
-
     from ppsim.workers import available_cores
 
     started = command_started()  # the time limit counts the whole command: start-up and reading the job

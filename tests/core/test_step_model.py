@@ -58,7 +58,7 @@ def test_ranks_dealt_round_the_nodes_put_fsdp_across_and_pp_within() -> None:
     # one torchrun a rank, --node-rank 0 and 2 on node 0 (or Slurm's --distribution=cyclic): ranks 0, 2 share a node
     p = place(Degrees(pp=2, dp_shard=2), 2, rank_order="cyclic")
     assert p.span("fsdp").nodes == 2 and p.pp_crosses == (False,)
-    p = place(Degrees(pp=1, tp=8, dp_shard=4), 8, rank_order="cyclic")  # 4 nodes: TP dealt over all 4, FSDP (8 apart) on one
+    p = place(Degrees(pp=1, tp=8, dp_shard=4), 8, rank_order="cyclic")  # 4 nodes: TP over all 4, FSDP (8 apart) on one
     assert (p.span("tp").nodes, p.span("fsdp").nodes) == (4, 1)
     one = place(Degrees(pp=2, dp_shard=2), 4, rank_order="cyclic")  # within one node the order changes nothing
     assert one.to_dict() == place(Degrees(pp=2, dp_shard=2), 4).to_dict()
