@@ -530,3 +530,17 @@ def test_a_candidate_over_the_cap_is_judged_up_to_its_first_rank_over() -> None:
     for j in over:
         assert j.memory[-1].fits is False and all(m.fits for m in j.memory[:-1])
         assert (len(j.memory) < j.candidate.degrees.pp) == ("the ranks after it not counted" in j.reason)
+
+
+def test_the_json_keeps_a_slot_per_pp_rank_null_where_a_rank_was_not_counted() -> None:
+    from ppsim.plan import to_dict
+
+    result = _plan(_request(cap_bytes=100_000, num_gpus=8, gpus_per_node=8))
+    rows = to_dict(result, job="toy")["candidates"]
+    stopped = [r for r in rows if r["memory_parts"] and None in r["peak_memory_bytes"]]
+    assert stopped and all(not r["fits"] for r in stopped)
+    for r in rows:
+        if r["memory_parts"]:
+            assert len(r["peak_memory_bytes"]) == len(r["memory_parts"]) == r["pp"]
+            counted = [p for p in r["peak_memory_bytes"] if p is not None]
+            assert r["peak_memory_bytes"][:len(counted)] == counted  # counted from rank 0 up to the first over
