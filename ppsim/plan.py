@@ -542,18 +542,45 @@ def _stage_options(name: str, pp: int, num_layers: int) -> list[tuple[int | None
 
 
 def candidates(request: PlanRequest, batch: int) -> list[Candidate]:
-    """The whole space (layouts x microbatch sizes x schedules x layer splits x checkpoint modes)."""
+    """The whole space (layouts x microbatch sizes x schedules x layer splits x checkpoint modes); an empty one is
+    refused in one line saying why (:class:`PlanError`), before any work."""
+    layouts = degree_layouts(request, batch)
+    out = [c for deg in layouts for c in _candidates_of(deg, request, batch)]
+    if not out:
+        raise PlanError(_empty_space(request, batch, layouts))
+    return out
+
+
+def _empty_space(request: PlanRequest, batch: int, layouts: Sequence[Degrees]) -> str:
+    """Why no candidate can be formed, and the fix."""
+    n = request.num_gpus
+    pinned = ", ".join(f"{k} {v}" for k, v in sorted(request.pinned.items()))
+    if not layouts:
+        return (f"--gpus {n}: no layout of the degrees makes {n} GPUs with this model and global batch {batch}"
+                + (f" and the pinned degrees ({pinned})" if pinned else "")
+                + " (TP within a node dividing the heads, PP at most the layers, the data-parallel degree dividing "
+                "the global batch); change the GPU count, the pins or --training.global_batch_size")
+    pp = min(d.pp for d in layouts)
+    return (f"--gpus {n}: at global batch {batch} every layout gives each data-parallel rank fewer sequences than "
+            f"microbatches its pipeline needs (at least PP, {pp} at the smallest, of sizes "
+            f"{'/'.join(map(str, request.microbatch_sizes))}), so no candidate can run"
+            + (f" (pinned: {pinned})" if pinned else "")
+            + "; raise --training.global_batch_size, or use fewer GPUs or a smaller pinned degree")
+
+
+def _candidates_of(deg: Degrees, request: PlanRequest, batch: int) -> list[Candidate]:
+    """One layout's candidates: each microbatch size giving its pipeline at least PP microbatches, x schedules x
+    layer splits x checkpoint modes."""
     out: list[Candidate] = []
-    for deg in degree_layouts(request, batch):
-        local = batch // (deg.dp_shard * deg.dp_replicate)
-        for size in request.microbatch_sizes:
-            if local % size or local // size < deg.pp:
-                continue
-            for name in (SCHEDULES if deg.pp > 1 else (NO_PIPELINE,)):
-                for lps, v in _stage_options(name, deg.pp, request.model.num_layers):
-                    for ac in request.activation_checkpoints:
-                        out.append(Candidate(degrees=deg, schedule=name, microbatch_size=size, local_batch_size=local,
-                                             layers_per_stage=lps, activation_checkpoint=ac, num_stages_per_rank=v))
+    local = batch // (deg.dp_shard * deg.dp_replicate)
+    for size in request.microbatch_sizes:
+        if local % size or local // size < deg.pp:
+            continue
+        for name in (SCHEDULES if deg.pp > 1 else (NO_PIPELINE,)):
+            for lps, v in _stage_options(name, deg.pp, request.model.num_layers):
+                for ac in request.activation_checkpoints:
+                    out.append(Candidate(degrees=deg, schedule=name, microbatch_size=size, local_batch_size=local,
+                                         layers_per_stage=lps, activation_checkpoint=ac, num_stages_per_rank=v))
     return out
 
 
@@ -586,23 +613,26 @@ class UnitCosts:
         return f"F={1 + r!r},B={2 + r!r},I={1 + r!r},W=1"
 
 
-def layer_flops_per_token(shapes: JobShapes, seq_len: int) -> float:
+def layer_flops_per_token(shapes: JobShapes, seq_len: int, *, ep: int = 1) -> float:
     """One transformer layer's forward FLOPs per token at TP 1, as torchtitan counts them for MFU
     (``2 x parameters + 4 x dim x seq_len``; a MoE layer's routed experts count the ``top_k`` a token uses), the
     mean over the model's layers; its TP-local parameters times TP (the replicated norms counted TP times: a few
-    parts in 10^4)."""
+    parts in 10^4). Under EP (``ep`` > 1) the routed experts are whole on their EP rank whatever the TP degree
+    (torchtitan 0.3.0 ``models/common/moe_sharding.py``: ``expert_param_placement_sparse``), so they count once;
+    without EP they are TP-sharded like the dense weights."""
     layers = [b for name, b in shapes.blocks.items() if name.startswith("layers.")]
     if not layers:
         return 0.0
     total = 0.0
     for block in layers:
-        params = 0.0
+        dense = experts = 0.0
         for name, shape in block.tensors:
             numel: float = math.prod(shape)
             if name in block.sparse and shape and shapes.moe_top_k:
-                numel = numel * shapes.moe_top_k / shape[0]  # one expert's share (dim 0: the local experts)
-            params += numel
-        total += 2 * params * shapes.tp + 4 * shapes.dim * seq_len
+                experts += numel * shapes.moe_top_k / shape[0]  # one expert's share (dim 0: the local experts)
+            else:
+                dense += numel
+        total += 2 * (dense * shapes.tp + experts * (1 if ep > 1 else shapes.tp)) + 4 * shapes.dim * seq_len
     return total / len(layers)
 
 
@@ -612,15 +642,16 @@ def unit_costs(c: Candidate, request: PlanRequest, shapes: JobShapes | None = No
     (:data:`TP_COLLECTIVES_PER_LAYER` a layer and direction, each moving ``(tp - 1) / tp`` of the microbatch's
     ``tokens x dim`` activations over the node's link) at the request's :class:`UnitRates`. FSDP's all-gathers and
     reduce-scatters go into the step by :func:`step_collectives` at :attr:`UnitCosts.time_scale`. ``shapes``
-    (``None``: compute only) give the dim, the activation dtype and the layer's FLOPs."""
-    tokens = c.microbatch_size * batch_shape(request.settings).seq_len
+    (``None``: compute only) give the dim, the activation dtype and the layer's FLOPs. A CP rank holds ``1 / cp``
+    of each sequence's tokens (each attending over the whole sequence: the FLOPs per token keep the full length)."""
+    tokens = c.microbatch_size * batch_shape(request.settings).seq_len / c.degrees.cp
     chunks = c.degrees.pp * c.num_stages_per_rank
     work = (request.model.num_layers + 2) / chunks * tokens / c.degrees.tp
     if shapes is None:
         return UnitCosts(work=work, activation_checkpoint=c.activation_checkpoint)
     from ppsim.job.memory import DTYPE_BYTES
 
-    flops = layer_flops_per_token(shapes, batch_shape(request.settings).seq_len)
+    flops = layer_flops_per_token(shapes, batch_shape(request.settings).seq_len, ep=c.degrees.ep)
     seconds = flops / request.unit_rates.flops_per_s
     tp = c.degrees.tp
     per_token = (TP_COLLECTIVES_PER_LAYER * (tp - 1) / tp * shapes.dim * DTYPE_BYTES[shapes.param_dtype]

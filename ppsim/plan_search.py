@@ -254,7 +254,9 @@ def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Build | None = N
     per group), then time those that fit in order of their lower bound (pruned by the bound with unit costs), then
     ``searcher``'s orders for the best few configurations, all within the time limit counted from ``started``
     (``time.monotonic()`` when the command began; default now), less a reserve for the output (``page``: an HTML
-    page follows). ``workers``: processes judging memory at once (:func:`_verdicts`; 1: this process alone).
+    page follows). The search has :data:`NAMED_SHARE`'s rest of the time only once every candidate is judged: while
+    some are not, judging them goes on instead (an unjudged candidate may be the best; a searched order refines one
+    already found). ``workers``: processes judging memory at once (:func:`_verdicts`; 1: this process alone).
     Ctrl-C keeps what was judged.
 
     Raises :class:`PlanError` when no candidate fits the cap, :class:`PlanStopped` when the time limit ran out
@@ -267,13 +269,20 @@ def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Build | None = N
     space = memory_order(candidates(request, batch), request)
     share = NAMED_SHARE if searcher is not None else 1.0
     found = _Found()
+    verdicts = _verdicts(space, 0, judge, workers)
     try:
-        _judge_named(found, space, judge, budget, share, progress, workers)
-        if searcher is not None and found.timed:
+        _judge_named(found, space, verdicts, judge, budget, share, progress)
+        if found.memory_done < len(space) and share < 1.0:
+            _judge_named(found, space, verdicts, judge, budget, 1.0, progress, first=False)
+        elif searcher is not None and found.timed:
+            verdicts.close()  # every candidate judged: the workers are done
             _search_orders(found, judge, searcher, budget, progress)
+        found.stopped = found.stopped or _stopped(found, len(space), judge)
     except KeyboardInterrupt:
         found.stopped = (f"interrupted: memory of {found.memory_done} of {len(space)} candidates judged, "
                          f"{len(found.timed)} timed")
+    finally:
+        verdicts.close()  # the workers stop with it
     ranked = tuple(sorted(found.timed, key=Judged.key))
     result = Plan(request=request, global_batch=batch, judged=tuple(found.judged), ranked=ranked,
                   num_candidates=len(space), stopped=found.stopped, pruned=found.pruned,
@@ -310,27 +319,28 @@ def memory_order(space: Sequence[Candidate], request: PlanRequest) -> list[Candi
                                         order_size(c)))
 
 
-def _judge_named(found: _Found, space: Sequence[Candidate], judge: Judge, budget: Budget, share: float,
-                 progress: Progress | None, workers: int = 1) -> None:
-    """The named orders, in rounds: memory in :func:`memory_order` (the first round stops at :data:`MEMORY_SHARE`
-    of the time once a candidate fits), then those that fit timed in lower-bound order; again with the candidates
-    left while time is left. The workers judging memory (``workers`` > 1) go on while this process times."""
-    first = True
-    verdicts = _verdicts(space, found.memory_done, judge, workers)
-    try:
-        while found.memory_done < len(space):
-            before = found.memory_done
-            ready = _judge_memory(found, space, verdicts, judge, budget, share, progress, leave_for_timing=first)
-            _time_fitting(found, ready, judge, budget, share, progress)
-            first = False
-            if found.memory_done == before or not budget.affords(len(found.judged), share=share):
-                break
-    finally:
-        verdicts.close()  # the workers stop with it
-    if found.memory_done < len(space) or any(j.reason == TIME_RAN_OUT for j in found.judged):
+def _judge_named(found: _Found, space: Sequence[Candidate], verdicts: Iterator[tuple[Judged, Prepared | None]],
+                 judge: Judge, budget: Budget, share: float, progress: Progress | None, *, first: bool = True) -> None:
+    """The named orders, in rounds: memory in :func:`memory_order` (``verdicts``; the ``first`` round stops at
+    :data:`MEMORY_SHARE` of the time once a candidate fits), then those that fit timed in lower-bound order; again
+    with the candidates left while the time's ``share`` lasts. Forked workers judging memory go on while this
+    process times."""
+    while found.memory_done < len(space):
+        before = found.memory_done
+        ready = _judge_memory(found, space, verdicts, judge, budget, share, progress, leave_for_timing=first)
+        _time_fitting(found, ready, judge, budget, share, progress)
+        first = False
+        if found.memory_done == before or not budget.affords(len(found.judged), share=share):
+            break
+
+
+def _stopped(found: _Found, total: int, judge: Judge) -> str:
+    """Why the plan stopped short ("" when every candidate was judged and every one that fits timed or pruned)."""
+    if found.memory_done < total or any(j.reason == TIME_RAN_OUT for j in found.judged):
         fit = sum(j.fits for j in found.judged)
-        found.stopped = (f"time limit ({judge.request.time_limit_s:g} s): memory of {found.memory_done} of "
-                         f"{len(space)} candidates judged ({fit} fit), {len(found.timed)} of those timed")
+        return (f"time limit ({judge.request.time_limit_s:g} s): memory of {found.memory_done} of {total} "
+                f"candidates judged ({fit} fit), {len(found.timed)} of those timed")
+    return ""
 
 
 def _judge_memory(found: _Found, space: Sequence[Candidate], verdicts: Iterator[tuple[Judged, Prepared | None]],

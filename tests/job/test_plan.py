@@ -544,3 +544,11 @@ def test_the_json_keeps_a_slot_per_pp_rank_null_where_a_rank_was_not_counted() -
             assert len(r["peak_memory_bytes"]) == len(r["memory_parts"]) == r["pp"]
             counted = [p for p in r["peak_memory_bytes"] if p is not None]
             assert r["peak_memory_bytes"][:len(counted)] == counted  # counted from rank 0 up to the first over
+
+
+def test_a_space_with_no_candidate_is_refused_in_one_line_saying_why_not_blaming_the_time_limit() -> None:
+    # 8 GPUs, global batch 2, PP 4 pinned: a pipeline gets at most 2 sequences, fewer than its 4 microbatches
+    request = _request(num_gpus=8, gpus_per_node=8, settings=_settings(local_batch=1), pinned={"pp": 4})
+    with pytest.raises(PlanError, match="fewer sequences than microbatches its pipeline needs") as got:
+        candidates(request, 2)
+    assert "time" not in str(got.value) and "--training.global_batch_size" in str(got.value)

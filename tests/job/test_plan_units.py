@@ -143,6 +143,27 @@ def test_a_moe_layers_flops_count_the_experts_a_token_uses() -> None:
     assert layer_flops_per_token(shapes, 10) == 2 * (100 + 2 * 50) + 4 * 4 * 10
 
 
+def test_under_ep_the_routed_experts_count_once_whatever_the_tp_degree() -> None:
+    # torchtitan shards the routed experts on the EP mesh, whole at any TP (a 671B MoE layer at TP 8 counted 4.8x
+    # its FLOPs when they were multiplied by TP: bench/bench_layouts.py); without EP they are TP-sharded
+    moe = BlockShapes("moe", (("w", (100,)), ("experts", (8, 50))), saved_bytes=0, sparse=frozenset({"experts"}))
+    at_tp8 = JobShapes(source="t", blocks={"layers.0": moe}, tp=8, boundary_bytes=0, dim=4, moe_top_k=2)
+    assert layer_flops_per_token(at_tp8, 10, ep=4) == 2 * (100 * 8 + 2 * 50) + 4 * 4 * 10
+    assert layer_flops_per_token(at_tp8, 10, ep=1) == 2 * (100 + 2 * 50) * 8 + 4 * 4 * 10
+
+
+def test_a_cp_rank_is_charged_its_share_of_the_tokens() -> None:
+    from ppsim.job.degrees import Degrees
+    from ppsim.plan import Candidate, unit_costs
+
+    request = _request(num_gpus=8, gpus_per_node=8)
+    base = dict(schedule="1F1B", microbatch_size=1, local_batch_size=4, layers_per_stage=None,
+                activation_checkpoint="none", num_stages_per_rank=1)
+    one, four = (unit_costs(Candidate(degrees=Degrees(pp=2, cp=cp, dp_shard=4 // cp), **base), request)
+                 for cp in (1, 4))
+    assert four.work == pytest.approx(one.work / 4)
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "inf", "nan", "450,50,10", "", "450,", "1_000"])
 def test_a_bad_link_bandwidth_is_one_line_exit_2_before_any_work(value: str) -> None:
     result = runner.invoke(app, ["plan", "--torchtitan-config", "llama3:llama3_debugmodel", "--gpus", "2",
