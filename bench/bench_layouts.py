@@ -4,10 +4,11 @@ why the candidates above it are faster in ppsim's unit-cost model (docs/plan.md,
     python bench/bench_layouts.py [--out DIR] [--only deepseek|llama8k|llama128k|cp] [--time-limit S] [--reuse]
                                   [--save]
 
-Every plan is a subprocess `ppsim plan ... --json` with a generous `--time-limit` (400 s: every candidate judged),
-run from DIR (plan writes searched orders' CSVs into its folder) with PPSIM_CACHE_DIR (default
-/tmp/ppsim-cache-bench); its wall time and `stopped` are printed with its command line. Ranks are by
-`relative_step` (unit costs, no profile) among the candidates that fit. No profile: nothing is measured.
+Every plan is a subprocess `ppsim plan ... --json` with `--time-limit S` (default 400 s; a smaller one that still
+judges every candidate only shortens the order search of the best three, which comes last), run from DIR (plan
+writes searched orders' CSVs into its folder) with PPSIM_CACHE_DIR (default /tmp/ppsim-cache-bench); its wall time
+and `stopped` are printed with its command line. Ranks are by `relative_step` (unit costs, no profile) among the
+candidates that fit. No profile: nothing is measured.
 
 1. DeepSeek-V3 671B on 2,048 H800s, global batch 15,360 sequences of 4,096 (the report's final batch), EP 64
    pinned: DeepSeek's PP 16 x TP 1 x dp 128, DualPipe (ppsim and torch run DualPipeV, the V-shaped variant). The
@@ -86,9 +87,10 @@ L405 = ["--torchtitan-config", "llama3:llama3_405b", "--gpus-per-node", "8", "--
 L8K = [*L405, "--gpus", "8192", "--training.seq_len", "8192", "--training.global_batch_size", "2048"]
 L128K = [*L405, "--gpus", "16384", "--training.seq_len", "131072", "--training.global_batch_size", "128"]
 L128K_CP16 = [*L128K, "--parallelism.context_parallel_degree", "16", "--parallelism.tensor_parallel_degree", "8"]
-CP_TIME_LIMIT = 120.0
-"""Tables 2 and 6: every degree pinned, at most 21 candidates (judged in seconds); 120 s leaves the order search its
-quarter without waiting 100 s a row."""
+CP_TIME_LIMIT = 60.0
+"""Tables 2 and 6: every degree pinned, at most 21 candidates (judged in seconds, the 405B's shapes in tens of them);
+60 s judges every one and leaves the order search (which the rows shown, no pipeline and 1F1B, do not use) a
+quarter."""
 T2_ROWS = [(8, 1, 32768, 3890), (4, 2, 65536, 2540), (2, 4, 131072, 1071), (1, 8, 262144, 548)]
 T6_ROWS = [(8, 1, 32768, 76), (4, 2, 65536, 47), (2, 4, 131072, 31), (1, 8, 262144, 16)]
 
@@ -145,9 +147,12 @@ def header(record: dict[str, Any]) -> None:
     fit = sum(c["fits"] for c in cands)
     ranked = sum(c["relative_step"] is not None for c in cands)
     judged = record.get("judged_and_timed_s")
-    print(f"wall {record['wall_s']:.1f} s (every candidate's memory judged and those that fit timed by "
-          f"{judged if judged is not None else '?'} s; the rest is the order search of the best three and the exit; "
-          f"load average after {record['load_after'][0]:.1f}), exit {record['rc']}, "
+    when = judged if judged is not None else "?"
+    what = (f"stopped before every candidate was judged; its last timing progress line at {when} s" if plan["stopped"]
+            else f"every candidate's memory judged and those that fit timed by {when} s; the rest is the order search "
+            "of the best three and the exit")
+    print(f"wall {record['wall_s']:.1f} s ({what}; load average after {record['load_after'][0]:.1f}), exit "
+          f"{record['rc']}, "
           f"stopped: {plan['stopped']}; {plan['num_candidates']} candidates, {fit} fit, {ranked} ranked; global "
           f"batch {plan['global_batch']} x seq {plan['seq_len']}")
 
@@ -218,7 +223,7 @@ class Explainer:
         """The candidate's step per rank in relative-step units: compute, TP collectives, exposed collectives by
         kind, idle (the rest: bubble and imbalance)."""
         from ppsim.job.degrees import Degrees
-        from ppsim.plan import Candidate, layer_flops_per_token, shapes_of, unit_costs
+        from ppsim.plan import Candidate, shapes_of, unit_costs
 
         degrees = Degrees(pp=c["pp"], tp=c["tp"], dp_shard=c["dp_shard"], dp_replicate=c["dp_replicate"], cp=c["cp"],
                           ep=c["ep"])
@@ -231,7 +236,6 @@ class Explainer:
         shapes = shapes_of(self.judge.shapes_for, cand)
         unit = unit_costs(cand, self.request, shapes)
         judged, sim = self.judge.time(judged, prepared)
-        seq = int(self.request.settings.training.get("seq_len"))
         w = unit.work
         full = cand.activation_checkpoint == "full"
         per_chunk = (4.0 if full else 3.0) * w  # F + B (+ the recomputed F)
@@ -239,41 +243,11 @@ class Explainer:
         n = cand.num_microbatches * cand.num_stages_per_rank
         out = {"step": sim.makespan * w, "compute": n * per_chunk, "tp": n * tp, "bubble_ratio": sim.bubble_ratio,
                "seconds_per_unit": unit.seconds_per_unit, "relative_step": judged.relative_step,
-               "flops_ratio": layer_flops_per_token(shapes, seq) / experts_once_flops(shapes, seq),
                "cp": cand.degrees.cp}
         for kind, tot in (sim.collectives or {}).items():
             out[f"x:{kind}"] = tot.exposed_s * w / cand.degrees.pp
         out["idle"] = out["step"] - out["compute"] - out["tp"] - exposed(out)
         return out
-
-
-def experts_once_flops(shapes: Any, seq_len: int) -> float:
-    """``ppsim.plan.layer_flops_per_token`` with the routed experts' parameters counted once, not times TP: under EP
-    they are EP-local and whole at any TP degree (``(4, 2048, 7168)`` a tensor at TP 1 and TP 8 for DeepSeek-V3 at EP
-    64), so multiplying them by TP, as that function does, counts TP times the FLOPs. Used only to show that
-    error's effect ("corrected" columns); nothing is fitted."""
-    import math
-
-    layers = [b for name, b in shapes.blocks.items() if name.startswith("layers.")]
-    total = 0.0
-    for block in layers:
-        sharded = local = 0.0
-        for name, shape in block.tensors:
-            numel: float = math.prod(shape)
-            if name in block.sparse and shape and shapes.moe_top_k:
-                local += numel * shapes.moe_top_k / shape[0]
-            else:
-                sharded += numel
-        total += 2 * (sharded * shapes.tp + local) + 4 * shapes.dim * seq_len
-    return total / len(layers) if layers else 1.0
-
-
-def corrected(p: dict[str, float]) -> float:
-    """The step with the two unit-cost errors this bench found taken out by hand (approximate: the idle part kept
-    as simulated): communication in units scaled by ``flops_ratio`` (the experts' FLOPs counted once), and each CP
-    rank's compute and TP collectives at ``seq / cp`` tokens (``unit_costs`` charges the whole sequence)."""
-    comm = (p["tp"] / p["cp"] + exposed(p)) * p["flops_ratio"]
-    return p["compute"] / p["cp"] + comm + p["idle"] / p["cp"]
 
 
 def exposed(p: dict[str, float]) -> float:
@@ -286,13 +260,12 @@ def parts_row(rank: Any, c: dict[str, Any], p: dict[str, float], best: float) ->
     coll = " + ".join(f"{k[2:].replace('_', '-')} {p[k] / s:.1%}" for k in sorted(p)
                       if k.startswith("x:") and p[k] > 0) or "none"
     return (f"| {rank} | {label(c)} | {c['relative_step'] / best:.3f} | {device_gib(c):.1f} | "
-            f"{p['compute'] / best:.3f} | {p['tp'] / best:.3f} | {coll} | {p['idle'] / best:.3f} ({p['idle'] / s:.1%}) "
-            f"| {p['flops_ratio']:.2f} | {corrected(p) / best:.3f} |")
+            f"{p['compute'] / best:.3f} | {p['tp'] / best:.3f} | {coll} | {p['idle'] / best:.3f} "
+            f"({p['idle'] / s:.1%}) |")
 
 
 PARTS_HEAD = ("| rank | candidate | rel. step | GiB | compute | TP coll. | exposed collectives (share of step) | idle "
-              "(share) | FLOPs x (experts x TP) | corrected rel. step |\n"
-              "|---|---|---:|---:|---:|---:|---|---:|---:|---:|")
+              "(share) |\n|---|---|---:|---:|---:|---:|---|---:|")
 
 
 def group_table(rows: list[dict[str, Any]], best: float, above: int) -> None:
@@ -348,6 +321,9 @@ def deepseek(opts: argparse.Namespace) -> dict[str, Any]:
     rows = ranked(main["plan"])
     best = rows[0]["relative_step"]
     pub = [(i + 1, c) for i, c in enumerate(rows) if matches(c, pp=16, tp=1, dp_shard=128, ep=64)]
+    if not pub:
+        print("\nThe published degrees (pp 16 x tp 1 x dp 128, ep 64): none ranked.")
+        return {"plan": strip(main)}
     print("\nThe published degrees (pp 16 x tp 1 x dp 128, ep 64) among the ranked candidates:\n")
     print("| rank | candidate | rel. step | GiB (reserved + outside, fullest rank) |\n|---|---|---:|---:|")
     for r, c in pub:
@@ -432,9 +408,8 @@ def cp_tables(opts: argparse.Namespace) -> dict[str, Any]:
             p = Explainer(args, opts.out).parts(c)
             lines.append((name, rec, c, p, pub, dp, cp, seq))
         print("| row | published TPS/GPU (vs first) | rel. step (units) | ppsim TPS/GPU vs first: units | x ppsim's "
-              "seconds per unit (FLOPs incl. 4 dim seq) | the same, compute at seq / cp | compute / exposed coll. / "
-              "idle (units) | GiB | wall s |")
-        print("|---|---|---:|---:|---:|---:|---|---:|---:|")
+              "seconds per unit (FLOPs incl. 4 dim seq) | compute / exposed coll. / idle (units) | GiB | wall s |")
+        print("|---|---|---:|---:|---:|---|---:|---:|")
         base = None
         for name, rec, c, p, pub, dp, cp, seq in lines:
             if c is None:
@@ -442,13 +417,11 @@ def cp_tables(opts: argparse.Namespace) -> dict[str, Any]:
                 continue
             tokens_per_gpu = (rec["plan"]["global_batch"] * seq) / (dp * cp * (1 if table == "T2" else 64))
             units, secs = c["relative_step"], c["relative_step"] * p["seconds_per_unit"]
-            fixed = corrected({**p, "flops_ratio": 1.0}) * p["seconds_per_unit"]
             if base is None:
-                base = (pub, tokens_per_gpu / units, tokens_per_gpu / secs, tokens_per_gpu / fixed)
+                base = (pub, tokens_per_gpu / units, tokens_per_gpu / secs)
             coll = exposed(p)
             print(f"| {table} dp {dp} x cp {cp}, seq {seq} | {pub} ({pub / base[0]:.3f}) | {units:,.0f} | "
                   f"{tokens_per_gpu / units / base[1]:.3f} | {tokens_per_gpu / secs / base[2]:.3f} | "
-                  f"{tokens_per_gpu / fixed / base[3]:.3f} | "
                   f"{p['compute']:,.0f} / {coll:,.0f} / {p['idle']:,.0f} | {device_gib(c):.1f} | {rec['wall_s']:.1f} |")
             out[name] = {"command": rec["command"], "wall_s": rec["wall_s"], "candidate": label(c),
                          "relative_step": units, "seconds_per_unit": p["seconds_per_unit"], "parts": p,
