@@ -269,7 +269,7 @@ def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Build | None = N
     space = memory_order(candidates(request, batch), request)
     share = NAMED_SHARE if searcher is not None else 1.0
     found = _Found()
-    verdicts = _verdicts(space, 0, judge, workers)
+    verdicts = _verdicts(space, 0, judge, workers, ahead=lambda: budget.affords(len(found.judged), "shape"))
     try:
         _judge_named(found, space, verdicts, judge, budget, share, progress)
         if found.memory_done < len(space) and share < 1.0:
@@ -369,13 +369,14 @@ FORKED_AT_LEAST = 4
 starting workers costs about what one small candidate's judging does)."""
 
 
-def _verdicts(space: Sequence[Candidate], start: int, judge: Judge,
-              workers: int) -> Generator[tuple[Judged, Prepared | None], None, None]:
+def _verdicts(space: Sequence[Candidate], start: int, judge: Judge, workers: int,
+              ahead: Callable[[], bool] = lambda: True) -> Generator[tuple[Judged, Prepared | None], None, None]:
     """``judge.memory`` of ``space[start:]``, in order. With ``workers`` > 1, each run of candidates sharing their
     shapes (:func:`memory_order` keeps them together) is judged by workers forked once its shapes are made here, so
     they inherit them (:class:`ppsim.workers.ForkedMap`); the next run's workers start with this run's, so no core
-    waits on one slow candidate and the workers go on while the caller times what fits. What timing needs of one
-    that fits is rebuilt here."""
+    waits on one slow candidate and the workers go on while the caller times what fits; ``ahead()`` says whether the
+    time left affords making the next run's shapes before they are asked for. What timing needs of one that fits is
+    rebuilt here."""
     from ppsim.workers import ForkedMap, can_fork
 
     runs = _shape_runs(space, start)
@@ -403,7 +404,8 @@ def _verdicts(space: Sequence[Candidate], start: int, judge: Judge,
     try:
         for r, (i, end) in enumerate(runs):
             launch(r)
-            launch(r + 1)
+            if ahead():
+                launch(r + 1)
             pool = pools[r]
             if pool is None:
                 for k in range(i, end):
