@@ -729,11 +729,11 @@ def job_of(c: Candidate, request: PlanRequest) -> Any:
                              num_layers=request.model.num_layers)
 
 
-def check_checkpointed_backward(c: Candidate, schedule: Any) -> None:
+def check_checkpointed_backward(c: Candidate, splits_backward: bool) -> None:
     """A split backward (I then W) under torchtitan's activation checkpointing is refused: torch's checkpointing
     reruns a checkpointed region for each of the two backwards (selective refuses the second; full recomputes the
     forward twice), the same refusal as ``ppsim run``'s."""
-    if c.activation_checkpoint != "none" and schedule.splits_backward:
+    if c.activation_checkpoint != "none" and splits_backward:
         raise PlanError(f"{c.order_name} splits its backward into I and W, and torch's {c.activation_checkpoint} "
                         "activation checkpointing reruns a checkpointed region for each")
 
@@ -765,27 +765,90 @@ class Judge:
     shapes_for: ShapesFor
     build: Build
     simulate: Simulate
+    splits: dict[tuple[str, int, int], bool] = field(default_factory=dict, compare=False, repr=False)
+    """Whether each named order (schedule, PP degree, stages a rank) splits its backward, once one was built."""
 
     def memory(self, c: Candidate, *, order: Any = None) -> tuple[Judged, Prepared | None]:
         """Each PP rank's memory and the verdict; what timing needs where it fits. ``order``: a searched order to
-        judge in place of the named schedule's."""
+        judge in place of the named schedule's. A named order of many microbatches is judged on its steady state
+        where that is exact (:meth:`steady`)."""
+        if order is None and c.csv is None:
+            steady = self.steady(c)
+            if steady is not None:
+                return steady
+        return self.walked(c, order=order)
+
+    def steady(self, c: Candidate) -> tuple[Judged, Prepared | None] | None:
+        """``c``'s verdict from two short orders of the same schedule, ``pp x (v + 1)`` and one round of ``pp``
+        more microbatches, each with the receive buffers ``c``'s ``m`` microbatches hold from the start, where both
+        give every rank the same memory (its peak, parts, the action it is in, the allocator's reserved peak and
+        the verdict): a named order of ``m`` microbatches is the short one with more rounds of its steady state,
+        each holding what the round before held, so ``m``'s peaks are the short order's. ``None`` (judge the whole
+        order) where ``m`` is not above both, either cannot run, or the two differ (GPipe, LoopedBFS: memory that
+        grows with ``m``). Judging walks every computation and replays every tensor, so a candidate of 2,048
+        microbatches costs about what two of 8 do."""
+        pp, v, m = c.degrees.pp, c.num_stages_per_rank, c.num_microbatches
+        short = pp * (v + 1)
+        if m <= short + pp:
+            return None
+        walked = [self.walked(dataclasses.replace(c, local_batch_size=n * c.microbatch_size), prepare=False,
+                              buffered=m)[0] for n in (short, short + pp)]
+        if not all(j.memory for j in walked) or not _same_memory(*walked):
+            return None
+        judged = dataclasses.replace(walked[0], candidate=c, overrides=self.overrides(c))
+        return judged, (self.prepared(c) if judged.fits else None)
+
+    def walked(self, c: Candidate, *, order: Any = None, prepare: bool = True,
+               buffered: int | None = None) -> tuple[Judged, Prepared | None]:
+        """:meth:`memory` over the whole order (``prepare``: return what timing needs where it fits; ``buffered``:
+        the microbatches whose receive buffers are held, where ``c`` is a shorter order judged for a longer one)."""
         request = self.request
-        overrides = tuple(request.user_overrides) + c.overrides(request.settings)
+        overrides = self.overrides(c)
         try:
             prepared = self.prepared(c, order=order)
             memory = tuple(job_memory(prepared.shapes, degrees=c.degrees, schedule=prepared.schedule,
-                                      stage_modules=prepared.modules, cap_bytes=request.cap_bytes, until_over=True))
+                                      stage_modules=prepared.modules, cap_bytes=request.cap_bytes, until_over=True,
+                                      buffered=buffered))
         except PPSimError as exc:
             return Judged(c, overrides, reason=f"cannot run: {exc}"), None
         memory = with_reserved(memory, request, shapes=prepared.shapes, degrees=c.degrees,
-                               schedule=prepared.schedule, modules=prepared.modules)
+                               schedule=prepared.schedule, modules=prepared.modules, buffered=buffered)
         judged = Judged(c, overrides, memory=memory)
         if judged.fits:
-            return judged, prepared
+            return judged, (prepared if prepare else None)
         over = [m for m in memory if not m.fits]
         return dataclasses.replace(judged, reason="; ".join(m.verdict() for m in over[:2])
                                    + (f" (+{len(over) - 2} ranks)" if len(over) > 2 else "")
                                    + (" (the ranks after it not counted)" if len(memory) < c.degrees.pp else "")), None
+
+    def refusal(self, c: Candidate) -> Judged | None:
+        """``c``'s verdict where it cannot run for a reason known without its shapes or its whole order (torchtitan's
+        stage split; a split backward under checkpointing, read off a short order of the same schedule); ``None``
+        otherwise. Judging one costs microseconds, so ``plan`` judges these first, whatever their order's size."""
+        if c.csv is not None:
+            return None
+        from ppsim.split import resolve_split
+
+        named = (c.order_name, c.degrees.pp, c.num_stages_per_rank)
+        try:
+            job = job_of(c, self.request)
+            resolve_split(job.split, self.request.model.num_layers, c.degrees.pp * c.num_stages_per_rank,
+                          schedule=c.order_name)
+            if named not in self.splits:
+                try:
+                    short = self.build(c.order_name, c.degrees.pp, c.degrees.pp * (c.num_stages_per_rank + 1),
+                                       c.num_stages_per_rank)
+                except PPSimError:
+                    return None  # no short order of it: the whole one is judged as it comes
+                self.splits[named] = short.splits_backward
+            check_checkpointed_backward(c, self.splits[named])
+        except PPSimError as exc:
+            return Judged(c, self.overrides(c), reason=f"cannot run: {exc}")
+        return None
+
+    def overrides(self, c: Candidate) -> tuple[str, ...]:
+        """The user's overrides and the candidate's own: the command that launches it."""
+        return tuple(self.request.user_overrides) + c.overrides(self.request.settings)
 
     def prepared(self, c: Candidate, *, order: Any = None) -> Prepared:
         """The candidate's job, order (``order``, else its named schedule's), shapes and stages' modules: what
@@ -795,8 +858,13 @@ class Judge:
         job = job_of(c, self.request)
         num_stages = c.degrees.pp * c.num_stages_per_rank
         counts = resolve_split(job.split, self.request.model.num_layers, num_stages, schedule=c.order_name)
+        named = (c.order_name, c.degrees.pp, c.num_stages_per_rank)
+        if order is None and named in self.splits:  # refused before its order is built (thousands of actions)
+            check_checkpointed_backward(c, self.splits[named])
         schedule = order or self.build(c.order_name, c.degrees.pp, c.num_microbatches, c.num_stages_per_rank)
-        check_checkpointed_backward(c, schedule)
+        if order is None:
+            self.splits[named] = schedule.splits_backward
+        check_checkpointed_backward(c, schedule.splits_backward)
         return Prepared(job=job, schedule=schedule, shapes=shapes_of(self.shapes_for, c),
                         modules=stage_modules(self.request.model.num_layers, counts))
 
@@ -822,8 +890,20 @@ class Judge:
         return (j, None) if prepared is None else self.time(j, prepared)
 
 
+def _same_memory(a: Judged, b: Judged) -> bool:
+    """Whether two verdicts give every rank the same memory: peak, parts, the action it is in, what is held from
+    start to end, the allocator's reserved peak and what lives outside it, and the verdict."""
+    def seen(j: Judged) -> tuple[Any, ...]:
+        return (j.fits, j.reason, tuple((m.rank, m.peak_memory_bytes, tuple(sorted(m.parts.items())), m.during,
+                                         tuple(sorted(m.static_bytes.items())), m.start_bytes, m.end_bytes,
+                                         None if m.reserved is None else (m.reserved.reserved_peak_bytes,
+                                                                          m.reserved.device_bytes, m.reserved.fits))
+                                        for m in j.memory))
+    return seen(a) == seen(b)
+
+
 def with_reserved(memory: tuple[RankMemory, ...], request: PlanRequest, *, shapes: JobShapes, degrees: Degrees,
-                  schedule: Any, modules: Any) -> tuple[RankMemory, ...]:
+                  schedule: Any, modules: Any, buffered: int | None = None) -> tuple[RankMemory, ...]:
     """Each rank's memory with the caching allocator replayed and what lives outside it, so the verdict judges
     reserved plus outside, as ``simulate`` does (:mod:`ppsim.job.outside`). Only where the tensors alone fit: the
     reserved peak is never below them, so a candidate over the cap by its tensors is over by more."""
@@ -832,7 +912,8 @@ def with_reserved(memory: tuple[RankMemory, ...], request: PlanRequest, *, shape
     from ppsim.job.outside import reserved_per_rank
 
     reserved = reserved_per_rank(shapes, degrees=degrees, schedule=schedule, stage_modules=modules,
-                                 mode=request.allocator, cap_bytes=request.cap_bytes, until_over=True)
+                                 mode=request.allocator, cap_bytes=request.cap_bytes, until_over=True,
+                                 buffered=buffered)
     counted = tuple(dataclasses.replace(m, reserved=r) for m, r in zip(memory, reserved))
     return counted if all(r.fits is not False for r in reserved) else counted[:len(reserved)]
 

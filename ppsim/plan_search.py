@@ -266,10 +266,16 @@ def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Build | None = N
     judge = Judge(request, ShapeCache(budget.measured("shape", compute)), build or build_named,
                   budget.measured("time", simulate or Simulations().simulate))
     batch = global_batch(request.settings, request.num_gpus)
-    space = memory_order(candidates(request, batch), request)
+    ordered = memory_order(candidates(request, batch), request)
+    # cannot run, known at once (microseconds each, whatever the order's size): judged first, time allowing
+    refused = [judge.refusal(c) if budget.affords(0) else None for c in ordered]
+    space = [j.candidate for j in refused if j is not None] + [c for c, j in zip(ordered, refused) if j is None]
     share = NAMED_SHARE if searcher is not None else 1.0
     found = _Found()
-    verdicts = _verdicts(space, 0, judge, workers, ahead=lambda: budget.affords(len(found.judged), "shape"))
+    found.judged += [j for j in refused if j is not None]
+    found.memory_done = len(found.judged)
+    verdicts = _verdicts(space, found.memory_done, judge, workers,
+                         ahead=lambda: budget.affords(len(found.judged), "shape"))
     try:
         _judge_named(found, space, verdicts, judge, budget, share, progress)
         if found.memory_done < len(space) and share < 1.0:

@@ -57,7 +57,7 @@ def load_job(value: str, overrides: Sequence[str] = (), *, cache: JobCache | Non
     ``kwargs`` are the command-line values that must agree (:func:`ppsim.job.pipeline.job_from_settings`).
     ``cache``: a config function's job is kept there and read back without torchtitan (:mod:`ppsim.job.cache`).
     The one loader of every command that takes a job config."""
-    if cache is None or not _cacheable(value):
+    if cache is None or not cacheable(value):
         return job_of_settings(read_job_settings(value, overrides), **kwargs)
     key = cache.key("job", job=value, overrides=list(overrides), agree=sorted(kwargs.items()))
     _refuse_unknown_keys_early(value, overrides, cache)
@@ -78,7 +78,7 @@ def read_registry_settings(value: str, overrides: Sequence[str] = (), *,
     """The settings of ``MODULE:CONFIG`` with ``overrides`` applied (typed by torchtitan's dataclass fields and
     checked by their own ``__post_init__``); every problem is one :class:`TorchtitanConfigError` line. With a
     ``cache``, read back when kept (a mistyped key is refused from the kept field names, without torchtitan)."""
-    if cache is None or not _cacheable(value):
+    if cache is None or not cacheable(value):
         return _read_registry_settings(value, overrides)
     _refuse_unknown_keys_early(value, overrides, cache)
     key = cache.key("settings", job=value, overrides=list(overrides))
@@ -97,7 +97,7 @@ def _read_registry_settings(value: str, overrides: Sequence[str], *, cache: JobC
     return settings_of_config(value, config, overrides)
 
 
-def _cacheable(value: str) -> bool:
+def cacheable(value: str) -> bool:
     """A config function of torchtitan's own (a user's module can change without a version to key it by)."""
     return is_registry_name(value) and torchtitan_owns(value.split(":", 1)[0])
 

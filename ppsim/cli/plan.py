@@ -339,15 +339,23 @@ def _unit_rule(rates: Any, *, given: bool, cluster: Any = None) -> str:
 def _shapes(value: str, request: PlanRequest, *, as_run: bool = False) -> Callable[[int, int, str], JobShapes]:
     """The model's TP-local shapes for (TP degree, microbatch size, checkpoint mode), from torchtitan's own
     parallelize on the meta device (the expensive call: :class:`ppsim.plan_search.ShapeCache` makes it once per key)."""
-    from ppsim.calibrate.torchtitan.config import read_job_settings
+    from ppsim.calibrate.torchtitan.config import cacheable, read_job_settings
     from ppsim.calibrate.torchtitan.shapes import job_shapes
     from ppsim.cli.job_memory import job_config_context
+    from ppsim.job.cache import JobCache
     from ppsim.plan import batch_shape
 
     keys = batch_shape(request.settings).keys
     seq = batch_shape(request.settings).seq_len
 
     def compute(tp: int, mb_size: int, ac: str, ep: int = 1, cp: int = 1) -> JobShapes:
+        if cache is None:
+            return build(tp, mb_size, ac, ep, cp)
+        key = cache.key("plan-shapes", job=value, overrides=list(request.user_overrides), tp=tp, mb=mb_size, ac=ac,
+                        ep=ep, cp=cp, as_run=as_run)
+        return cache.get_or_build("plan-shapes", key, lambda: build(tp, mb_size, ac, ep, cp))
+
+    def build(tp: int, mb_size: int, ac: str, ep: int, cp: int) -> JobShapes:
         size = mb_size if keys.size.endswith("microbatch_size") else mb_size * seq
         # the shapes depend on TP, EP and CP, not on how far FSDP shards (job_memory does): the fewest dp_shard
         # ranks EP can be carved out of
@@ -362,6 +370,9 @@ def _shapes(value: str, request: PlanRequest, *, as_run: bool = False) -> Callab
                           local_cache=local)[0]
 
     local: dict[Any, Any] = {}  # the model's parallelize once per (TP, EP) degree
+    # torchtitan's own configs without a profile: kept in the job cache (ppsim.job.cache), so planning the same job
+    # again skips building the model on the meta device (about 0.5 s a shape); a user's module or a profile is not
+    cache = JobCache() if not request.profiles and cacheable(value) else None
     return compute
 
 

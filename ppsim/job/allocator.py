@@ -308,6 +308,23 @@ class CachingAllocator:
         """Map pages for ``nbytes`` in the pool's expandable range; the free block that holds them (or None)."""
         seg = next((s for s in self.segments if s.pool == pool), None) or self._new_segment(pool, nbytes)
         assert seg is not None
+        tail = seg.blocks[-1]
+        if len(seg.unmapped) == 1 and tail.state == "unmapped":
+            # the common case, a stack growing at its end: map pages after the last block, which grow the free
+            # block before them if there is one (what the loop below and :meth:`_map` answer, without the search)
+            before = seg.blocks[-2] if len(seg.blocks) > 1 and seg.blocks[-2].state == "free" else None
+            page_end = seg.page_up((tail.addr if before is None else before.addr) + nbytes)
+            if not self._can_reserve(page_end - tail.addr):
+                return None
+            self._reserve(pool, page_end - tail.addr)
+            rest = _Block(page_end, tail.addr + tail.size - page_end, "unmapped")
+            if before is None:
+                before = _Block(tail.addr, page_end - tail.addr, "free")
+                seg.replace(len(seg.blocks) - 1, len(seg.blocks), [before, rest])
+            else:
+                before.size += page_end - tail.addr
+                seg.replace(len(seg.blocks) - 1, len(seg.blocks), [rest])
+            return seg, before
         for addr in sorted(seg.unmapped):
             i = seg.index(seg.unmapped[addr])
             start = i - 1 if i > 0 and seg.blocks[i - 1].state == "free" else i

@@ -338,14 +338,15 @@ def stage_numels(shapes: JobShapes, stage_modules: Sequence[Sequence[str]]) -> l
 def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
                stage_modules: Sequence[Sequence[str]], recompute: AbstractSet[tuple[int, int]] = frozenset(),
                cap_bytes: int | None = None, with_events: bool = False,
-               until_over: bool = False) -> list[RankMemory]:
+               until_over: bool = False, buffered: int | None = None) -> list[RankMemory]:
     """Each PP rank's high point over ``schedule``'s order (its actions as the rank runs them), with its parts.
 
     ``stage_modules[s]``: stage ``s``'s module names (torchtitan's split), in forward order; ``recompute``: the
     (stage, microbatch) pairs whose activations are recomputed in their backward (only the stage's input is kept);
     ``with_events``: each rank's :attr:`RankMemory.events` too; ``until_over``: stop after the first rank over
     ``cap_bytes`` (the job does not fit whatever the others hold: ``plan`` judging thousands of candidates), so the
-    list may end before the last rank."""
+    list may end before the last rank; ``buffered``: the microbatches whose receive buffers are held from the
+    step's start (default the schedule's: a shorter order judged for a longer one, ``plan``'s steady state)."""
     if len(stage_modules) != schedule.num_stages:
         raise JobMemoryError(f"the job splits the model into {len(stage_modules)} stages, the schedule has "
                            f"{schedule.num_stages}; the split must give each stage its modules")
@@ -355,7 +356,8 @@ def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
               for s, mods in enumerate(stage_modules)]
     out = []
     for r in range(schedule.num_ranks):
-        out.append(_rank_memory(shapes, schedule, stages, r, recompute, cap_bytes, degrees, with_events))
+        out.append(_rank_memory(shapes, schedule, stages, r, recompute, cap_bytes, degrees, with_events,
+                                buffered=schedule.num_microbatches if buffered is None else buffered))
         if until_over and out[-1].fits is False:
             break
     return out
@@ -363,11 +365,12 @@ def job_memory(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
 
 def memory_events(shapes: JobShapes, *, degrees: Degrees, schedule: Schedule,
                   stage_modules: Sequence[Sequence[str]],
-                  recompute: AbstractSet[tuple[int, int]] = frozenset()) -> list[tuple[AllocEvent, ...]]:
+                  recompute: AbstractSet[tuple[int, int]] = frozenset(),
+                  buffered: int | None = None) -> list[tuple[AllocEvent, ...]]:
     """Each PP rank's tensors over the step, allocated and freed with their streams, from :func:`job_memory`'s
-    own count (for :func:`ppsim.job.allocator.replay`)."""
+    own count (for :func:`ppsim.job.allocator.replay`; ``buffered`` as there)."""
     return [m.events for m in job_memory(shapes, degrees=degrees, schedule=schedule, stage_modules=stage_modules,
-                                         recompute=recompute, with_events=True)]
+                                         recompute=recompute, with_events=True, buffered=buffered)]
 
 
 def _sends_held(shapes: JobShapes, schedule: Schedule, stage: int) -> tuple[bool, bool]:
@@ -483,13 +486,13 @@ class _EventLog:
 
 def _rank_memory(shapes: JobShapes, schedule: Schedule, stages: list[_Stage], rank: int,
                  recompute: AbstractSet[tuple[int, int]], cap_bytes: int | None, degrees: Degrees,
-                 with_events: bool = False) -> RankMemory:
+                 with_events: bool = False, *, buffered: int) -> RankMemory:
     master, param, reduce = (DTYPE_BYTES[d] for d in (shapes.master_dtype, shapes.param_dtype, shapes.reduce_dtype))
     if not shapes.fsdp or (shapes.fsdp_only_sharded and degrees.dp_shard * degrees.tp == 1):
         param = 0  # no gathered copy: the stored parameters are computed with
     own = schedule.stages_of(rank)
     sharded = sum(stages[s].sharded for s in own)
-    m = schedule.num_microbatches
+    m = buffered  # the receive buffers held from the start: one per microbatch and direction
     module_buffers = sum(stages[s].buffers for s in own)
     directions = [(schedule.prev_stage(s) is not None) + (schedule.next_stage(s) is not None) for s in own]
     buffers = module_buffers + (0 if shapes.receives_just_in_time else

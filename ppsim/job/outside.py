@@ -164,15 +164,17 @@ def reserved_per_rank(shapes: object, *, degrees: Degrees, schedule: object, sta
                       recompute: object = frozenset(), mode: str = "expandable", cap_bytes: int | None = None,
                       measured: Mapping[str, int] | None = None,
                       events: Sequence[tuple[AllocEvent, ...]] | None = None,
-                      until_over: bool = False) -> list[RankReserved]:
+                      until_over: bool = False, buffered: int | None = None) -> list[RankReserved]:
     """Each PP rank's replayed reserved peak (:func:`ppsim.job.memory.memory_events` through
     :func:`ppsim.job.allocator.replay` in ``mode``, within what the cap leaves beside the outside terms) and its
-    outside-the-allocator bytes; ``until_over``: stop after the first rank that does not fit the cap."""
+    outside-the-allocator bytes; ``until_over``: stop after the first rank that does not fit the cap; ``buffered``:
+    as :func:`ppsim.job.memory.job_memory`'s."""
     from ppsim.job.memory import memory_events
 
     if events is None:  # ``events``: each rank's, where the caller's own count kept them (with_events=True)
         events = memory_events(shapes, degrees=degrees, schedule=schedule,  # type: ignore[arg-type]
-                               stage_modules=stage_modules, recompute=recompute)  # type: ignore[arg-type]
+                               stage_modules=stage_modules, recompute=recompute,  # type: ignore[arg-type]
+                               buffered=buffered)
     workspace = getattr(shapes, "workspace_bytes", 0)
     out = []
     replayed: dict[tuple[object, ...], AllocatorTrace] = {}  # ranks whose events are alike replay once

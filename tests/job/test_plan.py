@@ -154,7 +154,7 @@ def test_the_time_limit_stops_the_plan_and_says_the_limit_not_the_cap_stopped_it
 
 def test_a_limit_that_ends_with_candidates_that_fit_untimed_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """Memory judged, the first that fits found, and no time left to time it: the limit, not the cap."""
-    with pytest.raises(PlanStopped, match=r"--time-limit 10: ran out after 10.0 s, having judged the memory of 1 of "
+    with pytest.raises(PlanStopped, match=r"--time-limit 10: ran out after 10.0 s, having judged the memory of \d+ of "
                        r"\d+ candidates \(1 fit, none timed yet\): the limit, not the memory cap, stopped the "
                        r"plan; raise --time-limit \(e.g. --time-limit 20\)"):
         _clocked(monkeypatch, _request(cap_bytes=10**9, time_limit_s=10.0), shape_s=10.0)
@@ -552,3 +552,63 @@ def test_a_space_with_no_candidate_is_refused_in_one_line_saying_why_not_blaming
     with pytest.raises(PlanError, match="fewer sequences than microbatches its pipeline needs") as got:
         candidates(request, 2)
     assert "time" not in str(got.value) and "--training.global_batch_size" in str(got.value)
+
+
+def _steady_cases(request: PlanRequest, saved: int, just_in_time: bool) -> list[tuple[Any, Any, Any]]:
+    """Each candidate of ``request``: its named order judged on its steady state (or ``None``) and walked whole."""
+    from ppsim.plan import Judge
+
+    shapes = _shapes_for(saved)
+
+    def shapes_for(tp: int, mb_size: int, ac: str) -> JobShapes:
+        return dataclasses.replace(shapes(tp, mb_size, ac), receives_just_in_time=just_in_time)
+
+    judge = Judge(request, shapes_for=shapes_for, build=_build, simulate=_unit_timer)
+    return [(c, judge.steady(c), judge.walked(c)) for c in candidates(request, global_batch(request.settings,
+                                                                                           request.num_gpus))]
+
+
+@given(saved=st.integers(100, 20_000), cap=st.integers(200_000, 3_000_000), just_in_time=st.booleans(),
+       allocator=st.sampled_from([None, "expandable", "default"]), local_batch=st.sampled_from([24, 40]))
+@settings(max_examples=6, deadline=None)
+def test_a_long_order_judged_on_its_steady_state_is_judged_as_walked_whole(
+        saved: int, cap: int, just_in_time: bool, allocator: str | None, local_batch: int) -> None:
+    """The plan judges a named order of many microbatches on two short ones (``Judge.steady``); wherever it does,
+    every rank's peak, parts, the action it is in, the reserved peak and the verdict equal the whole order's, and
+    it does so for 1F1B and Interleaved 1F1B (whose memory does not grow with the microbatches), never for GPipe."""
+    request = _request(settings=_settings(local_batch=local_batch), cap_bytes=cap if allocator is None else 2**31,
+                       num_gpus=4, gpus_per_node=2, allocator=allocator)
+    from ppsim.plan import _same_memory
+
+    engaged: set[str] = set()
+    for c, steady, whole in _steady_cases(request, saved, just_in_time):
+        if steady is None:
+            continue
+        engaged.add(c.schedule)
+        judged, prepared = steady
+        assert judged.candidate == c and judged.overrides == whole[0].overrides
+        assert _same_memory(judged, whole[0]), (c, judged.reason, whole[0].reason)
+        assert [m.peak_memory_bytes for m in judged.memory] == [m.peak_memory_bytes for m in whole[0].memory]
+        assert (prepared is None) == (whole[1] is None)
+        if prepared is not None:
+            assert prepared.schedule.num_microbatches == c.num_microbatches  # timing gets the whole order
+    assert {"1F1B", "Interleaved1F1B"} <= engaged and "GPipe" not in engaged
+
+
+def test_a_candidate_refused_at_once_is_refused_as_judging_it_whole_would() -> None:
+    """``Judge.refusal`` (the stage split, a split backward under checkpointing: known without shapes or the whole
+    order) gives the verdict the whole judging gives, and answers ``None`` for every candidate that can run."""
+    from ppsim.plan import Judge
+
+    request = _request(settings=_settings(local_batch=24), num_gpus=8, gpus_per_node=8)
+    judge = Judge(request, shapes_for=_shapes_for(2000), build=_build, simulate=_unit_timer)
+    refused = 0
+    for c in candidates(request, global_batch(request.settings, request.num_gpus)):
+        quick, whole = judge.refusal(c), judge.walked(c)[0]
+        if quick is None:
+            assert not whole.reason.startswith("cannot run") or "splits its backward" not in whole.reason
+            continue
+        refused += 1
+        assert (quick.candidate, quick.overrides, quick.reason, quick.memory) == \
+            (whole.candidate, whole.overrides, whole.reason, whole.memory)
+    assert refused > 0
