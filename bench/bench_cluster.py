@@ -1,7 +1,7 @@
 """The step model across nodes on this machine: two emulated nodes (``scripts/cluster-local.sh``, root needed).
 
     python bench/bench_cluster.py collectives [--repeats 2] [--max-size 64MiB]
-    python bench/bench_cluster.py run [--repeats 2] [--profile llama.json]
+    python bench/bench_cluster.py run [--repeats 2] [--profile llama.json] [--model llama|moe]
 
 ``collectives``: per repeat, (1) ``calibrate --collectives`` on 2 local processes inside node 0 (nodes=1 samples and
 the in-node send_recv, the p2p), (2) a cross-node calibration A (torchrun, one per node), (3) another, B, the
@@ -178,8 +178,11 @@ def run(args: argparse.Namespace) -> None:
     start_nodes(args.prefix)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    profile = Path(args.profile) if args.profile else out / "llama3-debug.json"
-    model = ["--model", "torchtitan:llama3/debugmodel", "--layers", "4", "--seq-len", "64", "--mb-size", "1"]
+    moe = args.model == "moe"  # PP 2 x EP 2 (EP carved out of dp_shard 2): the all-to-alls cross or stay in a node
+    profile = Path(args.profile) if args.profile else out / ("deepseek-debug-ep2.json" if moe else "llama3-debug.json")
+    model = (["--model", "torchtitan:deepseek_v3/debugmodel", "--seq-len", "32", "--dtype", "float32", "--ep", "2"]
+             if moe else ["--model", "torchtitan:llama3/debugmodel", "--layers", "4", "--seq-len", "64", "--mb-size",
+                          "1"])
     if not profile.exists():
         cal = ["calibrate", *model, "--warmup", "1", "--reps", "5", "-o", str(profile)]  # with its runtime probes
         in_node(args.prefix, cal, timeout=900)
@@ -191,14 +194,16 @@ def run(args: argparse.Namespace) -> None:
     # torchtitan's mesh puts PP outermost: ranks numbered node by node (one torchrun of 2 a node) put FSDP within a
     # node and PP across; one torchrun a rank with node ranks 0 and 2 on node 0 deals the ranks round the nodes
     # (rank_order = "cyclic"): FSDP across, PP within
-    placements = {"PP across nodes, FSDP within": (((0, 0), (1, 1)), 2, CLUSTER),
-                  "FSDP across nodes, PP within": (((0, 0), (1, 1), (0, 2), (1, 3)), 1, CYCLIC)}
+    dim = "EP" if moe else "FSDP"
+    placements = {f"PP across nodes, {dim} within": (((0, 0), (1, 1)), 2, CLUSTER),
+                  f"{dim} across nodes, PP within": (((0, 0), (1, 1), (0, 2), (1, 3)), 1, CYCLIC)}
     rows = {name: [] for name in placements}
     for rep in range(args.repeats):
         for k, (name, (seats, per_node, cluster)) in enumerate(placements.items()):
-            path = out / f"run-{'pp' if k == 0 else 'fsdp'}-across-{rep}.json"
+            path = out / f"run-{'pp' if k == 0 else dim.lower()}-across-{rep}.json"
             cli = ["run", "--profile", str(profile), "-s", "1F1B", "-r", "2", "-m", "4", "--dp-shard", "2",
-                   "--steps", str(args.steps), "--warmup", "2", "--cluster", str(cluster), "--json"]
+                   *(["--ep", "2"] if moe else []), "--steps", str(args.steps), "--warmup", "2", "--cluster",
+                   str(cluster), "--json"]
             outs, cmd = across(args.prefix, ["-m", "ppsim.cli", *cli], port=29680 + rep * 2 + k, seats=seats,
                                per_node=per_node)
             text = next(o for o in outs if '"measured_step_s"' in o)
@@ -228,6 +233,9 @@ def main() -> None:
     ap.add_argument("--prefix", default=PREFIX)
     ap.add_argument("--out", default="/tmp/bench-cluster")
     ap.add_argument("--profile")
+    ap.add_argument("--model", choices=("llama", "moe"), default="llama",
+                    help="run: llama (PP 2 x FSDP 2, the llama3 debug model) or moe (PP 2 x EP 2, DeepSeek-V3's debug "
+                         "flavor, EP carved out of dp_shard 2)")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--keep", action="store_true", help="leave the nodes running at the end (default: stop them)")
     args = ap.parse_args()
