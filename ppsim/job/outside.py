@@ -177,23 +177,39 @@ def reserved_per_rank(shapes: object, *, degrees: Degrees, schedule: object, sta
                                buffered=buffered)
     workspace = getattr(shapes, "workspace_bytes", 0)
     out = []
-    replayed: dict[tuple[object, ...], AllocatorTrace] = {}  # ranks whose events are alike replay once
+    # ranks whose events are alike replay once: by capacity and length first, the events compared only then
+    replayed: dict[tuple[int | None, int], list[tuple[tuple[AllocEvent, ...], tuple[object, ...] | None,
+                                                     AllocatorTrace]]] = {}
     for rank, evs in enumerate(events):
         outside = outside_allocator(degrees, pp_peers=pp_peers_of(schedule, rank), measured=measured)
         capacity = None if cap_bytes is None else max(0, cap_bytes - outside.total_bytes)
         notes = () if workspace else (f"cuBLAS workspace: {CUBLAS_HANDLES} x {CUBLAS_WORKSPACE_BYTES // MiB} MiB "
                                       "(torch's default on Hopper, no profile measured it) replayed in the allocator",)
         stream = with_workspace(evs, workspace)
-        key = (capacity, *_shape_of(stream))
-        if key not in replayed:
-            replayed[key] = replay(stream, mode, capacity_bytes=capacity)
-        trace = replayed[key]
+        trace = _replayed(replayed.setdefault((capacity, len(stream)), []), stream, mode, capacity)
         if trace.oom is not None:  # the same event of this rank's own order
             trace = dataclasses.replace(trace, oom=dataclasses.replace(trace.oom, index=stream[trace.oom.event].index))
         out.append(RankReserved(rank, trace, outside, cap_bytes, notes))
         if until_over and out[-1].fits is False:
             break
     return out
+
+
+def _replayed(alike: list[tuple[tuple[AllocEvent, ...], tuple[object, ...] | None, AllocatorTrace]],
+              stream: tuple[AllocEvent, ...], mode: str, capacity: int | None) -> AllocatorTrace:
+    """``stream``'s replay, or the one of an earlier rank's stream of the same length and capacity alike in
+    :func:`_shape_of` (``alike``: those streams, their shapes made when first compared, and their traces)."""
+    shape = None
+    for k, (other, other_shape, trace) in enumerate(alike):
+        if other_shape is None:
+            other_shape = _shape_of(other)
+            alike[k] = (other, other_shape, trace)
+        shape = shape or _shape_of(stream)
+        if other_shape == shape:
+            return trace
+    trace = replay(stream, mode, capacity_bytes=capacity)
+    alike.append((stream, shape, trace))
+    return trace
 
 
 def _shape_of(events: Sequence[AllocEvent]) -> tuple[tuple[int, str, int], ...]:
