@@ -1445,7 +1445,7 @@ def new_document(opts: CalibrationOptions, *, device: Any, world_size: int, back
     return {
         "schema": "ppsim.profile",
         "version": 3,
-        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": opts.device,
         "device_name": torch.cuda.get_device_name(device) if cuda else f"{cpu_name()} ({os.cpu_count()} cores)",
         "torch_version": torch.__version__,

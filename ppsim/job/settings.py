@@ -7,12 +7,11 @@ torchtitan generations (:func:`batch_shape`)."""
 from __future__ import annotations
 
 import re
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from ppsim.job.overrides import OVERRIDE_SECTIONS, TorchtitanConfigError, parse_overrides, shown_value
 
