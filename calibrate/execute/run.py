@@ -392,7 +392,7 @@ def run_step(schedule: Schedule, stage_costs: Any, options: RunOptions,
                           rank_order=cluster.rank_order)
     job = StepJob(shapes=shapes[0], stage_modules=shapes[1], degrees=degrees, costs=costs, placement=placement,
                   ep_overlap="dualpipe" if spec.overlap else "sequential", ep_in_blocks=in_blocks,
-                  activation_bytes=shapes[0].boundary_bytes)
+                  activation_bytes=shapes[0].boundary_bytes, runtime_order=True)
     return build_step(schedule, stage_costs, job)
 
 

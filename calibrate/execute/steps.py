@@ -21,6 +21,7 @@ torch is imported inside functions only (``ppsim`` itself must import without it
 from __future__ import annotations
 
 import dataclasses
+import math
 import socket
 import time
 import weakref
@@ -165,6 +166,10 @@ class Measurement:
     """Per timed step, on the steps' clock: when the last rank returned from the runtime's step (after its last
     computation: the sends' completion and, under FSDP, the reduce-scatters torch's runtime issues after the last
     backward). Empty where not measured."""
+    step_begins: tuple[float, ...] = ()
+    """Per timed step, on the steps' clock: when the first rank called the runtime's step (at or before the first
+    computation: under FSDP, the ``UNSHARD`` all-gathers torch's runtime starts there and the first forward waits
+    for). Empty where not measured (the step then starts at its first computation)."""
 
     @property
     def grad_tolerance(self) -> float:
@@ -180,12 +185,14 @@ class Measurement:
 
     @property
     def step_spans(self) -> tuple[float, ...]:
-        """Per timed step: from the first computation's start to the end of the step on all ranks -- the last
-        computation's end, or the last rank's return from the runtime's step where later (:attr:`step_ends`: what
-        the predicted step also holds after the computations, FSDP's reduce-scatters after the last backward)."""
+        """Per timed step: from the first rank's call of the runtime's step (:attr:`step_begins`, else the first
+        computation's start) to the end of the step on all ranks -- the last computation's end, or the last rank's
+        return from the runtime's step where later (:attr:`step_ends`). The predicted step holds both: FSDP's
+        all-gathers before the first forward and its reduce-scatters after the last backward."""
         ends = self.step_ends or (0.0,) * len(self.steps)
-        return tuple(max(max(c.end for c in step), end) - min(c.start for c in step)
-                     for step, end in zip(self.steps, ends))
+        begins = self.step_begins or (math.inf,) * len(self.steps)
+        return tuple(max(max(c.end for c in step), end) - min(min(c.start for c in step), begin)
+                     for step, end, begin in zip(self.steps, ends, begins))
 
 
 def step_kinds(spec: ExecSpec) -> list[str]:
@@ -582,6 +589,7 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
     per_step: list[list[tuple[float, float, float, float | None]]] = []
     step_walls: list[float] = []
     step_ends: list[float] = []
+    step_begins: list[float] = []
     comm: list[dict[str, float]] = []
     losses: list[Any] = []
     with torch_adapter.timed_receive_waits(clock.add_wait):
@@ -614,6 +622,7 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
                 raise RuntimeError(f"rank {rank} ran {names} but the schedule orders {expected} (ppsim bug)")
             per_step.append(_host_times(clock.records, t0, base_event, _posted_times(clock.posted, names)))
             step_walls.append(t1 - t0)
+            step_begins.append(t0)
             step_ends.append(t1)  # on CUDA after the synchronisation: the host time the step's work ended
             if run.comm_stats is not None:
                 comm.append(run.comm_stats.as_dict())
@@ -649,6 +658,7 @@ def measure_rank(spec: ExecSpec, rank: int, world: int, device: Any, run: RankRu
         ],
         "walls": step_walls,
         "ends": [t - offset for t in step_ends],
+        "begins": [t - offset for t in step_begins],
         "comm": comm,
         "grads": grads,
         "loss": loss,
@@ -820,8 +830,10 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
                                               peak_reserved_bytes=w.peak_reserved_bytes)
     steps: list[tuple[CompTiming, ...]] = []
     kinds = step_kinds(spec)
-    for i in range(len(kinds)):
-        t_min = min(t[0] for g in gathered for t in g["times"][i])
+    # each step's clock starts when the first rank called the runtime's step (FSDP's gathers start there)
+    origin = [min(min(t[0] for g in gathered for t in g["times"][i]), min(g["begins"][i] for g in gathered))
+              for i in range(len(kinds))]
+    for i, t_min in enumerate(origin):
         row: list[CompTiming] = []
         for g in gathered:
             r = g["rank"]
@@ -829,8 +841,8 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
                 row.append(CompTiming(r, pos, half, name, a - t_min, b - t_min, w, None if p is None else p - t_min))
         steps.append(tuple(row))
     walls = [max(g["walls"][i] for g in gathered) for i in range(len(kinds))]
-    ends = [max(g["ends"][i] for g in gathered) - min(t[0] for g in gathered for t in g["times"][i])
-            for i in range(len(kinds))]
+    ends = [max(g["ends"][i] for g in gathered) - origin[i] for i in range(len(kinds))]
+    begins = [min(g["begins"][i] for g in gathered) - origin[i] for i in range(len(kinds))]
     grads: dict[str, Any] = {}
     for g in gathered:
         grads.update(g["grads"])
@@ -855,6 +867,7 @@ def _assemble(spec: ExecSpec, gathered: list[dict[str, Any]], device: Any, *,
         steps=tuple(st for st, k in zip(steps, kinds) if k == "timed"),
         step_walls=tuple(w for w, k in zip(walls, kinds) if k == "timed"),
         step_ends=tuple(e for e, k in zip(ends, kinds) if k == "timed"),
+        step_begins=tuple(b for b, k in zip(begins, kinds) if k == "timed"),
         warmup_steps=tuple(st for st, k in zip(steps, kinds) if k == "warmup"),
         probe_steps=tuple(st for st, k in zip(steps, kinds) if k == "probe"),
         loss=loss,

@@ -1355,7 +1355,7 @@ def probe_shared(opts: CalibrationOptions, doc: dict[str, Any], runtime: dict[st
     modules = module_names_per_stage(opts.model_source, schedule.num_stages, costs.split_counts)
     job = StepJob(shapes=shapes, stage_modules=modules, degrees=Degrees(pp=ranks, dp_shard=dp_shard, ep=ep),
                   costs=CollectiveCosts.from_profile(profile), ep_overlap="sequential",
-                  ep_in_blocks=profile.expert_parallel_degree == ep)
+                  ep_in_blocks=profile.expert_parallel_degree == ep, runtime_order=True)
     step = build_step(schedule, costs, job)
     return rm.fit_shared_scale(measurement, step, costs, per_rank=dp_shard, cores=host_cores())
 

@@ -5,11 +5,12 @@ model (:func:`ppsim.step.build.build_step`): ``simulate``, ``plan`` and ``run``'
 Where torch 2.13's pipelining runtime issues them:
 
 - **All-gather.** torchtitan ``fully_shard``s each transformer block, the embedding, and the final norm with the
-  head (one unit each). GPipe and 1F1B (``PipelineScheduleSingle``) gather each unit inside the stage's first
-  forward, after its input arrived: the time is added to that F. The other schedules (``_PipelineScheduleRuntime``)
-  lower the order with ``UNSHARD`` actions issued asynchronously at the step's start; the rank's first forward waits
-  for its stage's gathers (an ``UNSHARD`` action before it, in the timeline), while the gathers of the rank's other
-  stages finish during that compute and are not exposed.
+  head (one unit each). GPipe and 1F1B built by name (``PipelineScheduleSingle``) gather each unit inside the
+  stage's first forward, after its input arrived: the time is added to that F. The other schedules, and any order
+  run as an action list (``ppsim run``, :attr:`ppsim.step.job.StepJob.runtime_order`), run in
+  ``_PipelineScheduleRuntime``, which lowers the order with ``UNSHARD`` actions issued asynchronously at the step's
+  start; the rank's first forward waits for its stage's gathers (an ``UNSHARD`` action before it, in the timeline),
+  while the gathers of the rank's other stages finish during that compute and are not exposed.
 - **Reduce-scatter.** ``perform_reduce_grad`` runs each unit's post-backward after the stage's last B (or W of a
   split backward), after that action's send was posted: a ``REDUCE_GRAD`` action right after it, which delays the
   rank's next action but not the gradient it sent.
@@ -101,10 +102,17 @@ def stage_collective_seconds(job: StepJob) -> tuple[list[float], list[float], li
     return gather, reduce, allreduce
 
 
-def lower(schedule: Schedule, *, gather_s: Sequence[float], reduce_s: Sequence[float]) -> Step:
+def gathers_inline(schedule: Schedule, *, runtime_order: bool = False) -> bool:
+    """Whether torch gathers each FSDP unit inside the stage's first forward (a single-stage schedule torchtitan
+    builds by name), rather than at the step's start (module docstring)."""
+    return not runtime_order and schedule.name.lower() in INLINE_GATHER and schedule.num_stages_per_rank == 1
+
+
+def lower(schedule: Schedule, *, gather_s: Sequence[float], reduce_s: Sequence[float],
+          runtime_order: bool = False) -> Step:
     """Place stage ``s``'s gathers (``gather_s[s]``) and reduce-scatters (``reduce_s[s]``) where torch's runtime
-    issues them (module docstring)."""
-    inline = schedule.name.lower() in INLINE_GATHER and schedule.num_stages_per_rank == 1
+    issues them (module docstring; ``runtime_order``: :attr:`ppsim.step.job.StepJob.runtime_order`)."""
+    inline = gathers_inline(schedule, runtime_order=runtime_order)
     rows: list[tuple[Action, ...]] = []
     extra: dict[tuple[int, int], float] = {}
     for rank, row in enumerate(schedule.actions):
@@ -151,7 +159,7 @@ def fsdp_pass(step: Step, job: StepJob) -> Step:
     gather, reduce, allreduce = stage_collective_seconds(job)
     scale = job.time_scale
     lowered = lower(step.schedule, gather_s=[g / scale for g in gather],
-                    reduce_s=[(r + a) / scale for r, a in zip(reduce, allreduce)])
+                    reduce_s=[(r + a) / scale for r, a in zip(reduce, allreduce)], runtime_order=job.runtime_order)
     acts = lowered.schedule.actions
     is_reduce = {(r, p): acts[r][p].type is ActionType.REDUCE_GRAD for (r, p) in lowered.extra_s}
     exposed_gather = sum(t for k, t in lowered.extra_s.items() if not is_reduce[k])
@@ -173,9 +181,9 @@ def fsdp_pass(step: Step, job: StepJob) -> Step:
     if replicas.ranks > 1:
         totals[AR.value] = CollectiveTotals(len(meshes), sum(allreduce) / scale, exposed_after - exposed_reduce,
                                             job.placed("dp_replicate", len(meshes), AR))
-    how = ("inside each stage's first forward" if step.schedule.name.lower() in INLINE_GATHER
-           and step.schedule.num_stages_per_rank == 1 else "before each rank's first forward (the other stages' "
-           "gathers overlap it)")
+    how = ("inside each stage's first forward" if gathers_inline(step.schedule, runtime_order=job.runtime_order)
+           else "at the step's start, waited for by each rank's first forward (the other stages' gathers overlap "
+           "it)")
     span = job.span("fsdp")
     hsdp = (f", each shard then all-reduced over {replicas.ranks} replicas (HSDP), {sum(allreduce) * 1e3:.2f} ms"
             if replicas.ranks > 1 else "")

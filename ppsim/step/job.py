@@ -40,6 +40,10 @@ class StepJob:
     """``(processes per PP rank, cores)``: local processes sharing one host's cores (:mod:`ppsim.step.sharing`)."""
     shared_scale: float = 1.0
     activation_bytes: int = 0
+    runtime_order: bool = False
+    """The order runs in torch's ``_PipelineScheduleRuntime`` as an action list (``ppsim run`` and calibration's
+    probe, either runner): every rank's ``UNSHARD`` at the step's start, whatever the schedule. ``False``: the
+    schedule torchtitan builds by name, whose single-stage classes (GPipe, 1F1B) gather inside the first forward."""
     """One microbatch's hand-off between PP ranks, for costs without a byte table (the plan's unit costs)."""
 
     def span(self, name: str) -> Span:

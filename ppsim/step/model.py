@@ -47,8 +47,9 @@ class Step:
             from ppsim.step.sharing import shared_cores_step
 
             per_rank, cores = self.shared
+            on_link = frozenset(k for k, span in self.comm_spans.items() if span.across)
             result = shared_cores_step(self.schedule, simulate_with, per_rank=per_rank, cores=cores,
-                                       extra_s=self.extra_s, scale=self.shared_scale)[0]
+                                       extra_s=self.extra_s, scale=self.shared_scale, on_link=on_link)[0]
         if not self.collectives:
             return result
         return dataclasses.replace(result, collectives=dict(self.collectives), comm_spans=dict(self.comm_spans))

@@ -26,7 +26,9 @@ Two more things the host's cores carry, both from per-core CPU accounting of pp 
 - **FSDP's collectives are CPU work.** On gloo a reduce-scatter or all-gather copies and sums on the calling
   process's core (``REDUCE_GRAD`` used 10-15 ms of CPU per stage, about the profile's measured collective), so an
   exposed collective (``UNSHARD``, ``REDUCE_GRAD``) shares the cores like a computation: it counts among the
-  processes working and is stretched by the same factor.
+  processes working and is stretched by the same factor. Not so one whose group crosses nodes (``on_link``): its
+  time is the link's, a process waiting on a socket holds no core, and its price was measured across the link with
+  the same processes on the host; it is neither stretched nor counted.
 - **Time-sharing is slower than the fair share.** While more processes work than cores, each computation used
   1.3-1.6x its profiled CPU time (with or without FSDP), not 1x: context switches, caches refilled, both cores
   saturated. ``scale`` (the profile's ``runtime.shared_scale``, measured by calibration's FSDP probe,
@@ -51,12 +53,14 @@ ROUNDS = 6
 
 def shared_cores_step(schedule: Schedule, simulate_with: Callable[[Mapping[tuple[int, int], float]], SimResult], *,
                       per_rank: int, cores: int, extra_s: Mapping[tuple[int, int], float] | None = None,
-                      scale: float = 1.0, rounds: int = ROUNDS) -> tuple[SimResult, dict[tuple[int, int], float]]:
+                      scale: float = 1.0, rounds: int = ROUNDS, on_link: frozenset[tuple[int, int]] = frozenset()
+                      ) -> tuple[SimResult, dict[tuple[int, int], float]]:
     """The step of ``schedule`` when its ranks' ``per_rank`` processes share ``cores`` cores (pinned by copy of the
     pipeline where ``ppsim run`` pins them, :func:`core_plan`), and the seconds
     added per (rank, position) (``extra_s`` plus each computation's stretch). ``simulate_with(extra)`` simulates the
     schedule with ``extra`` seconds added at (rank, position). ``scale``: the time-sharing slowdown beyond the fair
-    share (module docstring), applied while more processes work than cores."""
+    share (module docstring), applied while more processes work than cores. ``on_link``: the collectives (by
+    (rank, position)) whose group crosses nodes, waiting on the link rather than working on a core."""
     base_extra = dict(extra_s or {})
     result = simulate_with(base_extra)
     if schedule.num_ranks * per_rank <= cores:
@@ -65,12 +69,12 @@ def shared_cores_step(schedule: Schedule, simulate_with: Callable[[Mapping[tuple
     # collective's cost is all extra (the action itself takes no time in the simulator)
     base = {key: result.ends[key[0]][key[1]] - result.starts[key[0]][key[1]]
             - (base_extra.get(key, 0.0) if schedule.actions[key[0]][key[1]].type in COMPUTE else 0.0)
-            for key in _computations(schedule)}
+            for key in _computations(schedule, on_link)}
     factor = dict.fromkeys(base, 1.0)
     extra = base_extra
     copies, copy_cores = sharing(per_rank, cores, schedule.num_ranks)
     for step in range(rounds):
-        seen = _factors(schedule, result, per_rank=copies, cores=copy_cores, scale=scale)
+        seen = _factors(schedule, result, per_rank=copies, cores=copy_cores, scale=scale, on_link=on_link)
         factor = {key: (factor[key] + seen[key]) / 2 if step else seen[key] for key in base}
         extra = dict(base_extra)
         for key, seconds in base.items():
@@ -79,9 +83,10 @@ def shared_cores_step(schedule: Schedule, simulate_with: Callable[[Mapping[tuple
     return result, extra
 
 
-def _computations(schedule: Schedule) -> list[tuple[int, int]]:
-    """The actions that work on a core: computations and FSDP's exposed collectives."""
-    return [(r, p) for r, row in enumerate(schedule.actions) for p, a in enumerate(row) if a.type in CPU_WORK]
+def _computations(schedule: Schedule, on_link: frozenset[tuple[int, int]] = frozenset()) -> list[tuple[int, int]]:
+    """The actions that work on a core: computations and FSDP's exposed collectives, but those on the link."""
+    return [(r, p) for r, row in enumerate(schedule.actions) for p, a in enumerate(row)
+            if a.type in CPU_WORK and (r, p) not in on_link]
 
 
 def host_cores() -> int:
@@ -119,10 +124,11 @@ def sharing(per_rank: int, cores: int, pp: int) -> tuple[int, int]:
 
 
 def _factors(schedule: Schedule, result: SimResult, *, per_rank: int, cores: int,
-             scale: float = 1.0) -> dict[tuple[int, int], float]:
+             scale: float = 1.0, on_link: frozenset[tuple[int, int]] = frozenset()) -> dict[tuple[int, int], float]:
     """Per computation, the time-average over its span of ``computing processes / cores x scale`` where they
     outnumber the cores, else 1."""
-    spans = {key: (result.starts[key[0]][key[1]], result.ends[key[0]][key[1]]) for key in _computations(schedule)}
+    spans = {key: (result.starts[key[0]][key[1]], result.ends[key[0]][key[1]])
+             for key in _computations(schedule, on_link)}
     events: list[tuple[float, int]] = []
     for start, end in spans.values():
         if end > start:

@@ -251,6 +251,18 @@ def test_a_measured_step_ends_when_the_last_rank_leaves_the_runtimes_step_if_tha
     assert dataclasses.replace(measured, step_ends=(2.75, 2.25)).step_spans == (2.75, 2.5)
 
 
+def test_a_measured_step_starts_when_the_first_rank_called_the_runtimes_step() -> None:
+    """Under FSDP torch's runtime starts the all-gathers when a rank calls its step and the first forward waits for
+    them: the span starts at the earlier of that call and the first computation (the prediction holds the gathers)."""
+    import dataclasses
+
+    steps = ((_timing(0, 0, "0F0", 0.5, 1.0), _timing(1, 0, "1F0", 1.0, 2.0)),
+             (_timing(0, 0, "0F0", 0.25, 1.0), _timing(1, 0, "1F0", 1.0, 2.5)))
+    measured = _measurement((), steps)
+    assert measured.step_spans == (1.5, 2.25)
+    assert dataclasses.replace(measured, step_begins=(0.0, 0.5)).step_spans == (2.0, 2.25)
+
+
 def test_runtime_model_fits_dispatch_latency_and_compute_scale_on_warmup_only() -> None:
     from ppsim.calibrate.measure.runtime_model import fit_runtime_model
     from ppsim.costs import parse_costs

@@ -277,6 +277,39 @@ def _toy_shared(scale: float) -> float:
     return float(step.simulate(lambda extra: simulate(low.schedule, costs, extra_s=extra)).makespan)
 
 
+def test_a_collective_across_nodes_waits_on_the_link_and_takes_no_core() -> None:
+    """The toy above with rank 1's reduce-scatter crossing nodes (its span says so): rank 0's B has the copy's core
+    alone (2), the reduce-scatter takes its own price (2, not stretched), rank 0's local one (0.5) follows: 4 + 2 +
+    0.5, at any time-sharing scale."""
+    from ppsim.result import CommSpan
+    from ppsim.step.model import Step as FsdpStep
+
+    sched = get_schedule("GPipe", 2, 1)
+    costs = parse_costs("F=1,B=2")
+    low = lower(sched, gather_s=[0.0, 0.0], reduce_s=[0.5, 2.0])
+    rs = next(p for p, a in enumerate(low.schedule.actions[1]) if a.type is ActionType.REDUCE_GRAD)
+    for scale in (1.0, 1.5):
+        step = FsdpStep(schedule=low.schedule, extra_s=low.extra_s, shared=(2, 2), shared_scale=scale,
+                        comm_spans={(1, rs): CommSpan(2.0, 2.0, ("reduce_scatter",), True)})
+        assert step.simulate(lambda extra: simulate(low.schedule, costs, extra_s=extra)).makespan == \
+            pytest.approx(4 + 2 + 0.5)
+
+
+def test_an_order_run_as_an_action_list_gathers_at_the_steps_start_even_for_1f1b() -> None:
+    """``ppsim run`` hands torch's ``_PipelineScheduleRuntime`` the order as an action list: its ``UNSHARD`` starts
+    every rank's gathers at the step's start (rank 1's overlap rank 0's first forward), where torchtitan's
+    ``Schedule1F1B`` gathers inside the first forward."""
+    sched = get_schedule("1F1B", 2, 4)
+    costs = parse_costs("F=1,B=2")
+    inline = lower(sched, gather_s=[3.0, 3.0], reduce_s=[0.0, 0.0])
+    at_start = lower(sched, gather_s=[3.0, 3.0], reduce_s=[0.0, 0.0], runtime_order=True)
+    assert not any(a.type is ActionType.UNSHARD for row in inline.schedule.actions for a in row)
+    assert all(row[0].type is ActionType.UNSHARD for row in at_start.schedule.actions)
+    base = simulate(sched, costs).makespan
+    assert simulate(inline.schedule, costs, extra_s=inline.extra_s).makespan == pytest.approx(base + 6)
+    assert simulate(at_start.schedule, costs, extra_s=at_start.extra_s).makespan == pytest.approx(base + 3)
+
+
 def test_fsdp_collectives_share_the_cores_and_time_sharing_is_slower_than_the_fair_share() -> None:
     """By hand: rank 0's F [0, 1], rank 1's F [1, 2] and B [2, 4] each run alone; rank 0's B (2) and rank 1's
     REDUCE_GRAD (2, CPU work on gloo) then share the copy's one core from 4: each gets half of it, and each half runs
