@@ -36,6 +36,7 @@ from ppsim.step.model import Step
 
 if TYPE_CHECKING:
     from ppsim.step.job import StepJob
+    from ppsim.step.sharing import NodeLinks
 
 INLINE_GATHER = ("gpipe", "1f1b")
 """torch's single-stage schedules (``PipelineScheduleSingle``): the gathers run inside the first forward."""
@@ -193,8 +194,24 @@ def fsdp_pass(step: Step, job: StepJob) -> Step:
     merged = dict(lowered.extra_s)
     for k, t in step.extra_s.items():  # an earlier pass's seconds keep their actions (FSDP runs first: none)
         merged[k] = merged.get(k, 0.0) + t
+    links = node_links(job) if gather_across or reduce_across else None
+    if links is not None:
+        note += (f"; PP ranks share nodes of {links.nics} NIC(s): their collectives across nodes share them while "
+                 "they run at once")
     return dataclasses.replace(step, schedule=lowered.schedule, extra_s=merged, comm_spans=spans,
-                               notes=(*step.notes, note), collectives={**step.collectives, **totals})
+                               notes=(*step.notes, note), collectives={**step.collectives, **totals}, links=links)
+
+
+def node_links(job: StepJob) -> NodeLinks | None:
+    """Where the job's PP ranks sit on nodes and the NICs a node has (:class:`ppsim.step.sharing.NodeLinks`), where
+    some node carries more processes than NICs; ``None`` without a cluster or where no node does."""
+    cluster = job.costs.cluster if job.costs is not None else None
+    if job.placement is None or cluster is None:
+        return None
+    from ppsim.step.sharing import NodeLinks, contended
+
+    links = NodeLinks(tuple(job.placement.pp_rank_nodes(j) for j in range(job.degrees.pp)), cluster.nics_per_node)
+    return links if contended(links) else None
 
 
 def original_positions(lowered: Schedule, original: Schedule) -> list[list[int]]:

@@ -34,6 +34,9 @@ class Step:
     comm_spans: Mapping[tuple[int, int], CommSpan] = dataclasses.field(default_factory=dict)
     """Per (rank, position): the collectives' time in that action, the part of it exposed (in ``extra_s``) and their
     kinds, for the figures' communication lane (:attr:`ppsim.result.SimResult.comm_spans`)."""
+    links: Any = None
+    """A :class:`ppsim.step.sharing.NodeLinks` where PP ranks share nodes whose NICs their cross-node collectives
+    contend for (the passes set it from the placement); ``None``: each collective has its links to itself."""
     costs: Any = None
     """The :class:`ppsim.costs.StageCosts` to simulate with when a pass changed them (the pipeline hand-offs priced
     on their links); ``None``: the caller's."""
@@ -41,15 +44,18 @@ class Step:
     def simulate(self, simulate_with: Any) -> Any:
         """The step: ``simulate_with(extra_s)`` (a :class:`~ppsim.result.SimResult`), with the cores shared when
         :attr:`shared` says so, and :attr:`collectives` on it."""
-        if self.shared is None:
+        if self.shared is None and self.links is None:
             result = simulate_with(self.extra_s)
         else:
-            from ppsim.step.sharing import shared_cores_step
+            from ppsim.step.sharing import COLLECTIVES, shared_cores_step
 
-            per_rank, cores = self.shared
-            on_link = frozenset(k for k, span in self.comm_spans.items() if span.across)
+            per_rank, cores = self.shared or (1, 0)
+            acts = self.schedule.actions
+            on_link = frozenset(k for k, span in self.comm_spans.items()
+                                if span.across and acts[k[0]][k[1]].type in COLLECTIVES)
             result = shared_cores_step(self.schedule, simulate_with, per_rank=per_rank, cores=cores,
-                                       extra_s=self.extra_s, scale=self.shared_scale, on_link=on_link)[0]
+                                       extra_s=self.extra_s, scale=self.shared_scale, on_link=on_link,
+                                       links=self.links)[0]
         if not self.collectives:
             return result
         return dataclasses.replace(result, collectives=dict(self.collectives), comm_spans=dict(self.comm_spans))

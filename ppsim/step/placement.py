@@ -90,9 +90,20 @@ class Placement:
     nodes: int
     spans: Mapping[str, Span]
     pp_crosses: tuple[bool, ...]
+    rank_order: str = "block"
 
     def span(self, name: str) -> Span:
         return self.spans.get(name, Span(1, 1))
+
+    def pp_rank_nodes(self, j: int) -> tuple[tuple[int, int], ...]:
+        """The nodes PP rank ``j``'s processes (its ``dp_replicate x dp_shard x cp x tp`` ranks) sit on, as
+        ``(node, processes)`` pairs."""
+        stride = groups(self.degrees)["pp"].stride
+        count: dict[int, int] = {}
+        for i in range(j * stride, (j + 1) * stride):
+            node = node_of(i, self.gpus_per_node, self.nodes, self.rank_order)
+            count[node] = count.get(node, 0) + 1
+        return tuple(sorted(count.items()))
 
     def to_dict(self) -> dict[str, object]:
         return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
@@ -116,4 +127,5 @@ def place(degrees: Degrees, gpus_per_node: int, *, cluster_name: str = "the clus
     stride = groups(degrees)["pp"].stride
     crosses = tuple(node_of(j * stride, gpus_per_node, nodes, rank_order)
                     != node_of((j + 1) * stride, gpus_per_node, nodes, rank_order) for j in range(degrees.pp - 1))
-    return Placement(degrees=degrees, gpus_per_node=gpus_per_node, nodes=nodes, spans=spans, pp_crosses=crosses)
+    return Placement(degrees=degrees, gpus_per_node=gpus_per_node, nodes=nodes, spans=spans, pp_crosses=crosses,
+                     rank_order=rank_order)

@@ -39,7 +39,8 @@ Two more things the host's cores carry, both from per-core CPU accounting of pp 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from ppsim.ir import ActionType, Schedule
 from ppsim.result import SimResult
@@ -51,36 +52,88 @@ CPU_WORK = COMPUTE | COLLECTIVES
 ROUNDS = 6
 
 
+@dataclass(frozen=True)
+class NodeLinks:
+    """Where each PP rank's processes sit (per PP rank, ``(node, processes)`` pairs) and the NICs a node has. The
+    collectives of different PP ranks that cross nodes at the same time share those NICs: each is priced alone (its
+    own processes on a node already counted), and stretched while others use its nodes' NICs beside it
+    (:func:`_link_factors`)."""
+
+    flows: tuple[tuple[tuple[int, int], ...], ...]
+    nics: int
+
+
 def shared_cores_step(schedule: Schedule, simulate_with: Callable[[Mapping[tuple[int, int], float]], SimResult], *,
                       per_rank: int, cores: int, extra_s: Mapping[tuple[int, int], float] | None = None,
-                      scale: float = 1.0, rounds: int = ROUNDS, on_link: frozenset[tuple[int, int]] = frozenset()
-                      ) -> tuple[SimResult, dict[tuple[int, int], float]]:
+                      scale: float = 1.0, rounds: int = ROUNDS, on_link: frozenset[tuple[int, int]] = frozenset(),
+                      links: NodeLinks | None = None) -> tuple[SimResult, dict[tuple[int, int], float]]:
     """The step of ``schedule`` when its ranks' ``per_rank`` processes share ``cores`` cores (pinned by copy of the
-    pipeline where ``ppsim run`` pins them, :func:`core_plan`), and the seconds
+    pipeline where ``ppsim run`` pins them, :func:`core_plan`; ``cores`` 0: the cores not shared), and the seconds
     added per (rank, position) (``extra_s`` plus each computation's stretch). ``simulate_with(extra)`` simulates the
     schedule with ``extra`` seconds added at (rank, position). ``scale``: the time-sharing slowdown beyond the fair
     share (module docstring), applied while more processes work than cores. ``on_link``: the collectives (by
-    (rank, position)) whose group crosses nodes, waiting on the link rather than working on a core."""
+    (rank, position)) whose group crosses nodes, waiting on the link rather than working on a core; with ``links``,
+    those of different PP ranks running at once share their nodes' NICs."""
     base_extra = dict(extra_s or {})
     result = simulate_with(base_extra)
-    if schedule.num_ranks * per_rank <= cores:
+    share_cores = cores > 0 and schedule.num_ranks * per_rank > cores
+    link_keys = sorted(on_link) if links is not None and contended(links) else []
+    if not share_cores and not link_keys:
         return result, base_extra
     # a computation's own cost (its extra is a gather inside a first forward: waited for, not worked); a
     # collective's cost is all extra (the action itself takes no time in the simulator)
     base = {key: result.ends[key[0]][key[1]] - result.starts[key[0]][key[1]]
             - (base_extra.get(key, 0.0) if schedule.actions[key[0]][key[1]].type in COMPUTE else 0.0)
-            for key in _computations(schedule, on_link)}
+            for key in _computations(schedule, on_link)} if share_cores else {}
+    base.update({key: base_extra.get(key, 0.0) for key in link_keys})
     factor = dict.fromkeys(base, 1.0)
     extra = base_extra
-    copies, copy_cores = sharing(per_rank, cores, schedule.num_ranks)
+    copies, copy_cores = sharing(per_rank, cores, schedule.num_ranks) if share_cores else (1, 1)
     for step in range(rounds):
-        seen = _factors(schedule, result, per_rank=copies, cores=copy_cores, scale=scale, on_link=on_link)
+        seen = _factors(schedule, result, per_rank=copies, cores=copy_cores, scale=scale, on_link=on_link) \
+            if share_cores else {}
+        if link_keys:
+            assert links is not None
+            seen.update(_link_factors(result, link_keys, links))
         factor = {key: (factor[key] + seen[key]) / 2 if step else seen[key] for key in base}
         extra = dict(base_extra)
         for key, seconds in base.items():
             extra[key] = extra.get(key, 0.0) + seconds * (factor[key] - 1.0)
         result = simulate_with(extra)
     return result, extra
+
+
+def contended(links: NodeLinks) -> bool:
+    """Whether any node carries more PP ranks' processes than its NICs (else no collective waits for another's)."""
+    load: dict[int, int] = {}
+    for flows in links.flows:
+        for node, n in flows:
+            load[node] = load.get(node, 0) + n
+    return any(n > links.nics for n in load.values())
+
+
+def _link_factors(result: SimResult, keys: Sequence[tuple[int, int]], links: NodeLinks
+                  ) -> dict[tuple[int, int], float]:
+    """Per cross-node collective (``keys``, by (PP rank, position)), the time-average over its span of how much the
+    busiest of its nodes' NICs is oversubscribed beyond what it alone puts on them: ``max(1, load / max(own,
+    nics))``, ``load`` the processes of every PP rank in such a collective at that moment on the node."""
+    spans = {key: (result.starts[key[0]][key[1]], result.ends[key[0]][key[1]]) for key in keys}
+    out: dict[tuple[int, int], float] = {}
+    for key, (start, end) in spans.items():
+        if end <= start:
+            out[key] = 1.0
+            continue
+        cuts = sorted({start, end, *(t for a, b in spans.values() for t in (a, b) if start < t < end)})
+        weighted = 0.0
+        for a, b in zip(cuts, cuts[1:]):
+            ranks = {k[0] for k, (s0, e0) in spans.items() if s0 < b and e0 > a and e0 > s0}
+            worst = 1.0
+            for node, own in links.flows[key[0]]:
+                load = sum(n for r in ranks for m, n in links.flows[r] if m == node)
+                worst = max(worst, load / max(own, links.nics))
+            weighted += (b - a) * worst
+        out[key] = weighted / (end - start)
+    return out
 
 
 def _computations(schedule: Schedule, on_link: frozenset[tuple[int, int]] = frozenset()) -> list[tuple[int, int]]:

@@ -295,6 +295,33 @@ def test_a_collective_across_nodes_waits_on_the_link_and_takes_no_core() -> None
             pytest.approx(4 + 2 + 0.5)
 
 
+def test_collectives_of_pp_ranks_on_the_same_nodes_share_their_nics_while_they_run_at_once() -> None:
+    """Both PP ranks' gathers start at the step's start and cross nodes, one process of each on each node of one
+    NIC: at once they get half the NIC each, so each takes twice its price (rank 0's first forward starts at 4, not
+    2); with a NIC per process, or ranks on nodes of their own, their price; rank 1's reduce-scatter, alone on the
+    link, its price whatever the NICs."""
+    from ppsim.result import CommSpan
+    from ppsim.step.model import Step as FsdpStep
+    from ppsim.step.sharing import NodeLinks
+
+    sched = get_schedule("GPipe", 2, 1)
+    costs = parse_costs("F=1,B=2")
+    low = lower(sched, gather_s=[2.0, 2.0], reduce_s=[0.0, 3.0], runtime_order=True)
+    spans = {k: CommSpan(t, t, ("all_gather",), True) for k, t in low.extra_s.items()}
+
+    def first_forward_start(links: NodeLinks | None) -> tuple[float, float]:
+        step = FsdpStep(schedule=low.schedule, extra_s=low.extra_s, comm_spans=spans, links=links)
+        result = step.simulate(lambda extra: simulate(low.schedule, costs, extra_s=extra))
+        rs = next(p for p, a in enumerate(low.schedule.actions[1]) if a.type is ActionType.REDUCE_GRAD)
+        return result.starts[0][1], result.ends[1][rs] - result.starts[1][rs]
+
+    shared = ((0, 1), (1, 1))
+    assert first_forward_start(NodeLinks((shared, shared), nics=1)) == pytest.approx((4.0, 3.0), rel=1e-3)
+    assert first_forward_start(NodeLinks((shared, shared), nics=2)) == pytest.approx((2.0, 3.0))
+    assert first_forward_start(NodeLinks((((0, 1),), ((1, 1),)), nics=1)) == pytest.approx((2.0, 3.0))
+    assert first_forward_start(None) == pytest.approx((2.0, 3.0))
+
+
 def test_an_order_run_as_an_action_list_gathers_at_the_steps_start_even_for_1f1b() -> None:
     """``ppsim run`` hands torch's ``_PipelineScheduleRuntime`` the order as an action list: its ``UNSHARD`` starts
     every rank's gathers at the step's start (rank 1's overlap rank 0's first forward), where torchtitan's
