@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> None:
              if moe else ["--model", "torchtitan:llama3/debugmodel", "--layers", "4", "--seq-len", "64", "--mb-size",
                           "1"])
     if not profile.exists():
-        cal = ["calibrate", *model, "--warmup", "1", "--reps", "5", "-o", str(profile)]  # with its runtime probes
+        cal = ["calibrate", *model, "--warmup", "3", "--reps", "20", "-o", str(profile)]  # with its runtime probes
         in_node(args.prefix, cal, timeout=900)
         print(f"profile: `{cmdline(cal)}`")
         cross = ["-m", "ppsim.cli", "calibrate", "--collectives", "--max-size", "16MiB", "--cluster", str(CLUSTER),

@@ -175,8 +175,6 @@ def _pins(pairs: dict[str, str]) -> dict[str, int]:
 
 def _request(value: str, args: list[str], *, gpus: int, gpus_per_node: int, memory_cap: str,
              profiles: list[Path], time_limit: str, top: int) -> PlanRequest:
-    from ppsim.calibrate.torchtitan.config import read_job_settings
-    from ppsim.cli.job_memory import job_config_context
     from ppsim.io import parse_memory_cap
     from ppsim.job.overrides import split_overrides
     from ppsim.job.settings import is_registry_name
@@ -197,10 +195,7 @@ def _request(value: str, args: list[str], *, gpus: int, gpus_per_node: int, memo
         raise PPSimError(f"--torchtitan-config {value}: plan needs a config function (MODULE:CONFIG, e.g. "
                          "llama3:llama3_8b) to build the model's shapes; a TOML job names no model")
     pairs, kept = split_overrides(args, PLAN_KEYS)
-    with job_config_context(value):
-        settings = read_job_settings(value, args)
-    facts = _model_facts(value, settings)
-    ac = _checkpoint_modes(value)
+    settings, facts, ac = _job_facts(value, args)
     pins = _pins(pairs)
     covers = tuple(c for p in profiles for c in _covers(p, facts, value))
     _check_pinned_tp(covers, pins)
@@ -219,6 +214,25 @@ def _warn_checkpoint_mismatch(profiles: list[Path], mode: str) -> None:
         line = load_profile(path).check_activation_checkpoint(mode, source=f"--profile {path}")
         if line is not None:
             typer.echo(f"warning: {line}", err=True)
+
+
+def _job_facts(value: str, args: list[str]) -> tuple[Any, ModelFacts, tuple[str, ...]]:
+    """The job's settings with its overrides, the model's facts and its checkpoint modes: read from torchtitan (3-5 s
+    of importing it), kept in the job cache for torchtitan's own config functions, so a plan asked again starts
+    judging at once."""
+    from ppsim.calibrate.torchtitan.config import cacheable, read_job_settings
+    from ppsim.cli.job_memory import job_config_context
+    from ppsim.job.cache import JobCache
+
+    def read() -> tuple[Any, ModelFacts, tuple[str, ...]]:
+        with job_config_context(value):
+            settings = read_job_settings(value, args)
+        return settings, _model_facts(value, settings), _checkpoint_modes(value)
+
+    if not cacheable(value):
+        return read()
+    cache = JobCache()
+    return cache.get_or_build("plan-job", cache.key("plan-job", job=value, overrides=list(args)), read)
 
 
 def _model_facts(value: str, settings: Any) -> ModelFacts:
