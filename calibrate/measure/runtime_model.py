@@ -288,8 +288,8 @@ def fit_shared_scale(measurement: Measurement, step: Any, costs: StageCosts, *, 
     processes per rank on ``cores`` cores, never a schedule being predicted): the slowdown of CPU work beyond the
     fair share (:func:`ppsim.step.sharing.shared_cores_step`) with which the one step model of that probe -- ``step``
     (its :class:`ppsim.step.model.Step`) with ``costs``, shared as ``ppsim run`` shares -- gives the probe's measured
-    step (the median of its timed steps, first computation start to the step's end, as a run measures it). Found by
-    bisection (the step grows with the scale); at least 1 (time-sharing cannot make work faster), at most
+    step (the median of its timed steps, from the first rank's call of the runtime's step to its end, as a run measures
+    it). Found by bisection (the step grows with the scale); at least 1 (time-sharing cannot make work faster), at most
     :data:`SHARED_SCALE_MAX`."""
     from ppsim.calibrate.execute.predict import predict_step
 
