@@ -24,8 +24,10 @@ from typing import Any, TypeVar
 
 FORMAT = b"ppsim-job-cache 1\n"
 _T = TypeVar("_T")
-_CODE = ("ppsim/job", "ppsim/split.py", "ppsim/model_config.py", "calibrate/torchtitan")
-"""ppsim's code that decides a cached answer (paths inside the installed package's source tree)."""
+_CODE = ("ppsim/job", "ppsim/split.py", "ppsim/model_config.py", "calibrate/torchtitan", "ppsim/plan.py",
+         "ppsim/cli/plan.py")
+"""ppsim's code that decides a cached answer (paths inside the installed package's source tree): the job readers,
+and the plan's, which read the model's facts into :class:`ppsim.plan.ModelFacts` (the ``plan-job`` entry)."""
 
 
 def cache_dir() -> Path | None:
