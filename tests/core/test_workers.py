@@ -36,6 +36,21 @@ def test_the_task_is_inherited_not_pickled() -> None:
         pool.close()
 
 
+def test_workers_never_collect_what_they_inherit_and_this_process_still_does() -> None:
+    """The inherited objects are frozen in the workers (their collections would touch and copy every inherited
+    page), and not left frozen here (this process frees them as before)."""
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    pool = ForkedMap(lambda _: gc.get_freeze_count(), [0, 1], 2)
+    try:
+        frozen_in_workers = list(pool)
+    finally:
+        pool.close()
+    assert all(n > 1000 for n in frozen_in_workers)  # this test process's objects: pytest, the modules, ...
+    assert gc.get_freeze_count() == 0
+
+
 def test_a_task_that_raises_is_an_error_with_its_traceback() -> None:
     def task(x: int) -> int:
         if x == 2:
