@@ -2,6 +2,7 @@
 
     python bench/bench_cluster.py collectives [--repeats 2] [--max-size 64MiB]
     python bench/bench_cluster.py run [--repeats 2] [--profile llama.json] [--model llama|moe]
+    python bench/bench_cluster.py floor [--repeats 2]
 
 ``collectives``: per repeat, (1) ``calibrate --collectives`` on 2 local processes inside node 0 (nodes=1 samples and
 the in-node send_recv, the p2p), (2) a cross-node calibration A (torchrun, one per node), (3) another, B, the
@@ -16,6 +17,9 @@ outermost, puts FSDP within a node and PP across), and one torchrun a rank with 
 and 3 on node 1 (ranks dealt round the nodes: FSDP across, PP within), predicted on
 ``bench/data/emulated-2x2-1gbit-cyclic.toml`` (``rank_order = "cyclic"``). Predicted step before the run against
 the measured one, and whether the placement predicted faster measures faster.
+
+``floor``: a gloo all_reduce of 4 KiB-1 MiB on 2 and 4 local processes in one node (no link) and across the
+nodes with 1 and 2 processes a node: what this host's scheduling adds to a small collective, link or not.
 
 Every number is printed with the command that made it and the spread over repeats.
 """
@@ -173,6 +177,53 @@ def collectives(args: argparse.Namespace) -> None:
             print(f"{name}: median |error| over repeats {min(meds):.1f}-{max(meds):.1f} %")
 
 
+# --------------------------------------------------------------------------------------------------------- floor
+FLOOR_RANKS = REPO / "bench" / "_floor_ranks.py"
+FLOOR_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20)
+"""The sizes ``_floor_ranks.py`` times."""
+
+
+def floor(args: argparse.Namespace) -> None:
+    """What the host adds below the link: a gloo all_reduce (4 KiB-1 MiB, median of 30) on 2 and 4 local processes
+    inside node 0 (no link crossed), and across the nodes with 1 and 2 processes a node. Where the 4-process rows
+    are far above the 2-process ones with no link at all, the time is the host's scheduling of more processes than
+    cores, not the link: no collective model of a cluster holds it."""
+    start_nodes(args.prefix)
+    rows: dict[str, dict[int, list[float]]] = {}
+    for rep in range(args.repeats):
+        for local in (2, 4):
+            cmd = ["bash", str(SCRIPT), "exec", "0", "--prefix", args.prefix, "--", str(TORCHRUN), "--standalone",
+                   "--nproc-per-node", str(local), str(FLOOR_RANKS)]
+            done = sh(cmd, timeout=600, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            if done.returncode:
+                sys.exit(f"failed: {shlex.join(cmd)}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+            _floor_row(rows, f"{local} processes in node 0 (no link)", done.stdout,
+                       shlex.join(cmd[cmd.index("--") + 1:]))
+        for per_node in (1, 2):
+            outs, cmd_text = across(args.prefix, [str(FLOOR_RANKS)], port=29690 + 2 * rep + per_node - 1,
+                                    per_node=per_node, timeout=600)
+            _floor_row(rows, f"{2 * per_node} processes, {per_node} a node (across the link)", "\n".join(outs),
+                       cmd_text)
+    print(f"\n| ranks | {' | '.join(_size(n) for n in FLOOR_SIZES)} |\n|---|{'---|' * len(FLOOR_SIZES)}")
+    for name, by_size in rows.items():
+        cells = [", ".join(f"{t * 1e3:.2f}" for t in by_size[n]) for n in FLOOR_SIZES]
+        print(f"| {name} | {' | '.join(cells)} |")
+    print(f"\n(ms per all_reduce, the median of 30 each repeat; {os.cpu_count()} cores on this host)")
+
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def _floor_row(rows: dict[str, dict[int, list[float]]], name: str, text: str, cmd: str) -> None:
+    line = next(ln for ln in text.splitlines() if ln.startswith('{"floor"'))
+    got = {int(k): v for k, v in json.loads(line)["floor"].items()}
+    print(f"{name}: " + ", ".join(f"{_size(n)} {t * 1e3:.2f} ms" for n, t in sorted(got.items())) + f": `{cmd}`")
+    for n, t in got.items():
+        rows.setdefault(name, {}).setdefault(n, []).append(t)
+
+
 # ----------------------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> None:
     start_nodes(args.prefix)
@@ -181,7 +232,7 @@ def run(args: argparse.Namespace) -> None:
     moe = args.model == "moe"  # PP 2 x EP 2 (EP carved out of dp_shard 2): the all-to-alls cross or stay in a node
     profile = Path(args.profile) if args.profile else out / ("deepseek-debug-ep2.json" if moe else "llama3-debug.json")
     model = (["--model", "torchtitan:deepseek_v3/debugmodel", "--seq-len", "32", "--dtype", "float32", "--ep", "2"]
-             if moe else ["--model", "torchtitan:llama3/debugmodel", "--layers", "4", "--seq-len", "64", "--mb-size",
+             if moe else ["--model", "torchtitan:llama3/debugmodel", "--layers", "4", "--seq-len", "256", "--mb-size",
                           "1"])
     if not profile.exists():
         cal = ["calibrate", *model, "--warmup", "3", "--reps", "20", "-o", str(profile)]  # with its runtime probes
@@ -227,7 +278,7 @@ def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("collectives", "run"))
+    ap.add_argument("what", choices=("collectives", "run", "floor"))
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-size", default="64MiB")
     ap.add_argument("--prefix", default=PREFIX)
@@ -236,11 +287,11 @@ def main() -> None:
     ap.add_argument("--model", choices=("llama", "moe"), default="llama",
                     help="run: llama (PP 2 x FSDP 2, the llama3 debug model) or moe (PP 2 x EP 2, DeepSeek-V3's debug "
                          "flavor, EP carved out of dp_shard 2)")
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--keep", action="store_true", help="leave the nodes running at the end (default: stop them)")
     args = ap.parse_args()
     try:
-        (collectives if args.what == "collectives" else run)(args)
+        {"collectives": collectives, "run": run, "floor": floor}[args.what](args)
     finally:  # what the bench started ends with it, unless asked to keep the nodes
         if not args.keep:
             sh(["bash", str(SCRIPT), "stop", "--prefix", args.prefix])

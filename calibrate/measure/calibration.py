@@ -1271,6 +1271,10 @@ def run_probes(opts: CalibrationOptions, rec: Recorder, *, log: Callable[[str], 
 
 #: The FSDP probe's degree: each of the reference 1F1B's ranks is this many processes (torchtitan's ``fully_shard``).
 SHARED_PROBE_DP_SHARD = 2
+#: The FSDP probe's timed steps: their median fits ``runtime.shared_scale``, which multiplies every stretch of a run
+#: whose processes time-share the cores. With :data:`PROBE_STEPS` (4) two calibrations of the same job on the 2-core
+#: VM fitted 1.05 and 1.24, and every prediction made with them moved as much.
+SHARED_PROBE_STEPS = 10
 
 
 def shared_probe(opts: CalibrationOptions, doc: dict[str, Any], rec: Recorder, *,
@@ -1301,7 +1305,8 @@ def shared_probe(opts: CalibrationOptions, doc: dict[str, Any], rec: Recorder, *
     log(f"runtime probe (FSDP): {rm.PROBE_SCHEDULE} on {ranks} PP ranks x dp_shard {dp_shard}"
         + (f" (EP {ep} carved out of it)" if ep > 1 else "")
         + (f", activation checkpointing {opts.activation_checkpoint}" if opts.activation_checkpoint != "none" else "")
-        + f" ({processes} processes on {host_cores()} cores), {microbatches} microbatches, {PROBE_STEPS} steps")
+        + f" ({processes} processes on {host_cores()} cores), {microbatches} microbatches, {SHARED_PROBE_STEPS} "
+          "steps")
     try:
         fitted = probe_shared(opts, doc, runtime)
     except Exception as exc:  # the other probes stand; the step model then shares the cores at the fair share
@@ -1343,7 +1348,7 @@ def probe_shared(opts: CalibrationOptions, doc: dict[str, Any], runtime: dict[st
     schedule = get_schedule(rm.PROBE_SCHEDULE, ranks, microbatches)
     costs = CostSpec.from_profile(profile, source="probe").for_schedule(schedule)
     spec = steps.ExecSpec(
-        schedule=schedule, model=opts.config, backend="gloo", device="cpu", num_steps=PROBE_STEPS,
+        schedule=schedule, model=opts.config, backend="gloo", device="cpu", num_steps=SHARED_PROBE_STEPS,
         num_warmup=PROBE_WARMUP, num_probes=0, seed=opts.seed, timeout_s=max(120.0, 4 * opts.init_timeout_s),
         timing_only=True,  # the fit reads the timed steps only (no memory step, gradients or reference check)
         layer_counts=costs.split_counts, source=opts.source, dp_shard=dp_shard,
