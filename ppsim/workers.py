@@ -68,7 +68,9 @@ class ForkedMap:
         self._next = 0
         self._procs = [ctx.Process(target=_serve, args=(task, items, self._taken, self._results), daemon=True,
                                    name=f"ppsim-worker{w}") for w in range(max(1, min(workers, self._n)))]
-        gc.freeze()  # the workers inherit the objects frozen: their collections never walk them (below)
+        freeze = gc.get_freeze_count() == 0  # a caller that froze objects itself keeps them frozen
+        if freeze:
+            gc.freeze()  # the workers inherit the objects frozen: their collections never walk them (below)
         try:
             for p in self._procs:
                 p.start()
@@ -76,7 +78,8 @@ class ForkedMap:
             self.close()
             raise
         finally:
-            gc.unfreeze()  # this process collects them as before (and frees them at exit)
+            if freeze:
+                gc.unfreeze()  # this process collects them as before (and frees them at exit)
 
     def __iter__(self) -> ForkedMap:
         return self
