@@ -48,6 +48,38 @@ _PR_SET_TIMERSLACK = 29
 
 
 # --- torchrun ---------------------------------------------------------------------------------------------------
+#: What gloo and NCCL raise in a surviving rank when a peer process of the job is gone (crashed, killed, its node
+#: unreachable): its sockets closed or reset, or the communicator aborted.
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+             "remote process exited")
+
+
+def peer_lost_line(exc: BaseException) -> str | None:
+    """One line for an error that says a peer rank is gone (:data:`PEER_LOST`), naming its address where the
+    backend gives it; ``None`` for any other error."""
+    import re
+
+    text = str(exc)
+    marker = next((m for m in PEER_LOST if m in text), None)
+    if marker is None:
+        return None
+    peer = re.search(r"\[([0-9A-Fa-f.:]+)\]:\d+", text)
+    return f"{marker.lower()}" + (f" (a rank at {peer.group(1)})" if peer else "")
+
+
+@contextmanager
+def peers_lost_in_one_line(rank: int, world: int, what: str) -> Iterator[None]:
+    """Under torchrun, a peer rank that is gone makes this rank's next collective fail with a backend traceback;
+    say it in one line (:class:`~ppsim.errors.RankLostError`, exit 1) naming the peer, and what to read."""
+    try:
+        yield
+    except RuntimeError as exc:
+        line = peer_lost_line(exc)
+        if line is None or isinstance(exc, RankLostError):
+            raise
+        raise RankLostError(f"{what}: rank {rank} of {world} stopped: {line}; that rank crashed or its node went away "
+                            "(its torchrun's log says why)") from None
+
 def under_torchrun() -> bool:
     """True when this process is one rank of a ``torchrun`` job (the launcher set RANK and WORLD_SIZE)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ

@@ -307,7 +307,10 @@ def run_in_group(spec: ExecSpec, *, rank: int, world: int, store: Any | None, bo
     launch.init_world(backend=spec.backend, timeout_s=spec.timeout_s, store=store,
                       rank=rank if store is not None else None, world_size=world if store is not None else None)
     try:
-        return body(spec, rank, world, local_rank)
+        if store is not None:  # local ranks: the launcher names a lost rank itself
+            return body(spec, rank, world, local_rank)
+        with launch.peers_lost_in_one_line(rank, world, "the run"):
+            return body(spec, rank, world, local_rank)
     finally:
         dist.destroy_process_group()
 

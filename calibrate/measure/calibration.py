@@ -867,7 +867,9 @@ def calibrate(opts: CalibrationOptions, *, log: Callable[[str], None] | None = N
     partial = progress_path(opts.output)
     existed = partial.exists()
     try:
-        with exclusive_writer(opts.output) if writer else contextlib.nullcontext():
+        with exclusive_writer(opts.output) if writer else contextlib.nullcontext(), (
+                launch.peers_lost_in_one_line(world.rank, world.world_size, "calibrate") if world is not None
+                else contextlib.nullcontext()):
             return _calibrate(opts, world, started=started, writer=writer, log=log or _stderr)
     except PPSimError as exc:
         from ppsim.calibrate.models import ModelSourceError

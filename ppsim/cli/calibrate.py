@@ -277,7 +277,7 @@ def _collectives_torchrun(*, device: str, warmup: int, reps: int, max_bytes: int
     import torch
     import torch.distributed as dist
 
-    from ppsim.calibrate.execute.launch import init_world
+    from ppsim.calibrate.execute.launch import init_world, peers_lost_in_one_line
     from ppsim.calibrate.measure import collectives as coll
 
     dev: Any = "cpu"
@@ -291,10 +291,11 @@ def _collectives_torchrun(*, device: str, warmup: int, reps: int, max_bytes: int
     torch.set_num_threads(1)
     world = init_world(backend=backend, timeout_s=init_timeout)
     try:
-        coll.measure_collectives(max_bytes=max_bytes, warmup=warmup, reps=reps, device=dev,
-                                 log=log if world.rank == 0 else (lambda line: None),
-                                 on_placement=save if world.rank == 0 else None)
-        dist.barrier()
+        with peers_lost_in_one_line(world.rank, world.world_size, "calibrate --collectives"):
+            coll.measure_collectives(max_bytes=max_bytes, warmup=warmup, reps=reps, device=dev,
+                                     log=log if world.rank == 0 else (lambda line: None),
+                                     on_placement=save if world.rank == 0 else None)
+            dist.barrier()
     finally:
         dist.destroy_process_group()
 
