@@ -80,6 +80,7 @@ def peers_lost_in_one_line(rank: int, world: int, what: str) -> Iterator[None]:
         raise RankLostError(f"{what}: rank {rank} of {world} stopped: {line}; that rank crashed or its node went away "
                             "(its torchrun's log says why)") from None
 
+
 def under_torchrun() -> bool:
     """True when this process is one rank of a ``torchrun`` job (the launcher set RANK and WORLD_SIZE)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
