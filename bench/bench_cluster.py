@@ -179,8 +179,6 @@ def collectives(args: argparse.Namespace) -> None:
 
 # --------------------------------------------------------------------------------------------------------- floor
 FLOOR_RANKS = REPO / "bench" / "_floor_ranks.py"
-FLOOR_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20)
-"""The sizes ``_floor_ranks.py`` times."""
 
 
 def floor(args: argparse.Namespace) -> None:
@@ -204,12 +202,12 @@ def floor(args: argparse.Namespace) -> None:
                                     per_node=per_node, timeout=600)
             _floor_row(rows, f"{2 * per_node} processes, {per_node} a node (across the link)", "\n".join(outs),
                        cmd_text)
-    print(f"\n| ranks | {' | '.join(_size(n) for n in FLOOR_SIZES)} |\n|---|{'---|' * len(FLOOR_SIZES)}")
+    sizes = sorted({n for by_size in rows.values() for n in by_size})
+    print(f"\n| ranks | {' | '.join(_size(n) for n in sizes)} |\n|---|{'---|' * len(sizes)}")
     for name, by_size in rows.items():
-        cells = [", ".join(f"{t * 1e3:.2f}" for t in by_size[n]) for n in FLOOR_SIZES]
+        cells = [", ".join(f"{t * 1e3:.2f}" for t in by_size.get(n, [])) for n in sizes]
         print(f"| {name} | {' | '.join(cells)} |")
     print(f"\n(ms per all_reduce, the median of 30 each repeat; {os.cpu_count()} cores on this host)")
-
 
 
 def _size(nbytes: int) -> str:
