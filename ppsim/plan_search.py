@@ -254,10 +254,10 @@ def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Build | None = N
     per group), then time those that fit in order of their lower bound (pruned by the bound with unit costs), then
     ``searcher``'s orders for the best few configurations, all within the time limit counted from ``started``
     (``time.monotonic()`` when the command began; default now), less a reserve for the output (``page``: an HTML
-    page follows). The search has :data:`NAMED_SHARE`'s rest of the time only once every candidate is judged: while
-    some are not, judging them goes on instead (an unjudged candidate may be the best; a searched order refines one
-    already found). ``workers``: processes judging memory at once (:func:`_verdicts`; 1: this process alone).
-    Ctrl-C keeps what was judged.
+    page follows). The search has :data:`NAMED_SHARE`'s rest of the time only once every candidate is judged and
+    every one that fits timed: while some are not, judging and timing them go on instead (an unjudged or untimed
+    candidate may be the best; a searched order refines one already found). ``workers``: processes judging memory
+    at once (:func:`_verdicts`; 1: this process alone). Ctrl-C keeps what was judged.
 
     Raises :class:`PlanError` when no candidate fits the cap, :class:`PlanStopped` when the time limit ran out
     before a candidate that fits was timed."""
@@ -280,8 +280,11 @@ def plan(request: PlanRequest, *, shapes_for: ShapesFor, build: Build | None = N
         _judge_named(found, space, verdicts, judge, budget, share, progress)
         if found.memory_done < len(space) and share < 1.0:
             _judge_named(found, space, verdicts, judge, budget, 1.0, progress, first=False)
+            if found.memory_done == len(space):
+                _time_the_rest(found, judge, budget, progress)
         elif searcher is not None and found.timed:
             verdicts.close()  # every candidate judged: the workers are done
+            _time_the_rest(found, judge, budget, progress)
             _search_orders(found, judge, searcher, budget, progress)
         found.stopped = found.stopped or _stopped(found, len(space), judge)
     except KeyboardInterrupt:
@@ -471,6 +474,21 @@ def _time_fitting(found: _Found, ready: dict[int, Prepared], judge: Judge, budge
 
 
 TIME_RAN_OUT = "not timed: the time limit ran out"
+
+
+def _time_the_rest(found: _Found, judge: Judge, budget: Budget, progress: Progress | None) -> None:
+    """Once every candidate's memory is judged, the ones that fit but the named orders' share of the time left
+    untimed, timed before the order search takes the rest (an untimed one may be the fastest; a searched order only
+    refines one already timed), in lower-bound order, while the whole limit lasts."""
+    request = judge.request
+    ready: dict[int, Prepared] = {}
+    for i in sorted((i for i, j in enumerate(found.judged) if j.reason == TIME_RAN_OUT),
+                    key=lambda i: lower_bound(found.judged[i].candidate, request)):
+        if not budget.affords(len(found.judged), "time"):
+            break
+        ready[i] = judge.prepared(found.judged[i].candidate)
+        found.judged[i] = dataclasses.replace(found.judged[i], reason="")
+    _time_fitting(found, ready, judge, budget, 1.0, progress)
 
 
 def _not_timed(found: _Found, indices: Sequence[int], why: str) -> None:

@@ -219,6 +219,37 @@ def test_a_time_limit_that_ends_before_any_fit_is_found_blames_the_limit_not_the
         _clocked(monkeypatch, _request(num_gpus=8, cap_bytes=60_000, time_limit_s=1e6), shape_s=10.0)
 
 
+def test_candidates_that_fit_left_untimed_by_the_named_share_are_timed_before_the_order_search(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timing is cut at the named orders' share of the limit (the rest for the order search); once every
+    candidate's memory is judged, the ones that fit and were left untimed are timed first: one of them may be the
+    fastest, a searched order only refines one already timed."""
+    import types
+
+    import ppsim.plan_search
+
+    clock, events = _Clock(0.0), []
+    monkeypatch.setattr(ppsim.plan_search, "time", types.SimpleNamespace(monotonic=clock))
+
+    def timer(*args: Any, **kw: Any) -> Any:  # each timing costs 1 s of the limit
+        clock.now += 1.0
+        events.append("time")
+        return _unit_timer(*args, **kw)
+
+    def searcher(*args: Any) -> None:
+        events.append("search")
+        return None
+
+    # 90 of the 228 candidates fit: the named share (0.75 of 100 s less the output's reserve) times about 72 of
+    # them, the whole limit all 90
+    result = plan(_request(num_gpus=8, cap_bytes=100_000, top=10**6, time_limit_s=100.0),
+                  shapes_for=clock.shapes(2000), build=_build, simulate=timer, searcher=searcher, started=clock.now)
+    fitting = [j for j in result.judged if j.fits]
+    assert len(fitting) == 90 and len(result.ranked) == 90
+    assert not any(j.reason for j in fitting) and result.stopped == ""
+    assert "search" in events and events == sorted(events, key=lambda e: e == "search")  # every timing first
+
+
 def test_every_candidates_memory_is_judged_before_any_is_timed() -> None:
     events: list[str] = []
     shapes = _shapes_for(2000)
